@@ -1,0 +1,20 @@
+"""jax_mtp: the DeepSeek-V3.2 MTP speculative-decoding draft path in JAX/Flax.
+
+Dimension letters used in tensor names (`x_BTD`) and einsum strings:
+
+  B batch            T tokens in this call      S cache slots (positions)   D model (hidden_size)
+  V vocab            N attention heads          P qk_nope_head_dim           R qk_rope_head_dim
+  H v_head_dim       K experts per token        Q q_lora_rank                C kv_lora_rank
+  E routed experts   F expert hidden            G expert groups              I indexer heads
+  J indexer head dim A token-expert assignments (T·K)
+"""
+
+from jax_mtp.cache import LayerCache, init_layer_cache
+from jax_mtp.config import ConfigError, MtpConfig, RopeConfig, deepseek_v32, from_hf_config, glm5, tiny
+from jax_mtp.mtp import MtpLayer, MtpOutput, MtpPredictor, init_caches, init_params, validate_inputs
+
+__all__ = [
+    "ConfigError", "LayerCache", "MtpConfig", "MtpLayer", "MtpOutput", "MtpPredictor", "RopeConfig",
+    "deepseek_v32", "from_hf_config", "glm5", "init_caches", "init_layer_cache", "init_params", "tiny",
+    "validate_inputs",
+]

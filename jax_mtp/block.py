@@ -1,0 +1,48 @@
+"""Decoder block: pre-norm MLA(+DSA) attention, then a pre-norm MoE (or dense MLP for early layers).
+
+    residual = x + attn(input_layernorm(x))
+    y        = mlp(post_attention_layernorm(residual))
+    return y, residual          # un-added: the caller fuses `y + residual` with the next norm
+
+Returning the tail un-added is what lets the MTP layer fold the tensor-parallel reduction of `y`,
+the residual add and `shared_head.norm` into one kernel (DESIGN §2, Opt-1).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import flax.linen as nn
+import jax
+
+from jax_mtp.cache import LayerCache
+from jax_mtp.config import MtpConfig
+from jax_mtp.layers import RMSNorm, Rotary
+from jax_mtp.mla import MLAttention
+from jax_mtp.moe import MoE, Mlp
+
+
+class BlockOutput(NamedTuple):
+  mlp_out_BTD: jax.Array  # y, before the residual add
+  residual_BTD: jax.Array
+  cache: LayerCache
+
+
+class DecoderBlock(nn.Module):
+  """One transformer layer; `layer_idx` decides MoE (≥ first_k_dense_replace) or dense MLP."""
+
+  cfg: MtpConfig
+  layer_idx: int
+
+  def setup(self):
+    cfg = self.cfg
+    self.input_layernorm = RMSNorm(cfg.rms_norm_eps, cfg.dtype, cfg.param_dtype)
+    self.self_attn = MLAttention(cfg)
+    self.post_attention_layernorm = RMSNorm(cfg.rms_norm_eps, cfg.dtype, cfg.param_dtype)
+    self.mlp = MoE(cfg) if cfg.is_moe_layer(self.layer_idx) else Mlp(cfg, cfg.intermediate_size)
+
+  def __call__(self, x_BTD: jax.Array, positions_BT: jax.Array, rotary: Rotary, cache: LayerCache, *,
+               absorb: bool) -> BlockOutput:
+    attn_BTD, cache = self.self_attn(self.input_layernorm(x_BTD), positions_BT, rotary, cache, absorb=absorb)
+    residual_BTD = x_BTD + attn_BTD
+    return BlockOutput(self.mlp(self.post_attention_layernorm(residual_BTD)), residual_BTD, cache)

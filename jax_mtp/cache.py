@@ -1,0 +1,53 @@
+"""Per-layer decode caches: the MLA latent cache and the DSA indexer's key cache.
+
+A cache slot `s` holds the token at position `s`. Tokens are written at their positions and a
+query at position p reads slots 0..p, so rolling a sequence back to length L needs no copy: the
+next tokens are written from position L on and overwrite the stale slots before anyone reads them.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jax_mtp.config import MtpConfig
+
+
+class LayerCache(NamedTuple):
+  """Caches of one decoder layer; S = cache capacity in positions.
+
+  latent_BSC: kv_a_layernorm(c) — the normalised MLA latent, [B, S, C].
+  k_pe_BSR:   the rotated (interleaved RoPE) shared key part, [B, S, R].
+  index_k_BSJ: the indexer's key (LayerNorm + RoPE), fp32 [B, S, J]; [B, S, 0] without an indexer.
+  """
+
+  latent_BSC: jax.Array
+  k_pe_BSR: jax.Array
+  index_k_BSJ: jax.Array
+
+  @property
+  def capacity(self) -> int:
+    return self.latent_BSC.shape[1]
+
+
+def init_layer_cache(cfg: MtpConfig, batch: int, capacity: int) -> LayerCache:
+  """Zeroed caches for `batch` sequences of up to `capacity` positions."""
+  dtype = jnp.dtype(cfg.dtype)
+  return LayerCache(
+      latent_BSC=jnp.zeros((batch, capacity, cfg.kv_lora_rank), dtype),
+      k_pe_BSR=jnp.zeros((batch, capacity, cfg.qk_rope_head_dim), dtype),
+      index_k_BSJ=jnp.zeros((batch, capacity, cfg.index_head_dim), jnp.float32),
+  )
+
+
+def write_at_positions(cache_BS_: jax.Array, new_BT_: jax.Array, positions_BT: jax.Array) -> jax.Array:
+  """cache[b, positions[b, t]] = new[b, t] for every (b, t)."""
+  batch_idx = jnp.arange(cache_BS_.shape[0])[:, None]
+  return cache_BS_.at[batch_idx, positions_BT].set(new_BT_.astype(cache_BS_.dtype))
+
+
+def causal_mask(positions_BT: jax.Array, capacity: int) -> jax.Array:
+  """bool [B, T, S]: slot s is visible to the query at position p iff s ≤ p."""
+  return jnp.arange(capacity)[None, None, :] <= positions_BT[:, :, None]

@@ -1,0 +1,320 @@
+"""Model configuration: one frozen dataclass, built from a Hugging Face `config.json` or a preset.
+
+`MtpConfig` holds every number the model reads; no module keeps model constants of its own.
+`from_hf_config` understands the three checkpoint families that carry a DeepSeek MTP layer:
+
+  deepseek_v3   MLA + noaux_tc MoE, dense attention (no DSA indexer)
+  deepseek_v32  + DSA lightning indexer (NeoX RoPE in the indexer, interleaved in MLA)
+  glm_moe_dsa   GLM-5: the same blocks with other sizes, plain RoPE, interleaved indexer RoPE
+
+Presets: `tiny()` (CPU tests and the demo) and `deepseek_v32()` / `glm5()` (full size, for shapes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Mapping
+from typing import Any
+
+SUPPORTED_MODEL_TYPES = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa")
+
+
+class ConfigError(ValueError):
+  """A config value is missing, of the wrong kind, or inconsistent with another."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeConfig:
+  """RoPE frequencies. `factor == 1` means plain RoPE; `factor > 1` means YaRN."""
+
+  theta: float = 10000.0
+  factor: float = 1.0
+  original_max_position_embeddings: int = 4096
+  beta_fast: float = 32.0
+  beta_slow: float = 1.0
+  mscale: float = 1.0
+  mscale_all_dim: float = 0.0
+
+  @property
+  def is_yarn(self) -> bool:
+    return self.factor > 1.0
+
+
+def yarn_mscale(factor: float, mscale: float) -> float:
+  """YaRN attention temperature `0.1·mscale·ln(factor) + 1` (1 when not scaling)."""
+  return 1.0 if factor <= 1.0 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class MtpConfig:
+  """Every size and switch of a DeepSeek-V3.2-family model and its MTP layers.
+
+  Field names follow the HF `config.json` keys; the glossary letter is in each comment.
+  """
+
+  model_type: str
+  vocab_size: int  # V
+  hidden_size: int  # D
+  intermediate_size: int  # dense-MLP hidden (first_k_dense_replace layers)
+  moe_intermediate_size: int  # F
+  num_hidden_layers: int  # target layers; the MTP layers follow them in the checkpoint
+  first_k_dense_replace: int
+  num_attention_heads: int  # N
+  q_lora_rank: int  # Q
+  kv_lora_rank: int  # C
+  qk_nope_head_dim: int  # P
+  qk_rope_head_dim: int  # R
+  v_head_dim: int  # H
+  n_routed_experts: int  # E
+  n_shared_experts: int
+  num_experts_per_tok: int  # K
+  n_group: int  # G
+  topk_group: int
+  routed_scaling_factor: float
+  norm_topk_prob: bool
+  rms_norm_eps: float
+  max_position_embeddings: int
+  rope: RopeConfig
+  rope_interleave: bool = True  # MLA q_pe / k_pe pairs (2i, 2i+1)
+  index_n_heads: int = 0  # I; 0 = no DSA indexer (deepseek_v3)
+  index_head_dim: int = 0  # J
+  index_topk: int = 0
+  indexer_rope_interleave: bool = False  # V3.2: NeoX; GLM-5: interleaved
+  indexer_norm_eps: float = 1e-6
+  # q_a_layernorm / kv_a_layernorm: 1e-6 in the official DeepSeek code and in HF for every family
+  # (GLM-5's rms_norm_eps is 1e-5, but HF GlmMoeDsa still hard-codes 1e-6 here).
+  latent_norm_eps: float = 1e-6
+  num_nextn_predict_layers: int = 1
+  dtype: str = "bfloat16"  # activations
+  param_dtype: str = "bfloat16"
+
+  def __post_init__(self):
+    _validate(self)
+
+  @property
+  def qk_head_dim(self) -> int:
+    return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+  @property
+  def has_indexer(self) -> bool:
+    return self.index_n_heads > 0
+
+  @property
+  def softmax_scale(self) -> float:
+    """MLA scale: qk_head_dim^-0.5, times mscale² under YaRN (DeepSeek puts it here, not in cos/sin)."""
+    scale = self.qk_head_dim**-0.5
+    if self.rope.is_yarn and self.rope.mscale_all_dim:
+      scale *= yarn_mscale(self.rope.factor, self.rope.mscale_all_dim) ** 2
+    return scale
+
+  def is_moe_layer(self, layer_idx: int) -> bool:
+    """MoE from layer `first_k_dense_replace` on; the MTP layers (idx ≥ num_hidden_layers) too."""
+    return layer_idx >= self.first_k_dense_replace
+
+  def replace(self, **changes: Any) -> MtpConfig:
+    return dataclasses.replace(self, **changes)
+
+  @classmethod
+  def from_hf_config(cls, source: str | os.PathLike | Mapping[str, Any], **overrides: Any) -> MtpConfig:
+    """Builds a config from a HF `config.json` (a path to it or its directory) or its dict."""
+    return from_hf_config(source, **overrides)
+
+
+def _validate(cfg: MtpConfig) -> None:
+  if cfg.model_type not in SUPPORTED_MODEL_TYPES:
+    raise ConfigError(f"model_type={cfg.model_type!r} is not supported; expected one of {SUPPORTED_MODEL_TYPES}")
+  positive = (
+      "vocab_size hidden_size intermediate_size moe_intermediate_size num_hidden_layers num_attention_heads "
+      "q_lora_rank kv_lora_rank qk_nope_head_dim qk_rope_head_dim v_head_dim n_routed_experts "
+      "num_experts_per_tok n_group topk_group max_position_embeddings num_nextn_predict_layers"
+  ).split()
+  for name in positive:
+    value = getattr(cfg, name)
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+      raise ConfigError(f"{name}={value!r} must be a positive integer")
+  for name in ("first_k_dense_replace", "n_shared_experts", "index_n_heads", "index_head_dim", "index_topk"):
+    value = getattr(cfg, name)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+      raise ConfigError(f"{name}={value!r} must be a non-negative integer")
+  if cfg.qk_rope_head_dim % 2:
+    raise ConfigError(f"qk_rope_head_dim={cfg.qk_rope_head_dim} must be even (RoPE rotates pairs)")
+  if cfg.n_routed_experts % cfg.n_group:
+    raise ConfigError(f"n_routed_experts={cfg.n_routed_experts} is not divisible by n_group={cfg.n_group}")
+  if cfg.topk_group > cfg.n_group:
+    raise ConfigError(f"topk_group={cfg.topk_group} exceeds n_group={cfg.n_group}")
+  experts_in_kept_groups = cfg.topk_group * (cfg.n_routed_experts // cfg.n_group)
+  if cfg.num_experts_per_tok > experts_in_kept_groups:
+    raise ConfigError(
+        f"num_experts_per_tok={cfg.num_experts_per_tok} exceeds the {experts_in_kept_groups} experts "
+        f"in topk_group={cfg.topk_group} groups")
+  if cfg.n_routed_experts // cfg.n_group < 2:
+    raise ConfigError(f"each of n_group={cfg.n_group} groups needs ≥ 2 experts (group score = top-2 sum)")
+  if cfg.first_k_dense_replace > cfg.num_hidden_layers:
+    raise ConfigError(
+        f"first_k_dense_replace={cfg.first_k_dense_replace} exceeds num_hidden_layers={cfg.num_hidden_layers}")
+  for name in ("rms_norm_eps", "indexer_norm_eps", "latent_norm_eps"):
+    if not getattr(cfg, name) > 0:
+      raise ConfigError(f"{name}={getattr(cfg, name)!r} must be > 0")
+  if cfg.rope.factor < 1.0 or cfg.rope.theta <= 0:
+    raise ConfigError(f"rope factor={cfg.rope.factor} must be ≥ 1 and theta={cfg.rope.theta} > 0")
+  _validate_indexer(cfg)
+  for name in ("dtype", "param_dtype"):
+    if getattr(cfg, name) not in ("float32", "bfloat16", "float16"):
+      raise ConfigError(f"{name}={getattr(cfg, name)!r} must be float32, bfloat16 or float16")
+
+
+def _validate_indexer(cfg: MtpConfig) -> None:
+  fields = (cfg.index_n_heads, cfg.index_head_dim, cfg.index_topk)
+  if cfg.model_type == "deepseek_v3":
+    if any(fields):
+      raise ConfigError(f"model_type='deepseek_v3' has no DSA indexer, got index_n_heads/head_dim/topk={fields}")
+    return
+  if not all(fields):
+    raise ConfigError(f"model_type={cfg.model_type!r} needs index_n_heads, index_head_dim and index_topk > 0, "
+                      f"got {fields}")
+  if cfg.index_head_dim < cfg.qk_rope_head_dim:
+    raise ConfigError(f"index_head_dim={cfg.index_head_dim} is smaller than qk_rope_head_dim="
+                      f"{cfg.qk_rope_head_dim} (the indexer rotates its first R dims)")
+
+
+# --- Hugging Face config.json -------------------------------------------------------------------
+
+_REQUIRED_KEYS = (
+    "vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers",
+    "num_attention_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+    "v_head_dim", "n_routed_experts", "num_experts_per_tok", "max_position_embeddings",
+)
+_INDEXER_KEYS = ("index_n_heads", "index_head_dim", "index_topk")
+_DEFAULTS = {
+    "first_k_dense_replace": 0, "n_shared_experts": 1, "n_group": 1, "topk_group": 1,
+    "routed_scaling_factor": 1.0, "norm_topk_prob": True, "rms_norm_eps": 1e-6,
+    "num_nextn_predict_layers": 1,
+}
+# Family-level switches the HF configs do not always spell out.
+_FAMILY = {
+    "deepseek_v3": {"rope_interleave": True, "indexer_rope_interleave": False},
+    "deepseek_v32": {"rope_interleave": True, "indexer_rope_interleave": False},
+    "glm_moe_dsa": {"rope_interleave": True, "indexer_rope_interleave": True},
+}
+_EXPECTED = {"hidden_act": "silu", "scoring_func": "sigmoid", "topk_method": "noaux_tc"}
+
+
+def from_hf_config(source: str | os.PathLike | Mapping[str, Any], **overrides: Any) -> MtpConfig:
+  """`MtpConfig` from a HF config dict, a `config.json` path, or a checkpoint directory."""
+  hf = _read_hf_dict(source)
+  model_type = hf.get("model_type")
+  if model_type not in SUPPORTED_MODEL_TYPES:
+    raise ConfigError(f"model_type={model_type!r} is not supported; expected one of {SUPPORTED_MODEL_TYPES}")
+  required = _REQUIRED_KEYS + (_INDEXER_KEYS if model_type != "deepseek_v3" else ())
+  missing = [key for key in required if key not in hf]
+  if missing:
+    raise ConfigError(f"config for model_type={model_type!r} is missing key(s) {missing}")
+  for key, expected in _EXPECTED.items():
+    if key in hf and hf[key] != expected:
+      raise ConfigError(f"{key}={hf[key]!r} is not supported; expected {expected!r}")
+  fields = {key: hf[key] for key in required}
+  fields.update({key: hf.get(key, default) for key, default in _DEFAULTS.items()})
+  fields.update({key: hf.get(key, default) for key, default in _FAMILY[model_type].items()})
+  if "n_group" in hf and hf["n_group"] is None:
+    fields["n_group"] = fields["topk_group"] = 1
+  fields["rope"] = _rope_from_hf(hf)
+  fields["model_type"] = model_type
+  fields.update(overrides)
+  return MtpConfig(**fields)
+
+
+def _read_hf_dict(source: str | os.PathLike | Mapping[str, Any]) -> dict[str, Any]:
+  if isinstance(source, Mapping):
+    return dict(source)
+  path = os.fspath(source)
+  if os.path.isdir(path):
+    path = os.path.join(path, "config.json")
+  try:
+    with open(path, encoding="utf-8") as f:
+      data = json.load(f)
+  except FileNotFoundError:
+    raise ConfigError(f"config file {path!r} does not exist") from None
+  except json.JSONDecodeError as e:
+    raise ConfigError(f"config file {path!r} is not valid JSON: {e}") from None
+  if not isinstance(data, dict):
+    raise ConfigError(f"config file {path!r} holds a {type(data).__name__}, expected a JSON object")
+  return data
+
+
+def _rope_from_hf(hf: Mapping[str, Any]) -> RopeConfig:
+  """Reads `rope_scaling` (HF 4.x) or `rope_parameters` (HF 5.x); both carry the YaRN keys."""
+  params = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+  theta = params.get("rope_theta", hf.get("rope_theta", 10000.0))
+  kind = params.get("rope_type", params.get("type", "default"))
+  if kind == "default":
+    return RopeConfig(theta=float(theta))
+  if kind != "yarn":
+    raise ConfigError(f"rope type {kind!r} is not supported; expected 'yarn' or 'default'")
+  if "factor" not in params or "original_max_position_embeddings" not in params:
+    raise ConfigError(f"yarn rope parameters need 'factor' and 'original_max_position_embeddings', got {params}")
+  return RopeConfig(
+      theta=float(theta),
+      factor=float(params["factor"]),
+      original_max_position_embeddings=int(params["original_max_position_embeddings"]),
+      beta_fast=float(params.get("beta_fast") or 32.0),
+      beta_slow=float(params.get("beta_slow") or 1.0),
+      mscale=float(params.get("mscale") or 0.0),
+      mscale_all_dim=float(params.get("mscale_all_dim") or 0.0),
+  )
+
+
+# --- presets -----------------------------------------------------------------------------------
+
+
+def tiny(**overrides: Any) -> MtpConfig:
+  """A DeepSeek-V3.2-shaped model small enough for CPU tests and the demo (fp32).
+
+  `index_topk` (4) is smaller than a test sequence so the sparse path is exercised; the YaRN
+  factor makes mscale² matter.
+  """
+  fields = dict(
+      model_type="deepseek_v32", vocab_size=256, hidden_size=64, intermediate_size=96,
+      moe_intermediate_size=32, num_hidden_layers=2, first_k_dense_replace=1, num_attention_heads=4,
+      q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+      n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=4, topk_group=2,
+      routed_scaling_factor=2.5, norm_topk_prob=True, rms_norm_eps=1e-6, max_position_embeddings=640,
+      rope=RopeConfig(theta=10000.0, factor=40.0, original_max_position_embeddings=16, mscale=1.0,
+                      mscale_all_dim=1.0),
+      index_n_heads=4, index_head_dim=16, index_topk=4, dtype="float32", param_dtype="float32",
+  )
+  fields.update(overrides)
+  return MtpConfig(**fields)
+
+
+def deepseek_v32(**overrides: Any) -> MtpConfig:
+  """DeepSeek-V3.2 (671B) as in its HF config.json."""
+  fields = dict(
+      model_type="deepseek_v32", vocab_size=129280, hidden_size=7168, intermediate_size=18432,
+      moe_intermediate_size=2048, num_hidden_layers=61, first_k_dense_replace=3, num_attention_heads=128,
+      q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+      n_routed_experts=256, n_shared_experts=1, num_experts_per_tok=8, n_group=8, topk_group=4,
+      routed_scaling_factor=2.5, norm_topk_prob=True, rms_norm_eps=1e-6, max_position_embeddings=163840,
+      rope=RopeConfig(theta=10000.0, factor=40.0, original_max_position_embeddings=4096, beta_fast=32.0,
+                      beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0),
+      index_n_heads=64, index_head_dim=128, index_topk=2048,
+  )
+  fields.update(overrides)
+  return MtpConfig(**fields)
+
+
+def glm5(**overrides: Any) -> MtpConfig:
+  """GLM-5 (zai-org/GLM-5, model_type glm_moe_dsa)."""
+  fields = dict(
+      model_type="glm_moe_dsa", vocab_size=154880, hidden_size=6144, intermediate_size=12288,
+      moe_intermediate_size=2048, num_hidden_layers=78, first_k_dense_replace=3, num_attention_heads=64,
+      q_lora_rank=2048, kv_lora_rank=512, qk_nope_head_dim=192, qk_rope_head_dim=64, v_head_dim=256,
+      n_routed_experts=256, n_shared_experts=1, num_experts_per_tok=8, n_group=1, topk_group=1,
+      routed_scaling_factor=2.5, norm_topk_prob=True, rms_norm_eps=1e-5, max_position_embeddings=202752,
+      rope=RopeConfig(theta=1000000.0), index_n_heads=32, index_head_dim=128, index_topk=2048,
+      indexer_rope_interleave=True,
+  )
+  fields.update(overrides)
+  return MtpConfig(**fields)

@@ -1,0 +1,82 @@
+"""DSA lightning indexer (DeepSeek-V3.2): picks, per query, the top-k cached positions to attend.
+
+    q[t, i]  = wq_b(qr[t]) split into I heads of J dims; RoPE on the first R dims
+    k[s]     = LayerNorm(wk(x[s])); RoPE on the first R dims; one key per token, shared by all heads
+    w[t, i]  = weights_proj(x[t]) · I^-0.5            (fp32)
+    I[t, s]  = Σ_i w[t, i] · ReLU(q[t, i] · k[s]) · J^-0.5        for s ≤ pos(t)
+    keep     = top-min(index_topk, S)(I[t, :])                    one mask shared by all MLA heads
+
+Math is fp32. The official kernel also quantises q and k to FP8 after a Hadamard rotation; the
+rotation is orthogonal, so in fp32 it changes nothing, and the FP8 simulation is not modelled here
+(this is the Hugging Face `DeepseekV32Indexer` numerics). When the cache holds no more positions
+than index_topk every visible position is kept, so DSA equals dense MLA; the caller skips the
+indexer then (`selects_all`).
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jax_mtp.cache import LayerCache, causal_mask, write_at_positions
+from jax_mtp.config import MtpConfig
+from jax_mtp.layers import LayerNorm, Rotary, apply_rope, linear
+
+
+def selects_all(cfg: MtpConfig, capacity: int) -> bool:
+  """True when top-k keeps every visible slot, so the sparse mask is the causal mask."""
+  return not cfg.has_indexer or capacity <= cfg.index_topk
+
+
+class Indexer(nn.Module):
+  """Scores cached positions and returns the top-k mask; updates the indexer key cache."""
+
+  cfg: MtpConfig
+
+  def setup(self):
+    cfg = self.cfg
+    self.wq_b = linear(cfg.q_lora_rank, cfg.index_n_heads * cfg.index_head_dim, cfg)
+    self.wk = linear(cfg.hidden_size, cfg.index_head_dim, cfg)
+    self.k_norm = LayerNorm(cfg.indexer_norm_eps, dtype="float32")
+    # Kept in fp32 as in the official code and HF (`_keep_in_fp32_modules`).
+    self.weights_proj = linear(cfg.hidden_size, cfg.index_n_heads, cfg, fp32=True)
+
+  def __call__(self, x_BTD: jax.Array, qr_BTQ: jax.Array, positions_BT: jax.Array, rotary: Rotary,
+               cache: LayerCache) -> tuple[jax.Array, LayerCache]:
+    """Returns (keep_BTS bool: the top-k selection among visible slots, updated cache)."""
+    cfg = self.cfg
+    k_BTJ = self._rope_first(self.k_norm(self.wk(x_BTD)), rotary)
+    index_k_BSJ = write_at_positions(cache.index_k_BSJ, k_BTJ, positions_BT)
+    cache = cache._replace(index_k_BSJ=index_k_BSJ)
+
+    q_BTIJ = self.wq_b(qr_BTQ).reshape(*qr_BTQ.shape[:2], cfg.index_n_heads, cfg.index_head_dim)
+    q_BTIJ = self._rope_first(q_BTIJ.astype(jnp.float32), rotary)
+    w_BTI = self.weights_proj(x_BTD.astype(jnp.float32)) * cfg.index_n_heads**-0.5
+    scores_BTS = index_scores(q_BTIJ, index_k_BSJ, w_BTI, cfg.index_head_dim**-0.5)
+    return topk_mask(scores_BTS, causal_mask(positions_BT, cache.capacity), cfg.index_topk), cache
+
+  def _rope_first(self, x: jax.Array, rotary: Rotary) -> jax.Array:
+    """RoPE on the first R dims (the indexer puts the rotary part first; MLA puts it last)."""
+    r = self.cfg.qk_rope_head_dim
+    rotated = apply_rope(x[..., :r], rotary, interleaved=self.cfg.indexer_rope_interleave)
+    return jnp.concatenate([rotated, x[..., r:]], axis=-1)
+
+
+def index_scores(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, scale: float) -> jax.Array:
+  """I[b, t, s] = Σ_i w[b, t, i] · ReLU(q[b, t, i] · k[b, s]) · scale, fp32."""
+  logits_BTIS = jnp.einsum("btij,bsj->btis", q_BTIJ.astype(jnp.float32), k_BSJ.astype(jnp.float32),
+                           precision=jax.lax.Precision.HIGHEST)
+  return jnp.einsum("btis,bti->bts", jax.nn.relu(logits_BTIS) * scale, w_BTI.astype(jnp.float32),
+                    precision=jax.lax.Precision.HIGHEST)
+
+
+def topk_mask(scores_BTS: jax.Array, visible_BTS: jax.Array, topk: int) -> jax.Array:
+  """bool [B, T, S]: the `topk` highest-scoring visible slots (all visible ones if fewer)."""
+  k = min(topk, scores_BTS.shape[-1])
+  masked = jnp.where(visible_BTS, scores_BTS, -jnp.inf)
+  _, idx_BTK = jax.lax.top_k(masked, k)
+  chosen = jnp.zeros(scores_BTS.shape, bool)
+  b, t = jnp.indices(idx_BTK.shape[:2])
+  chosen = chosen.at[b[..., None], t[..., None], idx_BTK].set(True)
+  return chosen & visible_BTS

@@ -1,0 +1,108 @@
+"""Multi-head latent attention (MLA) with the DSA indexer and a latent KV cache.
+
+    qr      = q_a_layernorm(q_a_proj(x))                       [T, Q]   (also feeds the indexer)
+    q       = q_b_proj(qr) → N heads × [q_nope (P) | q_pe (R)];  q_pe rotated (interleaved)
+    c, k_pe = kv_a_proj_with_mqa(x) → [C | R];  c = kv_a_layernorm(c);  k_pe rotated, shared by heads
+    cache   ← (c, k_pe) at the tokens' positions
+    kv_b_proj: C → N heads × [W_UK (P) | W_UV (H)]
+    naive    (prefill): k_h = [W_UK_h c ; k_pe], v_h = W_UV_h c,  o_h = softmax(q_h·k_h · scale) v_h
+    absorbed (decode) : q~_h = W_UK_hᵀ q_nope_h, s = q~_h·c + q_pe_h·k_pe, o_h = W_UV_h (softmax(s·scale) c)
+    out     = o_proj(concat_h o_h)
+
+Both forms give the same numbers up to rounding; prefill expands keys once per token, decode never
+expands the cache. Scores are masked to slots ≤ the query's position and, with DSA, to the
+indexer's top-k. scale = qk_head_dim^-0.5 · mscale² (config.softmax_scale).
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jax_mtp.cache import LayerCache, causal_mask, write_at_positions
+from jax_mtp.config import MtpConfig
+from jax_mtp.indexer import Indexer, selects_all
+from jax_mtp.layers import RMSNorm, Rotary, apply_rope, linear
+
+_HIGHEST = jax.lax.Precision.HIGHEST
+
+
+class MLAttention(nn.Module):
+  """MLA (+ DSA indexer when the config has one). Output is o_proj's, before the residual add."""
+
+  cfg: MtpConfig
+
+  def setup(self):
+    cfg = self.cfg
+    n, d = cfg.num_attention_heads, cfg.hidden_size
+    self.q_a_proj = linear(d, cfg.q_lora_rank, cfg)
+    self.q_a_layernorm = RMSNorm(cfg.latent_norm_eps, cfg.dtype, cfg.param_dtype)
+    self.q_b_proj = linear(cfg.q_lora_rank, n * cfg.qk_head_dim, cfg)
+    self.kv_a_proj_with_mqa = linear(d, cfg.kv_lora_rank + cfg.qk_rope_head_dim, cfg)
+    self.kv_a_layernorm = RMSNorm(cfg.latent_norm_eps, cfg.dtype, cfg.param_dtype)
+    self.kv_b_proj = linear(cfg.kv_lora_rank, n * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg)
+    self.o_proj = linear(n * cfg.v_head_dim, d, cfg)
+    if cfg.has_indexer:
+      self.indexer = Indexer(cfg)
+
+  def __call__(self, x_BTD: jax.Array, positions_BT: jax.Array, rotary: Rotary, cache: LayerCache, *,
+               absorb: bool) -> tuple[jax.Array, LayerCache]:
+    """x [B, T, D] (after input_layernorm) → (o_proj output [B, T, D], updated cache)."""
+    cfg = self.cfg
+    qr_BTQ = self.q_a_layernorm(self.q_a_proj(x_BTD))
+    q_BTNK = self.q_b_proj(qr_BTQ).reshape(*x_BTD.shape[:2], cfg.num_attention_heads, cfg.qk_head_dim)
+    q_nope_BTNP = q_BTNK[..., :cfg.qk_nope_head_dim]
+    q_pe_BTNR = apply_rope(q_BTNK[..., cfg.qk_nope_head_dim:], rotary, interleaved=cfg.rope_interleave)
+
+    kv_BTL = self.kv_a_proj_with_mqa(x_BTD)
+    latent_BTC = self.kv_a_layernorm(kv_BTL[..., :cfg.kv_lora_rank])
+    k_pe_BTR = apply_rope(kv_BTL[..., cfg.kv_lora_rank:], rotary, interleaved=cfg.rope_interleave)
+    cache = cache._replace(latent_BSC=write_at_positions(cache.latent_BSC, latent_BTC, positions_BT),
+                           k_pe_BSR=write_at_positions(cache.k_pe_BSR, k_pe_BTR, positions_BT))
+
+    visible_BTS = causal_mask(positions_BT, cache.capacity)
+    if not selects_all(cfg, cache.capacity):
+      visible_BTS, cache = self.indexer(x_BTD, qr_BTQ, positions_BT, rotary, cache)
+
+    attend = self._absorbed if absorb else self._naive
+    o_BTNH = attend(q_nope_BTNP, q_pe_BTNR, cache, visible_BTS)
+    return self.o_proj(o_BTNH.reshape(*x_BTD.shape[:2], -1).astype(x_BTD.dtype)), cache
+
+  def _kv_b_weights(self) -> tuple[jax.Array, jax.Array]:
+    """kv_b_proj's kernel [C, N·(P+H)] split into W_UK [C, N, P] and W_UV [C, N, H]."""
+    cfg = self.cfg
+    kernel_CNK = self.kv_b_proj.kernel.reshape(cfg.kv_lora_rank, cfg.num_attention_heads, -1)
+    return kernel_CNK[..., :cfg.qk_nope_head_dim], kernel_CNK[..., cfg.qk_nope_head_dim:]
+
+  def _naive(self, q_nope_BTNP, q_pe_BTNR, cache: LayerCache, visible_BTS) -> jax.Array:
+    cfg = self.cfg
+    kv_BSNK = self.kv_b_proj(cache.latent_BSC).reshape(*cache.latent_BSC.shape[:2], cfg.num_attention_heads, -1)
+    k_nope_BSNP, v_BSNH = kv_BSNK[..., :cfg.qk_nope_head_dim], kv_BSNK[..., cfg.qk_nope_head_dim:]
+    scores_BNTS = (jnp.einsum("btnp,bsnp->bnts", q_nope_BTNP, k_nope_BSNP, precision=_HIGHEST,
+                              preferred_element_type=jnp.float32)
+                   + jnp.einsum("btnr,bsr->bnts", q_pe_BTNR, cache.k_pe_BSR, precision=_HIGHEST,
+                                preferred_element_type=jnp.float32))
+    probs_BNTS = masked_softmax(scores_BNTS * cfg.softmax_scale, visible_BTS)
+    return jnp.einsum("bnts,bsnh->btnh", probs_BNTS.astype(v_BSNH.dtype), v_BSNH, precision=_HIGHEST,
+                      preferred_element_type=jnp.float32)
+
+  def _absorbed(self, q_nope_BTNP, q_pe_BTNR, cache: LayerCache, visible_BTS) -> jax.Array:
+    cfg = self.cfg
+    w_uk_CNP, w_uv_CNH = self._kv_b_weights()
+    q_lat_BTNC = jnp.einsum("btnp,cnp->btnc", q_nope_BTNP, w_uk_CNP.astype(q_nope_BTNP.dtype),
+                            precision=_HIGHEST, preferred_element_type=jnp.float32)
+    scores_BNTS = (jnp.einsum("btnc,bsc->bnts", q_lat_BTNC, cache.latent_BSC.astype(jnp.float32),
+                              precision=_HIGHEST)
+                   + jnp.einsum("btnr,bsr->bnts", q_pe_BTNR, cache.k_pe_BSR, precision=_HIGHEST,
+                                preferred_element_type=jnp.float32))
+    probs_BNTS = masked_softmax(scores_BNTS * cfg.softmax_scale, visible_BTS)
+    o_lat_BTNC = jnp.einsum("bnts,bsc->btnc", probs_BNTS, cache.latent_BSC.astype(jnp.float32),
+                            precision=_HIGHEST)
+    return jnp.einsum("btnc,cnh->btnh", o_lat_BTNC, w_uv_CNH.astype(jnp.float32), precision=_HIGHEST)
+
+
+def masked_softmax(scores_BNTS: jax.Array, visible_BTS: jax.Array) -> jax.Array:
+  """fp32 softmax over slots; invisible slots get probability 0 (every query sees its own slot)."""
+  masked = jnp.where(visible_BTS[:, None], scores_BNTS.astype(jnp.float32), -jnp.inf)
+  return jax.nn.softmax(masked, axis=-1)

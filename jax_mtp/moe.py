@@ -1,0 +1,122 @@
+"""DeepSeek MoE: sigmoid noaux_tc router, routed experts (grouped matmul), shared expert; dense MLP.
+
+Router (official `Gate`, fp32):
+    s      = sigmoid(x · W_gateᵀ)                              [T, E]
+    s_b    = s + e_score_correction_bias                       bias steers selection only
+    groups = top-`topk_group` of (sum of the top-2 s_b in each of G groups)
+    idx    = top-K of s_b restricted to the kept groups
+    w      = s[idx] / Σ s[idx] (norm_topk_prob) · routed_scaling_factor
+Experts: y = Σ_k w_k · down_k(silu(gate_k(x)) · up_k(x)) + shared(x). The routed part runs as a
+grouped matmul (`lax.ragged_dot`) over the token-expert pairs sorted by expert, so only the
+experts that tokens picked are multiplied.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jax_mtp.config import MtpConfig
+from jax_mtp.layers import dtype_of, linear
+
+_HIGHEST = jax.lax.Precision.HIGHEST
+
+
+class Mlp(nn.Module):
+  """SwiGLU MLP: down(silu(gate(x)) · up(x)). Dense layers and the shared expert."""
+
+  cfg: MtpConfig
+  intermediate_size: int
+
+  def setup(self):
+    d, f = self.cfg.hidden_size, self.intermediate_size
+    self.gate_proj = linear(d, f, self.cfg)
+    self.up_proj = linear(d, f, self.cfg)
+    self.down_proj = linear(f, d, self.cfg)
+
+  def __call__(self, x_BTD: jax.Array) -> jax.Array:
+    return self.down_proj(jax.nn.silu(self.gate_proj(x_BTD)) * self.up_proj(x_BTD))
+
+
+class Router(nn.Module):
+  """noaux_tc top-K routing; returns (expert ids [T, K] int32, weights [T, K] fp32)."""
+
+  cfg: MtpConfig
+
+  def setup(self):
+    cfg = self.cfg
+    # HF and the official code keep the router in fp32.
+    self.weight = self.param("weight", nn.initializers.normal(0.02), (cfg.n_routed_experts, cfg.hidden_size),
+                             jnp.float32)
+    self.e_score_correction_bias = self.param("e_score_correction_bias", nn.initializers.zeros,
+                                              (cfg.n_routed_experts,), jnp.float32)
+
+  def __call__(self, x_TD: jax.Array) -> tuple[jax.Array, jax.Array]:
+    cfg = self.cfg
+    logits_TE = jnp.einsum("td,ed->te", x_TD.astype(jnp.float32), self.weight, precision=_HIGHEST)
+    scores_TE = jax.nn.sigmoid(logits_TE)
+    biased_TE = scores_TE + self.e_score_correction_bias
+    allowed_TE = _kept_groups_mask(biased_TE, cfg.n_group, cfg.topk_group)
+    _, ids_TK = jax.lax.top_k(jnp.where(allowed_TE, biased_TE, -jnp.inf), cfg.num_experts_per_tok)
+    weights_TK = jnp.take_along_axis(scores_TE, ids_TK, axis=-1)
+    if cfg.norm_topk_prob:
+      weights_TK = weights_TK / (jnp.sum(weights_TK, axis=-1, keepdims=True) + 1e-20)
+    return ids_TK.astype(jnp.int32), weights_TK * cfg.routed_scaling_factor
+
+
+def _kept_groups_mask(biased_TE: jax.Array, n_group: int, topk_group: int) -> jax.Array:
+  """bool [T, E]: experts in the `topk_group` groups with the highest top-2 sums."""
+  t, e = biased_TE.shape
+  grouped_TGX = biased_TE.reshape(t, n_group, e // n_group)
+  group_scores_TG = jnp.sum(jax.lax.top_k(grouped_TGX, 2)[0], axis=-1)
+  _, kept_TK = jax.lax.top_k(group_scores_TG, topk_group)
+  kept_TG = jnp.zeros((t, n_group), bool).at[jnp.arange(t)[:, None], kept_TK].set(True)
+  return jnp.repeat(kept_TG, e // n_group, axis=-1)
+
+
+class MoE(nn.Module):
+  """Routed experts + shared expert. Expert weights are stacked: gate/up [E, D, F], down [E, F, D]."""
+
+  cfg: MtpConfig
+
+  def setup(self):
+    cfg = self.cfg
+    e, d, f = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size
+    init, pdt = nn.initializers.normal(0.02), dtype_of(cfg.param_dtype)
+    self.gate = Router(cfg)
+    self.w_gate_EDF = self.param("w_gate_EDF", init, (e, d, f), pdt)
+    self.w_up_EDF = self.param("w_up_EDF", init, (e, d, f), pdt)
+    self.w_down_EFD = self.param("w_down_EFD", init, (e, f, d), pdt)
+    if cfg.n_shared_experts:
+      self.shared_experts = Mlp(cfg, cfg.moe_intermediate_size * cfg.n_shared_experts)
+
+  def __call__(self, x_BTD: jax.Array) -> jax.Array:
+    cfg = self.cfg
+    x_TD = x_BTD.reshape(-1, cfg.hidden_size)
+    ids_TK, weights_TK = self.gate(x_TD)
+    y_TD = routed_experts(x_TD, ids_TK, weights_TK, self.w_gate_EDF, self.w_up_EDF, self.w_down_EFD)
+    y_BTD = y_TD.reshape(x_BTD.shape).astype(x_BTD.dtype)
+    if cfg.n_shared_experts:
+      y_BTD = y_BTD + self.shared_experts(x_BTD)
+    return y_BTD
+
+
+def routed_experts(x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD) -> jax.Array:
+  """Σ_k weights[t, k] · expert_{ids[t, k]}(x[t]) as one grouped matmul per projection; fp32 out."""
+  t, k = ids_TK.shape
+  num_experts = w_gate_EDF.shape[0]
+  flat_ids_A = ids_TK.reshape(-1)  # A = T·K token-expert assignments
+  order_A = jnp.argsort(flat_ids_A, stable=True)
+  token_A = order_A // k
+  group_sizes_E = jnp.bincount(flat_ids_A, length=num_experts).astype(jnp.int32)
+  dtype = w_gate_EDF.dtype
+  x_AD = x_TD[token_A].astype(dtype)
+
+  def grouped(lhs, rhs):
+    return jax.lax.ragged_dot(lhs.astype(dtype), rhs, group_sizes_E, precision=_HIGHEST,
+                              preferred_element_type=jnp.float32)
+
+  hidden_AF = jax.nn.silu(grouped(x_AD, w_gate_EDF)) * grouped(x_AD, w_up_EDF)
+  y_AD = grouped(hidden_AF, w_down_EFD) * weights_TK.reshape(-1)[order_A][:, None]
+  return jnp.zeros((t, x_TD.shape[-1]), jnp.float32).at[token_A].add(y_AD)

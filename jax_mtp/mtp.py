@@ -1,0 +1,153 @@
+"""The DeepSeek-V3.2 MTP (NextN) draft layer and the predictor that holds the MTP layers.
+
+One MTP step, per token (vLLM `DeepseekV32MultiTokenPredictorLayer.forward`):
+
+    e = embed(input_ids);  e = 0 where position == 0          (nothing precedes position 0)
+    x = eh_proj([enorm(e); hnorm(prev_hidden)])               [e; h] order, as the checkpoint expects
+    y, residual = decoder_block(x)
+    h = shared_head.norm(y + residual)                        post-norm hidden
+    → h for the head (logits / greedy draft token) and h again as the next step's prev_hidden
+
+`input_ids[t]` is the token *after* the one whose hidden is `prev_hidden[t]`, and `positions[t]`
+is the position of the hidden's token (vLLM's convention; HF's MTP generator uses position + 1).
+The embedding and the head are the target model's, shared by all MTP layers; step `i` uses MTP
+layer `i % num_nextn_predict_layers`.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_mtp.block import DecoderBlock
+from jax_mtp.cache import LayerCache, init_layer_cache
+from jax_mtp.config import MtpConfig
+from jax_mtp.layers import RMSNorm, dtype_of, linear, rotary_for_positions
+
+_HIGHEST = jax.lax.Precision.HIGHEST
+
+
+class MtpOutput(NamedTuple):
+  hidden_BTD: jax.Array  # post shared_head.norm; feeds the head
+  next_prev_hidden_BTD: jax.Array  # the same tensor, recycled as the next draft step's prev_hidden
+  caches: tuple[LayerCache, ...]
+
+
+class MtpLayer(nn.Module):
+  """One MTP layer (checkpoint `model.layers.{layer_idx}.*`)."""
+
+  cfg: MtpConfig
+  layer_idx: int
+
+  def setup(self):
+    cfg = self.cfg
+    self.enorm = RMSNorm(cfg.rms_norm_eps, cfg.dtype, cfg.param_dtype)
+    self.hnorm = RMSNorm(cfg.rms_norm_eps, cfg.dtype, cfg.param_dtype)
+    self.eh_proj = linear(2 * cfg.hidden_size, cfg.hidden_size, cfg)
+    self.mtp_block = DecoderBlock(cfg, self.layer_idx)
+    self.shared_head_norm = RMSNorm(cfg.rms_norm_eps, cfg.dtype, cfg.param_dtype)
+
+  def __call__(self, embeds_BTD: jax.Array, positions_BT: jax.Array, prev_hidden_BTD: jax.Array,
+               cache: LayerCache, *, absorb: bool) -> tuple[jax.Array, LayerCache]:
+    """Returns (post-norm hidden [B, T, D], updated cache)."""
+    embeds_BTD = jnp.where(positions_BT[..., None] == 0, 0, embeds_BTD)
+    x_BTD = self.eh_proj(jnp.concatenate([self.enorm(embeds_BTD), self.hnorm(prev_hidden_BTD)], axis=-1))
+    rotary = rotary_for_positions(self.cfg.rope, self.cfg.qk_rope_head_dim, positions_BT)
+    y_BTD, residual_BTD, cache = self.mtp_block(x_BTD, positions_BT, rotary, cache, absorb=absorb)
+    return self.shared_head_norm(y_BTD + residual_BTD), cache
+
+
+class MtpPredictor(nn.Module):
+  """The MTP layers with the shared embedding and head.
+
+  Call it for one draft step; `compute_logits` (full vocab, fp32) and `get_top_tokens` (greedy
+  draft ids) read the step's hidden. Both take `spec_step_idx` like vLLM's, for a per-layer head.
+  """
+
+  cfg: MtpConfig
+
+  def setup(self):
+    cfg = self.cfg
+    shape, pdt = (cfg.vocab_size, cfg.hidden_size), dtype_of(cfg.param_dtype)
+    self.embed_tokens = self.param("embed_tokens", nn.initializers.normal(1.0), shape, pdt)
+    self.layers = [MtpLayer(cfg, cfg.num_hidden_layers + i) for i in range(cfg.num_nextn_predict_layers)]
+    self.lm_head = self.param("lm_head", nn.initializers.normal(cfg.hidden_size**-0.5), shape, pdt)
+
+  def __call__(self, input_ids_BT: jax.Array, positions_BT: jax.Array, prev_hidden_BTD: jax.Array,
+               caches: tuple[LayerCache, ...], spec_step_idx: int = 0, absorb: bool | None = None) -> MtpOutput:
+    """One draft step. `absorb` picks MLA's absorbed (decode) form; default: absorbed iff T == 1."""
+    validate_inputs(self.cfg, input_ids_BT, positions_BT, prev_hidden_BTD, caches)
+    layer_no = spec_step_idx % self.cfg.num_nextn_predict_layers
+    absorb = input_ids_BT.shape[1] == 1 if absorb is None else absorb
+    embeds_BTD = jnp.take(self.embed_tokens, input_ids_BT, axis=0).astype(self.cfg.dtype)
+    hidden_BTD, cache = self.layers[layer_no](embeds_BTD, positions_BT, prev_hidden_BTD.astype(self.cfg.dtype),
+                                              caches[layer_no], absorb=absorb)
+    caches = caches[:layer_no] + (cache,) + caches[layer_no + 1:]
+    return MtpOutput(hidden_BTD, hidden_BTD, caches)
+
+  def compute_logits(self, hidden_BTD: jax.Array, spec_step_idx: int = 0) -> jax.Array:
+    """Full-vocab logits, fp32 [B, T, V]. All MTP layers share the head, so spec_step_idx only
+    selects among identical heads; it is kept for the draft-path protocol."""
+    del spec_step_idx
+    return jnp.einsum("btd,vd->btv", hidden_BTD, self.lm_head.astype(hidden_BTD.dtype), precision=_HIGHEST,
+                      preferred_element_type=jnp.float32)
+
+  def get_top_tokens(self, hidden_BTD: jax.Array, spec_step_idx: int = 0) -> jax.Array:
+    """Greedy draft tokens int32 [B, T] (ties → lowest id, as jnp.argmax)."""
+    return jnp.argmax(self.compute_logits(hidden_BTD, spec_step_idx), axis=-1).astype(jnp.int32)
+
+  def init_all(self):
+    """Touches every MTP layer, its indexer and the head so `init` creates all parameters."""
+    batch, capacity = 1, self.cfg.index_topk + 1  # a cache larger than top-k runs the indexer
+    ids, positions = jnp.zeros((batch, 1), jnp.int32), jnp.zeros((batch, 1), jnp.int32)
+    hidden = jnp.zeros((batch, 1, self.cfg.hidden_size), self.cfg.dtype)
+    caches = init_caches(self.cfg, batch, capacity)
+    for step in range(self.cfg.num_nextn_predict_layers):
+      hidden = self(ids, positions, hidden, caches, spec_step_idx=step).hidden_BTD
+    return self.compute_logits(hidden)
+
+
+def init_caches(cfg: MtpConfig, batch: int, capacity: int) -> tuple[LayerCache, ...]:
+  """One zeroed cache per MTP layer, for `batch` sequences of up to `capacity` positions."""
+  return tuple(init_layer_cache(cfg, batch, capacity) for _ in range(cfg.num_nextn_predict_layers))
+
+
+def init_params(cfg: MtpConfig, rng: jax.Array) -> dict:
+  """Random parameters for every MTP layer, the embedding and the head."""
+  return MtpPredictor(cfg).init(rng, method=MtpPredictor.init_all)["params"]
+
+
+def validate_inputs(cfg: MtpConfig, input_ids_BT, positions_BT, prev_hidden_BTD, caches) -> None:
+  """Checks shapes and dtypes always, and token / position values when they are concrete
+  (under `jit` they are tracers: validate before jitting, as the CLI and speculator do)."""
+  ids_shape = tuple(input_ids_BT.shape)
+  if len(ids_shape) != 2:
+    raise ValueError(f"input_ids must be [B, T], got shape {ids_shape}")
+  if tuple(positions_BT.shape) != ids_shape:
+    raise ValueError(f"positions shape {tuple(positions_BT.shape)} != input_ids shape {ids_shape}")
+  for name, x in (("input_ids", input_ids_BT), ("positions", positions_BT)):
+    if not jnp.issubdtype(x.dtype, jnp.integer):
+      raise ValueError(f"{name} must be an integer array, got dtype {x.dtype}")
+  if tuple(prev_hidden_BTD.shape) != ids_shape + (cfg.hidden_size,):
+    raise ValueError(f"prev_hidden shape {tuple(prev_hidden_BTD.shape)} != {ids_shape + (cfg.hidden_size,)}")
+  if len(caches) != cfg.num_nextn_predict_layers:
+    raise ValueError(f"got {len(caches)} caches for num_nextn_predict_layers={cfg.num_nextn_predict_layers}")
+  capacity = caches[0].capacity
+  if caches[0].latent_BSC.shape[0] != ids_shape[0]:
+    raise ValueError(f"cache batch {caches[0].latent_BSC.shape[0]} != input batch {ids_shape[0]}")
+  _validate_values("input_ids", input_ids_BT, cfg.vocab_size, "vocab_size")
+  limit, what = min((cfg.max_position_embeddings, "max_position_embeddings"), (capacity, "cache capacity"))
+  _validate_values("positions", positions_BT, limit, what)
+
+
+def _validate_values(name: str, x, limit: int, limit_name: str) -> None:
+  if isinstance(x, jax.core.Tracer):
+    return
+  values = np.asarray(x)
+  bad = values[(values < 0) | (values >= limit)]
+  if bad.size:
+    raise ValueError(f"{name} value {int(bad.flat[0])} is outside [0, {limit}) ({limit_name}={limit})")
