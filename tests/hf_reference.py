@@ -226,17 +226,31 @@ def run_hf_decoder_layer(module: nn.Module, cfg: dict, hidden_TD: np.ndarray, po
 
 
 def run_hf_mtp_layer(module: MtpLayer, cfg: dict, inputs_embeds: np.ndarray, prev_hidden: np.ndarray,
-                     positions: np.ndarray) -> np.ndarray:
+                     positions: np.ndarray, *, with_index_scores: bool = False):
     """``post_norm(block(eh_proj([enorm(inputs_embeds) | hnorm(prev_hidden)])))`` -> float32 [B, T, D].
 
-    The caller does the embedding lookup (of the *next* tokens) and any position-0 zeroing.
+    The caller does the embedding lookup (of the *next* tokens) and any position-0 zeroing. With
+    ``with_index_scores`` returns ``(hidden, index_scores [B, T, T])`` (future keys -inf), the scores
+    the block's indexer ran top-k on, so callers can check the top-k boundary margin.
     """
     e, pos, cos_sin, mask = _inputs(cfg, inputs_embeds, positions)
     h = torch.as_tensor(np.asarray(prev_hidden, np.float32))
-    with torch.no_grad():
-        out = module(inputs_embeds=e, previous_hidden_state=h, position_embeddings=cos_sin,
-                     attention_mask=mask, position_ids=pos, cache=None)
-    return out.numpy().copy()
+    spy, hooks = _IndexerTopkSpy(), []
+    indexer = getattr(module.mtp_block.self_attn, "indexer", None)
+    if with_index_scores:
+        hooks.append(indexer.register_forward_pre_hook(lambda m, a: setattr(spy, "active", True)))
+        hooks.append(indexer.register_forward_hook(lambda m, a, o: setattr(spy, "active", False)))
+    try:
+        with torch.no_grad(), spy:
+            out = module(inputs_embeds=e, previous_hidden_state=h, position_embeddings=cos_sin,
+                         attention_mask=mask, position_ids=pos, cache=None)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    if not with_index_scores:
+        return out.numpy().copy()
+    (scores,) = spy.seen
+    return out.numpy().copy(), scores.masked_fill(mask[:, 0] != 0, float("-inf")).numpy().copy()
 
 
 def hf_config_object(cfg: dict, mtp: bool = False):

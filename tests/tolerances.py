@@ -1,0 +1,23 @@
+"""The one tolerance table. Errors are measured relative to the reference's largest magnitude
+(max|a − b| ≤ rtol · max|b| + atol), which stays meaningful where single elements are near zero.
+Token ids, argmax indices and top-k sets are compared exactly, never through this table.
+"""
+
+import numpy as np
+
+TOLERANCE = {
+    # fp32 end to end; differences are summation order (XLA vs torch) over ≤ a few hundred terms.
+    "float32": dict(rtol=1e-5, atol=1e-6),
+    # bf16 activations: ~3 significant digits, a block adds a handful of roundings.
+    "bfloat16": dict(rtol=2e-2, atol=1e-3),
+}
+
+
+def assert_close(actual, expected, dtype: str = "float32", what: str = "") -> None:
+  actual = np.asarray(actual, np.float64)
+  expected = np.asarray(expected, np.float64)
+  assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+  tol = TOLERANCE[dtype]
+  err = np.max(np.abs(actual - expected))
+  bound = tol["rtol"] * np.max(np.abs(expected)) + tol["atol"]
+  assert err <= bound, f"{what}: max |diff| {err:.3g} > {bound:.3g} (scale {np.max(np.abs(expected)):.3g})"
