@@ -117,8 +117,9 @@ def init_caches(cfg: MtpConfig, batch: int, capacity: int) -> tuple[LayerCache, 
 
 
 def init_params(cfg: MtpConfig, rng: jax.Array) -> dict:
-  """Random parameters for every MTP layer, the embedding and the head."""
-  return MtpPredictor(cfg).init(rng, method=MtpPredictor.init_all)["params"]
+  """Random parameters for every MTP layer, the embedding and the head (jit-compiled init)."""
+  model = MtpPredictor(cfg)
+  return jax.jit(lambda key: model.init(key, method=MtpPredictor.init_all)["params"])(rng)
 
 
 def validate_inputs(cfg: MtpConfig, input_ids_BT, positions_BT, prev_hidden_BTD, caches) -> None:
