@@ -20,10 +20,11 @@ from jax_mtp.config import MtpConfig
 from jax_mtp.layers import RMSNorm, Rotary
 from jax_mtp.mla import MLAttention
 from jax_mtp.moe import MoE, Mlp
+from jax_mtp.sharding import TensorParallel
 
 
 class BlockOutput(NamedTuple):
-  mlp_out_BTD: jax.Array  # y, before the residual add
+  mlp_out_BTD: jax.Array  # y, before the residual add; under tp this device's partial sum
   residual_BTD: jax.Array
   cache: LayerCache
 
@@ -33,13 +34,17 @@ class DecoderBlock(nn.Module):
 
   cfg: MtpConfig
   layer_idx: int
+  tp: TensorParallel = TensorParallel()
 
   def setup(self):
     cfg = self.cfg
-    self.input_layernorm = RMSNorm(cfg.rms_norm_eps, cfg.dtype, cfg.param_dtype)
-    self.self_attn = MLAttention(cfg)
-    self.post_attention_layernorm = RMSNorm(cfg.rms_norm_eps, cfg.dtype, cfg.param_dtype)
-    self.mlp = MoE(cfg) if cfg.is_moe_layer(self.layer_idx) else Mlp(cfg, cfg.intermediate_size)
+    self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype, cfg.param_dtype)
+    self.self_attn = MLAttention(cfg, self.tp)
+    self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype, cfg.param_dtype)
+    if cfg.is_moe_layer(self.layer_idx):
+      self.mlp = MoE(cfg, self.tp)
+    else:
+      self.mlp = Mlp(cfg, cfg.intermediate_size, self.tp)
 
   def __call__(self, x_BTD: jax.Array, positions_BT: jax.Array, rotary: Rotary, cache: LayerCache, *,
                absorb: bool) -> BlockOutput:

@@ -277,7 +277,7 @@ def tiny(**overrides: Any) -> MtpConfig:
   """
   fields = dict(
       model_type="deepseek_v32", vocab_size=256, hidden_size=64, intermediate_size=96,
-      moe_intermediate_size=32, num_hidden_layers=2, first_k_dense_replace=1, num_attention_heads=4,
+      moe_intermediate_size=32, num_hidden_layers=2, first_k_dense_replace=1, num_attention_heads=8,
       q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
       n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=4, topk_group=2,
       routed_scaling_factor=2.5, norm_topk_prob=True, rms_norm_eps=1e-6, max_position_embeddings=640,

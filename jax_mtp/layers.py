@@ -26,14 +26,16 @@ def dtype_of(name: str) -> jnp.dtype:
 class RMSNorm(nn.Module):
   """`weight * x / sqrt(mean(x²) + eps)` with fp32 math; output in `dtype` (activation dtype)."""
 
+  features: int
   eps: float
   dtype: str = "float32"
   param_dtype: str = "float32"
 
-  @nn.compact
+  def setup(self):
+    self.weight = self.param("weight", nn.initializers.ones, (self.features,), dtype_of(self.param_dtype))
+
   def __call__(self, x: jax.Array) -> jax.Array:
-    weight = self.param("weight", nn.initializers.ones, (x.shape[-1],), dtype_of(self.param_dtype))
-    return rms_norm(x, weight, self.eps).astype(self.dtype)
+    return rms_norm(x, self.weight, self.eps).astype(self.dtype)
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:

@@ -24,23 +24,30 @@ from jax_mtp.cache import LayerCache, causal_mask, write_at_positions
 from jax_mtp.config import MtpConfig
 from jax_mtp.indexer import Indexer, selects_all
 from jax_mtp.layers import RMSNorm, Rotary, apply_rope, linear
+from jax_mtp.sharding import TensorParallel
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 
 
 class MLAttention(nn.Module):
-  """MLA (+ DSA indexer when the config has one). Output is o_proj's, before the residual add."""
+  """MLA (+ DSA indexer when the config has one). Output is o_proj's, before the residual add,
+  reduced over the tp axis (heads are split over tp; the latent path and caches are replicated)."""
 
   cfg: MtpConfig
+  tp: TensorParallel = TensorParallel()
+
+  @property
+  def num_local_heads(self) -> int:
+    return self.tp.local(self.cfg.num_attention_heads, "num_attention_heads")
 
   def setup(self):
     cfg = self.cfg
-    n, d = cfg.num_attention_heads, cfg.hidden_size
+    n, d = self.num_local_heads, cfg.hidden_size
     self.q_a_proj = linear(d, cfg.q_lora_rank, cfg)
-    self.q_a_layernorm = RMSNorm(cfg.latent_norm_eps, cfg.dtype, cfg.param_dtype)
+    self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, cfg.latent_norm_eps, cfg.dtype, cfg.param_dtype)
     self.q_b_proj = linear(cfg.q_lora_rank, n * cfg.qk_head_dim, cfg)
     self.kv_a_proj_with_mqa = linear(d, cfg.kv_lora_rank + cfg.qk_rope_head_dim, cfg)
-    self.kv_a_layernorm = RMSNorm(cfg.latent_norm_eps, cfg.dtype, cfg.param_dtype)
+    self.kv_a_layernorm = RMSNorm(cfg.kv_lora_rank, cfg.latent_norm_eps, cfg.dtype, cfg.param_dtype)
     self.kv_b_proj = linear(cfg.kv_lora_rank, n * (cfg.qk_nope_head_dim + cfg.v_head_dim), cfg)
     self.o_proj = linear(n * cfg.v_head_dim, d, cfg)
     if cfg.has_indexer:
@@ -51,7 +58,7 @@ class MLAttention(nn.Module):
     """x [B, T, D] (after input_layernorm) → (o_proj output [B, T, D], updated cache)."""
     cfg = self.cfg
     qr_BTQ = self.q_a_layernorm(self.q_a_proj(x_BTD))
-    q_BTNK = self.q_b_proj(qr_BTQ).reshape(*x_BTD.shape[:2], cfg.num_attention_heads, cfg.qk_head_dim)
+    q_BTNK = self.q_b_proj(qr_BTQ).reshape(*x_BTD.shape[:2], self.num_local_heads, cfg.qk_head_dim)
     q_nope_BTNP = q_BTNK[..., :cfg.qk_nope_head_dim]
     q_pe_BTNR = apply_rope(q_BTNK[..., cfg.qk_nope_head_dim:], rotary, interleaved=cfg.rope_interleave)
 
@@ -67,17 +74,20 @@ class MLAttention(nn.Module):
 
     attend = self._absorbed if absorb else self._naive
     o_BTNH = attend(q_nope_BTNP, q_pe_BTNR, cache, visible_BTS)
-    return self.o_proj(o_BTNH.reshape(*x_BTD.shape[:2], -1).astype(x_BTD.dtype)), cache
+    out_BTD = self.o_proj(o_BTNH.reshape(*x_BTD.shape[:2], -1).astype(x_BTD.dtype))
+    if self.tp.axis is not None:  # row-parallel o_proj: each device holds a partial sum
+      out_BTD = jax.lax.psum(out_BTD, self.tp.axis)
+    return out_BTD, cache
 
   def _kv_b_weights(self) -> tuple[jax.Array, jax.Array]:
     """kv_b_proj's kernel [C, N·(P+H)] split into W_UK [C, N, P] and W_UV [C, N, H]."""
     cfg = self.cfg
-    kernel_CNK = self.kv_b_proj.kernel.reshape(cfg.kv_lora_rank, cfg.num_attention_heads, -1)
+    kernel_CNK = self.kv_b_proj.kernel.reshape(cfg.kv_lora_rank, self.num_local_heads, -1)
     return kernel_CNK[..., :cfg.qk_nope_head_dim], kernel_CNK[..., cfg.qk_nope_head_dim:]
 
   def _naive(self, q_nope_BTNP, q_pe_BTNR, cache: LayerCache, visible_BTS) -> jax.Array:
     cfg = self.cfg
-    kv_BSNK = self.kv_b_proj(cache.latent_BSC).reshape(*cache.latent_BSC.shape[:2], cfg.num_attention_heads, -1)
+    kv_BSNK = self.kv_b_proj(cache.latent_BSC).reshape(*cache.latent_BSC.shape[:2], self.num_local_heads, -1)
     k_nope_BSNP, v_BSNH = kv_BSNK[..., :cfg.qk_nope_head_dim], kv_BSNK[..., cfg.qk_nope_head_dim:]
     scores_BNTS = (jnp.einsum("btnp,bsnp->bnts", q_nope_BTNP, k_nope_BSNP, precision=_HIGHEST,
                               preferred_element_type=jnp.float32)

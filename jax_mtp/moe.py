@@ -19,18 +19,24 @@ import jax.numpy as jnp
 
 from jax_mtp.config import MtpConfig
 from jax_mtp.layers import dtype_of, linear
+from jax_mtp.sharding import TensorParallel
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 
 
 class Mlp(nn.Module):
-  """SwiGLU MLP: down(silu(gate(x)) · up(x)). Dense layers and the shared expert."""
+  """SwiGLU MLP: down(silu(gate(x)) · up(x)). Dense layers and the shared expert.
+
+  Under tp the intermediate dim is split (gate/up column-, down row-parallel): the output is this
+  device's partial sum, reduced by the caller together with the rest of the block's tail.
+  """
 
   cfg: MtpConfig
   intermediate_size: int
+  tp: TensorParallel = TensorParallel()
 
   def setup(self):
-    d, f = self.cfg.hidden_size, self.intermediate_size
+    d, f = self.cfg.hidden_size, self.tp.local(self.intermediate_size, "MLP intermediate size")
     self.gate_proj = linear(d, f, self.cfg)
     self.up_proj = linear(d, f, self.cfg)
     self.down_proj = linear(f, d, self.cfg)
@@ -76,25 +82,34 @@ def _kept_groups_mask(biased_TE: jax.Array, n_group: int, topk_group: int) -> ja
 
 
 class MoE(nn.Module):
-  """Routed experts + shared expert. Expert weights are stacked: gate/up [E, D, F], down [E, F, D]."""
+  """Routed experts + shared expert. Expert weights are stacked: gate/up [E, D, F], down [E, F, D].
+
+  Under tp each device holds E/tp consecutive experts and the shared expert's F/tp slice; every
+  device routes every token, and the output is this device's partial sum (un-reduced).
+  """
 
   cfg: MtpConfig
+  tp: TensorParallel = TensorParallel()
 
   def setup(self):
     cfg = self.cfg
-    e, d, f = cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size
+    e = self.tp.local(cfg.n_routed_experts, "n_routed_experts")
+    d, f = cfg.hidden_size, cfg.moe_intermediate_size
     init, pdt = nn.initializers.normal(0.02), dtype_of(cfg.param_dtype)
     self.gate = Router(cfg)
     self.w_gate_EDF = self.param("w_gate_EDF", init, (e, d, f), pdt)
     self.w_up_EDF = self.param("w_up_EDF", init, (e, d, f), pdt)
     self.w_down_EFD = self.param("w_down_EFD", init, (e, f, d), pdt)
     if cfg.n_shared_experts:
-      self.shared_experts = Mlp(cfg, cfg.moe_intermediate_size * cfg.n_shared_experts)
+      self.shared_experts = Mlp(cfg, cfg.moe_intermediate_size * cfg.n_shared_experts, self.tp)
 
   def __call__(self, x_BTD: jax.Array) -> jax.Array:
     cfg = self.cfg
     x_TD = x_BTD.reshape(-1, cfg.hidden_size)
     ids_TK, weights_TK = self.gate(x_TD)
+    if self.tp.axis is not None:  # this device's experts are [first, first + E/tp)
+      first = jax.lax.axis_index(self.tp.axis) * self.w_gate_EDF.shape[0]
+      ids_TK, weights_TK = local_assignments(ids_TK - first, weights_TK, self.w_gate_EDF.shape[0])
     y_TD = routed_experts(x_TD, ids_TK, weights_TK, self.w_gate_EDF, self.w_up_EDF, self.w_down_EFD)
     y_BTD = y_TD.reshape(x_BTD.shape).astype(x_BTD.dtype)
     if cfg.n_shared_experts:
@@ -102,8 +117,18 @@ class MoE(nn.Module):
     return y_BTD
 
 
+def local_assignments(local_ids_TK, weights_TK, num_local: int) -> tuple[jax.Array, jax.Array]:
+  """Assignments to other devices' experts get id `num_local` (past every group) and weight 0."""
+  mine = (local_ids_TK >= 0) & (local_ids_TK < num_local)
+  return jnp.where(mine, local_ids_TK, num_local), jnp.where(mine, weights_TK, 0.0)
+
+
 def routed_experts(x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD) -> jax.Array:
-  """Σ_k weights[t, k] · expert_{ids[t, k]}(x[t]) as one grouped matmul per projection; fp32 out."""
+  """Σ_k weights[t, k] · expert_{ids[t, k]}(x[t]) as one grouped matmul per projection; fp32 out.
+
+  Ids ≥ E (other devices' experts) sort past the last group: the grouped matmul leaves their rows
+  zero and their weight is zero.
+  """
   t, k = ids_TK.shape
   num_experts = w_gate_EDF.shape[0]
   flat_ids_A = ids_TK.reshape(-1)  # A = T·K token-expert assignments

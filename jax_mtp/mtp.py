@@ -26,7 +26,10 @@ import numpy as np
 from jax_mtp.block import DecoderBlock
 from jax_mtp.cache import LayerCache, init_layer_cache
 from jax_mtp.config import MtpConfig
+from jax_mtp.kernels.fused_allreduce_rmsnorm import fused_allreduce_rmsnorm, sequence_parallel_rmsnorm
+from jax_mtp.kernels.vocab_argmax import vocab_parallel_argmax
 from jax_mtp.layers import RMSNorm, dtype_of, linear, rotary_for_positions
+from jax_mtp.sharding import TensorParallel, padded_vocab
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -38,18 +41,27 @@ class MtpOutput(NamedTuple):
 
 
 class MtpLayer(nn.Module):
-  """One MTP layer (checkpoint `model.layers.{layer_idx}.*`)."""
+  """One MTP layer (checkpoint `model.layers.{layer_idx}.*`).
+
+  Under tp the block's tail is un-reduced; `fused_allreduce_rmsnorm(impl=norm_impl)` reduces it,
+  adds the residual and applies shared_head.norm in one step (Opt-1). With `sequence_parallel`
+  the tail is reduce-scattered over tokens, normalised, and all-gathered instead (vLLM's SP path).
+  """
 
   cfg: MtpConfig
   layer_idx: int
+  tp: TensorParallel = TensorParallel()
+  norm_impl: str = "xla"
+  sequence_parallel: bool = False
 
   def setup(self):
     cfg = self.cfg
-    self.enorm = RMSNorm(cfg.rms_norm_eps, cfg.dtype, cfg.param_dtype)
-    self.hnorm = RMSNorm(cfg.rms_norm_eps, cfg.dtype, cfg.param_dtype)
-    self.eh_proj = linear(2 * cfg.hidden_size, cfg.hidden_size, cfg)
-    self.mtp_block = DecoderBlock(cfg, self.layer_idx)
-    self.shared_head_norm = RMSNorm(cfg.rms_norm_eps, cfg.dtype, cfg.param_dtype)
+    d = cfg.hidden_size
+    self.enorm = RMSNorm(d, cfg.rms_norm_eps, cfg.dtype, cfg.param_dtype)
+    self.hnorm = RMSNorm(d, cfg.rms_norm_eps, cfg.dtype, cfg.param_dtype)
+    self.eh_proj = linear(2 * d, d, cfg)
+    self.mtp_block = DecoderBlock(cfg, self.layer_idx, self.tp)
+    self.shared_head_norm = RMSNorm(d, cfg.rms_norm_eps, cfg.dtype, cfg.param_dtype)
 
   def __call__(self, embeds_BTD: jax.Array, positions_BT: jax.Array, prev_hidden_BTD: jax.Array,
                cache: LayerCache, *, absorb: bool) -> tuple[jax.Array, LayerCache]:
@@ -58,7 +70,20 @@ class MtpLayer(nn.Module):
     x_BTD = self.eh_proj(jnp.concatenate([self.enorm(embeds_BTD), self.hnorm(prev_hidden_BTD)], axis=-1))
     rotary = rotary_for_positions(self.cfg.rope, self.cfg.qk_rope_head_dim, positions_BT)
     y_BTD, residual_BTD, cache = self.mtp_block(x_BTD, positions_BT, rotary, cache, absorb=absorb)
-    return self.shared_head_norm(y_BTD + residual_BTD), cache
+    return self._tail(y_BTD, residual_BTD), cache
+
+  def _tail(self, y_BTD: jax.Array, residual_BTD: jax.Array) -> jax.Array:
+    """shared_head.norm(reduce(y) + residual), flattening tokens for the [T, D] kernels."""
+    shape, d = y_BTD.shape, self.cfg.hidden_size
+    y_TD, residual_TD = y_BTD.reshape(-1, d), residual_BTD.reshape(-1, d)
+    weight, eps = self.shared_head_norm.weight, self.cfg.rms_norm_eps
+    if self.sequence_parallel and self.tp.axis is not None:
+      normed_TD = sequence_parallel_rmsnorm(y_TD, residual_TD, weight, eps, axis_name=self.tp.axis,
+                                            tp=self.tp.size)
+    else:
+      normed_TD, _ = fused_allreduce_rmsnorm(y_TD, residual_TD, weight, eps, axis_name=self.tp.axis,
+                                             impl=self.norm_impl)
+    return normed_TD.reshape(shape)
 
 
 class MtpPredictor(nn.Module):
@@ -66,15 +91,25 @@ class MtpPredictor(nn.Module):
 
   Call it for one draft step; `compute_logits` (full vocab, fp32) and `get_top_tokens` (greedy
   draft ids) read the step's hidden. Both take `spec_step_idx` like vLLM's, for a per-layer head.
+  Under tp (inside `shard_map`, see jax_mtp.parallel) the embedding and head rows are split over
+  the vocab: `get_top_tokens` reduces (value, index) pairs and never gathers the logits.
   """
 
   cfg: MtpConfig
+  tp: TensorParallel = TensorParallel()
+  norm_impl: str = "xla"
+  sequence_parallel: bool = False
+
+  # Draft-path capability (DESIGN §2): greedy drafts come from `get_top_tokens`, a local argmax.
+  supports_local_argmax = True
 
   def setup(self):
     cfg = self.cfg
-    shape, pdt = (cfg.vocab_size, cfg.hidden_size), dtype_of(cfg.param_dtype)
+    vocab = self.tp.local(padded_vocab(cfg, self.tp.size), "padded vocab")
+    shape, pdt = (vocab, cfg.hidden_size), dtype_of(cfg.param_dtype)
     self.embed_tokens = self.param("embed_tokens", nn.initializers.normal(1.0), shape, pdt)
-    self.layers = [MtpLayer(cfg, cfg.num_hidden_layers + i) for i in range(cfg.num_nextn_predict_layers)]
+    self.layers = [MtpLayer(cfg, cfg.num_hidden_layers + i, self.tp, self.norm_impl, self.sequence_parallel)
+                   for i in range(cfg.num_nextn_predict_layers)]
     self.lm_head = self.param("lm_head", nn.initializers.normal(cfg.hidden_size**-0.5), shape, pdt)
 
   def __call__(self, input_ids_BT: jax.Array, positions_BT: jax.Array, prev_hidden_BTD: jax.Array,
@@ -83,22 +118,40 @@ class MtpPredictor(nn.Module):
     validate_inputs(self.cfg, input_ids_BT, positions_BT, prev_hidden_BTD, caches)
     layer_no = spec_step_idx % self.cfg.num_nextn_predict_layers
     absorb = input_ids_BT.shape[1] == 1 if absorb is None else absorb
-    embeds_BTD = jnp.take(self.embed_tokens, input_ids_BT, axis=0).astype(self.cfg.dtype)
-    hidden_BTD, cache = self.layers[layer_no](embeds_BTD, positions_BT, prev_hidden_BTD.astype(self.cfg.dtype),
-                                              caches[layer_no], absorb=absorb)
+    hidden_BTD, cache = self.layers[layer_no](self._embed(input_ids_BT), positions_BT,
+                                              prev_hidden_BTD.astype(self.cfg.dtype), caches[layer_no],
+                                              absorb=absorb)
     caches = caches[:layer_no] + (cache,) + caches[layer_no + 1:]
     return MtpOutput(hidden_BTD, hidden_BTD, caches)
 
+  def _embed(self, ids_BT: jax.Array) -> jax.Array:
+    """Embedding lookup; under tp each device looks up its vocab rows and a psum assembles them."""
+    if self.tp.axis is None:
+      return jnp.take(self.embed_tokens, ids_BT, axis=0).astype(self.cfg.dtype)
+    rows = self.embed_tokens.shape[0]
+    local_BT = ids_BT - jax.lax.axis_index(self.tp.axis) * rows
+    mine_BT = (local_BT >= 0) & (local_BT < rows)
+    embeds = jnp.take(self.embed_tokens, jnp.clip(local_BT, 0, rows - 1), axis=0).astype(self.cfg.dtype)
+    return jax.lax.psum(jnp.where(mine_BT[..., None], embeds, 0), self.tp.axis)
+
   def compute_logits(self, hidden_BTD: jax.Array, spec_step_idx: int = 0) -> jax.Array:
-    """Full-vocab logits, fp32 [B, T, V]. All MTP layers share the head, so spec_step_idx only
-    selects among identical heads; it is kept for the draft-path protocol."""
+    """Full-vocab logits, fp32 [B, T, V] (all-gathered over the vocab under tp). All MTP layers
+    share the head, so spec_step_idx selects among identical heads; kept for the protocol."""
     del spec_step_idx
-    return jnp.einsum("btd,vd->btv", hidden_BTD, self.lm_head.astype(hidden_BTD.dtype), precision=_HIGHEST,
-                      preferred_element_type=jnp.float32)
+    logits_BTV = jnp.einsum("btd,vd->btv", hidden_BTD, self.lm_head.astype(hidden_BTD.dtype),
+                            precision=_HIGHEST, preferred_element_type=jnp.float32)
+    if self.tp.axis is not None:
+      logits_BTV = jax.lax.all_gather(logits_BTV, self.tp.axis, axis=2, tiled=True)
+    return logits_BTV[..., :self.cfg.vocab_size]
 
   def get_top_tokens(self, hidden_BTD: jax.Array, spec_step_idx: int = 0) -> jax.Array:
-    """Greedy draft tokens int32 [B, T] (ties → lowest id, as jnp.argmax)."""
-    return jnp.argmax(self.compute_logits(hidden_BTD, spec_step_idx), axis=-1).astype(jnp.int32)
+    """Greedy draft tokens int32 [B, T]; equal to argmax(compute_logits) (ties → lowest id)."""
+    if self.tp.axis is None:
+      return jnp.argmax(self.compute_logits(hidden_BTD, spec_step_idx), axis=-1).astype(jnp.int32)
+    b, t, d = hidden_BTD.shape
+    tokens_T = vocab_parallel_argmax(hidden_BTD.reshape(b * t, d), self.lm_head, vocab_size=self.cfg.vocab_size,
+                                     axis_name=self.tp.axis)
+    return tokens_T.reshape(b, t)
 
   def init_all(self):
     """Touches every MTP layer, its indexer and the head so `init` creates all parameters."""

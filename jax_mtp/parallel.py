@@ -1,0 +1,74 @@
+"""The MTP draft step under `shard_map` on a tensor-parallel mesh.
+
+`ShardedMtp(cfg, mesh)` places params with `jax_mtp.sharding`'s spec table and compiles one draft
+step per (spec_step_idx, path). The per-shard math is the Flax predictor itself, built with the
+mesh's `TensorParallel`; this module is the only place it is wrapped in `shard_map`.
+Inputs, caches and outputs are replicated over tp (the caches are the shared MLA latent).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+from jax.sharding import Mesh
+
+from jax_mtp.cache import LayerCache
+from jax_mtp.config import MtpConfig
+from jax_mtp.mtp import MtpPredictor, init_params, validate_inputs
+from jax_mtp.sharding import TP_AXIS, param_specs, replicated, shard_params, tensor_parallel, validate_tp
+
+DRAFT_PATHS = ("top_tokens", "logits")
+
+
+class DraftStep(NamedTuple):
+  hidden_BTD: jax.Array  # post-norm hidden, recycled as the next step's prev_hidden
+  caches: tuple[LayerCache, ...]
+  tokens_BT: jax.Array | None  # greedy drafts (path "top_tokens"), or None
+  logits_BTV: jax.Array | None  # full-vocab logits (path "logits"), or None
+
+
+class ShardedMtp:
+  """MTP predictor on a 1-D `tp` mesh. `path="top_tokens"` is Opt-2 (local argmax);
+  `path="logits"` all-gathers the full logits (for sampling, and the baseline)."""
+
+  def __init__(self, cfg: MtpConfig, mesh: Mesh, *, norm_impl: str = "xla", sequence_parallel: bool = False):
+    self.cfg, self.mesh = cfg, mesh
+    self.tp = mesh.shape[TP_AXIS]
+    validate_tp(cfg, self.tp)
+    self.model = MtpPredictor(cfg, tensor_parallel(self.tp), norm_impl, sequence_parallel)
+    abstract = jax.eval_shape(lambda key: init_params(cfg, key), jax.random.key(0))
+    self._param_specs = param_specs(abstract)
+
+  def shard(self, params) -> dict:
+    """Pads the vocab rows and places `init_params`-layout params on the mesh."""
+    return shard_params(params, self.cfg, self.mesh)
+
+  def __call__(self, params, input_ids_BT, positions_BT, prev_hidden_BTD, caches, *, spec_step_idx: int = 0,
+               absorb: bool | None = None, path: str = "top_tokens") -> DraftStep:
+    if path not in DRAFT_PATHS:
+      raise ValueError(f"path={path!r} is not one of {DRAFT_PATHS}")
+    validate_inputs(self.cfg, input_ids_BT, positions_BT, prev_hidden_BTD, caches)
+    step = self.compiled_step(spec_step_idx, absorb, path)
+    return step(params, input_ids_BT, positions_BT, prev_hidden_BTD, caches)
+
+  @functools.lru_cache(maxsize=None)
+  def compiled_step(self, spec_step_idx: int, absorb: bool | None, path: str):
+    """The jitted shard_map'd step for one (spec_step_idx, absorb, path)."""
+    model = self.model
+
+    def per_shard(params, ids, positions, prev_hidden, caches):
+      variables = {"params": params}
+      out = model.apply(variables, ids, positions, prev_hidden, caches, spec_step_idx=spec_step_idx,
+                        absorb=absorb)
+      if path == "top_tokens":
+        tokens = model.apply(variables, out.hidden_BTD, spec_step_idx, method=model.get_top_tokens)
+        return DraftStep(out.hidden_BTD, out.caches, tokens, None)
+      logits = model.apply(variables, out.hidden_BTD, spec_step_idx, method=model.compute_logits)
+      return DraftStep(out.hidden_BTD, out.caches, None, logits)
+
+    rep = replicated()
+    sharded = jax.shard_map(per_shard, mesh=self.mesh, in_specs=(self._param_specs, rep, rep, rep, rep),
+                            out_specs=rep, check_vma=False)
+    return jax.jit(sharded)

@@ -1,0 +1,124 @@
+"""Tensor parallelism: the one module that names mesh axes, and the partition spec of every weight.
+
+One mesh axis, `tp`. Per-shard math lives in the Flax modules (they read `TensorParallel` for their
+local sizes and the axis to reduce over); `jax_mtp.parallel` wraps them once in `shard_map`.
+
+Layout and the collectives each choice costs, per MTP step of T tokens:
+
+  weight                          spec            why / collective
+  embed_tokens [Vp, D]            rows over tp    masked local lookup + psum [T, D]   (vLLM VocabParallelEmbedding)
+  enorm, hnorm, eh_proj           replicated      eh_proj's input [e; h] and output x are needed whole on every
+                                                  device; replicated costs 2·D² params per device and no
+                                                  collective (column-parallel would add an all-gather of x,
+                                                  row-parallel a psum of x)
+  q_a_proj, kv_a_proj, norms      replicated      the latent path is shared by all heads (MQA), as in vLLM
+  q_b_proj, kv_b_proj [., N·k]    heads over tp   column-parallel: no collective
+  o_proj [N·H, D]                 heads over tp   row-parallel: psum [T, D] before the residual add
+  indexer (wq_b, wk, k_norm, w)   replicated      every device needs the same top-k mask; no collective
+  router gate, bias               replicated      every device routes every token
+  routed experts [E, ., .]        experts over tp local experts only; output is a partial sum
+  shared expert gate/up | down    F over tp       column | row-parallel; output is a partial sum
+  shared_head_norm                replicated      the tail: psum(partial y) + residual + RMSNorm = Opt-1
+  lm_head [Vp, D]                 rows over tp    logits stay sharded: greedy drafts reduce (value, index)
+                                                  pairs [T, 2]; full logits all-gather [T, Vp]
+  caches (latent, k_pe, index_k)  replicated      computed from replicated projections on every device
+
+Vp is the vocab padded up to a multiple of tp; padded head rows never win the argmax.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jax_mtp.config import MtpConfig
+
+TP_AXIS = "tp"
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorParallel:
+  """What a per-shard module needs to know: the tp size and the axis to reduce over (None = no mesh)."""
+
+  size: int = 1
+  axis: str | None = None
+
+  def local(self, total: int, what: str) -> int:
+    """`total / size`, or an error naming both numbers."""
+    if total % self.size:
+      raise ValueError(f"tp={self.size} does not divide {what}={total}")
+    return total // self.size
+
+
+def tensor_parallel(tp: int) -> TensorParallel:
+  return TensorParallel(tp, TP_AXIS if tp > 1 else None)
+
+
+def make_mesh(tp: int, devices=None) -> Mesh:
+  """A 1-D mesh over the first `tp` devices (axis `tp`)."""
+  devices = jax.devices() if devices is None else devices
+  if tp < 1 or tp > len(devices):
+    raise ValueError(f"tp={tp} needs 1 ≤ tp ≤ {len(devices)} (available devices)")
+  return Mesh(np.asarray(devices[:tp]), (TP_AXIS,))
+
+
+def padded_vocab(cfg: MtpConfig, tp: int) -> int:
+  return -(-cfg.vocab_size // tp) * tp
+
+
+def validate_tp(cfg: MtpConfig, tp: int) -> None:
+  """Every split the layout makes must be exact; the error names both numbers."""
+  parallel = TensorParallel(tp)
+  parallel.local(cfg.num_attention_heads, "num_attention_heads")
+  parallel.local(cfg.n_routed_experts, "n_routed_experts")
+  parallel.local(cfg.moe_intermediate_size * cfg.n_shared_experts, "shared expert intermediate size")
+  parallel.local(cfg.intermediate_size, "intermediate_size")
+  parallel.local(padded_vocab(cfg, tp), "padded vocab")
+
+
+# Rules on the param path (tuple of keys). The first matching suffix wins; default replicated.
+_TP = TP_AXIS
+_RULES: tuple[tuple[tuple[str, ...], PartitionSpec], ...] = (
+    (("embed_tokens",), PartitionSpec(_TP, None)),
+    (("lm_head",), PartitionSpec(_TP, None)),
+    (("q_b_proj", "kernel"), PartitionSpec(None, _TP)),
+    (("kv_b_proj", "kernel"), PartitionSpec(None, _TP)),
+    (("o_proj", "kernel"), PartitionSpec(_TP, None)),
+    (("w_gate_EDF",), PartitionSpec(_TP, None, None)),
+    (("w_up_EDF",), PartitionSpec(_TP, None, None)),
+    (("w_down_EFD",), PartitionSpec(_TP, None, None)),
+    (("gate_proj", "kernel"), PartitionSpec(None, _TP)),  # shared expert / dense MLP: column
+    (("up_proj", "kernel"), PartitionSpec(None, _TP)),
+    (("down_proj", "kernel"), PartitionSpec(_TP, None)),  # row
+)
+
+
+def param_spec(path: tuple[str, ...]) -> PartitionSpec:
+  for suffix, spec in _RULES:
+    if path[-len(suffix):] == suffix:
+      return spec
+  return PartitionSpec()
+
+
+def param_specs(params) -> dict:
+  """The PartitionSpec tree for a params tree (from `init_params`)."""
+  return jax.tree_util.tree_map_with_path(lambda p, _: param_spec(tuple(k.key for k in p)), params)
+
+
+def replicated() -> PartitionSpec:
+  return PartitionSpec()
+
+
+def shard_params(params, cfg: MtpConfig, mesh: Mesh):
+  """Pads the vocab rows to a multiple of tp and places every weight with its spec."""
+  tp = mesh.shape[TP_AXIS]
+  validate_tp(cfg, tp)
+  params = dict(params)
+  pad = padded_vocab(cfg, tp) - cfg.vocab_size
+  for name in ("embed_tokens", "lm_head"):
+    params[name] = jax.numpy.pad(params[name], ((0, pad), (0, 0)))
+  specs = param_specs(params)
+  return jax.tree.map(lambda x, s: jax.device_put(x, NamedSharding(mesh, s)), params, specs)

@@ -1,0 +1,69 @@
+"""Opt-1: the tensor-parallel all-reduce of a block's output fused with the residual add and RMSNorm.
+
+Inside `shard_map`, each device holds `x_partial` [T, D], its un-reduced share of the block output
+(row-parallel o_proj / expert down-projections), and the replicated `residual` [T, D]:
+
+    new_residual = psum(x_partial) + residual
+    normed       = new_residual / sqrt(mean(new_residual²) + eps) · weight
+
+math in fp32, both outputs in the activation dtype (x_partial's). The reference (`impl="xla"`) is
+`lax.psum` followed by the jnp norm; the Pallas kernels (TPU remote DMA, GPU peer-to-peer) arrive
+with issue #4 and plug into this same call. The caller picks `impl`; nothing falls back silently.
+
+`sequence_parallel_rmsnorm` is vLLM's SP variant: reduce-scatter the tokens, add and normalise
+the local T/tp rows, all-gather the normalised rows.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+IMPLS = ("xla",)
+
+
+def _add_rmsnorm(reduced, residual, weight, eps: float, out_dtype):
+  new_residual = reduced.astype(jnp.float32) + residual.astype(jnp.float32)
+  normed = new_residual * lax.rsqrt(jnp.mean(new_residual * new_residual, axis=-1, keepdims=True) + eps)
+  return (normed * weight.astype(jnp.float32)).astype(out_dtype), new_residual.astype(out_dtype)
+
+
+def fused_allreduce_rmsnorm_reference(x_partial_TD, residual_TD, weight_D, eps: float, *, axis_name: str | None):
+  """The spec: psum, then add + RMSNorm in fp32. Returns (normed, new_residual)."""
+  reduced = x_partial_TD if axis_name is None else lax.psum(x_partial_TD.astype(jnp.float32), axis_name)
+  return _add_rmsnorm(reduced, residual_TD, weight_D, eps, x_partial_TD.dtype)
+
+
+def validate_inputs(x_partial_TD, residual_TD, weight_D) -> None:
+  if x_partial_TD.shape != residual_TD.shape:
+    raise ValueError(f"x_partial shape {x_partial_TD.shape} != residual shape {residual_TD.shape}")
+  if weight_D.shape != x_partial_TD.shape[-1:]:
+    raise ValueError(f"weight shape {weight_D.shape} does not match D={x_partial_TD.shape[-1]}")
+  if x_partial_TD.dtype != residual_TD.dtype:
+    raise ValueError(f"x_partial dtype {x_partial_TD.dtype} != residual dtype {residual_TD.dtype}")
+
+
+def fused_allreduce_rmsnorm(x_partial_TD, residual_TD, weight_D, eps: float, *, axis_name: str | None,
+                            impl: str = "xla"):
+  """(normed, new_residual) = (rmsnorm(psum(x) + r) · w, psum(x) + r). Call inside `shard_map`
+  (or with axis_name=None outside any mesh, where the psum is the identity)."""
+  validate_inputs(x_partial_TD, residual_TD, weight_D)
+  if impl not in IMPLS:
+    raise ValueError(f"impl={impl!r} is not one of {IMPLS} (the Pallas kernels land with issue #4)")
+  return fused_allreduce_rmsnorm_reference(x_partial_TD, residual_TD, weight_D, eps, axis_name=axis_name)
+
+
+def sequence_parallel_rmsnorm(x_partial_TD, residual_TD, weight_D, eps: float, *, axis_name: str, tp: int):
+  """SP tail: reduce-scatter over tokens, add + norm the local rows, all-gather them. T is padded
+  to a multiple of tp. Returns the normalised rows only, replicated [T, D]."""
+  validate_inputs(x_partial_TD, residual_TD, weight_D)
+  t = x_partial_TD.shape[0]
+  pad = -t % tp
+  padded = jnp.pad(x_partial_TD.astype(jnp.float32), ((0, pad), (0, 0)))
+  local = lax.psum_scatter(padded, axis_name, scatter_dimension=0, tiled=True)  # [(T+pad)/tp, D]
+  rows = local.shape[0]
+  residual_local = lax.dynamic_slice_in_dim(jnp.pad(residual_TD, ((0, pad), (0, 0))),
+                                            lax.axis_index(axis_name) * rows, rows)
+  normed_local, _ = _add_rmsnorm(local, residual_local, weight_D, eps, x_partial_TD.dtype)
+  return lax.all_gather(normed_local, axis_name, axis=0, tiled=True)[:t]
