@@ -50,7 +50,7 @@ class ShardedMtp:
     if path not in DRAFT_PATHS:
       raise ValueError(f"path={path!r} is not one of {DRAFT_PATHS}")
     validate_inputs(self.cfg, input_ids_BT, positions_BT, prev_hidden_BTD, caches)
-    step = self.compiled_step(spec_step_idx, absorb, path)
+    step = self.compiled_step(spec_step_idx % self.cfg.num_nextn_predict_layers, absorb, path)
     return step(params, input_ids_BT, positions_BT, prev_hidden_BTD, caches)
 
   @functools.lru_cache(maxsize=None)
