@@ -16,10 +16,11 @@ from jax.sharding import Mesh
 
 from jax_mtp.cache import LayerCache
 from jax_mtp.config import MtpConfig
+from jax_mtp.draft_path import FULL_LOGITS, LOCAL_ARGMAX, greedy_draft_path
 from jax_mtp.mtp import MtpPredictor, init_params, validate_inputs
 from jax_mtp.sharding import TP_AXIS, param_specs, replicated, shard_params, tensor_parallel, validate_tp
 
-DRAFT_PATHS = ("top_tokens", "logits")
+DRAFT_PATHS = (LOCAL_ARGMAX, FULL_LOGITS)
 
 
 class DraftStep(NamedTuple):
@@ -31,13 +32,16 @@ class DraftStep(NamedTuple):
 
 class ShardedMtp:
   """MTP predictor on a 1-D `tp` mesh. `path="top_tokens"` is Opt-2 (local argmax);
-  `path="logits"` all-gathers the full logits (for sampling, and the baseline)."""
+  `path="logits"` all-gathers the full logits (for sampling, and the baseline). The default path
+  is the drafter's greedy path by its declared capability (jax_mtp.draft_path)."""
 
-  def __init__(self, cfg: MtpConfig, mesh: Mesh, *, norm_impl: str = "xla", sequence_parallel: bool = False):
+  def __init__(self, cfg: MtpConfig, mesh: Mesh, *, norm_impl: str = "xla", sequence_parallel: bool = False,
+               drafter_cls: type[MtpPredictor] = MtpPredictor):
     self.cfg, self.mesh = cfg, mesh
     self.tp = mesh.shape[TP_AXIS]
     validate_tp(cfg, self.tp)
-    self.model = MtpPredictor(cfg, tensor_parallel(self.tp), norm_impl, sequence_parallel)
+    self.greedy_path = greedy_draft_path(drafter_cls)  # a false capability claim fails here
+    self.model = drafter_cls(cfg, tensor_parallel(self.tp), norm_impl, sequence_parallel)
     abstract = jax.eval_shape(lambda key: init_params(cfg, key), jax.random.key(0))
     self._param_specs = param_specs(abstract)
 
@@ -46,7 +50,8 @@ class ShardedMtp:
     return shard_params(params, self.cfg, self.mesh)
 
   def __call__(self, params, input_ids_BT, positions_BT, prev_hidden_BTD, caches, *, spec_step_idx: int = 0,
-               absorb: bool | None = None, path: str = "top_tokens") -> DraftStep:
+               absorb: bool | None = None, path: str | None = None) -> DraftStep:
+    path = self.greedy_path if path is None else path
     if path not in DRAFT_PATHS:
       raise ValueError(f"path={path!r} is not one of {DRAFT_PATHS}")
     validate_inputs(self.cfg, input_ids_BT, positions_BT, prev_hidden_BTD, caches)
@@ -62,7 +67,7 @@ class ShardedMtp:
       variables = {"params": params}
       out = model.apply(variables, ids, positions, prev_hidden, caches, spec_step_idx=spec_step_idx,
                         absorb=absorb)
-      if path == "top_tokens":
+      if path == LOCAL_ARGMAX:
         tokens = model.apply(variables, out.hidden_BTD, spec_step_idx, method=model.get_top_tokens)
         return DraftStep(out.hidden_BTD, out.caches, tokens, None)
       logits = model.apply(variables, out.hidden_BTD, spec_step_idx, method=model.compute_logits)

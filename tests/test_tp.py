@@ -122,3 +122,19 @@ def test_tp_that_does_not_divide_is_an_error(overrides, tp, match):
 def test_mesh_larger_than_devices_is_an_error():
   with pytest.raises(ValueError, match="tp=9 needs 1 ≤ tp ≤ 8"):
     make_mesh(9)
+
+
+class _ClaimsWithoutMethod(jax_mtp.MtpPredictor):
+  get_top_tokens = None  # claims supports_local_argmax (inherited) but cannot deliver
+
+
+class _NoLocalArgmax(jax_mtp.MtpPredictor):
+  supports_local_argmax = False
+
+
+def test_draft_path_follows_the_declared_capability():
+  cfg, mesh = jax_mtp.tiny(), make_mesh(2)
+  assert ShardedMtp(cfg, mesh).greedy_path == "top_tokens"
+  assert ShardedMtp(cfg, mesh, drafter_cls=_NoLocalArgmax).greedy_path == "logits"
+  with pytest.raises(TypeError, match="_ClaimsWithoutMethod sets supports_local_argmax=True but has no callable"):
+    ShardedMtp(cfg, mesh, drafter_cls=_ClaimsWithoutMethod)
