@@ -156,7 +156,8 @@ def _validate(cfg: MtpConfig) -> None:
     raise ConfigError(
         f"first_k_dense_replace={cfg.first_k_dense_replace} exceeds num_hidden_layers={cfg.num_hidden_layers}")
   for name in ("rms_norm_eps", "indexer_norm_eps", "latent_norm_eps"):
-    if not getattr(cfg, name) > 0:
+    value = getattr(cfg, name)
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
       raise ConfigError(f"{name}={getattr(cfg, name)!r} must be > 0")
   if cfg.rope.factor < 1.0 or cfg.rope.theta <= 0:
     raise ConfigError(f"rope factor={cfg.rope.factor} must be ≥ 1 and theta={cfg.rope.theta} > 0")
@@ -253,7 +254,10 @@ def _rope_from_hf(hf: Mapping[str, Any]) -> RopeConfig:
     return RopeConfig(theta=float(theta))
   if kind != "yarn":
     raise ConfigError(f"rope type {kind!r} is not supported; expected 'yarn' or 'default'")
-  if "factor" not in params or "original_max_position_embeddings" not in params:
+  for key, supported in (("attention_factor", None), ("truncate", True)):
+    if params.get(key, supported) != supported:
+      raise ConfigError(f"rope parameter {key}={params[key]!r} is not supported (DeepSeek/GLM never set it)")
+  if params.get("factor") is None or params.get("original_max_position_embeddings") is None:
     raise ConfigError(f"yarn rope parameters need 'factor' and 'original_max_position_embeddings', got {params}")
   return RopeConfig(
       theta=float(theta),

@@ -190,9 +190,10 @@ def validate_inputs(cfg: MtpConfig, input_ids_BT, positions_BT, prev_hidden_BTD,
     raise ValueError(f"prev_hidden shape {tuple(prev_hidden_BTD.shape)} != {ids_shape + (cfg.hidden_size,)}")
   if len(caches) != cfg.num_nextn_predict_layers:
     raise ValueError(f"got {len(caches)} caches for num_nextn_predict_layers={cfg.num_nextn_predict_layers}")
-  capacity = caches[0].capacity
-  if caches[0].latent_BSC.shape[0] != ids_shape[0]:
-    raise ValueError(f"cache batch {caches[0].latent_BSC.shape[0]} != input batch {ids_shape[0]}")
+  for i, cache in enumerate(caches):
+    if cache.latent_BSC.shape[0] != ids_shape[0]:
+      raise ValueError(f"cache batch {cache.latent_BSC.shape[0]} != input batch {ids_shape[0]} (caches[{i}])")
+  capacity = min(cache.capacity for cache in caches)
   _validate_values("input_ids", input_ids_BT, cfg.vocab_size, "vocab_size")
   limit, what = min((cfg.max_position_embeddings, "max_position_embeddings"), (capacity, "cache capacity"))
   _validate_values("positions", positions_BT, limit, what)

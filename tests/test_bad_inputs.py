@@ -1,0 +1,156 @@
+"""Bad draft-step inputs raise a `ValueError` that names the offending value, both from
+`MtpPredictor.__call__` (through `model.apply`, not jitted, so values are concrete) and from
+`validate_inputs` itself. Under `jax.jit` the shape / dtype checks still raise (they are static);
+the value checks cannot run on tracers, which is documented: validate before jitting.
+
+Every bad case changes exactly one thing in a valid step (`_step()`), whose ids and positions sit on
+the allowed boundaries (id 255 = vocab − 1, position 7 = max_position_embeddings − 1).
+"""
+
+import functools
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_mtp
+from jax_mtp import init_caches, validate_inputs
+from jax_mtp.cache import init_layer_cache
+
+CFG = jax_mtp.tiny(max_position_embeddings=8)  # below the cache capacity, so it is the binding limit
+B, T, CAPACITY = 2, 3, 16
+MODEL = jax_mtp.MtpPredictor(CFG)
+
+
+@pytest.fixture(scope="module")
+def params():
+  return jax.jit(jax_mtp.init_params, static_argnums=0)(CFG, jax.random.key(0))
+
+
+def _step(**changes) -> dict:
+  """A valid draft step (ids 0..255 and positions 0..7 both reached), with `changes` applied."""
+  step = dict(
+      input_ids_BT=jnp.array([[0, 17, 255], [3, 255, 128]], jnp.int32),
+      positions_BT=jnp.array([[0, 1, 2], [5, 6, 7]], jnp.int32),
+      prev_hidden_BTD=jax.random.normal(jax.random.key(1), (B, T, CFG.hidden_size), jnp.float32),
+      caches=init_caches(CFG, B, CAPACITY),
+  )
+  step.update(changes)
+  return step
+
+
+def _call(how: str, params, step: dict) -> None:
+  if how == "apply":
+    MODEL.apply({"params": params}, **step)
+  elif how == "jit-apply":
+    jax.jit(MODEL.apply)({"params": params}, **step)
+  else:
+    validate_inputs(CFG, step["input_ids_BT"], step["positions_BT"], step["prev_hidden_BTD"], step["caches"])
+
+
+def test_valid_step_runs(params):
+  """The unchanged step passes validation and runs (jitted, for speed) to a finite [B, T, D] hidden."""
+  step = _step()
+  validate_inputs(CFG, *step.values())
+  out = jax.jit(MODEL.apply)({"params": params}, **step)
+  assert out.hidden_BTD.shape == (B, T, CFG.hidden_size)
+  assert np.isfinite(np.asarray(out.hidden_BTD)).all()
+
+
+_GOOD = _step()
+ids, positions, hidden = _GOOD["input_ids_BT"], _GOOD["positions_BT"], _GOOD["prev_hidden_BTD"]
+VALUE_CASES = [
+    pytest.param(dict(input_ids_BT=ids.at[1, 2].set(256)),
+                 "input_ids value 256 is outside [0, 256) (vocab_size=256)", id="id-equals-vocab"),
+    pytest.param(dict(input_ids_BT=ids.at[1, 2].set(100_000)),
+                 "input_ids value 100000 is outside [0, 256) (vocab_size=256)", id="id-above-vocab"),
+    pytest.param(dict(input_ids_BT=ids.at[0, 1].set(-1)),
+                 "input_ids value -1 is outside [0, 256) (vocab_size=256)", id="id-negative"),
+    pytest.param(dict(positions_BT=positions.at[0, 0].set(-3)),
+                 "positions value -3 is outside [0, 8)", id="position-negative"),
+    pytest.param(dict(positions_BT=positions.at[1, 2].set(8)),
+                 "positions value 8 is outside [0, 8) (max_position_embeddings=8)", id="position-equals-max-pos"),
+    pytest.param(dict(positions_BT=positions.at[1, 2].set(15)),
+                 "positions value 15 is outside [0, 8) (max_position_embeddings=8)", id="position-past-max-pos"),
+    pytest.param(dict(caches=init_caches(CFG, B, 6), positions_BT=positions.at[1, 2].set(6)),
+                 "positions value 6 is outside [0, 6) (cache capacity=6)", id="position-equals-capacity"),
+]
+
+SHAPE_CASES = [
+    pytest.param(dict(input_ids_BT=ids[0], positions_BT=positions[0], prev_hidden_BTD=hidden[0]),
+                 "input_ids must be [B, T], got shape (3,)", id="ids-1d"),
+    pytest.param(dict(input_ids_BT=ids[..., None]), "input_ids must be [B, T], got shape (2, 3, 1)", id="ids-3d"),
+    pytest.param(dict(positions_BT=positions[:, :2]),
+                 "positions shape (2, 2) != input_ids shape (2, 3)", id="positions-shape"),
+    pytest.param(dict(positions_BT=positions.T),
+                 "positions shape (3, 2) != input_ids shape (2, 3)", id="positions-transposed"),
+    pytest.param(dict(input_ids_BT=ids.astype(jnp.float32)),
+                 "input_ids must be an integer array, got dtype float32", id="ids-float"),
+    pytest.param(dict(positions_BT=positions.astype(jnp.float32)),
+                 "positions must be an integer array, got dtype float32", id="positions-float"),
+    pytest.param(dict(prev_hidden_BTD=jnp.zeros((B, T, 32))),
+                 "prev_hidden shape (2, 3, 32) != (2, 3, 64)", id="prev-hidden-D"),
+    pytest.param(dict(prev_hidden_BTD=jnp.zeros((B, T - 1, CFG.hidden_size))),
+                 "prev_hidden shape (2, 2, 64) != (2, 3, 64)", id="prev-hidden-T"),
+    pytest.param(dict(caches=()), "got 0 caches for num_nextn_predict_layers=1", id="no-caches"),
+    pytest.param(dict(caches=init_caches(CFG, B, CAPACITY) * 2),
+                 "got 2 caches for num_nextn_predict_layers=1", id="two-caches"),
+    pytest.param(dict(caches=init_caches(CFG, 1, CAPACITY)), "cache batch 1 != input batch 2", id="cache-batch"),
+]
+
+
+@pytest.mark.parametrize("how", ["apply", "validate"])
+@pytest.mark.parametrize("changes, message", VALUE_CASES + SHAPE_CASES)
+def test_bad_input_raises_naming_the_value(params, how, changes, message):
+  """One bad value or shape in an otherwise valid step: ValueError whose message names it."""
+  with pytest.raises(ValueError, match=re.escape(message)):
+    _call(how, params, _step(**changes))
+
+
+@pytest.mark.parametrize("changes, message", SHAPE_CASES)
+def test_shape_checks_still_raise_under_jit(params, changes, message):
+  """Shapes and dtypes are static under `jax.jit`, so the same errors raise at trace time."""
+  with pytest.raises(ValueError, match=re.escape(message)):
+    _call("jit-apply", params, _step(**changes))
+
+
+@pytest.mark.parametrize("changes, message", VALUE_CASES)
+def test_value_checks_are_skipped_on_tracers(changes, message):
+  """Documented limitation: under `jit` ids / positions are tracers, so out-of-range values pass
+  `validate_inputs` silently (callers validate concrete inputs before jitting)."""
+  del message
+  step = _step(**changes)
+  jax.jit(functools.partial(validate_inputs, CFG))(*step.values())  # no error
+  with pytest.raises(ValueError):
+    validate_inputs(CFG, *step.values())  # ...while the same concrete values are refused
+
+
+# --- several MTP layers: every cache must fit --------------------------------------------------------
+
+CFG2 = jax_mtp.tiny(max_position_embeddings=8, num_nextn_predict_layers=2)
+
+
+def test_second_layer_cache_batch_is_checked():
+  """With two MTP layers, step 1 reads caches[1]: its batch must match the input's too.
+
+  BUG (jax_mtp/mtp.py `validate_inputs`): only caches[0] is checked. A batch-1 caches[1] passes,
+  and `model.apply(..., spec_step_idx=1)` then runs without error, broadcasting the one cached row
+  over both sequences and dropping the writes of sequence 1 (hidden off by ~7e-2 on tiny()).
+  """
+  step = _step(caches=(init_layer_cache(CFG2, B, CAPACITY), init_layer_cache(CFG2, 1, CAPACITY)))
+  with pytest.raises(ValueError, match=re.escape("cache batch 1 != input batch 2")):
+    validate_inputs(CFG2, *step.values())
+
+
+def test_second_layer_cache_capacity_is_checked():
+  """With two MTP layers, positions must fit the smallest cache, not just caches[0].
+
+  BUG (same place): capacity is read from caches[0] only; a 4-slot caches[1] accepts positions
+  5..7, whose keys are never written (an out-of-bounds scatter is dropped), so those queries attend
+  to slots 0..3 without themselves.
+  """
+  step = _step(caches=(init_layer_cache(CFG2, B, CAPACITY), init_layer_cache(CFG2, B, 4)))
+  with pytest.raises(ValueError, match=re.escape("positions value 5 is outside [0, 4) (cache capacity=4)")):
+    validate_inputs(CFG2, *step.values())
