@@ -23,8 +23,9 @@ find_python() {
 }
 
 if [ ! -x .venv/bin/python ] || ! is_312 .venv/bin/python; then
+  python="$(find_python)"  # exits 2 before anything is removed when there is none
   rm -rf .venv
-  "$(find_python)" -m venv .venv
+  "$python" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e ".${extras:+[$extras]}"

@@ -1,0 +1,102 @@
+"""Notebooks: every `notebooks/*.py` (jupytext percent, paired with an `.ipynb`) runs top to bottom
+in a `python3` kernel of this interpreter, uses only jax_mtp's public API, and its `.ipynb` holds the
+same cells.
+
+Needs the `notebooks` extra (`tools/bootstrap.sh test,reference,notebooks`, as CI runs); without it
+these tests fail rather than skip.
+"""
+
+import ast
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+import jax_mtp
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((REPO / "notebooks").glob("*.py"))
+ALLOWED_IMPORTS = {"jax", "jax.numpy", "numpy", "jax_mtp"}
+
+
+def _need(module: str):
+  try:
+    return __import__(module, fromlist=["_"])
+  except ImportError as e:
+    pytest.fail(f"the notebook tests need the `notebooks` extra ({e}): run"
+                " `tools/bootstrap.sh test,reference,notebooks` or `.venv/bin/python -m pip install -e '.[notebooks]'`",
+                pytrace=False)
+
+
+def _cells(nb) -> list[tuple[str, str]]:
+  return [(cell.cell_type, cell.source) for cell in nb.cells]
+
+
+def _ids(path: Path) -> str:
+  return path.name
+
+
+def test_notebooks_exist():
+  """The glob below finds the notebooks (an empty parametrization would skip silently)."""
+  assert NOTEBOOKS, "no notebooks/*.py"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids)
+def test_ipynb_is_in_sync(path):
+  """The `.py` declares the `ipynb,py:percent` pairing and the `.ipynb` beside it has the same cells
+  (code and markdown, in order); regenerate it with `jupytext --sync notebooks/<name>.py`."""
+  jupytext, nbformat = _need("jupytext"), _need("nbformat")
+  text_nb = jupytext.read(path)
+  assert text_nb.metadata.get("jupytext", {}).get("formats") == "ipynb,py:percent", text_nb.metadata
+  ipynb = path.with_suffix(".ipynb")
+  assert ipynb.exists(), f"{ipynb.name} missing: run `jupytext --sync {path.relative_to(REPO)}`"
+  paired_nb = nbformat.read(ipynb, as_version=4)
+  assert _cells(paired_nb) == _cells(text_nb), f"{ipynb.name} is stale: run `jupytext --sync {path.relative_to(REPO)}`"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids)
+def test_notebook_uses_only_the_public_api(path):
+  """Code cells import only jax, jax.numpy, numpy and `jax_mtp`, and read only `jax_mtp.<name>` for
+  names in `jax_mtp.__all__`."""
+  jupytext = _need("jupytext")
+  source = "\n".join(cell.source for cell in jupytext.read(path).cells if cell.cell_type == "code")
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, ast.Import):
+      assert {alias.name for alias in node.names} <= ALLOWED_IMPORTS, ast.unparse(node)
+    elif isinstance(node, ast.ImportFrom):
+      assert node.module in ALLOWED_IMPORTS, ast.unparse(node)
+      if node.module == "jax_mtp":
+        assert {alias.name for alias in node.names} <= set(jax_mtp.__all__), ast.unparse(node)
+    elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "jax_mtp":
+      assert node.attr in jax_mtp.__all__, ast.unparse(node)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids)
+def test_notebook_executes(path, tmp_path):
+  """Every cell runs without error (the notebooks assert their own claims) in a `python3` kernel
+  started by this interpreter, with the notebook's folder as working directory."""
+  jupytext, nbclient, nbformat = _need("jupytext"), _need("nbclient"), _need("nbformat")
+  exceptions = _need("nbclient.exceptions")
+  kernelspec, manager = _need("jupyter_client.kernelspec"), _need("jupyter_client.manager")
+  # A private `python3` spec, so a user- or system-wide `python3` kernel cannot stand in for this interpreter.
+  spec_dir = tmp_path / "kernels" / "python3"
+  spec_dir.mkdir(parents=True)
+  (spec_dir / "kernel.json").write_text(json.dumps({
+      "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+      "display_name": "Python 3 (ipykernel)", "language": "python",
+  }))
+  specs = kernelspec.KernelSpecManager(kernel_dirs=[str(spec_dir.parent)], ensure_native_kernel=False)
+  km = manager.KernelManager(kernel_name="python3", kernel_spec_manager=specs)
+
+  nb = jupytext.read(path)
+  nb.cells.append(nbformat.v4.new_code_cell("import sys, jax_mtp\nprint(sys.executable)\nprint(jax_mtp.__file__)"))
+  client = nbclient.NotebookClient(nb, km=km, timeout=120, resources={"metadata": {"path": str(path.parent)}})
+  try:
+    client.execute()
+  except exceptions.CellExecutionError as e:
+    pytest.fail(f"{path.name} failed:\n{e}", pytrace=False)
+  stdout = "".join(out["text"] for out in nb.cells[-1].outputs if out.get("name") == "stdout")
+  executable, package = stdout.split("\n")[:2]
+  assert executable == sys.executable
+  assert package == jax_mtp.__file__, "the kernel imports another jax_mtp than the tests (not an editable install?)"

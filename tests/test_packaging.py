@@ -1,0 +1,108 @@
+"""Packaging: `kernels/` (repo root) ships as `jax_mtp.kernels`, never as a top-level `kernels`.
+
+A top-level `kernels` would clash with PyPI's `kernels`, which transformers imports. Asserted from
+the repo root, from another directory, and from a wheel built and installed away from the checkout.
+"""
+
+import importlib.metadata
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+_PROBE = """
+import importlib.util, json, sys
+import jax_mtp, jax_mtp.kernels
+top = importlib.util.find_spec("kernels")
+print(json.dumps({
+    "jax_mtp": jax_mtp.__file__, "kernels": jax_mtp.kernels.__file__,
+    "top_level_kernels": top.origin if top else None,
+    "meta_path": [getattr(f, "__name__", type(f).__name__) for f in sys.meta_path],
+}))
+"""
+# Copying these into the wheel's build tree would be slow (.venv) or stale (build/, *.egg-info).
+_NOT_SOURCES = shutil.ignore_patterns(".venv", "venv", ".git", "build", "dist", "*.egg-info", "__pycache__",
+                                      ".pytest_cache", ".hypothesis", ".ipynb_checkpoints")
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+  env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+  env.update(JAX_PLATFORMS="cpu", PIP_DISABLE_PIP_VERSION_CHECK="1", **extra)
+  return env
+
+
+def _run(cmd: list[str], cwd: Path, **env: str) -> str:
+  proc = subprocess.run(cmd, cwd=cwd, env=_clean_env(**env), capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout}\n{proc.stderr}"
+  return proc.stdout
+
+
+def _probe(cwd: Path, flags: tuple[str, ...] = (), prelude: str = "", **env: str) -> dict:
+  """Imports jax_mtp.kernels in a fresh interpreter and reports where everything came from."""
+  return json.loads(_run([sys.executable, *flags, "-c", prelude + _PROBE], cwd, **env).strip().splitlines()[-1])
+
+
+def _assert_is_our_kernels(found: dict) -> None:
+  """`jax_mtp.kernels` was loaded from a copy of this checkout's `kernels/__init__.py`."""
+  kernels = Path(found["kernels"])
+  assert kernels.name == "__init__.py" and kernels.parent.name == "kernels", found
+  assert kernels.read_bytes() == (REPO / "kernels" / "__init__.py").read_bytes(), found
+
+
+def test_import_from_repo_root():
+  """From the repo root, `jax_mtp` is the checkout's and `jax_mtp.kernels` is the root `kernels/`."""
+  found = _probe(REPO)
+  _assert_is_our_kernels(found)
+  assert Path(found["jax_mtp"]) == REPO / "jax_mtp" / "__init__.py"
+  assert Path(found["kernels"]) == REPO / "kernels" / "__init__.py"
+
+
+def test_import_from_another_directory(tmp_path):
+  """From outside the repo (the installed package, editable or not), `jax_mtp.kernels` imports and
+  no top-level `kernels` package comes from this project."""
+  found = _probe(tmp_path)
+  _assert_is_our_kernels(found)
+  top = found["top_level_kernels"]
+  assert top is None or not Path(top).is_relative_to(REPO), f"top-level `kernels` resolves to {top}"
+
+
+@pytest.mark.slow
+def test_wheel_ships_jax_mtp_kernels_only(tmp_path):
+  """A wheel built offline (no build isolation, no index) holds `jax_mtp/__init__.py` and
+  `jax_mtp/kernels/__init__.py` and no top-level `kernels/`; installed with `--target` and imported
+  with only that target on PYTHONPATH (no site processing, so no editable finder), `jax_mtp` and
+  `jax_mtp.kernels` load from the target."""
+  try:
+    setuptools_major = int(importlib.metadata.version("setuptools").split(".")[0])
+  except importlib.metadata.PackageNotFoundError:
+    setuptools_major = 0
+  if setuptools_major < 77:
+    pytest.fail("building the wheel offline needs setuptools>=77 in this interpreter: install the `test` extra")
+  src, dist, target = tmp_path / "src", tmp_path / "dist", tmp_path / "target"
+  shutil.copytree(REPO, src, ignore=_NOT_SOURCES)  # builds in-tree: keep build/ and egg-info out of REPO
+  pip = [sys.executable, "-m", "pip", "--no-input"]
+  _run([*pip, "wheel", str(src), "--no-deps", "--no-build-isolation", "--no-index", "-w", str(dist)], tmp_path)
+  (wheel,) = dist.glob("jax_mtp-*.whl")
+  names = set(zipfile.ZipFile(wheel).namelist())
+  assert {"jax_mtp/__init__.py", "jax_mtp/kernels/__init__.py", "jax_mtp/mtp.py"} <= names, sorted(names)
+  assert not any(name.startswith("kernels/") for name in names), sorted(names)
+  tops = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
+  assert tops == {"jax_mtp"}, sorted(names)
+
+  _run([*pip, "install", "--no-deps", "--no-index", "--target", str(target), str(wheel)], tmp_path)
+  # -S: no `site`, so no .pth files and no editable finder; -s -P: no user site, no cwd on sys.path.
+  # The dependencies (jax, flax, ...) come from this interpreter's site-packages, appended after the target.
+  deps = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+  found = _probe(tmp_path, ("-S", "-s", "-P"), f"import sys; sys.path += {deps!r}\n", PYTHONPATH=str(target))
+  _assert_is_our_kernels(found)
+  assert Path(found["jax_mtp"]).is_relative_to(target), found
+  assert Path(found["kernels"]) == target / "jax_mtp" / "kernels" / "__init__.py", found
+  assert not any("Editable" in name for name in found["meta_path"]), found["meta_path"]
+  assert found["top_level_kernels"] is None or not Path(found["top_level_kernels"]).is_relative_to(target)
