@@ -20,7 +20,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-IMPLS = ("xla",)
+from jax_mtp.kernels.fused_allreduce_rmsnorm_tpu import fused_allreduce_rmsnorm_tpu
+
+IMPLS = ("xla", "pallas_tpu")
 
 
 def _add_rmsnorm(reduced, residual, weight, eps: float, out_dtype):
@@ -45,13 +47,22 @@ def validate_inputs(x_partial_TD, residual_TD, weight_D) -> None:
 
 
 def fused_allreduce_rmsnorm(x_partial_TD, residual_TD, weight_D, eps: float, *, axis_name: str | None,
-                            impl: str = "xla"):
+                            impl: str = "xla", interpret=None):
   """(normed, new_residual) = (rmsnorm(psum(x) + r) · w, psum(x) + r). Call inside `shard_map`
-  (or with axis_name=None outside any mesh, where the psum is the identity)."""
+  (or with axis_name=None outside any mesh, where the psum is the identity).
+
+  impl: "xla" (psum + fused jnp norm) or "pallas_tpu" (one Mosaic kernel, remote DMA). `interpret`
+  (TPU interpret-mode params) runs the Pallas kernel on CPU devices; it is an error with "xla".
+  """
   validate_inputs(x_partial_TD, residual_TD, weight_D)
   if impl not in IMPLS:
-    raise ValueError(f"impl={impl!r} is not one of {IMPLS} (the Pallas kernels land with issue #4)")
-  return fused_allreduce_rmsnorm_reference(x_partial_TD, residual_TD, weight_D, eps, axis_name=axis_name)
+    raise ValueError(f"impl={impl!r} is not one of {IMPLS}")
+  if impl == "xla":
+    if interpret is not None:
+      raise ValueError(f"interpret={interpret!r} applies to a Pallas impl, not impl='xla'")
+    return fused_allreduce_rmsnorm_reference(x_partial_TD, residual_TD, weight_D, eps, axis_name=axis_name)
+  return fused_allreduce_rmsnorm_tpu(x_partial_TD, residual_TD, weight_D, eps, axis_name=axis_name,
+                                     interpret=interpret)
 
 
 def sequence_parallel_rmsnorm(x_partial_TD, residual_TD, weight_D, eps: float, *, axis_name: str, tp: int):
