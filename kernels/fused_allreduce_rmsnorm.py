@@ -69,6 +69,8 @@ def sequence_parallel_rmsnorm(x_partial_TD, residual_TD, weight_D, eps: float, *
   """SP tail: reduce-scatter over tokens, add + norm the local rows, all-gather them. T is padded
   to a multiple of tp. Returns the normalised rows only, replicated [T, D]."""
   validate_inputs(x_partial_TD, residual_TD, weight_D)
+  if tp != lax.axis_size(axis_name):
+    raise ValueError(f"tp={tp} != size {lax.axis_size(axis_name)} of mesh axis {axis_name!r}")
   t = x_partial_TD.shape[0]
   pad = -t % tp
   padded = jnp.pad(x_partial_TD.astype(jnp.float32), ((0, pad), (0, 0)))

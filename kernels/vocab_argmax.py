@@ -75,4 +75,7 @@ def vocab_parallel_argmax(h_TD, head_shard_VD, *, vocab_size: int, axis_name: st
   validate_inputs(h_TD, head_shard_VD, vocab_size)
   if impl not in IMPLS:
     raise ValueError(f"impl={impl!r} is not one of {IMPLS}")
+  shards = lax.axis_size(axis_name)
+  if vocab_size > shards * head_shard_VD.shape[0]:
+    raise ValueError(f"vocab_size={vocab_size} exceeds the {shards} x {head_shard_VD.shape[0]} head rows")
   return argmax_over_shards(shard_logits(h_TD, head_shard_VD, vocab_size, axis_name), axis_name=axis_name)

@@ -1,0 +1,1 @@
+"""Benchmarks and compiled-program probes (importable as `benchmarks.*` from the repo root)."""
