@@ -138,8 +138,12 @@ def routed_experts(x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD) -
   dtype = w_gate_EDF.dtype
   x_AD = x_TD[token_A].astype(dtype)
 
+  # HIGHEST only for fp32 weights: bf16 products are exact in one pass, and Mosaic TPU rejects a
+  # ragged_dot with fp32 contract precision on bf16 operands ("Bad lhs type", tools/tpu_aot_compile.py).
+  precision = _HIGHEST if dtype == jnp.float32 else jax.lax.Precision.DEFAULT
+
   def grouped(lhs, rhs):
-    return jax.lax.ragged_dot(lhs.astype(dtype), rhs, group_sizes_E, precision=_HIGHEST,
+    return jax.lax.ragged_dot(lhs.astype(dtype), rhs, group_sizes_E, precision=precision,
                               preferred_element_type=jnp.float32)
 
   hidden_AF = jax.nn.silu(grouped(x_AD, w_gate_EDF)) * grouped(x_AD, w_up_EDF)
