@@ -27,11 +27,9 @@ from jax_mtp.block import DecoderBlock
 from jax_mtp.cache import LayerCache, init_layer_cache
 from jax_mtp.config import MtpConfig
 from jax_mtp.kernels.fused_allreduce_rmsnorm import fused_allreduce_rmsnorm, sequence_parallel_rmsnorm
-from jax_mtp.kernels.vocab_argmax import vocab_parallel_argmax
 from jax_mtp.layers import RMSNorm, dtype_of, linear, rotary_for_positions
 from jax_mtp.sharding import TensorParallel, padded_vocab
-
-_HIGHEST = jax.lax.Precision.HIGHEST
+from jax_mtp.vocab import embed_lookup, head_logits, head_top_tokens
 
 
 class MtpOutput(NamedTuple):
@@ -126,32 +124,18 @@ class MtpPredictor(nn.Module):
 
   def _embed(self, ids_BT: jax.Array) -> jax.Array:
     """Embedding lookup; under tp each device looks up its vocab rows and a psum assembles them."""
-    if self.tp.axis is None:
-      return jnp.take(self.embed_tokens, ids_BT, axis=0).astype(self.cfg.dtype)
-    rows = self.embed_tokens.shape[0]
-    local_BT = ids_BT - jax.lax.axis_index(self.tp.axis) * rows
-    mine_BT = (local_BT >= 0) & (local_BT < rows)
-    embeds = jnp.take(self.embed_tokens, jnp.clip(local_BT, 0, rows - 1), axis=0).astype(self.cfg.dtype)
-    return jax.lax.psum(jnp.where(mine_BT[..., None], embeds, 0), self.tp.axis)
+    return embed_lookup(self.embed_tokens, ids_BT, self.tp, self.cfg.dtype)
 
   def compute_logits(self, hidden_BTD: jax.Array, spec_step_idx: int = 0) -> jax.Array:
     """Full-vocab logits, fp32 [B, T, V] (all-gathered over the vocab under tp). All MTP layers
     share the head, so spec_step_idx selects among identical heads; kept for the protocol."""
     del spec_step_idx
-    logits_BTV = jnp.einsum("btd,vd->btv", hidden_BTD, self.lm_head.astype(hidden_BTD.dtype),
-                            precision=_HIGHEST, preferred_element_type=jnp.float32)
-    if self.tp.axis is not None:
-      logits_BTV = jax.lax.all_gather(logits_BTV, self.tp.axis, axis=2, tiled=True)
-    return logits_BTV[..., :self.cfg.vocab_size]
+    return head_logits(hidden_BTD, self.lm_head, self.tp, self.cfg.vocab_size)
 
   def get_top_tokens(self, hidden_BTD: jax.Array, spec_step_idx: int = 0) -> jax.Array:
     """Greedy draft tokens int32 [B, T]; equal to argmax(compute_logits) (ties → lowest id)."""
-    if self.tp.axis is None:
-      return jnp.argmax(self.compute_logits(hidden_BTD, spec_step_idx), axis=-1).astype(jnp.int32)
-    b, t, d = hidden_BTD.shape
-    tokens_T = vocab_parallel_argmax(hidden_BTD.reshape(b * t, d), self.lm_head, vocab_size=self.cfg.vocab_size,
-                                     axis_name=self.tp.axis)
-    return tokens_T.reshape(b, t)
+    del spec_step_idx
+    return head_top_tokens(hidden_BTD, self.lm_head, self.tp, self.cfg.vocab_size)
 
   def init_all(self):
     """Touches every MTP layer, its indexer and the head so `init` creates all parameters."""
