@@ -106,3 +106,13 @@ def test_wheel_ships_jax_mtp_kernels_only(tmp_path):
   assert Path(found["kernels"]) == target / "jax_mtp" / "kernels" / "__init__.py", found
   assert not any("Editable" in name for name in found["meta_path"]), found["meta_path"]
   assert found["top_level_kernels"] is None or not Path(found["top_level_kernels"]).is_relative_to(target)
+
+
+def test_import_from_an_uninstalled_checkout(tmp_path):
+  """`PYTHONPATH=<checkout>` with no install (how the GPU machine runs it): `jax_mtp.kernels` is the
+  checkout's `kernels/`, mapped under that name only — no top-level `kernels` appears."""
+  deps = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+  found = _probe(tmp_path, ("-S", "-s", "-P"), f"import sys; sys.path += {deps!r}\n", PYTHONPATH=str(REPO))
+  assert Path(found["jax_mtp"]) == REPO / "jax_mtp" / "__init__.py", found
+  assert Path(found["kernels"]) == REPO / "kernels" / "__init__.py", found
+  assert not any("Editable" in name for name in found["meta_path"]), found["meta_path"]
