@@ -7,8 +7,9 @@ Inside `shard_map`, each device holds `x_partial` [T, D], its un-reduced share o
     normed       = new_residual / sqrt(mean(new_residual²) + eps) · weight
 
 math in fp32, both outputs in the activation dtype (x_partial's). The reference (`impl="xla"`) is
-`lax.psum` followed by the jnp norm; the Pallas kernels (TPU remote DMA, GPU peer-to-peer) arrive
-with issue #4 and plug into this same call. The caller picks `impl`; nothing falls back silently.
+`lax.psum` followed by the jnp norm; the Pallas kernels (issue #4) plug into this same call: TPU
+remote DMA (`fused_allreduce_rmsnorm_tpu.py`) and GPU peer-to-peer NVLink stores
+(`fused_allreduce_rmsnorm_gpu.py`). The caller picks `impl`; nothing falls back silently.
 
 `sequence_parallel_rmsnorm` is vLLM's SP variant: reduce-scatter the tokens, add and normalise
 the local T/tp rows, all-gather the normalised rows.
@@ -20,9 +21,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu import fused_allreduce_rmsnorm_gpu
 from jax_mtp.kernels.fused_allreduce_rmsnorm_tpu import fused_allreduce_rmsnorm_tpu
 
-IMPLS = ("xla", "pallas_tpu")
+IMPLS = ("xla", "pallas_tpu", "pallas_gpu")
 
 
 def _add_rmsnorm(reduced, residual, weight, eps: float, out_dtype):
@@ -51,8 +53,11 @@ def fused_allreduce_rmsnorm(x_partial_TD, residual_TD, weight_D, eps: float, *, 
   """(normed, new_residual) = (rmsnorm(psum(x) + r) · w, psum(x) + r). Call inside `shard_map`
   (or with axis_name=None outside any mesh, where the psum is the identity).
 
-  impl: "xla" (psum + fused jnp norm) or "pallas_tpu" (one Mosaic kernel, remote DMA). `interpret`
-  (TPU interpret-mode params) runs the Pallas kernel on CPU devices; it is an error with "xla".
+  impl: "xla" (psum + fused jnp norm), "pallas_tpu" (one Mosaic TPU kernel, remote DMA) or
+  "pallas_gpu" (one Mosaic GPU kernel, peer-to-peer NVLink stores; Hopper). `interpret` runs the
+  Pallas kernel on CPU devices: TPU interpret-mode params for "pallas_tpu"; for "pallas_gpu"
+  `plgpu.InterpretGPUParams()` (or True), only without communication (axis None or 1 device —
+  GPU interpret mode has no semaphores; the kernel raises otherwise). It is an error with "xla".
   """
   validate_inputs(x_partial_TD, residual_TD, weight_D)
   if impl not in IMPLS:
@@ -61,6 +66,9 @@ def fused_allreduce_rmsnorm(x_partial_TD, residual_TD, weight_D, eps: float, *, 
     if interpret is not None:
       raise ValueError(f"interpret={interpret!r} applies to a Pallas impl, not impl='xla'")
     return fused_allreduce_rmsnorm_reference(x_partial_TD, residual_TD, weight_D, eps, axis_name=axis_name)
+  if impl == "pallas_gpu":
+    return fused_allreduce_rmsnorm_gpu(x_partial_TD, residual_TD, weight_D, eps, axis_name=axis_name,
+                                       interpret=interpret)
   return fused_allreduce_rmsnorm_tpu(x_partial_TD, residual_TD, weight_D, eps, axis_name=axis_name,
                                      interpret=interpret)
 

@@ -1,0 +1,124 @@
+"""Opt-1 timing on GPU: the fused all-reduce + residual + RMSNorm Mosaic GPU kernel (`pallas_gpu`)
+vs the XLA path (`xla`: psum, then the fused jnp norm), D = 7168 bf16, tp = every GPU present.
+
+Each call runs inside `jax.shard_map` over a 1-D `tp` mesh exactly as in the model. Per (T, impl):
+
+    device µs   CUPTI kernel time per call (`jax.experimental.mosaic.gpu.profiler.measure`): the sum
+                of the call's kernels, mean over devices, median over iterations; launch gaps
+                between kernels are not included
+    wall µs     host clock per call, `block_until_ready` after `--iters` back-to-back calls
+                (includes dispatch; pipelined, so a throughput number)
+    GB/s        minimal HBM bytes per device / device time (wall time where CUPTI gives none): read
+                x, residual, weight; write normed and new_residual; plus the (tp−1) received
+                partials when tp > 1
+
+beside the copy bandwidth of the same GPU measured in the same run (`x + 1` over `--copy-mib` MiB,
+read + write), and the xla / pallas_gpu ratio. Prints a markdown table. The inputs are the same on
+every iteration, so at T = 256 (14.7 MB) they stay in the 50 MB L2 and GB/s can pass the HBM copy.
+
+On CPU it only smoke-tests the plumbing: the kernel in GPU interpret mode for two small T,
+a few iterations, wall clock; those numbers say nothing about a GPU. Usage (repo root):
+
+    python -m benchmarks.fused_allreduce_rmsnorm [--tokens 1 8 64 256] [--iters 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental.pallas import mosaic_gpu as plgpu
+from jax.sharding import PartitionSpec as P
+
+from jax_mtp.kernels.fused_allreduce_rmsnorm import fused_allreduce_rmsnorm
+from jax_mtp.sharding import TP_AXIS, make_mesh
+
+IMPLS = ("pallas_gpu", "xla")
+EPS = 1e-6
+
+
+def _program(tp: int, impl: str, interpret):
+  axis = TP_AXIS if tp > 1 else None
+
+  def per_device(x_1TD, residual_TD, weight_D):
+    return fused_allreduce_rmsnorm(x_1TD[0], residual_TD, weight_D, EPS, axis_name=axis, impl=impl,
+                                   interpret=interpret if impl == "pallas_gpu" else None)
+
+  return jax.jit(jax.shard_map(per_device, mesh=make_mesh(tp), in_specs=(P(TP_AXIS), P(), P()),
+                               out_specs=P(), check_vma=False))
+
+
+def _inputs(tp: int, t: int, d: int, dtype):
+  rng = np.random.default_rng(0)
+  return (jnp.asarray(rng.standard_normal((tp, t, d)), dtype), jnp.asarray(rng.standard_normal((t, d)), dtype),
+          jnp.asarray(1 + 0.1 * rng.standard_normal(d), dtype))
+
+
+def wall_us(fn, args, iters: int) -> float:
+  jax.block_until_ready(fn(*args))
+  start = time.perf_counter()
+  for _ in range(iters):
+    out = fn(*args)
+  jax.block_until_ready(out)
+  return (time.perf_counter() - start) / iters * 1e6
+
+
+def device_us(fn, args, iters: int, tp: int) -> float | None:
+  """Median over iterations of Σ kernels per call (CUPTI), averaged over the tp devices."""
+  from jax.experimental.mosaic.gpu import profiler
+
+  jax.block_until_ready(fn(*args))
+  _, per_iter = profiler.measure(fn, aggregate=False, iterations=iters)(*args)
+  if not per_iter:
+    return None
+  return statistics.median(sum(ms for _, ms in kernels) / tp * 1e3 for kernels in per_iter)
+
+
+def copy_gbps(mib: int, iters: int) -> float:
+  """Read + write bandwidth of `x + 1` over a large bf16 array on one device."""
+  x = jnp.zeros((mib * 2**19,), jnp.bfloat16)
+  us = wall_us(jax.jit(lambda a: a + 1), (x,), iters)
+  return 2 * x.nbytes / (us * 1e-6) / 1e9
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 64, 256])
+  p.add_argument("--hidden", type=int, default=7168)
+  p.add_argument("--iters", type=int, default=200)
+  p.add_argument("--copy-mib", type=int, default=2048)
+  args = p.parse_args(argv)
+  on_gpu = jax.devices()[0].platform == "gpu"
+  tp, dtype, d = (jax.device_count() if on_gpu else 1), jnp.dtype(jnp.bfloat16), args.hidden
+  interpret = None if on_gpu else plgpu.InterpretGPUParams()
+  tokens, iters = (args.tokens, args.iters) if on_gpu else ([t for t in args.tokens if t <= 8][:2] or [1], 3)
+  if not on_gpu:
+    print(f"NOTE: no GPU ({jax.devices()[0].platform}); smoke test only: pallas_gpu in GPU interpret mode,"
+          f" T={tokens}, {iters} iterations, wall clock. These numbers say nothing about a GPU.\n")
+  copy = copy_gbps(args.copy_mib if on_gpu else 16, 20 if on_gpu else 2)
+  print(f"device: {jax.devices()[0].device_kind} × {tp}, jax {jax.__version__}; D={d} {dtype.name}, "
+        f"tp={tp}; copy bandwidth (x + 1, read + write): {copy:.0f} GB/s\n")
+  print("| T | impl | device µs | wall µs | bytes/device | GB/s (device) | % of copy | xla / pallas_gpu |")
+  print("|---|---|---|---|---|---|---|---|")
+  for t in tokens:
+    data = _inputs(tp, t, d, dtype)
+    nbytes = (4 * t * d + d + (tp - 1) * t * d) * dtype.itemsize
+    times = {}
+    for impl in IMPLS:
+      fn = _program(tp, impl, interpret)
+      wall = wall_us(fn, data, iters)
+      dev = device_us(fn, data, iters, tp) if on_gpu else None
+      times[impl] = dev if dev is not None else wall
+      gbps = nbytes / (times[impl] * 1e-6) / 1e9
+      ratio = f"{times['xla'] / times['pallas_gpu']:.2f}×" if impl == "xla" else ""
+      print(f"| {t} | {impl} | {'–' if dev is None else f'{dev:.1f}'} | {wall:.1f} | {nbytes:,} | {gbps:.1f} | "
+            f"{100 * gbps / copy:.1f}% | {ratio} |", flush=True)
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
