@@ -7,14 +7,21 @@ Dimension letters used in tensor names (`x_BTD`) and einsum strings:
   H v_head_dim       K experts per token        Q q_lora_rank                C kv_lora_rank
   E routed experts   F expert hidden            G expert groups              I indexer heads
   J indexer head dim A token-expert assignments (T·K)
+  M draft tokens per round (k)   W verify window (k + 1)   O output-token slots
 """
 
 from jax_mtp.cache import LayerCache, init_layer_cache
 from jax_mtp.config import ConfigError, MtpConfig, RopeConfig, deepseek_v32, from_hf_config, glm5, tiny
+from jax_mtp.generate import TargetDecoder
+from jax_mtp.metrics import SpecMetrics
+from jax_mtp.model import TargetModel, TargetOutput, init_target_caches, init_target_params
 from jax_mtp.mtp import MtpLayer, MtpOutput, MtpPredictor, init_caches, init_params, validate_inputs
+from jax_mtp.sharding import make_mesh
+from jax_mtp.speculative import SpecParams, SpecResult, Speculator
 
 __all__ = [
     "ConfigError", "LayerCache", "MtpConfig", "MtpLayer", "MtpOutput", "MtpPredictor", "RopeConfig",
-    "deepseek_v32", "from_hf_config", "glm5", "init_caches", "init_layer_cache", "init_params", "tiny",
-    "validate_inputs",
+    "SpecMetrics", "SpecParams", "SpecResult", "Speculator", "TargetDecoder", "TargetModel", "TargetOutput",
+    "deepseek_v32", "from_hf_config", "glm5", "init_caches", "init_layer_cache", "init_params",
+    "init_target_caches", "init_target_params", "make_mesh", "tiny", "validate_inputs",
 ]

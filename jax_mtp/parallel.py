@@ -2,7 +2,8 @@
 
 `ShardedMtp(cfg, mesh)` places params with `jax_mtp.sharding`'s spec table and compiles one draft
 step per (spec_step_idx, path). The per-shard math is the Flax predictor itself, built with the
-mesh's `TensorParallel`; this module is the only place it is wrapped in `shard_map`.
+mesh's `TensorParallel`; this module is the only place it is wrapped in `shard_map` (`jit_per_shard`
+does the same for the speculator's prefill and round functions).
 Inputs, caches and outputs are replicated over tp (the caches are the shared MLA latent).
 """
 
@@ -12,7 +13,7 @@ import functools
 from typing import NamedTuple
 
 import jax
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jax_mtp.cache import LayerCache
 from jax_mtp.config import MtpConfig
@@ -77,3 +78,14 @@ class ShardedMtp:
     sharded = jax.shard_map(per_shard, mesh=self.mesh, in_specs=(self._param_specs, rep, rep, rep, rep),
                             out_specs=rep, check_vma=False)
     return jax.jit(sharded)
+
+
+def jit_per_shard(per_shard, mesh: Mesh, in_specs: tuple, *, donate_argnums: tuple[int, ...] = ()):
+  """`per_shard` under `shard_map` on `mesh`, jitted: argument i is placed by `in_specs[i]` (a spec
+  tree, or one spec for the whole argument), every output is replicated over tp."""
+  rep = replicated()
+  sharded = jax.shard_map(per_shard, mesh=mesh, in_specs=in_specs, out_specs=rep, check_vma=False)
+  in_shardings = jax.tree.map(lambda spec: NamedSharding(mesh, spec), in_specs,
+                              is_leaf=lambda x: isinstance(x, PartitionSpec))
+  return jax.jit(sharded, in_shardings=in_shardings, out_shardings=NamedSharding(mesh, rep),
+                 donate_argnums=donate_argnums)

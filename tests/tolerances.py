@@ -21,3 +21,9 @@ def assert_close(actual, expected, dtype: str = "float32", what: str = "") -> No
   err = np.max(np.abs(actual - expected))
   bound = tol["rtol"] * np.max(np.abs(expected)) + tol["atol"]
   assert err <= bound, f"{what}: max |diff| {err:.3g} > {bound:.3g} (scale {np.max(np.abs(expected)):.3g})"
+
+
+# Sampling tests: the smallest chi-square goodness-of-fit p-value accepted for sampled token counts
+# against the distribution they should follow. The seeds are fixed, so a test is deterministic; the
+# bound is the false-alarm rate should a seed or the sample size change.
+SAMPLING_MIN_PVALUE = 1e-3

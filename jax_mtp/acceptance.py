@@ -1,0 +1,73 @@
+"""Verifying k draft tokens against the target: greedy acceptance and rejection sampling.
+
+The target ran once over the window [t1, d1..dk] (W = k + 1 tokens) and gives, at window index j,
+its prediction for the token after window token j. Draft d_{j+1} is checked against index j.
+
+Greedy (temperature 0): a = length of the longest prefix with d_{j+1} == argmax_j; the row emits
+target_0 .. target_a — the accepted drafts (equal to the target's tokens) plus one bonus token.
+
+Sampling (temperature τ > 0), speculative sampling (Leviathan et al. 2023; Chen et al. 2023) with
+greedy drafts, as vLLM runs MTP: the draft distribution q_j is one-hot at d_{j+1}, so
+
+    accept d_{j+1} with probability min(1, p_j(d)/q_j(d)) = p_j(d_{j+1})     p_j = softmax(logits_j / τ)
+    on the first rejection at index a: sample from norm(max(0, p_a − q_a)) = p_a with d_{a+1} removed
+    if all k are accepted:            sample the bonus from p_k
+
+Each emitted token is then distributed exactly as p (the target's own sampling distribution):
+P(d) = p(d)·1 and P(x ≠ d) = (1 − p(d)) · p(x)/(1 − p(d)) = p(x).
+
+Both return (a_B int32 accepted drafts in 0..k, emitted_BW int32) where emitted[:, :a+1] are the
+row's new tokens and later entries are meaningless. Shapes: B rows, M = k drafts, W = k + 1, V vocab.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def accepted_prefix(accepted_BM: jax.Array) -> jax.Array:
+  """int32 [B]: the number of leading True entries of each row."""
+  return jnp.sum(jnp.cumprod(accepted_BM.astype(jnp.int32), axis=1), axis=1)
+
+
+def accept_greedy(drafts_BM: jax.Array, target_BW: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Longest matching prefix + bonus. target_BW: the target's greedy token at each window index."""
+  a_B = accepted_prefix(drafts_BM == target_BW[:, :-1])
+  return a_B, target_BW.astype(jnp.int32)
+
+
+def sample(logits_BTV: jax.Array, temperature: float, key: jax.Array) -> jax.Array:
+  """Tokens int32 [B, T] from softmax(logits / temperature); temperature > 0."""
+  return jax.random.categorical(key, logits_BTV.astype(jnp.float32) / temperature, axis=-1).astype(jnp.int32)
+
+
+def accept_sampled(drafts_BM: jax.Array, logits_BWV: jax.Array, temperature: float,
+                   key: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Rejection sampling of greedy (one-hot) drafts against p = softmax(logits / temperature).
+
+  drafts_BM int [B, k]; logits_BWV fp32 [B, k + 1, V]; temperature > 0; key: one PRNG key.
+  """
+  b, m = drafts_BM.shape
+  probs_BWV = jax.nn.softmax(logits_BWV.astype(jnp.float32) / temperature, axis=-1)
+  key_accept, key_resample = jax.random.split(key)
+  p_draft_BM = jnp.take_along_axis(probs_BWV[:, :m], drafts_BM[..., None], axis=-1)[..., 0]
+  a_B = accepted_prefix(jax.random.uniform(key_accept, (b, m)) < p_draft_BM)
+
+  p_at_a_BV = jnp.take_along_axis(probs_BWV, a_B[:, None, None], axis=1)[:, 0]
+  rejected_BV = (a_B[:, None] < m) & (jnp.arange(p_at_a_BV.shape[-1]) == _draft_at(drafts_BM, a_B)[:, None])
+  residual_BV = jnp.where(rejected_BV, 0.0, p_at_a_BV)
+  # A rejection is only possible when p(d) < 1, so the residual has mass; this guards rounding.
+  residual_BV = jnp.where(jnp.sum(residual_BV, -1, keepdims=True) > 0, residual_BV, p_at_a_BV)
+  last_B = jax.random.categorical(key_resample, jnp.log(residual_BV), axis=-1).astype(jnp.int32)
+
+  j_W = jnp.arange(m + 1)
+  drafts_BW = jnp.concatenate([drafts_BM, jnp.zeros((b, 1), drafts_BM.dtype)], axis=1).astype(jnp.int32)
+  emitted_BW = jnp.where(j_W < a_B[:, None], drafts_BW, last_B[:, None])
+  return a_B, emitted_BW
+
+
+def _draft_at(drafts_BM: jax.Array, a_B: jax.Array) -> jax.Array:
+  """d_{a+1} (the first rejected draft) per row; clipped when all were accepted (then unused)."""
+  index_B = jnp.minimum(a_B, drafts_BM.shape[1] - 1)
+  return jnp.take_along_axis(drafts_BM, index_B[:, None], axis=1)[:, 0]

@@ -1,0 +1,130 @@
+"""The MTP predictor as the speculator's drafter: catch-up on the target's hiddens, then k greedy steps.
+
+A round starts from a `Window` — the target's post-norm hiddens of the tokens committed since the
+last round, each paired with the token that follows it (vLLM's convention, jax_mtp.mtp):
+
+    step 0:     MTP(ids = window tokens, positions = start .. start+W−1, prev_hidden = target hiddens)
+                writes the MTP cache for every committed position with the TARGET's hidden; the
+                output at the last valid entry (hidden at length−1, token t1) gives d1 and h1
+    step i ≥ 1: MTP(d_i, position length−1+i, prev_hidden = h_i) → d_{i+1}, h_{i+1}   (recycling)
+
+Step i uses MTP layer i % num_nextn_predict_layers (spec_step_idx = i), so k may exceed the number
+of layers. Only layer 0 sees the catch-up window; with several MTP layers the later ones keep the
+entries their own draft steps wrote, as in vLLM. Greedy tokens leave through the drafter class's
+declared path (`get_top_tokens` when it supports the local argmax, else `compute_logits` + argmax).
+
+The drafter interface the speculator uses (test doubles implement the same methods):
+`param_specs()`, `shard(params, mesh)`, `variables(own_params, target_params)`,
+`init_caches(batch, capacity)`, `catch_up(variables, window, caches)`,
+`propose(variables, window, caches, num_drafts)`.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding
+
+from jax_mtp.config import MtpConfig
+from jax_mtp.draft_path import LOCAL_ARGMAX, greedy_draft_path
+from jax_mtp.mtp import MtpPredictor, init_caches, init_params
+from jax_mtp.sharding import TensorParallel, param_specs
+
+SHARED_WITH_TARGET = ("embed_tokens", "lm_head")
+
+
+class Window(NamedTuple):
+  """Target hiddens paired with the tokens after them, W entries per row.
+
+  Entry j sits at position `start + j`: `hidden_BWD[:, j]` is the target's post-norm hidden there and
+  `ids_BW[:, j]` the token at the next position. Entries j < count are valid (count ≥ 1) and the last
+  valid one is (hidden at length − 1, the not-yet-verified token t1). Entries ≥ count are padding at
+  positions ≥ length: they are written into the MTP cache and overwritten before any query reads them.
+  """
+
+  ids_BW: jax.Array  # int32
+  hidden_BWD: jax.Array  # activation dtype
+  start_B: jax.Array  # int32
+  count_B: jax.Array  # int32
+
+  @property
+  def length_B(self) -> jax.Array:
+    """The target's committed length: the position of t1."""
+    return self.start_B + self.count_B
+
+
+class MtpDrafter:
+  """Greedy drafts from `drafter_cls` (an `MtpPredictor`) built with the mesh's `TensorParallel`.
+
+  Its params are the MTP layers only: `embed_tokens` and `lm_head` are the target's arrays, put into
+  the predictor's tree by `variables` on every call, so one copy serves both (vLLM shares them too).
+  """
+
+  def __init__(self, cfg: MtpConfig, tp: TensorParallel, norm_impl: str = "xla",
+               drafter_cls: type[MtpPredictor] = MtpPredictor):
+    self.cfg = cfg
+    self.path = greedy_draft_path(drafter_cls)  # a false capability claim fails here
+    self.model = drafter_cls(cfg, tp, norm_impl)
+
+  def param_specs(self) -> dict:
+    abstract = jax.eval_shape(lambda key: init_params(self.cfg, key), jax.random.key(0))
+    return param_specs(_own(abstract))
+
+  def shard(self, params: dict, mesh: Mesh) -> dict:
+    """Places `init_params`-layout params on the mesh, dropping the embedding and head (the
+    target's are used)."""
+    own = _own(params)
+    return jax.tree.map(lambda x, spec: jax.device_put(x, NamedSharding(mesh, spec)), own, param_specs(own))
+
+  def variables(self, own_params: dict, target_params: dict) -> dict:
+    shared = {name: target_params[name] for name in SHARED_WITH_TARGET}
+    return {"params": {**own_params, **shared}}
+
+  def init_caches(self, batch: int, capacity: int):
+    return init_caches(self.cfg, batch, capacity)
+
+  def catch_up(self, variables: dict, window: Window, caches):
+    """MTP step 0 over the window. Returns (hidden at the last valid entry [B, 1, D], caches)."""
+    positions_BW = window.start_B[:, None] + jnp.arange(window.ids_BW.shape[1], dtype=jnp.int32)
+    out = self.model.apply(variables, window.ids_BW, positions_BW, window.hidden_BWD, caches, spec_step_idx=0)
+    last_B11 = (window.count_B - 1)[:, None, None]
+    return jnp.take_along_axis(out.hidden_BTD, last_B11, axis=1), out.caches
+
+  def propose(self, variables: dict, window: Window, caches, num_drafts: int):
+    """k = num_drafts greedy drafts int32 [B, k] after the window's t1, and the updated caches."""
+    hidden_B1D, caches = self.catch_up(variables, window, caches)
+    token_B1 = self._greedy(variables, hidden_B1D, 0)
+    if num_drafts == 1:
+      return token_B1, caches
+    if self.cfg.num_nextn_predict_layers > 1:  # each step picks its layer: unrolled
+      return self._unrolled_steps(variables, window.length_B, token_B1, hidden_B1D, caches, num_drafts)
+
+    def step(carry, i):  # i % 1 == 0: every step is layer 0, so one scanned step compiles for any k
+      token_B1, hidden_B1D, caches = carry
+      out = self.model.apply(variables, token_B1, (window.length_B - 1 + i)[:, None], hidden_B1D, caches)
+      token_B1 = self._greedy(variables, out.hidden_BTD, 0)
+      return (token_B1, out.next_prev_hidden_BTD, out.caches), token_B1[:, 0]
+
+    (_, _, caches), rest_MB = jax.lax.scan(step, (token_B1, hidden_B1D, caches), jnp.arange(1, num_drafts))
+    return jnp.concatenate([token_B1, rest_MB.T], axis=1), caches
+
+  def _unrolled_steps(self, variables, length_B, token_B1, hidden_B1D, caches, num_drafts: int):
+    tokens = [token_B1]
+    for i in range(1, num_drafts):
+      out = self.model.apply(variables, tokens[-1], (length_B - 1 + i)[:, None], hidden_B1D, caches, spec_step_idx=i)
+      hidden_B1D, caches = out.next_prev_hidden_BTD, out.caches
+      tokens.append(self._greedy(variables, out.hidden_BTD, i))
+    return jnp.concatenate(tokens, axis=1), caches
+
+  def _greedy(self, variables: dict, hidden_B1D: jax.Array, step: int) -> jax.Array:
+    model = self.model
+    if self.path == LOCAL_ARGMAX:
+      return model.apply(variables, hidden_B1D, step, method=model.get_top_tokens)
+    logits_B1V = model.apply(variables, hidden_B1D, step, method=model.compute_logits)
+    return jnp.argmax(logits_B1V, axis=-1).astype(jnp.int32)
+
+
+def _own(params: dict) -> dict:
+  return {name: value for name, value in params.items() if name not in SHARED_WITH_TARGET}

@@ -1,0 +1,71 @@
+"""Plain greedy decoding with the target model alone: the reference speculative decoding must match.
+
+Prefill as the speculator does (right-padded prompts, positions 0..T−1), then one token per row per
+step at the row's own position (absorbed MLA, T = 1). Runs on the same tp mesh, compiled once per
+(B, T, capacity) for the prefill and once per (B, capacity) for the step.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+
+from jax_mtp.config import MtpConfig
+from jax_mtp.model import TargetModel
+from jax_mtp.parallel import jit_per_shard
+from jax_mtp.request import pack_prompts, required_capacity, validate_positive, validate_prompts
+from jax_mtp.sharding import TP_AXIS, replicated, shard_params, tensor_parallel, validate_tp
+from jax_mtp.speculative import target_param_specs, target_prefill
+
+
+class TargetDecoder:
+  """Greedy decoding of a batch of prompts with the target model on a tp mesh."""
+
+  def __init__(self, cfg: MtpConfig, mesh: Mesh, *, norm_impl: str = "xla"):
+    tp = mesh.shape[TP_AXIS]
+    validate_tp(cfg, tp)
+    self.cfg, self.mesh = cfg, mesh
+    self.target = TargetModel(cfg, tensor_parallel(tp), norm_impl)
+    rep, specs = replicated(), target_param_specs(cfg)
+    self._step = jit_per_shard(self._step_per_shard, mesh, (specs, rep, rep, rep, rep, rep), donate_argnums=(4,))
+    self._prefill_specs = (specs, rep, rep)
+
+  def shard(self, target_params: dict) -> dict:
+    return shard_params(target_params, self.cfg, self.mesh)
+
+  def generate(self, params: dict, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
+               capacity: int | None = None) -> list[list[int]]:
+    """`max_new_tokens` greedy tokens after each prompt. Give the speculator's `capacity` to compare
+    with it under identical cache shapes (the default is the minimum, longest prompt + max_new)."""
+    validate_prompts(self.cfg, prompts)
+    validate_positive("max_new_tokens", max_new_tokens)
+    capacity = required_capacity(self.cfg, prompts, max_new_tokens, 0, capacity)
+    prompt_BT, lengths_B = pack_prompts(prompts)
+    tokens_BO, length_B, next_B, caches = self._prefill(capacity)(params, prompt_BT, lengths_B)
+    for i in range(1, max_new_tokens):
+      tokens_BO, length_B, next_B, caches = self._step(params, np.int32(i), length_B, next_B, caches, tokens_BO)
+    return [row[:max_new_tokens].tolist() for row in np.asarray(tokens_BO)]
+
+  @functools.lru_cache(maxsize=None)
+  def _prefill(self, capacity: int):
+    fn = functools.partial(self._prefill_per_shard, capacity=capacity)
+    return jit_per_shard(fn, self.mesh, self._prefill_specs)
+
+  def _prefill_per_shard(self, params, prompt_BT, lengths_B, *, capacity: int):
+    t_vars = {"params": params}
+    _, last_B1D, caches = target_prefill(self.target, t_vars, prompt_BT, lengths_B, capacity)
+    first_B = self.target.apply(t_vars, last_B1D, method=TargetModel.get_top_tokens)[:, 0]
+    tokens_BO = jnp.zeros((prompt_BT.shape[0], capacity), jnp.int32).at[:, 0].set(first_B)
+    return tokens_BO, lengths_B, first_B, caches
+
+  def _step_per_shard(self, params, i, length_B, next_B, caches, tokens_BO):
+    """Token i of every row: the target at (next token, its position), greedy."""
+    t_vars = {"params": params}
+    out = self.target.apply(t_vars, next_B[:, None], length_B[:, None], caches)
+    token_B = self.target.apply(t_vars, out.hidden_BTD, method=TargetModel.get_top_tokens)[:, 0]
+    return tokens_BO.at[:, i].set(token_B), length_B + 1, token_B, out.caches

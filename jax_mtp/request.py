@@ -1,0 +1,67 @@
+"""A decode request: checks of prompts and settings (errors name the value), packing, cache capacity.
+
+Shared by the speculator and the plain target decoder; the CLI turns these ValueErrors into exit 2.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from jax_mtp.config import MtpConfig
+
+
+def validate_positive(name: str, value) -> None:
+  if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+    raise ValueError(f"{name}={value!r} must be an integer ≥ 1")
+
+
+def validate_temperature(temperature) -> None:
+  if not isinstance(temperature, (int, float)) or not math.isfinite(temperature) or temperature < 0:
+    raise ValueError(f"temperature={temperature!r} must be a finite number ≥ 0")
+
+
+def validate_prompts(cfg: MtpConfig, prompts: Sequence[Sequence[int]]) -> None:
+  """At least one prompt; every prompt non-empty, of integer ids in [0, vocab_size)."""
+  if len(prompts) == 0:
+    raise ValueError("no prompts: give at least one")
+  for i, prompt in enumerate(prompts):
+    ids = np.asarray(prompt)
+    if ids.size == 0:
+      raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
+    if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+      raise ValueError(f"prompt {i} must be a flat list of integer token ids, got {list(prompt)[:8]!r}")
+    bad = ids[(ids < 0) | (ids >= cfg.vocab_size)]
+    if bad.size:
+      raise ValueError(f"prompt {i} holds token id {int(bad[0])}, outside [0, {cfg.vocab_size}) "
+                       f"(vocab_size={cfg.vocab_size})")
+
+
+def required_capacity(cfg: MtpConfig, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                      num_speculative_tokens: int, capacity: int | None = None) -> int:
+  """Cache positions a decode needs: longest prompt + max_new_tokens + k (jax_mtp.speculative says
+  why), or `capacity` if given and large enough; at most max_position_embeddings."""
+  longest = max(len(prompt) for prompt in prompts)
+  needed = longest + max_new_tokens + num_speculative_tokens
+  limit = cfg.max_position_embeddings
+  if needed > limit:
+    raise ValueError(f"max_new_tokens={max_new_tokens} needs a cache of {needed} positions (longest prompt "
+                     f"{longest} + {max_new_tokens} new + {num_speculative_tokens} speculative), more than "
+                     f"max_position_embeddings={limit}")
+  if capacity is None:
+    return needed
+  if not needed <= capacity <= limit:
+    raise ValueError(f"capacity={capacity} must be in [{needed}, {limit}] (needed positions, "
+                     f"max_position_embeddings)")
+  return capacity
+
+
+def pack_prompts(prompts: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+  """Right-padded prompts int32 [B, T] (pad id 0, T = the longest) and their lengths int32 [B]."""
+  lengths_B = np.array([len(prompt) for prompt in prompts], np.int32)
+  prompt_BT = np.zeros((len(prompts), int(lengths_B.max())), np.int32)
+  for b, prompt in enumerate(prompts):
+    prompt_BT[b, :len(prompt)] = prompt
+  return prompt_BT, lengths_B

@@ -1,0 +1,264 @@
+"""Speculative decoding with MTP drafts (DESIGN §1): prefill, then rounds of propose → verify → accept.
+
+Round (per row, all rows at once):
+    propose   the drafter catches up on the target hiddens committed last round and drafts d1..dk
+    verify    ONE target forward over [t1, d1..dk] at positions length .. length + k
+    accept    greedy: longest prefix with d_{j+1} == argmax_j, + the bonus token (jax_mtp.acceptance);
+              temperature > 0: rejection sampling of the (greedy, one-hot) drafts
+    commit    length += a + 1 (cut at max_new_tokens); the next t1 is the last emitted token
+
+Ragged batches: positions, not masks. Prompts are right-padded to the longest (T tokens) and
+prefilled at positions 0..T−1. Each row then has its own `length` (target positions 0..length−1
+committed) and its own positions in every call, and advances by its own a + 1. A cache slot holds the token at that
+position and a query at position p reads slots ≤ p (jax_mtp.cache), so prompt padding, rejected
+drafts and window padding — all written at positions ≥ length — are overwritten before any query
+can read them. Rollback is therefore just `length`: no cache copy, for the target, MTP and DSA
+indexer-K caches alike (the indexer's top-k is taken over visible slots only).
+A row that has its max_new_tokens freezes (its state stops changing) while the others go on; it
+still computes (static shapes), at positions ≥ its length, so its committed cache stays intact.
+
+The MTP cache after acceptance: slot p must hold the MTP layer's KV of (target hidden at p, token
+at p + 1). Draft steps write slots from their own (draft) hiddens, so the round's verify output
+becomes the next round's catch-up `Window` (jax_mtp.drafter): the target's hiddens at positions
+length .. length + a paired with the emitted tokens. Step 0 of the next round runs the MTP layer
+over it (W = k + 1 entries, count a + 1 valid), rewriting those slots with the target's hiddens
+before drafting from the last one — what vLLM does with the accepted tokens' hidden states. The
+prefill does the same over the whole prompt.
+
+Shapes are static: the prefill compiles once per (B, T, capacity), the round once per (B, capacity),
+each in a greedy and a sampling variant; max_new_tokens and the temperature are traced scalars and
+the output buffer has `capacity` columns, so neither the number of tokens nor of rounds recompiles
+anything. `capacity = T + max_new_tokens + k` holds every position a row ever writes (an active row
+writes ≤ len + max_new − 2 + k, a frozen one ≤ len + max_new − 1 + k).
+
+Embedding and head are shared: the drafter's params hold only the MTP layers and every call puts
+the target's `embed_tokens` / `lm_head` arrays into the predictor's tree (one copy, as vLLM shares).
+Everything runs inside one `shard_map` on the tp mesh; the state is replicated and every device
+computes the same acceptance (the same PRNG key on each, on all-gathered logits).
+Not done: reusing the step-0 DSA top-k across draft steps (`index_share_for_mtp_iteration`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+
+from jax_mtp.acceptance import accept_greedy, accept_sampled, sample
+from jax_mtp.config import MtpConfig
+from jax_mtp.drafter import MtpDrafter, Window
+from jax_mtp.metrics import SpecMetrics
+from jax_mtp.model import TargetModel, init_target_caches, init_target_params
+from jax_mtp.mtp import MtpPredictor
+from jax_mtp.parallel import jit_per_shard
+from jax_mtp.request import (pack_prompts, required_capacity, validate_positive, validate_prompts,
+                             validate_temperature)
+from jax_mtp.sharding import TP_AXIS, param_specs, replicated, shard_params, tensor_parallel, validate_tp
+
+
+class SpecParams(NamedTuple):
+  target: dict  # TargetModel params, placed on the mesh (vocab rows padded to a multiple of tp)
+  drafter: dict  # the drafter's own params (MTP layers; embed/head come from `target`)
+
+
+class RoundStats(NamedTuple):
+  rounds_B: jax.Array  # int32: rounds the row took part in
+  accepted_at_M: jax.Array  # int32 [k]: rounds (over rows) in which draft i was accepted
+
+
+class DecodeState(NamedTuple):
+  """Replicated decode state; B rows, O = capacity output slots."""
+
+  length_B: jax.Array  # int32: target positions 0..length−1 are committed
+  next_token_B: jax.Array  # int32: last emitted token t1, at position length, not yet in the target cache
+  window: Window  # the drafter's catch-up input for the next round
+  tokens_BO: jax.Array  # int32: emitted tokens, the first num_out valid
+  num_out_B: jax.Array  # int32
+  target_caches: tuple
+  drafter_caches: tuple
+  stats: RoundStats
+  key: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecResult:
+  tokens: list[list[int]]  # max_new_tokens generated tokens per prompt
+  metrics: SpecMetrics
+  state: DecodeState  # the final state (lengths, caches), for inspection
+
+
+class Speculator:
+  """Target model + drafter on a tp mesh; `generate` runs speculative decoding on a batch of prompts.
+
+  `drafter` defaults to the MTP predictor (`drafter_cls`, greedy through its declared path); any
+  object with the `jax_mtp.drafter` interface may stand in (the tests' perfect / wrong drafters).
+  Greedy and sampling are two compiled programs; the temperature itself is a traced value.
+  """
+
+  def __init__(self, cfg: MtpConfig, mesh: Mesh, num_speculative_tokens: int, *, norm_impl: str = "xla",
+               drafter_cls: type[MtpPredictor] = MtpPredictor, drafter=None):
+    validate_positive("num_speculative_tokens", num_speculative_tokens)
+    self.cfg, self.mesh, self.k = cfg, mesh, num_speculative_tokens
+    tp = mesh.shape[TP_AXIS]
+    validate_tp(cfg, tp)
+    self.target = TargetModel(cfg, tensor_parallel(tp), norm_impl)
+    self.drafter = MtpDrafter(cfg, tensor_parallel(tp), norm_impl, drafter_cls) if drafter is None else drafter
+    self._param_specs = (target_param_specs(cfg), self.drafter.param_specs())
+    self._compiled = {}
+
+  def shard(self, target_params: dict, mtp_params: dict) -> SpecParams:
+    """Places both trees on the mesh; the MTP tree's own embed/head are dropped (the target's are used)."""
+    return SpecParams(shard_params(target_params, self.cfg, self.mesh), self.drafter.shard(mtp_params, self.mesh))
+
+  def generate(self, params: SpecParams, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
+               temperature: float = 0.0, seed: int = 0, capacity: int | None = None,
+               on_progress: Callable[[int, int], None] | None = None) -> SpecResult:
+    """`max_new_tokens` tokens after each prompt: greedy at temperature 0, else sampled (`seed`).
+    `capacity` (cache positions) defaults to the minimum; a larger fixed one lets calls with other
+    lengths share the compiled functions. `on_progress(tokens_done, tokens_total)` is called after
+    the prefill and after every round."""
+    validate_prompts(self.cfg, prompts)
+    validate_positive("max_new_tokens", max_new_tokens)
+    validate_temperature(temperature)
+    capacity = required_capacity(self.cfg, prompts, max_new_tokens, self.k, capacity)
+    prompt_BT, lengths_B = pack_prompts(prompts)
+    sampled, temperature, max_new = temperature > 0, np.float32(temperature), np.int32(max_new_tokens)
+    prefill_args = (*params, prompt_BT, lengths_B, jax.random.key(seed), temperature)
+    prefill = self._compile("prefill", capacity, sampled, prefill_args)
+    one_round = self._compile("round", capacity, sampled, (*params, prefill.out_info, max_new, temperature))
+
+    start = time.perf_counter()
+    state = prefill(*prefill_args)
+    total = max_new_tokens * len(prompts)
+    while (done := int(np.minimum(np.asarray(state.num_out_B), max_new_tokens).sum())) < total:
+      if on_progress is not None:
+        on_progress(done, total)
+      state = one_round(*params, state, max_new, temperature)
+    tokens_BO = np.asarray(state.tokens_BO)  # waits for the last round
+    seconds = time.perf_counter() - start
+    if on_progress is not None:
+      on_progress(total, total)
+    return SpecResult([row[:max_new_tokens].tolist() for row in tokens_BO], self._metrics(state, total, seconds),
+                      state)
+
+  def _metrics(self, state: DecodeState, tokens: int, seconds: float) -> SpecMetrics:
+    stats = jax.tree.map(np.asarray, state.stats)
+    return SpecMetrics(self.k, int(stats.rounds_B.sum()), tuple(int(n) for n in stats.accepted_at_M), tokens,
+                       seconds)
+
+  def _compile(self, name: str, capacity: int, sampled: bool, args):
+    """AOT-compiles the prefill or the round once per (capacity, greedy/sampled, argument shapes):
+    the timing of `generate` then excludes compilation."""
+    shapes = tuple((jnp.shape(x), jnp.result_type(x)) for x in jax.tree.leaves(args))
+    key = (name, capacity, sampled, jax.tree.structure(args), shapes)
+    if key not in self._compiled:
+      rep = replicated()
+      if name == "prefill":
+        fn = functools.partial(self._prefill_per_shard, capacity=capacity, sampled=sampled)
+        jitted = jit_per_shard(fn, self.mesh, (*self._param_specs, rep, rep, rep, rep))
+      else:
+        fn = functools.partial(self._round_per_shard, sampled=sampled)
+        jitted = jit_per_shard(fn, self.mesh, (*self._param_specs, rep, rep, rep), donate_argnums=(2,))
+      self._compiled[key] = jitted.lower(*args).compile()
+    return self._compiled[key]
+
+  # --- per-shard functions (inside shard_map; every array but the params is replicated) ----------
+
+  def _prefill_per_shard(self, target_params, drafter_params, prompt_BT, lengths_B, key, temperature, *,
+                         capacity: int, sampled: bool) -> DecodeState:
+    """Target prefill, the first token, the drafter's catch-up over the prompt."""
+    b, t = prompt_BT.shape
+    t_vars = {"params": target_params}
+    d_vars = self.drafter.variables(drafter_params, target_params)
+    hidden_BTD, last_B1D, caches = target_prefill(self.target, t_vars, prompt_BT, lengths_B, capacity)
+    key, first_key = jax.random.split(key)
+    first_B = self._choose(t_vars, last_B1D, first_key, temperature if sampled else None)[:, 0]
+    # The prompt's (hidden at p, token at p + 1) pairs, with t1 after the last prompt token.
+    next_BT = jnp.concatenate([prompt_BT[:, 1:], jnp.zeros((b, 1), jnp.int32)], axis=1)
+    ids_BT = jnp.where(jnp.arange(t) == (lengths_B - 1)[:, None], first_B[:, None], next_BT)
+    zeros_B = jnp.zeros((b,), jnp.int32)
+    _, d_caches = self.drafter.catch_up(d_vars, Window(ids_BT, hidden_BTD, zeros_B, lengths_B),
+                                        self.drafter.init_caches(b, capacity))
+    w = self.k + 1
+    window = Window(jnp.zeros((b, w), jnp.int32).at[:, 0].set(first_B),
+                    jnp.zeros((b, w, self.cfg.hidden_size), hidden_BTD.dtype).at[:, 0].set(last_B1D[:, 0]),
+                    lengths_B - 1, zeros_B + 1)
+    tokens_BO = jnp.zeros((b, capacity), jnp.int32).at[:, 0].set(first_B)
+    stats = RoundStats(zeros_B, jnp.zeros((self.k,), jnp.int32))
+    return DecodeState(lengths_B, first_B, window, tokens_BO, zeros_B + 1, caches, d_caches, stats, key)
+
+  def _round_per_shard(self, target_params, drafter_params, state: DecodeState, max_new, temperature, *,
+                       sampled: bool) -> DecodeState:
+    """propose → verify → accept → commit for every row; rows with max_new tokens stay frozen."""
+    t_vars = {"params": target_params}
+    d_vars = self.drafter.variables(drafter_params, target_params)
+    key, verify_key = jax.random.split(state.key)
+    drafts_BM, d_caches = self.drafter.propose(d_vars, state.window, state.drafter_caches, self.k)
+    ids_BW = jnp.concatenate([state.next_token_B[:, None], drafts_BM.astype(jnp.int32)], axis=1)
+    positions_BW = state.length_B[:, None] + jnp.arange(self.k + 1, dtype=jnp.int32)
+    out = self.target.apply(t_vars, ids_BW, positions_BW, state.target_caches)
+    a_B, emitted_BW = self._verify(t_vars, out.hidden_BTD, drafts_BM, verify_key, temperature if sampled else None)
+
+    active_B = state.num_out_B < max_new
+    n_new_B = jnp.where(active_B, jnp.minimum(a_B + 1, max_new - state.num_out_B), 0)
+    tokens_BO = _append(state.tokens_BO, emitted_BW, state.num_out_B, n_new_B)
+    last_B = jnp.take_along_axis(emitted_BW, jnp.maximum(n_new_B - 1, 0)[:, None], axis=1)[:, 0]
+    window = _where_rows(active_B, Window(emitted_BW, out.hidden_BTD, state.length_B, n_new_B), state.window)
+    # Frozen rows keep their state; their caches change only at positions ≥ length (and the
+    # window's slots, recomputed from the same inputs), so what they committed stays intact.
+    accepted_BM = active_B[:, None] & (jnp.arange(self.k) < a_B[:, None])
+    stats = RoundStats(state.stats.rounds_B + active_B, state.stats.accepted_at_M + accepted_BM.sum(0))
+    return DecodeState(state.length_B + n_new_B, jnp.where(active_B, last_B, state.next_token_B), window,
+                       tokens_BO, state.num_out_B + n_new_B, out.caches, d_caches, stats, key)
+
+  def _verify(self, t_vars, hidden_BWD, drafts_BM, key, temperature):
+    """(accepted count a_B, emitted_BW): greedy when `temperature` is None, else rejection sampling."""
+    if temperature is None:
+      return accept_greedy(drafts_BM, self.target.apply(t_vars, hidden_BWD, method=TargetModel.get_top_tokens))
+    logits_BWV = self.target.apply(t_vars, hidden_BWD, method=TargetModel.compute_logits)
+    return accept_sampled(drafts_BM, logits_BWV, temperature, key)
+
+  def _choose(self, t_vars, hidden_BTD, key, temperature) -> jax.Array:
+    """The target's next token(s) int32 [B, T]: greedy when `temperature` is None, else sampled."""
+    if temperature is None:
+      return self.target.apply(t_vars, hidden_BTD, method=TargetModel.get_top_tokens)
+    return sample(self.target.apply(t_vars, hidden_BTD, method=TargetModel.compute_logits), temperature, key)
+
+
+def target_param_specs(cfg: MtpConfig) -> dict:
+  abstract = jax.eval_shape(lambda key: init_target_params(cfg, key), jax.random.key(0))
+  return param_specs(abstract)
+
+
+def target_prefill(target: TargetModel, t_vars: dict, prompt_BT, lengths_B, capacity: int):
+  """Runs the padded prompts at positions 0..T−1 into fresh caches.
+
+  Returns (hidden [B, T, D], hidden of each row's last prompt token [B, 1, D], caches).
+  """
+  b, t = prompt_BT.shape
+  positions_BT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+  out = target.apply(t_vars, prompt_BT, positions_BT, init_target_caches(target.cfg, b, capacity))
+  last_B1D = jnp.take_along_axis(out.hidden_BTD, (lengths_B - 1)[:, None, None], axis=1)
+  return out.hidden_BTD, last_B1D, out.caches
+
+
+def _append(tokens_BO, new_BW, num_out_B, n_new_B):
+  """tokens[b, num_out[b] + j] = new[b, j] for j < n_new[b]; other writes are dropped."""
+  b, w = new_BW.shape
+  j_W = jnp.arange(w)
+  cols_BW = jnp.where(j_W < n_new_B[:, None], num_out_B[:, None] + j_W, tokens_BO.shape[1])
+  return tokens_BO.at[jnp.arange(b)[:, None], cols_BW].set(new_BW, mode="drop")
+
+
+def _where_rows(rows_B, new, old):
+  """Per row, the leaves of `new` where rows_B else those of `old`."""
+  def pick(x, y):
+    return jnp.where(rows_B.reshape((-1,) + (1,) * (x.ndim - 1)), x, y)
+  return jax.tree.map(pick, new, old)

@@ -1,0 +1,309 @@
+"""Speculative decoding end to end: greedy output == plain greedy target decoding (k ∈ {1, 2, 3, 5},
+tp ∈ {1, 2, 4}, prompts of different lengths); perfect and always-wrong drafters; the caches after
+acceptance; rejection sampling keeps the target distribution; no recompilation per token."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+import jax_mtp
+from jax_mtp.acceptance import accept_greedy, accept_sampled
+from jax_mtp.drafter import MtpDrafter
+from jax_mtp.sharding import tensor_parallel
+from tests.tolerances import SAMPLING_MIN_PVALUE, assert_close
+
+SMALL_VOCAB = 8  # the random MTP layer's drafts are sometimes right: partial acceptance is exercised
+PROMPT_LENGTHS = (8, 3, 1)
+MAX_NEW, CAPACITY = 20, 40  # one capacity for every run: identical cache shapes, shared compilations
+BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"  # jax's event for each XLA compilation
+
+
+@functools.cache
+def _weights(vocab: int):
+  cfg = jax_mtp.tiny(vocab_size=vocab)
+  return cfg, jax_mtp.init_target_params(cfg, jax.random.key(0)), jax_mtp.init_params(cfg, jax.random.key(1))
+
+
+@functools.cache
+def _prompts(vocab: int) -> tuple[tuple[int, ...], ...]:
+  rng = np.random.default_rng(vocab)
+  return tuple(tuple(int(t) for t in rng.integers(0, vocab, n)) for n in PROMPT_LENGTHS)
+
+
+@functools.cache
+def _plain(vocab: int) -> list[list[int]]:
+  """Plain greedy decoding with the target alone, at tp = 1 (tp changes no token: test_model)."""
+  cfg, target_params, _ = _weights(vocab)
+  decoder = jax_mtp.TargetDecoder(cfg, jax_mtp.make_mesh(1))
+  return decoder.generate(decoder.shard(target_params), _prompts(vocab), MAX_NEW, capacity=CAPACITY)
+
+
+@functools.cache
+def _speculator(vocab: int, tp: int, k: int):
+  cfg, target_params, mtp_params = _weights(vocab)
+  spec = jax_mtp.Speculator(cfg, jax_mtp.make_mesh(tp), k)
+  return spec, spec.shard(target_params, mtp_params)
+
+
+def _sequences(vocab: int) -> jax.Array:
+  """int32 [B, CAPACITY]: token at each position of prompt + plain greedy continuation (then 0)."""
+  seq = np.zeros((len(PROMPT_LENGTHS), CAPACITY), np.int32)
+  for b, (prompt, tokens) in enumerate(zip(_prompts(vocab), _plain(vocab))):
+    seq[b, :len(prompt) + MAX_NEW] = list(prompt) + tokens
+  return jnp.asarray(seq)
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+@pytest.mark.parametrize("k", [1, 2, 3, 5])
+def test_greedy_speculative_output_equals_plain_greedy_decoding(k, tp):
+  """Token for token, on prompts of lengths 8, 3, 1 decoded together, with some drafts accepted."""
+  spec, params = _speculator(SMALL_VOCAB, tp, k)
+  result = spec.generate(params, _prompts(SMALL_VOCAB), MAX_NEW, capacity=CAPACITY)
+  assert result.tokens == _plain(SMALL_VOCAB)
+  m = result.metrics
+  assert 0 < m.draft_tokens_accepted < m.draft_tokens_proposed == k * m.rounds, m
+  assert m.tokens_generated == MAX_NEW * len(PROMPT_LENGTHS)
+
+
+class OracleDrafter:
+  """Test double: drafts the known continuation of each row (the target's own greedy tokens), plus
+  `offset` (0: always right, 1: always wrong). It has no params and no caches."""
+
+  def __init__(self, sequences_BS: jax.Array, vocab: int, offset: int):
+    self.sequences_BS, self.vocab, self.offset = sequences_BS, vocab, offset
+
+  def param_specs(self):
+    return {}
+
+  def shard(self, params, mesh):
+    return {}
+
+  def variables(self, own_params, target_params):
+    return None
+
+  def init_caches(self, batch, capacity):
+    return ()
+
+  def catch_up(self, variables, window, caches):
+    return None, caches
+
+  def propose(self, variables, window, caches, num_drafts):
+    drafts_BM = _true_drafts(self.sequences_BS, window.length_B, num_drafts)
+    return (drafts_BM + self.offset) % self.vocab, caches
+
+
+def _true_drafts(sequences_BS, length_B, num_drafts):
+  """The tokens at positions length + 1 .. length + k (after t1, which sits at `length`)."""
+  positions_BM = length_B[:, None] + 1 + jnp.arange(num_drafts)
+  return jnp.take_along_axis(sequences_BS, jnp.minimum(positions_BM, sequences_BS.shape[1] - 1), axis=1)
+
+
+@pytest.mark.parametrize("offset", [0, 1], ids=["perfect", "always-wrong"])
+def test_oracle_drafters(offset):
+  """The perfect drafter has every draft accepted (k + 1 tokens per round); the always-wrong one has
+  none accepted (1 token per round); both produce the target's output."""
+  k, vocab = 3, SMALL_VOCAB
+  cfg, target_params, _ = _weights(vocab)
+  spec = jax_mtp.Speculator(cfg, jax_mtp.make_mesh(1), k, drafter=OracleDrafter(_sequences(vocab), vocab, offset))
+  result = spec.generate(spec.shard(target_params, {}), _prompts(vocab), MAX_NEW, capacity=CAPACITY)
+  assert result.tokens == _plain(vocab)
+  m, rows = result.metrics, len(PROMPT_LENGTHS)
+  if offset == 0:
+    assert m.rounds == rows * -(-(MAX_NEW - 1) // (k + 1))
+    assert m.draft_tokens_accepted == m.draft_tokens_proposed
+    assert m.acceptance_length_mean == k + 1 and m.acceptance_rate_per_position == [1.0] * k
+  else:
+    assert m.rounds == rows * (MAX_NEW - 1)
+    assert m.draft_tokens_accepted == 0
+    assert m.acceptance_length_mean == 1 and m.acceptance_rate_per_position == [0.0] * k
+
+
+class PatternDrafter(MtpDrafter):
+  """The real MTP drafter (its catch-up and draft steps write the MTP cache as in production) whose
+  proposals are replaced by the known continuation, made wrong at positions ≡ 0 (mod 3): each row
+  accepts 0, 1 or 2 drafts depending on its own length, so rows advance unevenly."""
+
+  def __init__(self, cfg, tp, sequences_BS):
+    super().__init__(cfg, tp)
+    self.sequences_BS = sequences_BS
+
+  def propose(self, variables, window, caches, num_drafts):
+    _, caches = super().propose(variables, window, caches, num_drafts)
+    drafts_BM = _true_drafts(self.sequences_BS, window.length_B, num_drafts)
+    wrong_BM = (window.length_B[:, None] + 1 + jnp.arange(num_drafts)) % 3 == 0
+    return jnp.where(wrong_BM, (drafts_BM + 1) % self.cfg.vocab_size, drafts_BM), caches
+
+
+def test_caches_after_partial_acceptance_equal_a_fresh_forward():
+  """After uneven per-row acceptance, every committed slot of the target caches (positions < length)
+  and of the MTP cache (< the pending window) equals a single forward over the final sequence —
+  in particular the MTP cache holds the MTP layer's KV of the TARGET's hiddens, not the drafts'."""
+  k, vocab = 3, SMALL_VOCAB
+  cfg, target_params, mtp_params = _weights(vocab)
+  sequences_BS = _sequences(vocab)
+  spec = jax_mtp.Speculator(cfg, jax_mtp.make_mesh(1), k, drafter=PatternDrafter(cfg, tensor_parallel(1), sequences_BS))
+  result = spec.generate(spec.shard(target_params, mtp_params), _prompts(vocab), MAX_NEW, capacity=CAPACITY)
+  assert result.tokens == _plain(vocab)
+  assert 0 < result.metrics.draft_tokens_accepted < result.metrics.draft_tokens_proposed
+
+  target_ref, mtp_ref = _fresh_caches(cfg, target_params, mtp_params, sequences_BS)
+  state = result.state
+  for b in range(len(PROMPT_LENGTHS)):
+    length, start = int(state.length_B[b]), int(state.window.start_B[b])
+    assert length == len(_prompts(vocab)[b]) + MAX_NEW - 1  # the last token is emitted, not yet cached
+    for ours, ref in zip(jax.tree.leaves(state.target_caches), jax.tree.leaves(target_ref)):
+      assert_close(ours[b, :length], ref[b, :length], what=f"target cache, row {b}")
+    for ours, ref in zip(jax.tree.leaves(state.drafter_caches), jax.tree.leaves(mtp_ref)):
+      assert_close(ours[b, :start], ref[b, :start], what=f"MTP cache, row {b}")
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _fresh_caches(cfg, target_params, mtp_params, sequences_BS):
+  """Target caches of one forward over the sequences, and the MTP caches of one MTP step over
+  (target hidden at p, token at p + 1) for every p — with the target's embedding and head."""
+  b, s = sequences_BS.shape
+  positions_BS = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
+  target = jax_mtp.TargetModel(cfg).apply({"params": target_params}, sequences_BS, positions_BS,
+                                          jax_mtp.init_target_caches(cfg, b, s))
+  shared = {name: target_params[name] for name in ("embed_tokens", "lm_head")}
+  next_BS = jnp.concatenate([sequences_BS[:, 1:], jnp.zeros((b, 1), jnp.int32)], axis=1)
+  mtp = jax_mtp.MtpPredictor(cfg).apply({"params": {**mtp_params, **shared}}, next_BS, positions_BS,
+                                        target.hidden_BTD, jax_mtp.init_caches(cfg, b, s))
+  return target.caches, mtp.caches
+
+
+class _FullLogitsDrafter(jax_mtp.MtpPredictor):
+  supports_local_argmax = False  # greedy drafts through compute_logits + argmax
+
+
+def test_more_draft_steps_than_mtp_layers_through_the_full_logits_path():
+  """Two MTP layers, k = 3 (steps use layers 0, 1, 0), drafts through compute_logits: the output is
+  still the target's, and the second layer's cache was written."""
+  cfg, target_params, mtp_params = _weights(SMALL_VOCAB)
+  cfg = cfg.replace(num_nextn_predict_layers=2)  # the target does not depend on it: same target params
+  # A second, different MTP layer: the first one's weights halved (init would cost a compilation).
+  mtp_params = {**mtp_params, "layers_1": jax.tree.map(lambda x: 0.5 * x, mtp_params["layers_0"])}
+  spec = jax_mtp.Speculator(cfg, jax_mtp.make_mesh(1), 3, drafter_cls=_FullLogitsDrafter)
+  assert spec.drafter.path == "logits"
+  result = spec.generate(spec.shard(target_params, mtp_params), _prompts(SMALL_VOCAB), MAX_NEW, capacity=CAPACITY)
+  assert result.tokens == _plain(SMALL_VOCAB)
+  assert np.any(np.asarray(result.state.drafter_caches[1].latent_BSC) != 0)
+
+
+def test_sampling_is_seeded_and_a_tiny_temperature_is_greedy():
+  spec, params = _speculator(SMALL_VOCAB, 1, 3)
+  prompts = _prompts(SMALL_VOCAB)
+  cold = spec.generate(params, prompts, MAX_NEW, temperature=1e-4, capacity=CAPACITY)
+  assert cold.tokens == _plain(SMALL_VOCAB)  # p is one-hot at the argmax: sampling = greedy
+  runs = [spec.generate(params, prompts, MAX_NEW, temperature=1.0, seed=s, capacity=CAPACITY).tokens
+          for s in (0, 0, 1)]
+  assert runs[0] == runs[1] != runs[2]
+  assert all(0 <= t < SMALL_VOCAB for row in runs[2] for t in row)
+
+
+def test_no_recompilation_per_token():
+  """After one short call, a call with more tokens (so more rounds) and other prompts of the same
+  shapes compiles nothing at all: every round reuses the one compiled round."""
+  spec, params = _speculator(SMALL_VOCAB, 1, 2)
+  short = spec.generate(params, _prompts(SMALL_VOCAB), 4, capacity=CAPACITY)
+  compiled = []
+
+  def listener(event, duration, **kwargs):
+    if event == BACKEND_COMPILE:
+      compiled.append(kwargs.get("fun_name"))
+
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    other_prompts = [[(t + 1) % SMALL_VOCAB for t in prompt] for prompt in _prompts(SMALL_VOCAB)]
+    long = spec.generate(params, other_prompts, 30, capacity=CAPACITY)
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+  assert compiled == [], compiled
+  assert long.metrics.rounds > 3 * short.metrics.rounds
+
+
+def test_compilations_are_counted():
+  """The counter above sees compilations: a fresh speculator compiles its prefill and round once each."""
+  cfg, target_params, _ = _weights(SMALL_VOCAB)
+  spec = jax_mtp.Speculator(cfg, jax_mtp.make_mesh(1), 1, drafter=OracleDrafter(_sequences(SMALL_VOCAB),
+                                                                              SMALL_VOCAB, offset=1))
+  compiled = []
+
+  def listener(event, duration, **kwargs):
+    if event == BACKEND_COMPILE:
+      compiled.append(kwargs.get("fun_name"))
+
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    result = spec.generate(spec.shard(target_params, {}), _prompts(SMALL_VOCAB), MAX_NEW, capacity=CAPACITY)
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+  assert result.metrics.rounds == len(PROMPT_LENGTHS) * (MAX_NEW - 1)  # always wrong: 1 token per round
+  assert compiled.count("jit(_round_per_shard)") == 1 and compiled.count("jit(_prefill_per_shard)") == 1, compiled
+
+
+def test_greedy_acceptance_is_the_longest_matching_prefix_plus_bonus():
+  drafts_BM = jnp.array([[1, 2, 3], [1, 9, 3], [9, 2, 3], [1, 2, 3]])
+  target_BW = jnp.array([[1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 7, 4]])
+  a_B, emitted_BW = accept_greedy(drafts_BM, target_BW)
+  np.testing.assert_array_equal(a_B, [3, 1, 0, 2])
+  np.testing.assert_array_equal(emitted_BW, target_BW)
+
+
+def _assert_follows(samples, probs, what: str) -> None:
+  counts = np.bincount(np.asarray(samples), minlength=len(probs))
+  probs = np.asarray(probs, np.float64) / np.sum(probs)  # fp32 softmax sums to 1 only within 1e-7
+  pvalue = stats.chisquare(counts, probs * counts.sum()).pvalue
+  assert pvalue >= SAMPLING_MIN_PVALUE, f"{what}: counts {counts} vs p {np.round(probs, 3)}, p-value {pvalue:.2g}"
+
+
+def test_rejection_sampling_preserves_the_target_distribution():
+  """Greedy (one-hot) drafts verified by rejection sampling: the first emitted token follows p_0,
+  the second (given d1 accepted) p_1, the bonus (given both accepted) p_2 — on a 6-token vocab,
+  60k rows, a fixed seed. Skipping the draft's removal from the residual would be detected."""
+  n, temperature = 60_000, 0.7
+  logits_WV = jnp.asarray(np.random.default_rng(0).normal(0.0, 0.8, (3, 6)), jnp.float32)
+  probs_WV = np.asarray(jax.nn.softmax(logits_WV / temperature, axis=-1), np.float64)
+  drafts_M = jnp.array([np.argsort(probs_WV[0])[-2], np.argmax(probs_WV[1])])  # a likely and the top token
+  a_B, emitted_BW = jax.jit(accept_sampled)(jnp.broadcast_to(drafts_M, (n, 2)),
+                                            jnp.broadcast_to(logits_WV, (n, 3, 6)), temperature, jax.random.key(0))
+  a_B, emitted_BW = np.asarray(a_B), np.asarray(emitted_BW)
+  _assert_follows(emitted_BW[:, 0], probs_WV[0], "first token")
+  _assert_follows(emitted_BW[a_B >= 1, 1], probs_WV[1], "second token | d1 accepted")
+  _assert_follows(emitted_BW[a_B >= 2, 2], probs_WV[2], "bonus token | d1, d2 accepted")
+  _assert_follows((a_B >= 1).astype(int), [1 - probs_WV[0, drafts_M[0]], probs_WV[0, drafts_M[0]]], "d1 accepted")
+
+  d, p = int(drafts_M[0]), probs_WV[0]
+  no_removal = p[d] * np.eye(6)[d] + (1 - p[d]) * p  # resampling from p instead of p without d
+  biased = np.random.default_rng(1).choice(6, n, p=no_removal)
+  with pytest.raises(AssertionError, match="p-value"):
+    _assert_follows(biased, p, "biased")
+
+
+@pytest.mark.parametrize("prompts, max_new, match", [
+    ([], 4, "no prompts"),
+    ([[1, 2], []], 4, "prompt 1 is empty"),
+    ([[1, 256]], 4, r"prompt 0 holds token id 256, outside \[0, 256\) \(vocab_size=256\)"),
+    ([[-1]], 4, "prompt 0 holds token id -1"),
+    ([[1]], 0, "max_new_tokens=0 must be an integer ≥ 1"),
+    ([[1] * 8], 630, "max_new_tokens=630 needs a cache of 641 positions .* max_position_embeddings=640"),
+])
+def test_bad_request_is_an_error(prompts, max_new, match):
+  spec = jax_mtp.Speculator(jax_mtp.tiny(), jax_mtp.make_mesh(1), 3)
+  with pytest.raises(ValueError, match=match):
+    spec.generate(None, prompts, max_new)
+
+
+def test_bad_settings_are_errors():
+  cfg, mesh = jax_mtp.tiny(), jax_mtp.make_mesh(1)
+  with pytest.raises(ValueError, match="num_speculative_tokens=0 must be an integer ≥ 1"):
+    jax_mtp.Speculator(cfg, mesh, 0)
+  spec = jax_mtp.Speculator(cfg, mesh, 3)
+  with pytest.raises(ValueError, match="temperature=-1.0 must be a finite number ≥ 0"):
+    spec.generate(None, [[1]], 4, temperature=-1.0)
+  with pytest.raises(ValueError, match=r"capacity=8 must be in \[12, 640\]"):
+    spec.generate(None, [[1]], 8, capacity=8)
