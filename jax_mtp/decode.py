@@ -1,89 +1,203 @@
-"""`python -m jax_mtp.decode`: run MTP draft steps on the embedded tiny model and print the drafts.
+"""`python -m jax_mtp.decode`: speculative decoding with MTP drafts, end to end.
 
-This is the foundation-stage entry point: it builds the tiny DeepSeek-V3.2-shaped MTP predictor
-from a seed, feeds it a prompt's (stand-in) target hidden states, and runs k greedy draft steps
-with post-norm hidden recycling. End-to-end speculative decoding with a target model replaces the
-stand-in hidden states in the decode issue (#5).
+With no arguments it runs the embedded tiny DeepSeek-V3.2-shaped model — target and MTP layer with
+random weights from a fixed seed — on the available devices (CPU in seconds), and prints the
+generated tokens and the speculative-decoding metrics. Random weights draft badly, so acceptance is
+low; `--check` also decodes with the target alone and reports whether the outputs match token for
+token (they must: speculative decoding never changes greedy output). Exit 0 on success, 2 on bad
+input with one `error: ...` line on stderr and nothing on stdout.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 
 import jax_mtp
+from jax_mtp.generate import TargetDecoder
+from jax_mtp.kernels.fused_allreduce_rmsnorm import IMPLS
+from jax_mtp.model import init_target_params
+from jax_mtp.request import required_capacity, validate_prompts
+from jax_mtp.sharding import make_mesh, validate_tp
+from jax_mtp.speculative import SpecResult, Speculator
+
+DEFAULT_PROMPT = "1,2,3,4,5,6,7,8"
+WEIGHT_SEED = 0  # the embedded model's weights; --seed only drives sampling
+NOT_YET = "is not supported yet (issue #6, checkpoint loading); without it the embedded tiny model runs"
 
 
-def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(prog="python -m jax_mtp.decode", description=__doc__.splitlines()[0])
-  parser.add_argument("--prompt-ids", default="1,2,3,4,5,6,7,8", help="comma-separated token ids")
-  parser.add_argument("--num-speculative-tokens", type=int, default=3, help="draft steps k (≥ 1)")
-  parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-  return parser.parse_args(argv)
+class _BadInput(ValueError):
+  """Bad command-line input: exit 2 with this one-line message."""
 
 
-def _prompt(text: str, vocab_size: int) -> np.ndarray:
+class _Parser(argparse.ArgumentParser):
+  def error(self, message):  # one line instead of argparse's usage block
+    raise _BadInput(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+  p = _Parser(prog="python -m jax_mtp.decode", description=__doc__.splitlines()[0])
+  p.add_argument("--checkpoint", metavar="DIR", help="HF checkpoint directory (issue #6; not supported yet)")
+  p.add_argument("--prompt", metavar="TEXT", help="text prompt, needs a checkpoint tokenizer (issue #6)")
+  p.add_argument("--prompt-ids", action="append", metavar="IDS",
+                 help=f"comma-separated token ids; repeat for a batch (default {DEFAULT_PROMPT})")
+  p.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate per prompt (default 32)")
+  p.add_argument("--num-speculative-tokens", type=int, default=3, help="draft tokens k per round, ≥ 1 (default 3)")
+  p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 = rejection sampling")
+  p.add_argument("--seed", type=int, default=0, help="sampling seed (the weights' seed is fixed)")
+  p.add_argument("--tp", type=int, default=1, help="tensor-parallel devices (default 1)")
+  p.add_argument("--impl", choices=IMPLS, default=IMPLS[0], help="fused all-reduce + RMSNorm implementation")
+  p.add_argument("--check", action="store_true", help="also decode with the target alone and compare")
+  p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+  return p
+
+
+def _parse_ids(text: str) -> list[int]:
   try:
-    ids = np.array([int(tok) for tok in text.split(",") if tok.strip()], np.int32)
+    return [int(tok) for tok in text.split(",") if tok.strip()]
   except ValueError:
-    raise ValueError(f"--prompt-ids {text!r} is not a comma-separated list of integers") from None
-  if ids.size < 2:
-    raise ValueError(f"--prompt-ids {text!r} needs at least 2 tokens (one hidden state and the next token)")
-  bad = ids[(ids < 0) | (ids >= vocab_size)]
-  if bad.size:
-    raise ValueError(f"--prompt-ids holds {int(bad[0])}, outside [0, {vocab_size}) (vocab_size)")
-  return ids
+    raise _BadInput(f"--prompt-ids {text!r} is not a comma-separated list of integers") from None
 
 
-def draft(cfg: jax_mtp.MtpConfig, params, prompt_T: np.ndarray, k: int, seed: int) -> list[int]:
-  """Greedy drafts d1..dk after `prompt`, from stand-in target hidden states.
+def _validate(args: argparse.Namespace, cfg: jax_mtp.MtpConfig) -> list[list[int]]:
+  """Every check that needs no compute; returns the prompts."""
+  for flag in ("checkpoint", "prompt"):
+    if getattr(args, flag) is not None:
+      raise _BadInput(f"--{flag} {NOT_YET}")
+  for flag in ("max_new_tokens", "num_speculative_tokens", "tp"):
+    if getattr(args, flag) < 1:
+      raise _BadInput(f"--{flag.replace('_', '-')}={getattr(args, flag)} must be ≥ 1")
+  if not args.temperature >= 0 or args.temperature == float("inf"):
+    raise _BadInput(f"--temperature={args.temperature} must be a finite number ≥ 0")
+  if args.check and args.temperature > 0:
+    raise _BadInput(f"--check compares greedy outputs token for token; it needs --temperature 0, "
+                    f"got {args.temperature}")
+  prompts = [_parse_ids(text) for text in (args.prompt_ids or [DEFAULT_PROMPT])]
+  validate_prompts(cfg, prompts)
+  required_capacity(cfg, prompts, args.max_new_tokens, args.num_speculative_tokens)
+  validate_tp(cfg, args.tp)
+  _ensure_devices(args.tp)
+  _check_impl(args.impl)
+  return prompts
 
-  The prompt's last token plays the target's sampled token t1; a random hidden stands in for the
-  target's post-norm hidden of each earlier token.
-  """
-  model = jax_mtp.MtpPredictor(cfg)
-  n = len(prompt_T) - 1  # hidden states h(0..n-1), paired with the tokens after them
-  hidden_BND = jax.random.normal(jax.random.key(seed + 1), (1, n, cfg.hidden_size), jnp.float32)
-  caches = jax_mtp.init_caches(cfg, 1, n + k)
-  step = jax.jit(lambda p, *a: model.apply({"params": p}, *a))
-  top = jax.jit(lambda p, h: model.apply({"params": p}, h, method=model.get_top_tokens))
-  out = step(params, jnp.asarray(prompt_T[None, 1:]), jnp.arange(n, dtype=jnp.int32)[None], hidden_BND, caches)
-  token, hidden, caches = top(params, out.hidden_BTD[:, -1:]), out.next_prev_hidden_BTD[:, -1:], out.caches
-  drafts = [int(token[0, 0])]
-  for i in range(1, k):
-    position = jnp.full((1, 1), n - 1 + i, jnp.int32)
-    out = model.apply({"params": params}, token, position, hidden, caches, spec_step_idx=i)
-    token, hidden, caches = top(params, out.hidden_BTD), out.next_prev_hidden_BTD, out.caches
-    drafts.append(int(token[0, 0]))
-  return drafts
+
+def _ensure_devices(tp: int) -> None:
+  """On CPU, ask for `tp` host devices if JAX has not started yet; then check there are enough."""
+  if tp > 1:
+    try:
+      jax.config.update("jax_num_cpu_devices", tp)
+    except RuntimeError:  # JAX already running: keep the devices it has
+      pass
+  if tp > len(jax.devices()):
+    raise _BadInput(f"--tp={tp} needs {tp} devices, {len(jax.devices())} available")
+
+
+def _check_impl(impl: str) -> None:
+  """A Pallas kernel runs on its own platform only; say so instead of failing inside the compiler."""
+  platform = jax.devices()[0].platform
+  needed = {"pallas_tpu": "tpu", "pallas_gpu": "gpu"}.get(impl)
+  if needed is not None and platform != needed:
+    raise _BadInput(f"--impl={impl} needs {needed.upper()} devices, found {platform}")
+
+
+class Progress:
+  """A one-line progress bar on `stream`, shown only on a terminal (or with `force`), at most 10 Hz."""
+
+  def __init__(self, stream=sys.stderr, force: bool = False):
+    self.stream, self.enabled = stream, force or stream.isatty()
+    self.shown, self.last = False, 0.0
+
+  def __call__(self, done: int, total: int) -> None:
+    now = time.monotonic()
+    if not self.enabled or (now - self.last < 0.1 and done < total):
+      return
+    self.last, self.shown = now, True
+    filled = 30 * done // max(total, 1)
+    self.stream.write(f"\rdecoding [{'#' * filled}{'.' * (30 - filled)}] {done}/{total} tokens")
+    self.stream.flush()
+
+  def close(self) -> None:
+    if self.shown:
+      self.stream.write("\n")
+      self.stream.flush()
+
+
+# The embedded model, its speculators and plain decoders are built once per process (and per
+# setting), so repeated `main` calls — tests, a notebook — reuse the compiled functions.
+
+
+@functools.cache
+def _embedded_weights(cfg: jax_mtp.MtpConfig) -> tuple[dict, dict]:
+  return (init_target_params(cfg, jax.random.key(WEIGHT_SEED)),
+          jax_mtp.init_params(cfg, jax.random.key(WEIGHT_SEED + 1)))
+
+
+@functools.cache
+def _speculator(cfg: jax_mtp.MtpConfig, tp: int, k: int, impl: str):
+  spec = Speculator(cfg, make_mesh(tp), k, norm_impl=impl)
+  return spec, spec.shard(*_embedded_weights(cfg))
+
+
+@functools.cache
+def _plain_decoder(cfg: jax_mtp.MtpConfig, tp: int, impl: str):
+  decoder = TargetDecoder(cfg, make_mesh(tp), norm_impl=impl)
+  return decoder, decoder.shard(_embedded_weights(cfg)[0])
+
+
+def run(args: argparse.Namespace, cfg: jax_mtp.MtpConfig, prompts: list[list[int]]) -> tuple[SpecResult, bool | None]:
+  """Decodes the prompts; with --check also with the target alone. Returns (result, outputs match)."""
+  spec, params = _speculator(cfg, args.tp, args.num_speculative_tokens, args.impl)
+  progress = Progress()
+  try:
+    result = spec.generate(params, prompts, args.max_new_tokens, temperature=args.temperature, seed=args.seed,
+                           on_progress=progress)
+  finally:
+    progress.close()
+  if not args.check:
+    return result, None
+  plain, target_params = _plain_decoder(cfg, args.tp, args.impl)
+  capacity = required_capacity(cfg, prompts, args.max_new_tokens, args.num_speculative_tokens)  # same shapes
+  return result, plain.generate(target_params, prompts, args.max_new_tokens, capacity=capacity) == result.tokens
+
+
+def _print_text(args: argparse.Namespace, prompts: list[list[int]], result: SpecResult, matches: bool | None):
+  m = result.metrics
+  mode = "greedy" if args.temperature == 0 else f"temperature {args.temperature}, seed {args.seed}"
+  print(f"tiny DeepSeek-V3.2 target + MTP layer (random weights) on {jax.devices()[0].platform}, "
+        f"tp={args.tp}, k={args.num_speculative_tokens}, {mode}")
+  for i, (prompt, tokens) in enumerate(zip(prompts, result.tokens)):
+    print(f"prompt {i} {prompt} → {tokens}")
+  if m.rounds:
+    print(f"acceptance length {m.acceptance_length_mean:.2f} · per position "
+          f"{[round(r, 2) for r in m.acceptance_rate_per_position]} · drafts accepted "
+          f"{m.draft_tokens_accepted}/{m.draft_tokens_proposed}")
+    print(f"{m.tokens_per_second:.1f} tokens/s, {m.tokens_per_second_per_acceptance_length:.1f} tokens/s per "
+          f"acceptance length")
+  if matches is not None:
+    print(f"check: the output {'matches' if matches else 'DIFFERS FROM'} plain greedy decoding with the target")
 
 
 def main(argv: list[str] | None = None) -> int:
-  args = _parse_args(argv)
   cfg = jax_mtp.tiny()
   try:
-    prompt = _prompt(args.prompt_ids, cfg.vocab_size)
-    if args.num_speculative_tokens < 1:
-      raise ValueError(f"--num-speculative-tokens={args.num_speculative_tokens} must be ≥ 1")
+    args = _parser().parse_args(argv)
+    prompts = _validate(args, cfg)
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
-  start = time.perf_counter()
-  params = jax_mtp.init_params(cfg, jax.random.key(args.seed))
-  drafts = draft(cfg, params, prompt, args.num_speculative_tokens, args.seed)
-  seconds = time.perf_counter() - start
+  result, matches = run(args, cfg, prompts)
   if args.json:
-    print(json.dumps({"prompt_ids": prompt.tolist(), "draft_tokens": drafts, "seconds": seconds}))
+    out = {"tokens": result.tokens, **result.metrics.as_dict()}
+    if matches is not None:
+      out["matches_target"] = matches
+    print(json.dumps(out))
   else:
-    print(f"tiny DeepSeek-V3.2 MTP layer on {jax.devices()[0].platform}: prompt {prompt.tolist()}")
-    print(f"draft tokens ({args.num_speculative_tokens} greedy steps): {drafts}   [{seconds:.1f} s]")
+    _print_text(args, prompts, result, matches)
   return 0
 
 

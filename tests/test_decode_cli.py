@@ -1,5 +1,7 @@
-"""`python -m jax_mtp.decode`: exit codes, text and JSON output, determinism and input errors."""
+"""`python -m jax_mtp.decode`: exit codes, text and JSON output, --check, batches, seeds, progress, and
+input errors (exit 2, one `error:` line naming the value, nothing on stdout)."""
 
+import io
 import json
 import os
 import re
@@ -12,11 +14,8 @@ import jax_mtp
 from jax_mtp import decode
 
 VOCAB = jax_mtp.tiny().vocab_size
-
-
-def _assert_drafts(drafts, k: int) -> None:
-  assert isinstance(drafts, list) and len(drafts) == k, drafts
-  assert all(type(t) is int and 0 <= t < VOCAB for t in drafts), drafts
+METRIC_KEYS = {"acceptance_length_mean", "acceptance_rate_per_position", "draft_tokens_proposed",
+               "draft_tokens_accepted", "tokens_per_second"}
 
 
 def _json_run(capsys, argv: list[str]) -> dict:
@@ -24,41 +23,75 @@ def _json_run(capsys, argv: list[str]) -> dict:
   out, err = capsys.readouterr()
   lines = out.splitlines()
   assert len(lines) == 1, out  # one JSON object, nothing else on stdout
-  assert err == ""
+  assert err == ""  # no progress bar when stderr is not a terminal
   return json.loads(lines[0])
 
 
-def test_text_output_prints_the_drafts(capsys):
-  """Default run returns 0 and prints the prompt and k=3 draft ids in [0, vocab)."""
+def _assert_tokens(tokens, rows: int, n: int) -> None:
+  assert isinstance(tokens, list) and len(tokens) == rows, tokens
+  for row in tokens:
+    assert len(row) == n and all(type(t) is int and 0 <= t < VOCAB for t in row), row
+
+
+def test_default_run_prints_tokens_and_metrics(capsys):
+  """No arguments: the embedded tiny model decodes the default prompt (32 tokens, k = 3, greedy)."""
   assert decode.main([]) == 0
   out, err = capsys.readouterr()
   assert err == ""
-  assert "prompt [1, 2, 3, 4, 5, 6, 7, 8]" in out
-  match = re.search(r"draft tokens \(3 greedy steps\): \[([0-9, ]*)\]", out)
+  match = re.search(r"prompt 0 \[1, 2, 3, 4, 5, 6, 7, 8\] → \[([0-9, ]*)\]", out)
   assert match, out
-  _assert_drafts([int(t) for t in match.group(1).split(",")], 3)
+  _assert_tokens([[int(t) for t in match.group(1).split(",")]], 1, 32)
+  assert re.search(r"acceptance length \d\.\d\d · per position \[.*\] · drafts accepted \d+/\d+", out), out
+  assert re.search(r"tokens/s, [0-9.]+ tokens/s per acceptance length", out), out
 
 
-def test_json_output_and_same_seed_same_drafts(capsys):
-  """`--json` prints exactly {prompt_ids, draft_tokens, seconds} with k ints in [0, vocab); a second
-  run with the same seed drafts the same tokens."""
-  argv = ["--prompt-ids", "5, 6,7,8,9", "--num-speculative-tokens", "4", "--seed", "3"]
+def test_json_batch_with_check(capsys):
+  """A batch of two prompts of different lengths; `--check` adds `matches_target`, which is true."""
+  result = _json_run(capsys, ["--prompt-ids", "1,2,3", "--prompt-ids", " 200", "--max-new-tokens", "6", "--check"])
+  assert set(result) == METRIC_KEYS | {"tokens", "matches_target"}
+  _assert_tokens(result["tokens"], 2, 6)
+  assert result["matches_target"] is True
+  assert len(result["acceptance_rate_per_position"]) == 3
+  assert result["draft_tokens_proposed"] % 3 == 0 and 0 <= result["draft_tokens_accepted"]
+  assert result["acceptance_length_mean"] >= 1 and result["tokens_per_second"] > 0
+
+
+def test_check_at_tp2(capsys):
+  result = _json_run(capsys, ["--tp", "2", "--num-speculative-tokens", "2", "--max-new-tokens", "5", "--check"])
+  assert result["matches_target"] is True
+  _assert_tokens(result["tokens"], 1, 5)
+
+
+def test_sampling_is_seeded(capsys):
+  """`--temperature` samples; the same `--seed` gives the same tokens. Without --check there is no
+  `matches_target`."""
+  argv = ["--temperature", "0.8", "--seed", "3", "--max-new-tokens", "8"]
   first = _json_run(capsys, argv)
-  assert set(first) == {"prompt_ids", "draft_tokens", "seconds"}
-  assert first["prompt_ids"] == [5, 6, 7, 8, 9]
-  _assert_drafts(first["draft_tokens"], 4)
-  assert isinstance(first["seconds"], float) and first["seconds"] >= 0
-  assert _json_run(capsys, argv)["draft_tokens"] == first["draft_tokens"]
+  assert set(first) == METRIC_KEYS | {"tokens"}
+  _assert_tokens(first["tokens"], 1, 8)
+  assert _json_run(capsys, argv)["tokens"] == first["tokens"]
 
 
 @pytest.mark.parametrize("argv, named", [
-    (["--prompt-ids", "1,999"], "999"),  # outside the tiny vocab (256)
-    (["--prompt-ids", "1"], "'1'"),  # one token: no (hidden, next token) pair
+    (["--prompt-ids", ""], "prompt 0 is empty"),
+    (["--prompt-ids", "1,2", "--prompt-ids", "1,999"], "prompt 1 holds token id 999, outside [0, 256)"),
     (["--prompt-ids", "a,b"], "'a,b'"),
-    (["--num-speculative-tokens", "0"], "=0"),
+    (["--num-speculative-tokens", "0"], "--num-speculative-tokens=0"),
+    (["--max-new-tokens", "0"], "--max-new-tokens=0"),
+    (["--max-new-tokens", "1000"], "max_new_tokens=1000 needs a cache of 1011 positions"),
+    (["--max-new-tokens", "x"], "'x'"),
+    (["--temperature", "-1"], "--temperature=-1.0"),
+    (["--check", "--temperature", "0.5"], "needs --temperature 0, got 0.5"),
+    (["--tp", "3"], "tp=3 does not divide num_attention_heads=8"),
+    (["--tp", "0"], "--tp=0 must be ≥ 1"),
+    (["--impl", "nope"], "'nope'"),
+    (["--impl", "pallas_tpu"], "--impl=pallas_tpu needs TPU devices, found cpu"),
+    (["--checkpoint", "/no/such/dir"], "--checkpoint is not supported yet (issue #6"),
+    (["--prompt", "hello"], "--prompt is not supported yet (issue #6"),
+    (["--no-such-flag"], "--no-such-flag"),
 ])
 def test_bad_input_returns_2_with_one_error_line(capsys, argv, named):
-  """Bad input returns 2, prints nothing on stdout and one `error: ...` line naming the value on stderr."""
+  """Bad input returns 2, prints nothing on stdout and one `error: ...` line naming the value."""
   assert decode.main(argv) == 2
   out, err = capsys.readouterr()
   assert out == ""
@@ -66,14 +99,28 @@ def test_bad_input_returns_2_with_one_error_line(capsys, argv, named):
   assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], err
 
 
+def test_progress_line():
+  """The progress bar writes one carriage-returned line and a final newline; off when not a terminal."""
+  stream = io.StringIO()
+  progress = decode.Progress(stream, force=True)
+  progress(0, 10)
+  progress(10, 10)
+  progress.close()
+  assert stream.getvalue().endswith("\rdecoding [" + "#" * 30 + "] 10/10 tokens\n"), stream.getvalue()
+  quiet = io.StringIO()
+  decode.Progress(quiet)(5, 10)
+  assert quiet.getvalue() == ""
+
+
 @pytest.mark.slow
 def test_module_entry_point_json(tmp_path):
-  """`python -m jax_mtp.decode --json`, run from outside the repo, exits 0 with one parseable JSON
-  object holding the default prompt and 3 drafts."""
+  """`python -m jax_mtp.decode --json`, run from outside the repo, exits 0 with one JSON object
+  holding exactly the issue's keys."""
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-  proc = subprocess.run([sys.executable, "-m", "jax_mtp.decode", "--json"], cwd=tmp_path, env=env,
-                        capture_output=True, text=True, timeout=120)
+  argv = ["--json", "--max-new-tokens", "4", "--num-speculative-tokens", "1"]
+  proc = subprocess.run([sys.executable, "-m", "jax_mtp.decode", *argv], cwd=tmp_path, env=env, capture_output=True,
+                        text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr
   result = json.loads(proc.stdout)
-  assert result["prompt_ids"] == [1, 2, 3, 4, 5, 6, 7, 8]
-  _assert_drafts(result["draft_tokens"], 3)
+  assert set(result) == METRIC_KEYS | {"tokens"}
+  _assert_tokens(result["tokens"], 1, 4)
