@@ -10,7 +10,11 @@ Dimension letters used in tensor names (`x_BTD`) and einsum strings:
   M draft tokens per round (k)   W verify window (k + 1)   O output-token slots
 """
 
-from jax_mtp.cache import LayerCache, init_layer_cache
+from jax_mtp._source_kernels import map_source_kernels
+
+map_source_kernels()  # before any module imports jax_mtp.kernels
+
+from jax_mtp.cache import LayerCache, init_layer_cache  # noqa: E402
 from jax_mtp.config import ConfigError, MtpConfig, RopeConfig, deepseek_v32, from_hf_config, glm5, tiny
 from jax_mtp.generate import TargetDecoder
 from jax_mtp.metrics import SpecMetrics
