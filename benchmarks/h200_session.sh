@@ -9,9 +9,9 @@ OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader;
   python3 -c "import jax, flax; print('jax', jax.__version__, 'flax', flax.__version__, jax.devices())"; } \
   2>&1 | tee "$OUT/machine.txt"
-timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_fused_allreduce_rmsnorm_gpu.py 2>&1 \
+timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_fused_allreduce_rmsnorm_gpu.py 2>&1 \
   | tail -4 | tee "$OUT/gpu_tests.txt"
-timeout 240 python3 -m benchmarks.fused_allreduce_rmsnorm 2>&1 | tee "$OUT/fused_allreduce_rmsnorm.md"
-timeout 400 python3 -m benchmarks.mtp_step --preset deepseek_v32 --batch 1 8 64 --capacity 4096 \
+timeout 120 python3 -m benchmarks.fused_allreduce_rmsnorm 2>&1 | tee "$OUT/fused_allreduce_rmsnorm.md"
+timeout 240 python3 -m benchmarks.mtp_step --preset deepseek_v32 --batch 1 8 64 --capacity 4096 \
   --impls xla pallas_gpu --iters 30 2>&1 | tee "$OUT/mtp_step.md"
-timeout 120 python3 -m jax_mtp.decode --json 2>&1 | tail -3 | tee "$OUT/decode.txt"
+timeout 60 python3 -m jax_mtp.decode --json 2>&1 | tail -3 | tee "$OUT/decode.txt"
