@@ -26,8 +26,8 @@
 # ```
 #
 # This notebook uses only the public API (`import jax_mtp`) on the tiny DeepSeek-V3.2-shaped config,
-# on CPU in a few seconds. There is no target model yet, so random vectors stand in for its hidden
-# states.
+# on CPU in a few seconds. To look at the layer alone, random vectors stand in for the target
+# model's hidden states (`jax_mtp.Speculator` runs it with the real target; see the README).
 
 # %%
 import jax
