@@ -20,11 +20,12 @@ from jax_mtp.generate import TargetDecoder
 from jax_mtp.metrics import SpecMetrics
 from jax_mtp.model import TargetModel, TargetOutput, init_target_caches, init_target_params
 from jax_mtp.mtp import MtpLayer, MtpOutput, MtpPredictor, init_caches, init_params, validate_inputs
+from jax_mtp.parallel import ShardedMtp
 from jax_mtp.sharding import make_mesh
 from jax_mtp.speculative import SpecParams, SpecResult, Speculator
 
 __all__ = [
-    "ConfigError", "LayerCache", "MtpConfig", "MtpLayer", "MtpOutput", "MtpPredictor", "RopeConfig",
+    "ConfigError", "LayerCache", "MtpConfig", "MtpLayer", "MtpOutput", "MtpPredictor", "RopeConfig", "ShardedMtp",
     "SpecMetrics", "SpecParams", "SpecResult", "Speculator", "TargetDecoder", "TargetModel", "TargetOutput",
     "deepseek_v32", "from_hf_config", "glm5", "init_caches", "init_layer_cache", "init_params",
     "init_target_caches", "init_target_params", "make_mesh", "tiny", "validate_inputs",
