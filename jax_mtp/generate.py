@@ -17,7 +17,7 @@ from jax.sharding import Mesh
 
 from jax_mtp.config import MtpConfig
 from jax_mtp.model import TargetModel
-from jax_mtp.parallel import jit_per_shard
+from jax_mtp.parallel import check_impl_runtime, jit_per_shard
 from jax_mtp.request import pack_prompts, required_capacity, validate_positive, validate_prompts
 from jax_mtp.sharding import TP_AXIS, replicated, shard_params, tensor_parallel, validate_tp
 from jax_mtp.speculative import target_param_specs, target_prefill
@@ -29,6 +29,7 @@ class TargetDecoder:
   def __init__(self, cfg: MtpConfig, mesh: Mesh, *, norm_impl: str = "xla"):
     tp = mesh.shape[TP_AXIS]
     validate_tp(cfg, tp)
+    check_impl_runtime(norm_impl, mesh)
     self.cfg, self.mesh = cfg, mesh
     self.target = TargetModel(cfg, tensor_parallel(tp), norm_impl)
     rep, specs = replicated(), target_param_specs(cfg)

@@ -17,6 +17,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jax_mtp.cache import LayerCache
 from jax_mtp.config import MtpConfig
+from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu import check_gpu_runtime
 from jax_mtp.draft_path import FULL_LOGITS, LOCAL_ARGMAX, greedy_draft_path
 from jax_mtp.mtp import MtpPredictor, init_params, validate_inputs
 from jax_mtp.sharding import TP_AXIS, param_specs, replicated, shard_params, tensor_parallel, validate_tp
@@ -41,6 +42,7 @@ class ShardedMtp:
     self.cfg, self.mesh = cfg, mesh
     self.tp = mesh.shape[TP_AXIS]
     validate_tp(cfg, self.tp)
+    check_impl_runtime(norm_impl, mesh)
     self.greedy_path = greedy_draft_path(drafter_cls)  # a false capability claim fails here
     self.model = drafter_cls(cfg, tensor_parallel(self.tp), norm_impl, sequence_parallel)
     abstract = jax.eval_shape(lambda key: init_params(cfg, key), jax.random.key(0))
@@ -78,6 +80,14 @@ class ShardedMtp:
     sharded = jax.shard_map(per_shard, mesh=self.mesh, in_specs=(self._param_specs, rep, rep, rep, rep),
                             out_specs=rep, check_vma=False)
     return jax.jit(sharded)
+
+
+def check_impl_runtime(norm_impl: str, mesh) -> None:
+  """Fails at construction when a Pallas impl cannot run on the mesh's devices. An AbstractMesh
+  (lowering/export only) is not checked; "pallas_tpu" is not either, because TPU interpret mode
+  (`pltpu.force_tpu_interpret_mode`) runs it on CPU devices."""
+  if norm_impl == "pallas_gpu" and isinstance(mesh, Mesh):
+    check_gpu_runtime(mesh.devices.flat)
 
 
 def jit_per_shard(per_shard, mesh: Mesh, in_specs: tuple, *, donate_argnums: tuple[int, ...] = ()):

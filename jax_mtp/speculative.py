@@ -57,7 +57,7 @@ from jax_mtp.drafter import MtpDrafter, Window
 from jax_mtp.metrics import SpecMetrics
 from jax_mtp.model import TargetModel, init_target_caches, init_target_params
 from jax_mtp.mtp import MtpPredictor
-from jax_mtp.parallel import jit_per_shard
+from jax_mtp.parallel import check_impl_runtime, jit_per_shard
 from jax_mtp.request import (pack_prompts, required_capacity, validate_positive, validate_prompts,
                              validate_temperature)
 from jax_mtp.sharding import TP_AXIS, param_specs, replicated, shard_params, tensor_parallel, validate_tp
@@ -108,6 +108,7 @@ class Speculator:
     self.cfg, self.mesh, self.k = cfg, mesh, num_speculative_tokens
     tp = mesh.shape[TP_AXIS]
     validate_tp(cfg, tp)
+    check_impl_runtime(norm_impl, mesh)
     self.target = TargetModel(cfg, tensor_parallel(tp), norm_impl)
     self.drafter = MtpDrafter(cfg, tensor_parallel(tp), norm_impl, drafter_cls) if drafter is None else drafter
     self._param_specs = (target_param_specs(cfg), self.drafter.param_specs())

@@ -61,6 +61,29 @@ def validate_gpu_inputs(x_partial_TD, residual_TD, weight_D) -> None:
                      f"1 ≤ D ≤ {MAX_D} (a row is held in registers)")
 
 
+def check_gpu_runtime(devices) -> None:
+  """The runtime this kernel needs, checked before a model is built on `devices`:
+
+  - NVIDIA Hopper or newer (compute capability ≥ 9.0: Mosaic GPU, `plgpu.remote_ref`);
+  - one process driving all the mesh's GPUs (XLA exchanges the peers' buffer pointers: "collective
+    metadata", no NVSHMEM needed) or one process per GPU (then NVSHMEM: `nvidia-nvshmem-cu13` and
+    `XLA_FLAGS=--xla_gpu_experimental_enable_nvshmem`);
+  - NVLink multicast off (NCCL_NVLS_ENABLE=0, NVSHMEM_DISABLE_NVLS=1): this kernel never uses it.
+  """
+  devices = list(devices)
+  not_gpu = [d for d in devices if d.platform != "gpu"]
+  if not_gpu:
+    raise RuntimeError(f"impl='pallas_gpu' needs NVIDIA GPUs, but the mesh has {not_gpu[0].platform} devices")
+  for device in devices:
+    capability = getattr(device, "compute_capability", "0.0")
+    if tuple(int(v) for v in str(capability).split(".")[:2]) < (9, 0):
+      raise RuntimeError(f"impl='pallas_gpu' needs compute capability ≥ 9.0 (Hopper); {device} has {capability}")
+  processes = jax.process_count()
+  if processes not in (1, len(devices)):
+    raise RuntimeError(f"impl='pallas_gpu' needs 1 process for all GPUs or 1 per GPU; got {processes} processes "
+                       f"for {len(devices)} GPUs")
+
+
 def _chunks(d: int) -> tuple[tuple[int, int], ...]:
   """(start, width) column chunks of a D that is a multiple of 128."""
   width = next(c for c in (_CHUNK, 512, 256, _LANES) if d % c == 0)

@@ -176,3 +176,11 @@ class TestOnGpu:
     outs = [kernel(*args) for args in inputs]  # back to back: a fast device reaches the next call early
     for args, got in zip(inputs, outs):
       _check(got, xla(*args), dtype, t, d)
+
+
+def test_building_a_gpu_kernel_model_on_cpu_devices_is_an_error():
+  """The runtime is checked when the model is built, naming what is missing (here: GPUs)."""
+  with pytest.raises(RuntimeError, match="impl='pallas_gpu' needs NVIDIA GPUs, but the mesh has cpu devices"):
+    ShardedMtp(jax_mtp.tiny(), jax_mtp.make_mesh(2), norm_impl="pallas_gpu")
+  with pytest.raises(RuntimeError, match="impl='pallas_gpu' needs NVIDIA GPUs"):
+    jax_mtp.Speculator(jax_mtp.tiny(), jax_mtp.make_mesh(1), 2, norm_impl="pallas_gpu")
