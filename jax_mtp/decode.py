@@ -2,10 +2,13 @@
 
 With no arguments it runs the embedded tiny DeepSeek-V3.2-shaped model — target and MTP layer with
 random weights from a fixed seed — on the available devices (CPU in seconds), and prints the
-generated tokens and the speculative-decoding metrics. Random weights draft badly, so acceptance is
-low; `--check` also decodes with the target alone and reports whether the outputs match token for
-token (they must: speculative decoding never changes greedy output). Exit 0 on success, 2 on bad
-input with one `error: ...` line on stderr and nothing on stdout.
+generated tokens and the speculative-decoding metrics. `--checkpoint DIR` runs a real model instead:
+a HF checkpoint directory (config.json + safetensors, FP8 or not; jax_mtp.checkpoint) or an orbax
+directory written by `jax_mtp.orbax_io.save_params`, placed straight onto the `--tp` mesh.
+Random weights draft badly, so acceptance is low; `--check` also decodes with the target alone and
+reports whether the outputs match token for token (they must: speculative decoding never changes
+greedy output). Exit 0 on success, 2 on bad input (a bad checkpoint included) with an `error: ...`
+message on stderr and nothing on stdout.
 """
 
 from __future__ import annotations
@@ -13,22 +16,27 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import sys
 import time
+from typing import NamedTuple
 
 import jax
 
 import jax_mtp
+from jax_mtp.checkpoint import load_hf_checkpoint
+from jax_mtp.config import from_hf_config
 from jax_mtp.generate import TargetDecoder
 from jax_mtp.kernels.fused_allreduce_rmsnorm import IMPLS
 from jax_mtp.model import init_target_params
+from jax_mtp.orbax_io import is_orbax_checkpoint, read_config, restore_params
 from jax_mtp.request import required_capacity, validate_prompts
 from jax_mtp.sharding import make_mesh, validate_tp
-from jax_mtp.speculative import SpecResult, Speculator
+from jax_mtp.speculative import SpecParams, SpecResult, Speculator
 
 DEFAULT_PROMPT = "1,2,3,4,5,6,7,8"
 WEIGHT_SEED = 0  # the embedded model's weights; --seed only drives sampling
-NOT_YET = "is not supported yet (issue #6, checkpoint loading); without it the embedded tiny model runs"
+NOT_YET = "is not supported yet (issue #6: needs a tokenizer); give token ids with --prompt-ids"
 
 
 class _BadInput(ValueError):
@@ -42,8 +50,9 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
   p = _Parser(prog="python -m jax_mtp.decode", description=__doc__.splitlines()[0])
-  p.add_argument("--checkpoint", metavar="DIR", help="HF checkpoint directory (issue #6; not supported yet)")
-  p.add_argument("--prompt", metavar="TEXT", help="text prompt, needs a checkpoint tokenizer (issue #6)")
+  p.add_argument("--checkpoint", metavar="DIR",
+                 help="HF checkpoint directory (config.json + *.safetensors) or a jax_mtp orbax directory")
+  p.add_argument("--prompt", metavar="TEXT", help="text prompt, needs a tokenizer (issue #6; not supported yet)")
   p.add_argument("--prompt-ids", action="append", metavar="IDS",
                  help=f"comma-separated token ids; repeat for a batch (default {DEFAULT_PROMPT})")
   p.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate per prompt (default 32)")
@@ -66,9 +75,8 @@ def _parse_ids(text: str) -> list[int]:
 
 def _validate(args: argparse.Namespace, cfg: jax_mtp.MtpConfig) -> list[list[int]]:
   """Every check that needs no compute; returns the prompts."""
-  for flag in ("checkpoint", "prompt"):
-    if getattr(args, flag) is not None:
-      raise _BadInput(f"--{flag} {NOT_YET}")
+  if args.prompt is not None:
+    raise _BadInput(f"--prompt {NOT_YET}")
   for flag in ("max_new_tokens", "num_speculative_tokens", "tp"):
     if getattr(args, flag) < 1:
       raise _BadInput(f"--{flag.replace('_', '-')}={getattr(args, flag)} must be ≥ 1")
@@ -149,9 +157,44 @@ def _plain_decoder(cfg: jax_mtp.MtpConfig, tp: int, impl: str):
   return decoder, decoder.shard(_embedded_weights(cfg)[0])
 
 
-def run(args: argparse.Namespace, cfg: jax_mtp.MtpConfig, prompts: list[list[int]]) -> tuple[SpecResult, bool | None]:
+class Loaded(NamedTuple):
+  """A checkpoint's params, placed on the `--tp` mesh (vocab padded, as `shard_params` leaves them)."""
+
+  target: dict
+  mtp: dict
+
+
+def checkpoint_config(directory: str) -> jax_mtp.MtpConfig:
+  """The config of a HF or orbax checkpoint directory (read before any weight)."""
+  if is_orbax_checkpoint(directory):
+    return read_config(directory)
+  if os.path.isfile(os.path.join(directory, "config.json")):
+    return from_hf_config(directory)
+  raise _BadInput(f"--checkpoint {directory!r} is neither a HF checkpoint directory (config.json + "
+                  f"*.safetensors) nor an orbax checkpoint written by jax_mtp.orbax_io.save_params")
+
+
+def load(args: argparse.Namespace, cfg: jax_mtp.MtpConfig) -> Loaded:
+  mesh = make_mesh(args.tp)
+  if is_orbax_checkpoint(args.checkpoint):
+    _, target, mtp = restore_params(args.checkpoint, cfg, mesh)
+  else:
+    _, target, mtp = load_hf_checkpoint(args.checkpoint, cfg=cfg, mesh=mesh)
+  return Loaded(target, mtp)
+
+
+def _from_checkpoint(args: argparse.Namespace, cfg: jax_mtp.MtpConfig, loaded: Loaded):
+  spec = Speculator(cfg, make_mesh(args.tp), args.num_speculative_tokens, norm_impl=args.impl)
+  return spec, SpecParams(loaded.target, spec.drafter.shard(loaded.mtp, spec.mesh))
+
+
+def run(args: argparse.Namespace, cfg: jax_mtp.MtpConfig, prompts: list[list[int]],
+        loaded: Loaded | None = None) -> tuple[SpecResult, bool | None]:
   """Decodes the prompts; with --check also with the target alone. Returns (result, outputs match)."""
-  spec, params = _speculator(cfg, args.tp, args.num_speculative_tokens, args.impl)
+  if loaded is None:
+    spec, params = _speculator(cfg, args.tp, args.num_speculative_tokens, args.impl)
+  else:
+    spec, params = _from_checkpoint(args, cfg, loaded)
   progress = Progress()
   try:
     result = spec.generate(params, prompts, args.max_new_tokens, temperature=args.temperature, seed=args.seed,
@@ -160,16 +203,21 @@ def run(args: argparse.Namespace, cfg: jax_mtp.MtpConfig, prompts: list[list[int
     progress.close()
   if not args.check:
     return result, None
-  plain, target_params = _plain_decoder(cfg, args.tp, args.impl)
+  if loaded is None:
+    plain, target_params = _plain_decoder(cfg, args.tp, args.impl)
+  else:
+    plain, target_params = TargetDecoder(cfg, spec.mesh, norm_impl=args.impl), loaded.target
   capacity = required_capacity(cfg, prompts, args.max_new_tokens, args.num_speculative_tokens)  # same shapes
   return result, plain.generate(target_params, prompts, args.max_new_tokens, capacity=capacity) == result.tokens
 
 
-def _print_text(args: argparse.Namespace, prompts: list[list[int]], result: SpecResult, matches: bool | None):
+def _print_text(args: argparse.Namespace, cfg: jax_mtp.MtpConfig, prompts: list[list[int]], result: SpecResult,
+                matches: bool | None):
   m = result.metrics
   mode = "greedy" if args.temperature == 0 else f"temperature {args.temperature}, seed {args.seed}"
-  print(f"tiny DeepSeek-V3.2 target + MTP layer (random weights) on {jax.devices()[0].platform}, "
-        f"tp={args.tp}, k={args.num_speculative_tokens}, {mode}")
+  model = ("tiny DeepSeek-V3.2 target + MTP layer (random weights)" if args.checkpoint is None
+           else f"{args.checkpoint} ({cfg.model_type})")
+  print(f"{model} on {jax.devices()[0].platform}, tp={args.tp}, k={args.num_speculative_tokens}, {mode}")
   for i, (prompt, tokens) in enumerate(zip(prompts, result.tokens)):
     print(f"prompt {i} {prompt} → {tokens}")
   if m.rounds:
@@ -183,21 +231,23 @@ def _print_text(args: argparse.Namespace, prompts: list[list[int]], result: Spec
 
 
 def main(argv: list[str] | None = None) -> int:
-  cfg = jax_mtp.tiny()
   try:
     args = _parser().parse_args(argv)
+    _ensure_devices(args.tp)  # before reading a checkpoint starts JAX
+    cfg = jax_mtp.tiny() if args.checkpoint is None else checkpoint_config(args.checkpoint)
     prompts = _validate(args, cfg)
-  except ValueError as e:
+    loaded = None if args.checkpoint is None else load(args, cfg)
+  except ValueError as e:  # bad flags, and bad checkpoints (CheckpointError lists every problem)
     print(f"error: {e}", file=sys.stderr)
     return 2
-  result, matches = run(args, cfg, prompts)
+  result, matches = run(args, cfg, prompts, loaded)
   if args.json:
     out = {"tokens": result.tokens, **result.metrics.as_dict()}
     if matches is not None:
       out["matches_target"] = matches
     print(json.dumps(out))
   else:
-    _print_text(args, prompts, result, matches)
+    _print_text(args, cfg, prompts, result, matches)
   return 0
 
 

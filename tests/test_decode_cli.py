@@ -86,7 +86,7 @@ def test_sampling_is_seeded(capsys):
     (["--tp", "0"], "--tp=0 must be ≥ 1"),
     (["--impl", "nope"], "'nope'"),
     (["--impl", "pallas_tpu"], "--impl=pallas_tpu needs TPU devices, found cpu"),
-    (["--checkpoint", "/no/such/dir"], "--checkpoint is not supported yet (issue #6"),
+    (["--checkpoint", "/no/such/dir"], "--checkpoint '/no/such/dir' is neither a HF checkpoint directory"),
     (["--prompt", "hello"], "--prompt is not supported yet (issue #6"),
     (["--no-such-flag"], "--no-such-flag"),
 ])

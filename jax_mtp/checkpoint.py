@@ -1,0 +1,358 @@
+"""Hugging Face checkpoint → jax_mtp params: one declarative name table, strict, sliced per device.
+
+    cfg, target_params, mtp_params = load_hf_checkpoint("DeepSeek-V3.2/", mesh=make_mesh(8))
+    cfg, mtp_params = load_mtp_only("DeepSeek-V3.2/")          # the drafter: MTP layers + embed/head
+
+`NAME_TABLE` maps every checkpoint tensor to a param path and a transform:
+
+  copy      same layout (norms, router gate [E, D] and bias, embedding / head [V, D])
+  linear    HF [out, in] → ours [in, out] (transpose)
+  experts   `mlp.experts.{e}.*_proj.weight` [out, in] for e < E → one stacked [E, in, out] param
+  check     the MTP layer's own `embed_tokens` / `shared_head.head` copies: must be bit-equal to
+            the target's (then dropped: one copy is shared, as in vLLM); optional
+
+Layer `{t}` is a target layer (0 ≤ t < num_hidden_layers); layer `{m}` = num_hidden_layers + i is MTP
+layer i. An entry applies where its param exists for the config (dense vs MoE layers, the DSA
+indexer, shared experts), so the table also spells out which tensors a checkpoint must hold. FP8
+weights (`F8_E4M3` + `weight_scale_inv`) are dequantised exactly (jax_mtp.safetensors_io).
+
+Strict: every missing, unexpected, wrong-shape or wrong-dtype tensor is gathered into ONE
+`CheckpointError`. With a mesh, each param is built with `jax.make_array_from_callback`: each
+device's shard is read from the file on its own (only those bytes), so no host ever holds a whole
+sharded tensor; replicated params are read once per param and copied to the devices. Vocab rows
+are padded to a multiple of tp as `jax_mtp.sharding.shard_params` does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import sys
+from collections.abc import Callable, Iterable
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from tqdm import tqdm
+
+from jax_mtp.config import MtpConfig, from_hf_config
+from jax_mtp.model import init_target_params
+from jax_mtp.mtp import init_params
+from jax_mtp.safetensors_io import (DEFAULT_BLOCK, FLOAT_DTYPES, FP8_DTYPE, CheckpointError,
+                                    SafetensorsCheckpoint, scale_name)
+from jax_mtp.sharding import TP_AXIS, padded_vocab, param_spec, validate_tp
+
+TARGET, MTP = "target", "mtp"
+COPY, LINEAR, EXPERTS, CHECK = "copy", "linear", "experts", "check"
+
+# One decoder block: checkpoint suffix, our path under the block, transform.
+_BLOCK = (
+    ("input_layernorm.weight", "input_layernorm/weight", COPY),
+    ("post_attention_layernorm.weight", "post_attention_layernorm/weight", COPY),
+    ("self_attn.q_a_proj.weight", "self_attn/q_a_proj/kernel", LINEAR),
+    ("self_attn.q_a_layernorm.weight", "self_attn/q_a_layernorm/weight", COPY),
+    ("self_attn.q_b_proj.weight", "self_attn/q_b_proj/kernel", LINEAR),
+    ("self_attn.kv_a_proj_with_mqa.weight", "self_attn/kv_a_proj_with_mqa/kernel", LINEAR),
+    ("self_attn.kv_a_layernorm.weight", "self_attn/kv_a_layernorm/weight", COPY),
+    ("self_attn.kv_b_proj.weight", "self_attn/kv_b_proj/kernel", LINEAR),
+    ("self_attn.o_proj.weight", "self_attn/o_proj/kernel", LINEAR),
+    ("self_attn.indexer.wq_b.weight", "self_attn/indexer/wq_b/kernel", LINEAR),
+    ("self_attn.indexer.wk.weight", "self_attn/indexer/wk/kernel", LINEAR),
+    ("self_attn.indexer.k_norm.weight", "self_attn/indexer/k_norm/weight", COPY),
+    ("self_attn.indexer.k_norm.bias", "self_attn/indexer/k_norm/bias", COPY),
+    ("self_attn.indexer.weights_proj.weight", "self_attn/indexer/weights_proj/kernel", LINEAR),
+    ("mlp.gate_proj.weight", "mlp/gate_proj/kernel", LINEAR),  # dense layers (< first_k_dense_replace)
+    ("mlp.up_proj.weight", "mlp/up_proj/kernel", LINEAR),
+    ("mlp.down_proj.weight", "mlp/down_proj/kernel", LINEAR),
+    ("mlp.gate.weight", "mlp/gate/weight", COPY),  # MoE layers
+    ("mlp.gate.e_score_correction_bias", "mlp/gate/e_score_correction_bias", COPY),
+    ("mlp.experts.{e}.gate_proj.weight", "mlp/w_gate_EDF", EXPERTS),
+    ("mlp.experts.{e}.up_proj.weight", "mlp/w_up_EDF", EXPERTS),
+    ("mlp.experts.{e}.down_proj.weight", "mlp/w_down_EFD", EXPERTS),
+    ("mlp.shared_experts.gate_proj.weight", "mlp/shared_experts/gate_proj/kernel", LINEAR),
+    ("mlp.shared_experts.up_proj.weight", "mlp/shared_experts/up_proj/kernel", LINEAR),
+    ("mlp.shared_experts.down_proj.weight", "mlp/shared_experts/down_proj/kernel", LINEAR),
+)
+
+# The whole model: checkpoint name, param tree, our path, transform.
+NAME_TABLE = (
+    ("model.embed_tokens.weight", TARGET, "embed_tokens", COPY),
+    ("model.norm.weight", TARGET, "norm/weight", COPY),
+    ("lm_head.weight", TARGET, "lm_head", COPY),
+    *((f"model.layers.{{t}}.{name}", TARGET, f"layers_{{t}}/{path}", how) for name, path, how in _BLOCK),
+    ("model.layers.{m}.enorm.weight", MTP, "layers_{i}/enorm/weight", COPY),
+    ("model.layers.{m}.hnorm.weight", MTP, "layers_{i}/hnorm/weight", COPY),
+    ("model.layers.{m}.eh_proj.weight", MTP, "layers_{i}/eh_proj/kernel", LINEAR),
+    ("model.layers.{m}.shared_head.norm.weight", MTP, "layers_{i}/shared_head_norm/weight", COPY),
+    ("model.layers.{m}.embed_tokens.weight", TARGET, "embed_tokens", CHECK),
+    ("model.layers.{m}.shared_head.head.weight", TARGET, "lm_head", CHECK),
+    *((f"model.layers.{{m}}.{name}", MTP, f"layers_{{i}}/mtp_block/{path}", how) for name, path, how in _BLOCK),
+)
+SHARED = ("embed_tokens", "lm_head")  # the target's, shared with every MTP layer
+
+
+@dataclasses.dataclass(frozen=True)
+class Param:
+  """One of our params and the checkpoint tensors it is built from (E of them for `experts`)."""
+
+  tree: str
+  path: tuple[str, ...]
+  sources: tuple[str, ...]
+  transform: str
+  shape: tuple[int, ...]  # ours, vocab unpadded
+  dtype: np.dtype
+
+  def source_shape(self) -> tuple[int, ...]:
+    """The shape each checkpoint tensor must have."""
+    if self.transform == LINEAR:
+      return self.shape[::-1]
+    return self.shape[1:][::-1] if self.transform == EXPERTS else self.shape
+
+
+def abstract_params(cfg: MtpConfig) -> dict[str, dict]:
+  """ShapeDtypeStruct trees {"target": ..., "mtp": ...} (vocab unpadded; the MTP tree holds its
+  layers only, the embedding and head being the target's)."""
+  target = jax.eval_shape(lambda key: init_target_params(cfg, key), jax.random.key(0))
+  mtp = jax.eval_shape(lambda key: init_params(cfg, key), jax.random.key(0))
+  return {TARGET: target, MTP: {k: v for k, v in mtp.items() if k not in SHARED}}
+
+
+def plan(cfg: MtpConfig, trees: Iterable[str] = (TARGET, MTP)) -> tuple[list[Param], list[tuple[str, str]]]:
+  """The table expanded for `cfg`: the params to build and the (MTP copy, target tensor) pairs to check."""
+  abstract, params, checks = abstract_params(cfg), [], []
+  for name, tree, path, how in NAME_TABLE:
+    for fields in _layer_fields(cfg, name):
+      path_keys = tuple(path.format(**fields).split("/"))
+      leaf = _lookup(abstract[tree], path_keys)
+      if leaf is None:  # not in this config (dense vs MoE layer, no indexer, no shared expert)
+        continue
+      if how == CHECK:
+        checks.append((name.format(**fields), _TARGET_NAMES[path]))
+        continue
+      experts = range(cfg.n_routed_experts) if how == EXPERTS else [None]
+      sources = tuple(name.format(e=e, **fields) for e in experts)
+      params.append(Param(tree, path_keys, sources, how, tuple(leaf.shape), np.dtype(leaf.dtype)))
+  wanted = set(trees)
+  return [p for p in params if p.tree in wanted], checks if MTP in wanted else []
+
+
+_TARGET_NAMES = {path: name for name, tree, path, how in NAME_TABLE[:3]}  # e.g. "lm_head" → "lm_head.weight"
+
+
+def _layer_fields(cfg: MtpConfig, name: str) -> list[dict]:
+  if "{t}" in name:
+    return [{"t": t} for t in range(cfg.num_hidden_layers)]
+  if "{m}" in name:
+    return [{"m": cfg.num_hidden_layers + i, "i": i} for i in range(cfg.num_nextn_predict_layers)]
+  return [{}]
+
+
+def _lookup(tree: dict, keys: tuple[str, ...]):
+  for key in keys:
+    if not isinstance(tree, dict) or key not in tree:
+      return None
+    tree = tree[key]
+  return tree
+
+
+# --- strict check -------------------------------------------------------------------------------
+
+
+def check_tensors(ckpt: SafetensorsCheckpoint, cfg: MtpConfig, params: list[Param],
+                  checks: list[tuple[str, str]], ignored: Callable[[str], bool] = lambda name: False) -> None:
+  """Raises ONE CheckpointError listing every missing / unexpected / wrong-shape / wrong-dtype tensor."""
+  problems, used, notes = [], set(), dict(ckpt.index_problems)
+  for param in params:
+    for name in param.sources:
+      problems += _check_one(ckpt, name, param.source_shape(), param.transform in (LINEAR, EXPERTS), used, notes)
+  for copy_name, _ in checks:
+    if copy_name in ckpt.tensors:
+      problems += _check_one(ckpt, copy_name, (cfg.vocab_size, cfg.hidden_size), False, used, notes)
+  for name in sorted(set(ckpt.tensors) - used):
+    if not ignored(name):
+      problems.append(f"{name}: unexpected (no param for it in the name table for this config)")
+  problems += [f"{name}: {note}" for name, note in sorted(notes.items()) if not ignored(name) and name not in used]
+  if problems:
+    shown = "\n  ".join(problems[:60]) + (f"\n  ... and {len(problems) - 60} more" if len(problems) > 60 else "")
+    raise CheckpointError(
+        f"checkpoint {ckpt.directory!r} does not match the config (model_type={cfg.model_type}, "
+        f"num_hidden_layers={cfg.num_hidden_layers}, num_nextn_predict_layers={cfg.num_nextn_predict_layers}, "
+        f"n_routed_experts={cfg.n_routed_experts}): {len(problems)} problem(s):\n  {shown}")
+
+
+def _check_one(ckpt: SafetensorsCheckpoint, name: str, shape: tuple[int, ...], fp8_ok: bool, used: set,
+               notes: dict[str, str]) -> list[str]:
+  info = ckpt.tensors.get(name)
+  if info is None:
+    note = f"; {notes.pop(name)}" if name in notes else ""
+    return [f"{name}: missing (expected shape {list(shape)}){note}"]
+  used.add(name)
+  problems = []
+  if info.shape != tuple(shape):
+    problems.append(f"{name}: shape {list(info.shape)}, expected {list(shape)}")
+  allowed = FLOAT_DTYPES + ((FP8_DTYPE,) if fp8_ok else ())
+  if info.dtype not in allowed:
+    problems.append(f"{name}: dtype {info.dtype}, expected one of {list(allowed)}")
+  if info.dtype == FP8_DTYPE and fp8_ok:
+    problems += _check_scale(ckpt, name, shape, used, notes)
+  return problems
+
+
+def _check_scale(ckpt: SafetensorsCheckpoint, name: str, shape: tuple[int, ...], used: set,
+                 notes: dict[str, str]) -> list[str]:
+  scale = scale_name(name)
+  expected = tuple(-(-n // b) for n, b in zip(shape, ckpt.block))
+  info = ckpt.tensors.get(scale)
+  if info is None:
+    note = f"; {notes.pop(scale)}" if scale in notes else ""
+    return [f"{scale}: missing (FP8 {name} needs its block scales, shape {list(expected)}){note}"]
+  used.add(scale)
+  if info.shape != expected:
+    return [f"{scale}: shape {list(info.shape)}, expected {list(expected)} (blocks {list(ckpt.block)})"]
+  if info.dtype != "F32":
+    return [f"{scale}: dtype {info.dtype}, expected F32"]
+  return []
+
+
+# --- loading ------------------------------------------------------------------------------------
+
+
+def load_hf_checkpoint(path: str | os.PathLike, *, cfg: MtpConfig | None = None, mesh: Mesh | None = None,
+                       dtype: str | None = None, progress: bool | None = None) -> tuple[MtpConfig, dict, dict]:
+  """Loads a HF DeepSeek-V3.2 / GLM-5 checkpoint directory. Returns (cfg, target_params, mtp_params).
+
+  `cfg` defaults to the directory's config.json (a given one must agree with it but for dtypes);
+  `dtype` overrides `param_dtype`. Without a mesh the params are `init_target_params` /
+  `init_params` trees on the default device. With a mesh they are placed as `shard_params` places
+  them (vocab rows padded to a multiple of tp), each device's shard read on its own. `mtp_params`
+  holds the target's `embed_tokens` / `lm_head` arrays (the same arrays, not copies).
+  `progress`: a tqdm bar on stderr (None: only on a terminal).
+  """
+  cfg, ckpt = _open(path, cfg, dtype, mesh)
+  params, checks = plan(cfg)
+  check_tensors(ckpt, cfg, params, checks)
+  _check_copies(ckpt, checks)
+  trees = _build(ckpt, cfg, params, mesh, progress)
+  trees[MTP].update({name: trees[TARGET][name] for name in SHARED})
+  return cfg, trees[TARGET], trees[MTP]
+
+
+def load_mtp_only(path: str | os.PathLike, *, cfg: MtpConfig | None = None, mesh: Mesh | None = None,
+                  dtype: str | None = None, progress: bool | None = None) -> tuple[MtpConfig, dict]:
+  """The drafter alone: the MTP layers plus the target's `embed_tokens` / `lm_head` (an
+  `init_params` tree). The target layers and final norm are skipped unread; the rest is as strict
+  as `load_hf_checkpoint`."""
+  cfg, ckpt = _open(path, cfg, dtype, mesh)
+  params, checks = plan(cfg)
+  params = [p for p in params if p.tree == MTP or p.path[-1] in SHARED]
+  target_layer = re.compile(r"model\.layers\.(\d+)\.")
+
+  def ignored(name: str) -> bool:
+    match = target_layer.match(name)
+    return name == "model.norm.weight" or (match is not None and int(match[1]) < cfg.num_hidden_layers)
+
+  check_tensors(ckpt, cfg, params, checks, ignored)
+  _check_copies(ckpt, checks)
+  trees = _build(ckpt, cfg, params, mesh, progress)
+  return cfg, {**trees[MTP], **trees[TARGET]}
+
+
+def _open(path, cfg: MtpConfig | None, dtype: str | None, mesh: Mesh | None):
+  path = os.fspath(path)
+  if not os.path.isdir(path):
+    raise CheckpointError(f"checkpoint {path!r} is not a directory")
+  from_file = from_hf_config(path)
+  if cfg is not None:
+    _check_same_model(cfg, from_file, path)
+  cfg = from_file if cfg is None else cfg
+  if dtype is not None:
+    cfg = cfg.replace(param_dtype=dtype)
+  if mesh is not None:
+    validate_tp(cfg, mesh.shape[TP_AXIS])
+  return cfg, SafetensorsCheckpoint(path, _block_size(path))
+
+
+def _check_same_model(cfg: MtpConfig, from_file: MtpConfig, path: str) -> None:
+  """A config passed in must describe the checkpoint's model; only the dtypes may differ."""
+  ignore = {"dtype", "param_dtype"}
+  names = [f.name for f in dataclasses.fields(cfg) if f.name not in ignore]
+  diff = [f"{name}={getattr(cfg, name)!r} (config.json: {getattr(from_file, name)!r})"
+          for name in names if getattr(cfg, name) != getattr(from_file, name)]
+  if diff:
+    raise CheckpointError(f"the config does not match {os.path.join(path, 'config.json')!r}: {', '.join(diff)}")
+
+
+def _block_size(path: str) -> tuple[int, int]:
+  with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+    quant = json.load(f).get("quantization_config") or {}
+  block = quant.get("weight_block_size", DEFAULT_BLOCK)
+  if (not isinstance(block, (list, tuple)) or len(block) != 2
+      or not all(isinstance(b, int) and b > 0 for b in block)):
+    raise CheckpointError(f"quantization_config.weight_block_size={block!r} must be two positive integers")
+  return tuple(block)
+
+
+def _check_copies(ckpt: SafetensorsCheckpoint, checks: list[tuple[str, str]], rows: int = 4096) -> None:
+  """The MTP layer's embed/head copies must equal the target's bit for bit (read in row chunks)."""
+  for copy_name, target_name in checks:
+    if copy_name not in ckpt.tensors:
+      continue  # optional: the target's tensor is used either way
+    copy, target = ckpt.raw(copy_name), ckpt.raw(target_name)
+    same = copy.dtype == target.dtype and copy.shape == target.shape
+    for start in range(0, copy.shape[0] if same else 0, rows):
+      a, b = np.asarray(copy[start:start + rows]), np.asarray(target[start:start + rows])
+      if a.tobytes() != b.tobytes():
+        same = False
+        break
+    if not same:
+      raise CheckpointError(f"{copy_name} differs from {target_name}; the MTP layer shares the target's "
+                            f"tensor, so the checkpoint's copy must be identical")
+
+
+def _build(ckpt: SafetensorsCheckpoint, cfg: MtpConfig, params: list[Param], mesh: Mesh | None,
+           progress: bool | None) -> dict[str, dict]:
+  trees: dict[str, dict] = {TARGET: {}, MTP: {}}
+  total = sum(len(p.sources) for p in params)
+  disable = None if progress is None else not progress
+  with tqdm(total=total, unit="tensor", desc="loading checkpoint", file=sys.stderr, disable=disable) as bar:
+    for p in params:
+      tree = trees[p.tree]
+      for key in p.path[:-1]:
+        tree = tree.setdefault(key, {})
+      tree[p.path[-1]] = _place(ckpt, cfg, p, mesh)
+      bar.update(len(p.sources))
+  return trees
+
+
+def _place(ckpt: SafetensorsCheckpoint, cfg: MtpConfig, p: Param, mesh: Mesh | None) -> jax.Array:
+  """One param, on the default device or sharded over the mesh shard by shard."""
+  if mesh is None:
+    return jax.device_put(read_param(ckpt, p, tuple(slice(0, n) for n in p.shape)))
+  shape = p.shape
+  if p.path[-1] in SHARED:
+    shape = (padded_vocab(cfg, mesh.shape[TP_AXIS]),) + shape[1:]
+  sharding = NamedSharding(mesh, param_spec(p.path))
+  arrays, last = [], (None, None)
+  for device, index in sharding.addressable_devices_indices_map(shape).items():
+    index = tuple(slice(*s.indices(n)[:2]) for s, n in zip(index, shape))
+    key = tuple((s.start, s.stop) for s in index)
+    if key != last[0]:  # replicated params: read once, copied to each device
+      last = (key, read_param(ckpt, p, index))
+    arrays.append(jax.device_put(last[1], device))
+  return jax.make_array_from_single_device_arrays(shape, sharding, arrays)
+
+
+def read_param(ckpt: SafetensorsCheckpoint, p: Param, index: tuple[slice, ...]) -> np.ndarray:
+  """`param[index]` in our layout and dtype; rows past the checkpoint's (vocab padding) are zero."""
+  clipped = tuple(slice(s.start, min(s.stop, n)) for s, n in zip(index, p.shape))
+  if p.transform == COPY:
+    values = ckpt.read(p.sources[0], clipped)
+  elif p.transform == LINEAR:
+    values = ckpt.read(p.sources[0], clipped[::-1]).T
+  else:  # experts: [E, in, out] from E tensors [out, in]
+    experts, rest = clipped[0], clipped[1:]
+    values = np.stack([ckpt.read(p.sources[e], rest[::-1]).T for e in range(experts.start, experts.stop)])
+  pad = [(0, (s.stop - s.start) - (c.stop - c.start)) for s, c in zip(index, clipped)]
+  return np.pad(values.astype(p.dtype), pad)

@@ -1,0 +1,128 @@
+"""Converted params to and from orbax: atomic saves, restores straight onto a mesh.
+
+    save_params("ckpt/", cfg, target_params, mtp_params)           # step 0; refuses an existing step
+    cfg, target_params, mtp_params = restore_params("ckpt/", mesh=make_mesh(8))
+
+The directory is an orbax `CheckpointManager` root. A step holds two items: `params`
+{"target": ..., "mtp": ...} (vocab rows unpadded, so any tp can restore it; the MTP tree without the
+shared embedding / head) and `config` (the MtpConfig as JSON). Orbax writes a step into a temporary
+directory and renames it into place when complete, so a save killed midway leaves no step behind and
+every earlier step readable; `restore_params` reads the latest complete step.
+
+Restores build `jax.ShapeDtypeStruct` targets carrying each param's `NamedSharding`
+(`jax_mtp.sharding`'s spec table): orbax reads each device's shard into that device; no host
+holds a whole sharded tensor. The vocab rows are then padded on the devices (as `shard_params` does).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import jax
+import orbax.checkpoint as ocp
+from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
+
+from jax_mtp.checkpoint import MTP, SHARED, TARGET, abstract_params
+from jax_mtp.config import MtpConfig, RopeConfig
+from jax_mtp.safetensors_io import CheckpointError
+from jax_mtp.sharding import TP_AXIS, padded_vocab, param_spec, validate_tp
+
+PARAMS, CONFIG = "params", "config"
+
+
+def is_orbax_checkpoint(directory: str | os.PathLike) -> bool:
+  """True if `directory` holds at least one complete step written by `save_params`."""
+  directory = os.fspath(directory)
+  return os.path.isdir(directory) and bool(_steps(directory))
+
+
+def _steps(directory: str) -> list[int]:
+  return sorted(int(name) for name in os.listdir(directory)
+                if name.isdigit() and os.path.isdir(os.path.join(directory, name, PARAMS)))
+
+
+def _manager(directory: str, create: bool) -> ocp.CheckpointManager:
+  options = ocp.CheckpointManagerOptions(create=create, enable_async_checkpointing=False)
+  return ocp.CheckpointManager(directory, options=options)
+
+
+def save_params(directory: str | os.PathLike, cfg: MtpConfig, target_params: dict, mtp_params: dict, *,
+                step: int = 0) -> None:
+  """Saves the params as checkpoint `step` of `directory`, atomically.
+
+  Refuses (CheckpointError, nothing written) a directory that already holds this step, or that holds
+  files other than orbax steps (an HF checkpoint, say). Params may be placed on a mesh (padded
+  vocab rows are dropped) or not.
+  """
+  directory = os.path.abspath(os.fspath(directory))
+  if os.path.isdir(directory):
+    if step in _steps(directory):
+      raise CheckpointError(f"{directory!r} already holds checkpoint step {step}; nothing written "
+                            f"(pick another directory or step)")
+    strangers = [n for n in os.listdir(directory) if not n.split(".")[0].isdigit()]
+    if strangers:
+      raise CheckpointError(f"{directory!r} holds {sorted(strangers)[:3]}, which are not orbax checkpoint "
+                            f"steps; save into an empty or new directory")
+  trees = {TARGET: _unpadded(target_params, cfg),
+           MTP: {k: v for k, v in _unpadded(mtp_params, cfg).items() if k not in SHARED}}
+  with _manager(directory, create=True) as manager:
+    manager.save(step, args=ocp.args.Composite(**{
+        PARAMS: ocp.args.StandardSave(trees), CONFIG: ocp.args.JsonSave(dataclasses.asdict(cfg))}))
+    manager.wait_until_finished()
+
+
+def _unpadded(params: dict, cfg: MtpConfig) -> dict:
+  return {k: (v[:cfg.vocab_size] if k in SHARED else v) for k, v in params.items()}
+
+
+def read_config(directory: str | os.PathLike) -> MtpConfig:
+  """The config saved with the latest complete step."""
+  directory = os.path.abspath(os.fspath(directory))
+  if not is_orbax_checkpoint(directory):
+    raise CheckpointError(f"{directory!r} holds no complete jax_mtp orbax checkpoint")
+  with _manager(directory, create=False) as manager:
+    step = manager.latest_step()
+    return _config_from_json(manager.restore(step, args=ocp.args.Composite(**{CONFIG: ocp.args.JsonRestore()}))[CONFIG])
+
+
+def restore_params(directory: str | os.PathLike, cfg: MtpConfig | None = None,
+                   mesh: Mesh | None = None) -> tuple[MtpConfig, dict, dict]:
+  """The latest complete step: (cfg, target_params, mtp_params), as `load_hf_checkpoint` returns them.
+
+  `cfg` defaults to the saved one; a given one must equal it. With a mesh every param is restored
+  with its spec's sharding and the vocab rows are padded to a multiple of tp.
+  """
+  directory = os.path.abspath(os.fspath(directory))
+  saved = read_config(directory)
+  with _manager(directory, create=False) as manager:
+    step = manager.latest_step()
+    if cfg is not None and cfg != saved:
+      diff = [f"{f.name}={getattr(cfg, f.name)!r} (saved: {getattr(saved, f.name)!r})"
+              for f in dataclasses.fields(cfg) if getattr(cfg, f.name) != getattr(saved, f.name)]
+      raise CheckpointError(f"the config does not match the one saved in {directory!r} step {step}: {', '.join(diff)}")
+    if mesh is not None:
+      validate_tp(saved, mesh.shape[TP_AXIS])
+    targets = _abstract_targets(saved, mesh)
+    restore = ocp.args.StandardRestore(targets, strict=False)  # strict=False: pad the vocab rows
+    trees = manager.restore(step, args=ocp.args.Composite(**{PARAMS: restore}))[PARAMS]
+  target = trees[TARGET]
+  return saved, target, {**trees[MTP], **{name: target[name] for name in SHARED}}
+
+
+def _config_from_json(data: dict) -> MtpConfig:
+  return MtpConfig(**{**data, "rope": RopeConfig(**data["rope"])})
+
+
+def _abstract_targets(cfg: MtpConfig, mesh: Mesh | None) -> dict:
+  """ShapeDtypeStructs with the sharding each param is restored with."""
+  def target(path, leaf):
+    keys = tuple(k.key for k in path[1:])  # drop "target" / "mtp"
+    if mesh is None:
+      return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=SingleDeviceSharding(jax.devices()[0]))
+    shape = leaf.shape
+    if keys[-1] in SHARED:  # orbax pads the saved rows with zeros (strict=False)
+      shape = (padded_vocab(cfg, mesh.shape[TP_AXIS]),) + shape[1:]
+    return jax.ShapeDtypeStruct(shape, leaf.dtype, sharding=NamedSharding(mesh, param_spec(keys)))
+  return jax.tree_util.tree_map_with_path(target, abstract_params(cfg))
+
