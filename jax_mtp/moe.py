@@ -110,7 +110,8 @@ class MoE(nn.Module):
     if self.tp.axis is not None:  # this device's experts are [first, first + E/tp)
       first = jax.lax.axis_index(self.tp.axis) * self.w_gate_EDF.shape[0]
       ids_TK, weights_TK = local_assignments(ids_TK - first, weights_TK, self.w_gate_EDF.shape[0])
-    y_TD = routed_experts(x_TD, ids_TK, weights_TK, self.w_gate_EDF, self.w_up_EDF, self.w_down_EFD)
+    experts = gathered_experts if uses_gathered_experts(*ids_TK.shape, self.w_gate_EDF.shape[0]) else routed_experts
+    y_TD = experts(x_TD, ids_TK, weights_TK, self.w_gate_EDF, self.w_up_EDF, self.w_down_EFD)
     y_BTD = y_TD.reshape(x_BTD.shape).astype(x_BTD.dtype)
     if cfg.n_shared_experts:
       y_BTD = y_BTD + self.shared_experts(x_BTD)
@@ -121,6 +122,31 @@ def local_assignments(local_ids_TK, weights_TK, num_local: int) -> tuple[jax.Arr
   """Assignments to other devices' experts get id `num_local` (past every group) and weight 0."""
   mine = (local_ids_TK >= 0) & (local_ids_TK < num_local)
   return jnp.where(mine, local_ids_TK, num_local), jnp.where(mine, weights_TK, 0.0)
+
+
+def uses_gathered_experts(tokens: int, experts_per_token: int, num_experts: int) -> bool:
+  """Decode-sized batches gather their experts' weights: T·K ≤ E/4 assignments read at most a
+  quarter of the experts (plus the gathered copy), where XLA's GPU ragged_dot streams all E of
+  them whatever the group sizes (measured on an H200: benchmarks/RESULTS.md). A static choice by
+  shape, the same at every call of that shape; both paths are tested equal."""
+  return tokens * experts_per_token * 4 <= num_experts
+
+
+def gathered_experts(x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD) -> jax.Array:
+  """Σ_k weights[t, k] · expert_{ids[t, k]}(x[t]) with each assignment's weights gathered; fp32 out.
+  Ids ≥ E (other devices' experts) carry weight 0 and are clipped to a valid expert."""
+  dtype = w_gate_EDF.dtype
+  precision = _HIGHEST if dtype == jnp.float32 else jax.lax.Precision.DEFAULT
+  ids_TK = jnp.minimum(ids_TK, w_gate_EDF.shape[0] - 1)
+  x_TD = x_TD.astype(dtype)
+
+  def project(eq, lhs, weights):
+    return jnp.einsum(eq, lhs.astype(dtype), weights, precision=precision, preferred_element_type=jnp.float32)
+
+  hidden_TKF = (jax.nn.silu(project("td,tkdf->tkf", x_TD, w_gate_EDF[ids_TK]))
+                * project("td,tkdf->tkf", x_TD, w_up_EDF[ids_TK]))
+  y_TKD = project("tkf,tkfd->tkd", hidden_TKF, w_down_EFD[ids_TK])
+  return jnp.einsum("tkd,tk->td", y_TKD, weights_TK.astype(jnp.float32))
 
 
 def routed_experts(x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD) -> jax.Array:
