@@ -348,11 +348,12 @@ def read_param(ckpt: SafetensorsCheckpoint, p: Param, index: tuple[slice, ...]) 
   """`param[index]` in our layout and dtype; rows past the checkpoint's (vocab padding) are zero."""
   clipped = tuple(slice(s.start, min(s.stop, n)) for s, n in zip(index, p.shape))
   if p.transform == COPY:
-    values = ckpt.read(p.sources[0], clipped)
+    values = ckpt.read(p.sources[0], clipped).astype(p.dtype)
   elif p.transform == LINEAR:
-    values = ckpt.read(p.sources[0], clipped[::-1]).T
-  else:  # experts: [E, in, out] from E tensors [out, in]
+    values = ckpt.read(p.sources[0], clipped[::-1]).T.astype(p.dtype)
+  else:  # experts: [E, in, out] from E tensors [out, in], each cast before stacking (one fp32 expert at a time)
     experts, rest = clipped[0], clipped[1:]
-    values = np.stack([ckpt.read(p.sources[e], rest[::-1]).T for e in range(experts.start, experts.stop)])
+    values = np.stack([ckpt.read(p.sources[e], rest[::-1]).T.astype(p.dtype)
+                       for e in range(experts.start, experts.stop)])
   pad = [(0, (s.stop - s.start) - (c.stop - c.start)) for s, c in zip(index, clipped)]
-  return np.pad(values.astype(p.dtype), pad)
+  return np.pad(values, pad) if any(after for _, after in pad) else values
