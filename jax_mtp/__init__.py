@@ -15,22 +15,18 @@ from jax_mtp._source_kernels import map_source_kernels
 map_source_kernels()  # before any module imports jax_mtp.kernels
 
 from jax_mtp.cache import LayerCache, init_layer_cache  # noqa: E402
-from jax_mtp.checkpoint import load_hf_checkpoint, load_mtp_only
 from jax_mtp.config import ConfigError, MtpConfig, RopeConfig, deepseek_v32, from_hf_config, glm5, tiny
 from jax_mtp.generate import TargetDecoder
 from jax_mtp.metrics import SpecMetrics
 from jax_mtp.model import TargetModel, TargetOutput, init_target_caches, init_target_params
 from jax_mtp.mtp import MtpLayer, MtpOutput, MtpPredictor, init_caches, init_params, validate_inputs
-from jax_mtp.orbax_io import restore_params, save_params
 from jax_mtp.parallel import ShardedMtp
-from jax_mtp.safetensors_io import CheckpointError
 from jax_mtp.sharding import make_mesh
 from jax_mtp.speculative import SpecParams, SpecResult, Speculator
 
 __all__ = [
-    "CheckpointError", "ConfigError", "LayerCache", "MtpConfig", "MtpLayer", "MtpOutput", "MtpPredictor", "RopeConfig", "ShardedMtp",
+    "ConfigError", "LayerCache", "MtpConfig", "MtpLayer", "MtpOutput", "MtpPredictor", "RopeConfig", "ShardedMtp",
     "SpecMetrics", "SpecParams", "SpecResult", "Speculator", "TargetDecoder", "TargetModel", "TargetOutput",
     "deepseek_v32", "from_hf_config", "glm5", "init_caches", "init_layer_cache", "init_params",
-    "init_target_caches", "init_target_params", "load_hf_checkpoint", "load_mtp_only", "make_mesh",
-    "restore_params", "save_params", "tiny", "validate_inputs",
+    "init_target_caches", "init_target_params", "make_mesh", "tiny", "validate_inputs",
 ]
