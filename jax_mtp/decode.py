@@ -24,12 +24,10 @@ from typing import NamedTuple
 import jax
 
 import jax_mtp
-from jax_mtp.checkpoint import load_hf_checkpoint
 from jax_mtp.config import from_hf_config
 from jax_mtp.generate import TargetDecoder
 from jax_mtp.kernels.fused_allreduce_rmsnorm import IMPLS
 from jax_mtp.model import init_target_params
-from jax_mtp.orbax_io import is_orbax_checkpoint, read_config, restore_params
 from jax_mtp.request import required_capacity, validate_prompts
 from jax_mtp.sharding import make_mesh, validate_tp
 from jax_mtp.speculative import SpecParams, SpecResult, Speculator
@@ -164,8 +162,13 @@ class Loaded(NamedTuple):
   mtp: dict
 
 
+# The checkpoint modules are imported where used: the embedded model runs without safetensors, orbax
+# and tqdm installed (the lent GPU machines' images lack them and cannot install them).
+
+
 def checkpoint_config(directory: str) -> jax_mtp.MtpConfig:
   """The config of a HF or orbax checkpoint directory (read before any weight)."""
+  from jax_mtp.orbax_io import is_orbax_checkpoint, read_config  # noqa: PLC0415 (see above)
   if is_orbax_checkpoint(directory):
     return read_config(directory)
   if os.path.isfile(os.path.join(directory, "config.json")):
@@ -175,6 +178,8 @@ def checkpoint_config(directory: str) -> jax_mtp.MtpConfig:
 
 
 def load(args: argparse.Namespace, cfg: jax_mtp.MtpConfig) -> Loaded:
+  from jax_mtp.checkpoint import load_hf_checkpoint  # noqa: PLC0415 (see above)
+  from jax_mtp.orbax_io import is_orbax_checkpoint, restore_params  # noqa: PLC0415
   mesh = make_mesh(args.tp)
   if is_orbax_checkpoint(args.checkpoint):
     _, target, mtp = restore_params(args.checkpoint, cfg, mesh)
