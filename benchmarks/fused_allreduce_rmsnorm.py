@@ -78,6 +78,19 @@ def device_us(fn, args, iters: int, tp: int) -> float | None:
   return statistics.median(sum(ms for _, ms in kernels) / tp * 1e3 for kernels in per_iter)
 
 
+def kernel_breakdown(fn, args, iters: int, tp: int) -> dict[str, float]:
+  """Mean µs per call of each kernel the call launches (CUPTI), per device: where the time goes."""
+  from jax.experimental.mosaic.gpu import profiler
+
+  jax.block_until_ready(fn(*args))
+  _, per_iter = profiler.measure(fn, aggregate=False, iterations=iters)(*args)
+  totals: dict[str, float] = {}
+  for kernels in per_iter or []:
+    for name, ms in kernels:
+      totals[name] = totals.get(name, 0.0) + ms * 1e3 / tp / len(per_iter)
+  return totals
+
+
 def copy_gbps(mib: int, iters: int) -> float:
   """Read + write bandwidth of `x + 1` over a large bf16 array on one device."""
   x = jnp.zeros((mib * 2**19,), jnp.bfloat16)
@@ -91,6 +104,7 @@ def main(argv=None) -> int:
   p.add_argument("--hidden", type=int, default=7168)
   p.add_argument("--iters", type=int, default=200)
   p.add_argument("--copy-mib", type=int, default=2048)
+  p.add_argument("--breakdown", action="store_true", help="also list each kernel's µs per call (GPU)")
   args = p.parse_args(argv)
   on_gpu = jax.devices()[0].platform == "gpu"
   tp, dtype, d = (jax.device_count() if on_gpu else 1), jnp.dtype(jnp.bfloat16), args.hidden
@@ -117,6 +131,12 @@ def main(argv=None) -> int:
       ratio = f"{times['xla'] / times['pallas_gpu']:.2f}×" if impl == "xla" else ""
       print(f"| {t} | {impl} | {'–' if dev is None else f'{dev:.1f}'} | {wall:.1f} | {nbytes:,} | {gbps:.1f} | "
             f"{100 * gbps / copy:.1f}% | {ratio} |", flush=True)
+  if args.breakdown and on_gpu:
+    print("\n| T | impl | kernel | µs per call |\n|---|---|---|---|")
+    for t in tokens:
+      for impl in IMPLS:
+        for name, us in kernel_breakdown(_program(tp, impl, interpret), _inputs(tp, t, d, dtype), iters, tp).items():
+          print(f"| {t} | {impl} | {name[:60]} | {us:.1f} |", flush=True)
   return 0
 
 
