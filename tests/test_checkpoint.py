@@ -181,6 +181,20 @@ def test_single_file_checkpoint_without_mtp_copies(params, tmp_path):
   _assert_trees_equal(ref_m, mtp)
 
 
+@pytest.mark.parametrize("overrides", [
+    dict(model_type="deepseek_v3", index_n_heads=0, index_head_dim=0, index_topk=0),  # no DSA indexer
+    dict(num_nextn_predict_layers=2, first_k_dense_replace=0),  # MTP layers 2 and 3; no dense layer
+], ids=["deepseek_v3", "two_mtp_layers"])
+def test_other_layouts_load(overrides, tmp_path):
+  cfg = CFG.replace(**overrides)
+  params = jax_mtp.init_target_params(cfg, jax.random.key(2)), jax_mtp.init_params(cfg, jax.random.key(3))
+  ref_t, ref_m = write_checkpoint(str(tmp_path), cfg, *params, block=(16, 24))
+  loaded_cfg, target, mtp = load_hf_checkpoint(str(tmp_path), dtype="float32", progress=False)
+  assert loaded_cfg == cfg.replace(dtype="bfloat16")
+  _assert_trees_equal(ref_t, target)
+  _assert_trees_equal(ref_m, mtp)
+
+
 # --- bad checkpoints: one clear error -------------------------------------------------------------
 
 
