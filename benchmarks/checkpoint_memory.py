@@ -1,0 +1,119 @@
+"""Host memory while a large FP8 checkpoint loads onto the accelerator (jax_mtp.checkpoint).
+
+    python -m benchmarks.checkpoint_memory write DIR     # a random FP8 checkpoint (~6.8 GB), shard by shard
+    python -m benchmarks.checkpoint_memory load DIR      # checkpoint size, params on device, peak host RSS
+
+Not yet run on an accelerator (issue #6): on CPU (16 experts, 0.71 GiB) it loads in 6 s.
+
+The loader reads each device's slice of each tensor through a memmap and dequantises it; only one
+param's slice is on the host at a time, so the peak host RSS above the baseline should be about the
+largest param (stacked experts [E, D, F] in the param dtype), not the checkpoint's size. On CPU
+devices the params themselves live in host memory, so run `load` on an accelerator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import time
+
+import jax
+import ml_dtypes
+import numpy as np
+from safetensors.numpy import save_file
+
+from jax_mtp.checkpoint import EXPERTS, LINEAR, load_hf_checkpoint, plan
+from jax_mtp.config import tiny
+from jax_mtp.sharding import make_mesh
+
+SHARD_BYTES = 2 << 30
+CFG = tiny(vocab_size=32768, hidden_size=2048, intermediate_size=4096, moe_intermediate_size=1024,
+           num_hidden_layers=4, first_k_dense_replace=1, num_attention_heads=16, q_lora_rank=512,
+           kv_lora_rank=256, qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64, n_routed_experts=256,
+           n_group=8, topk_group=4, num_experts_per_tok=8, index_n_heads=8, index_head_dim=64,
+           dtype="bfloat16", param_dtype="bfloat16")
+
+
+def hf_config(cfg) -> dict:
+  keys = ("model_type vocab_size hidden_size intermediate_size moe_intermediate_size num_hidden_layers "
+          "first_k_dense_replace num_attention_heads q_lora_rank kv_lora_rank qk_nope_head_dim qk_rope_head_dim "
+          "v_head_dim n_routed_experts n_shared_experts num_experts_per_tok n_group topk_group "
+          "routed_scaling_factor norm_topk_prob rms_norm_eps max_position_embeddings index_n_heads "
+          "index_head_dim index_topk num_nextn_predict_layers").split()
+  r = cfg.rope
+  return {**{k: getattr(cfg, k) for k in keys}, "rope_theta": r.theta,
+          "rope_scaling": dict(type="yarn", factor=r.factor,
+                               original_max_position_embeddings=r.original_max_position_embeddings, beta_fast=r.beta_fast, beta_slow=r.beta_slow, mscale=r.mscale,
+                               mscale_all_dim=r.mscale_all_dim),
+          "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}
+
+
+def _random_tensors(cfg, rng):
+  """(name, array) for every tensor the loader expects: FP8 + scales for linears, BF16 otherwise."""
+  for p in plan(cfg)[0]:
+    shape = p.source_shape()
+    for name in p.sources:
+      if p.transform in (LINEAR, EXPERTS):
+        bits = rng.integers(0, 0x70, shape, dtype=np.uint8) | (rng.integers(0, 2, shape, dtype=np.uint8) << 7)
+        yield name, bits.view(ml_dtypes.float8_e4m3fn)
+        scale_shape = tuple(-(-n // 128) for n in shape)
+        yield name + "_scale_inv", rng.uniform(1e-4, 1e-3, scale_shape).astype(np.float32)
+      else:
+        yield name, rng.standard_normal(shape, dtype=np.float32).astype(ml_dtypes.bfloat16)
+
+
+def write(directory: str) -> None:
+  os.makedirs(directory, exist_ok=True)
+  with open(os.path.join(directory, "config.json"), "w") as f:
+    json.dump(hf_config(CFG), f)
+  weight_map, shard, size, files = {}, {}, 0, 0
+  for name, value in _random_tensors(CFG, np.random.default_rng(0)):
+    shard[name], size = value, size + value.nbytes
+    if size >= SHARD_BYTES:
+      files = _flush(directory, shard, files, weight_map)
+      shard, size = {}, 0
+  _flush(directory, shard, files, weight_map)
+  with open(os.path.join(directory, "model.safetensors.index.json"), "w") as f:
+    json.dump({"weight_map": weight_map}, f)
+
+
+def _flush(directory: str, shard: dict, files: int, weight_map: dict) -> int:
+  file = f"model-{files + 1:05d}.safetensors"
+  save_file(shard, os.path.join(directory, file))
+  weight_map.update(dict.fromkeys(shard, file))
+  return files + 1
+
+
+def _peak_rss_gb() -> float:
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+def load(directory: str, tp: int) -> None:
+  mesh = make_mesh(tp)
+  jax.block_until_ready(jax.device_put(np.zeros(1)))  # backend up: baseline includes the runtime
+  baseline, start = _peak_rss_gb(), time.perf_counter()
+  _, target, mtp = load_hf_checkpoint(directory, mesh=mesh, progress=False)
+  jax.block_until_ready((target, mtp))
+  seconds, peak = time.perf_counter() - start, _peak_rss_gb()
+  on_disk = sum(os.path.getsize(os.path.join(directory, f)) for f in os.listdir(directory)) / 2**30
+  leaves = {id(x): x for x in jax.tree.leaves((target, mtp))}.values()
+  largest = max(x.nbytes for x in leaves) / 2**30
+  print(f"devices: {jax.devices()[0].device_kind} x{tp}")
+  print(f"checkpoint on disk {on_disk:.2f} GiB; params on device {sum(x.nbytes for x in leaves) / 2**30:.2f} GiB "
+        f"(largest param {largest:.2f} GiB); loaded in {seconds:.1f} s")
+  print(f"peak host RSS: {baseline:.2f} GiB before loading, {peak:.2f} GiB after (+{peak - baseline:.2f} GiB)")
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("action", choices=("write", "load"))
+  parser.add_argument("directory")
+  parser.add_argument("--tp", type=int, default=1)
+  args = parser.parse_args()
+  write(args.directory) if args.action == "write" else load(args.directory, args.tp)
+
+
+if __name__ == "__main__":
+  main()
