@@ -2,6 +2,7 @@
 tp ∈ {1, 2, 4}, prompts of different lengths); perfect and always-wrong drafters; the caches after
 acceptance; rejection sampling keeps the target distribution; no recompilation per token."""
 
+import contextlib
 import functools
 
 import jax
@@ -205,11 +206,9 @@ def test_sampling_is_seeded_and_a_tiny_temperature_is_greedy():
   assert all(0 <= t < SMALL_VOCAB for row in runs[2] for t in row)
 
 
-def test_no_recompilation_per_token():
-  """After one short call, a call with more tokens (so more rounds) and other prompts of the same
-  shapes compiles nothing at all: every round reuses the one compiled round."""
-  spec, params = _speculator(SMALL_VOCAB, 1, 2)
-  short = spec.generate(params, _prompts(SMALL_VOCAB), 4, capacity=CAPACITY)
+@contextlib.contextmanager
+def _compilations():
+  """Yields the list of function names XLA compiles while the block runs."""
   compiled = []
 
   def listener(event, duration, **kwargs):
@@ -218,10 +217,19 @@ def test_no_recompilation_per_token():
 
   jax.monitoring.register_event_duration_secs_listener(listener)
   try:
-    other_prompts = [[(t + 1) % SMALL_VOCAB for t in prompt] for prompt in _prompts(SMALL_VOCAB)]
-    long = spec.generate(params, other_prompts, 30, capacity=CAPACITY)
+    yield compiled
   finally:
     jax.monitoring.unregister_event_duration_listener(listener)
+
+
+def test_no_recompilation_per_token():
+  """After one short call, a call with more tokens (so more rounds) and other prompts of the same
+  shapes compiles nothing at all: every round reuses the one compiled round."""
+  spec, params = _speculator(SMALL_VOCAB, 1, 2)
+  short = spec.generate(params, _prompts(SMALL_VOCAB), 4, capacity=CAPACITY)
+  with _compilations() as compiled:
+    other_prompts = [[(t + 1) % SMALL_VOCAB for t in prompt] for prompt in _prompts(SMALL_VOCAB)]
+    long = spec.generate(params, other_prompts, 30, capacity=CAPACITY)
   assert compiled == [], compiled
   assert long.metrics.rounds > 3 * short.metrics.rounds
 
@@ -231,17 +239,8 @@ def test_compilations_are_counted():
   cfg, target_params, _ = _weights(SMALL_VOCAB)
   spec = jax_mtp.Speculator(cfg, jax_mtp.make_mesh(1), 1, drafter=OracleDrafter(_sequences(SMALL_VOCAB),
                                                                               SMALL_VOCAB, offset=1))
-  compiled = []
-
-  def listener(event, duration, **kwargs):
-    if event == BACKEND_COMPILE:
-      compiled.append(kwargs.get("fun_name"))
-
-  jax.monitoring.register_event_duration_secs_listener(listener)
-  try:
+  with _compilations() as compiled:
     result = spec.generate(spec.shard(target_params, {}), _prompts(SMALL_VOCAB), MAX_NEW, capacity=CAPACITY)
-  finally:
-    jax.monitoring.unregister_event_duration_listener(listener)
   assert result.metrics.rounds == len(PROMPT_LENGTHS) * (MAX_NEW - 1)  # always wrong: 1 token per round
   assert compiled.count("jit(_round_per_shard)") == 1 and compiled.count("jit(_prefill_per_shard)") == 1, compiled
 
