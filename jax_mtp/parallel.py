@@ -77,9 +77,7 @@ class ShardedMtp:
       return DraftStep(out.hidden_BTD, out.caches, None, logits)
 
     rep = replicated()
-    sharded = jax.shard_map(per_shard, mesh=self.mesh, in_specs=(self._param_specs, rep, rep, rep, rep),
-                            out_specs=rep, check_vma=False)
-    return jax.jit(sharded)
+    return jit_per_shard(per_shard, self.mesh, (self._param_specs, rep, rep, rep, rep))
 
 
 def check_impl_runtime(norm_impl: str, mesh) -> None:
