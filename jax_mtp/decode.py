@@ -4,7 +4,9 @@ With no arguments it runs the embedded tiny DeepSeek-V3.2-shaped model — targe
 random weights from a fixed seed — on the available devices (CPU in seconds), and prints the
 generated tokens and the speculative-decoding metrics. `--checkpoint DIR` runs a real model instead:
 a HF checkpoint directory (config.json + safetensors, FP8 or not; jax_mtp.checkpoint) or an orbax
-directory written by `jax_mtp.orbax_io.save_params`, placed straight onto the `--tp` mesh.
+directory written by `jax_mtp.orbax_io.save_params`, placed straight onto the `--tp` mesh. With a
+checkpoint, `--prompt TEXT` is encoded by its `tokenizer.json` (jax_mtp.tokenizer) and the output is
+decoded back to text.
 Random weights draft badly, so acceptance is low; `--check` also decodes with the target alone and
 reports whether the outputs match token for token (they must: speculative decoding never changes
 greedy output). Exit 0 on success, 2 on bad input (a bad checkpoint included) with an `error: ...`
@@ -31,10 +33,10 @@ from jax_mtp.model import init_target_params
 from jax_mtp.request import required_capacity, validate_prompts
 from jax_mtp.sharding import make_mesh, validate_tp
 from jax_mtp.speculative import SpecParams, SpecResult, Speculator
+from jax_mtp.tokenizer import TextCodec
 
 DEFAULT_PROMPT = "1,2,3,4,5,6,7,8"
 WEIGHT_SEED = 0  # the embedded model's weights; --seed only drives sampling
-NOT_YET = "is not supported yet (issue #6: needs a tokenizer); give token ids with --prompt-ids"
 
 
 class _BadInput(ValueError):
@@ -50,7 +52,8 @@ def _parser() -> argparse.ArgumentParser:
   p = _Parser(prog="python -m jax_mtp.decode", description=__doc__.splitlines()[0])
   p.add_argument("--checkpoint", metavar="DIR",
                  help="HF checkpoint directory (config.json + *.safetensors) or a jax_mtp orbax directory")
-  p.add_argument("--prompt", metavar="TEXT", help="text prompt, needs a tokenizer (issue #6; not supported yet)")
+  p.add_argument("--prompt", action="append", metavar="TEXT",
+                 help="text prompt, encoded with the checkpoint's tokenizer.json; repeat for a batch")
   p.add_argument("--prompt-ids", action="append", metavar="IDS",
                  help=f"comma-separated token ids; repeat for a batch (default {DEFAULT_PROMPT})")
   p.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate per prompt (default 32)")
@@ -73,8 +76,6 @@ def _parse_ids(text: str) -> list[int]:
 
 def _validate(args: argparse.Namespace, cfg: jax_mtp.MtpConfig) -> list[list[int]]:
   """Every check that needs no compute; returns the prompts."""
-  if args.prompt is not None:
-    raise _BadInput(f"--prompt {NOT_YET}")
   for flag in ("max_new_tokens", "num_speculative_tokens", "tp"):
     if getattr(args, flag) < 1:
       raise _BadInput(f"--{flag.replace('_', '-')}={getattr(args, flag)} must be ≥ 1")
@@ -83,13 +84,25 @@ def _validate(args: argparse.Namespace, cfg: jax_mtp.MtpConfig) -> list[list[int
   if args.check and args.temperature > 0:
     raise _BadInput(f"--check compares greedy outputs token for token; it needs --temperature 0, "
                     f"got {args.temperature}")
-  prompts = [_parse_ids(text) for text in (args.prompt_ids or [DEFAULT_PROMPT])]
+  prompts = _prompts(args)
   validate_prompts(cfg, prompts)
   required_capacity(cfg, prompts, args.max_new_tokens, args.num_speculative_tokens)
   validate_tp(cfg, args.tp)
   _ensure_devices(args.tp)
   _check_impl(args.impl)
   return prompts
+
+
+def _prompts(args: argparse.Namespace) -> list[list[int]]:
+  """Token ids from --prompt-ids, or from --prompt through the checkpoint's tokenizer."""
+  if args.prompt is None:
+    return [_parse_ids(text) for text in (args.prompt_ids or [DEFAULT_PROMPT])]
+  if args.prompt_ids is not None:
+    raise _BadInput("give --prompt or --prompt-ids, not both")
+  if args.checkpoint is None:
+    raise _BadInput("--prompt needs --checkpoint: the embedded tiny model has no tokenizer; use --prompt-ids")
+  args.codec = TextCodec(args.checkpoint)
+  return [args.codec.encode(text) for text in args.prompt]
 
 
 def _ensure_devices(tp: int) -> None:
@@ -223,8 +236,11 @@ def _print_text(args: argparse.Namespace, cfg: jax_mtp.MtpConfig, prompts: list[
   model = ("tiny DeepSeek-V3.2 target + MTP layer (random weights)" if args.checkpoint is None
            else f"{args.checkpoint} ({cfg.model_type})")
   print(f"{model} on {jax.devices()[0].platform}, tp={args.tp}, k={args.num_speculative_tokens}, {mode}")
+  codec = getattr(args, "codec", None)
   for i, (prompt, tokens) in enumerate(zip(prompts, result.tokens)):
     print(f"prompt {i} {prompt} → {tokens}")
+    if codec is not None:
+      print(f"  {args.prompt[i]!r} → {codec.decode(tokens)!r}")
   if m.rounds:
     print(f"acceptance length {m.acceptance_length_mean:.2f} · per position "
           f"{[round(r, 2) for r in m.acceptance_rate_per_position]} · drafts accepted "
@@ -248,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
   result, matches = run(args, cfg, prompts, loaded)
   if args.json:
     out = {"tokens": result.tokens, **result.metrics.as_dict()}
+    if getattr(args, "codec", None) is not None:
+      out["text"] = [args.codec.decode(tokens) for tokens in result.tokens]
     if matches is not None:
       out["matches_target"] = matches
     print(json.dumps(out))

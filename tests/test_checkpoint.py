@@ -457,3 +457,37 @@ def test_cli_decodes_from_a_hf_checkpoint_and_from_its_orbax_copy(params, tmp_pa
   os.remove(os.path.join(hf, "config.json"))
   assert decode.main(["--checkpoint", hf, *argv]) == 2
   assert "is neither a HF checkpoint directory" in capsys.readouterr().err
+
+
+def _write_tokenizer(directory: str, vocab: int, bos: bool) -> None:
+  """A word-level tokenizer.json over `vocab` ids ("<bos>" = 0, "w1" ... ) and its config."""
+  from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: PLC0415
+  words = {"<bos>": 0, **{f"w{i}": i for i in range(1, vocab)}}
+  tok = Tokenizer(models.WordLevel(words, unk_token="<bos>"))
+  tok.pre_tokenizer = pre_tokenizers.Whitespace()
+  tok.save(os.path.join(directory, "tokenizer.json"))
+  with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+    json.dump({"add_bos_token": bos, "bos_token": {"content": "<bos>"}}, f)
+
+
+def test_cli_text_prompts_go_through_the_checkpoints_tokenizer(params, tmp_path, capsys):
+  """`--prompt TEXT` encodes with tokenizer.json (+ BOS when tokenizer_config asks), decodes the
+  output, and gives the same tokens as the equivalent --prompt-ids; a missing tokenizer is exit 2."""
+  from jax_mtp import decode  # noqa: PLC0415
+  hf = str(tmp_path / "hf")
+  write_checkpoint(hf, CFG, *params, block=(16, 24))
+  argv = ["--checkpoint", hf, "--json", "--max-new-tokens", "4"]
+  assert decode.main([*argv, "--prompt-ids", "1,2,3"]) == 0  # ids need no tokenizer
+  capsys.readouterr()
+  assert decode.main([*argv, "--prompt", "w5 w9"]) == 2
+  assert re.search(r"--prompt needs a tokenizer, and '.*tokenizer.json' does not exist", capsys.readouterr().err)
+  _write_tokenizer(hf, CFG.vocab_size, bos=True)
+  assert decode.main([*argv, "--prompt", "w5 w9", "--prompt", "w7"]) == 0
+  from_text = json.loads(capsys.readouterr().out)
+  assert decode.main([*argv, "--prompt-ids", "0,5,9", "--prompt-ids", "0,7"]) == 0
+  from_ids = json.loads(capsys.readouterr().out)
+  assert from_text["tokens"] == from_ids["tokens"]
+  assert from_text["text"] == [" ".join("<bos>" if t == 0 else f"w{t}" for t in row) for row in from_ids["tokens"]]
+  _write_tokenizer(hf, CFG.vocab_size, bos=False)
+  codec = decode.TextCodec(hf)
+  assert codec.encode("w5 w9") == [5, 9] and codec.bos_id is None

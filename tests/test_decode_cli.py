@@ -87,7 +87,8 @@ def test_sampling_is_seeded(capsys):
     (["--impl", "nope"], "'nope'"),
     (["--impl", "pallas_tpu"], "--impl=pallas_tpu needs TPU devices, found cpu"),
     (["--checkpoint", "/no/such/dir"], "--checkpoint '/no/such/dir' is neither a HF checkpoint directory"),
-    (["--prompt", "hello"], "--prompt is not supported yet (issue #6"),
+    (["--prompt", "hello"], "--prompt needs --checkpoint: the embedded tiny model has no tokenizer"),
+    (["--prompt", "hello", "--prompt-ids", "1"], "give --prompt or --prompt-ids, not both"),
     (["--no-such-flag"], "--no-such-flag"),
 ])
 def test_bad_input_returns_2_with_one_error_line(capsys, argv, named):

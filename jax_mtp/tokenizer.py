@@ -1,0 +1,63 @@
+"""Text in and out for `python -m jax_mtp.decode --prompt`: the checkpoint's own HF tokenizer.
+
+A HF checkpoint directory ships `tokenizer.json` (the `tokenizers` library's format) and usually
+`tokenizer_config.json`. Encoding applies `tokenizer.json`'s own post-processor; if
+`tokenizer_config.json` says `add_bos_token: true` and the ids do not already start with its
+`bos_token`, that token is put in front — DeepSeek-V3/V3.2 and GLM-5 prompts start with BOS, as
+`transformers`' tokenizer would give. No chat template is applied: `--prompt` is raw text.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+
+class TokenizerError(ValueError):
+  """A missing or unreadable tokenizer; the message names the file."""
+
+
+class TextCodec:
+  """encode(text) → ids; decode(ids) → text, with the checkpoint's tokenizer."""
+
+  def __init__(self, directory: str):
+    import tokenizers  # noqa: PLC0415 — only `--prompt` needs it
+
+    path = os.path.join(directory, "tokenizer.json")
+    if not os.path.isfile(path):
+      raise TokenizerError(f"--prompt needs a tokenizer, and {path!r} does not exist; give token ids with "
+                           f"--prompt-ids, or copy the model's tokenizer.json into the checkpoint directory")
+    try:
+      self._tok = tokenizers.Tokenizer.from_file(path)
+    except Exception as e:  # the library raises its own Exception subclass for any bad file
+      raise TokenizerError(f"{path!r} is not a valid tokenizer.json: {e}") from None
+    self.bos_id = _bos_to_add(directory, self._tok)
+
+  def encode(self, text: str) -> list[int]:
+    ids = self._tok.encode(text).ids
+    if self.bos_id is not None and ids[:1] != [self.bos_id]:
+      ids = [self.bos_id, *ids]
+    return ids
+
+  def decode(self, ids: list[int]) -> str:
+    return self._tok.decode(ids, skip_special_tokens=False)
+
+
+def _bos_to_add(directory: str, tok) -> int | None:
+  """The BOS id when tokenizer_config.json asks for one, else None."""
+  path = os.path.join(directory, "tokenizer_config.json")
+  if not os.path.isfile(path):
+    return None
+  try:
+    with open(path, encoding="utf-8") as f:
+      config = json.load(f)
+  except json.JSONDecodeError as e:
+    raise TokenizerError(f"{path!r} is not valid JSON: {e}") from None
+  if not config.get("add_bos_token", False):
+    return None
+  bos = config.get("bos_token")
+  bos = bos.get("content") if isinstance(bos, dict) else bos
+  bos_id = tok.token_to_id(bos) if isinstance(bos, str) else None
+  if bos_id is None:
+    raise TokenizerError(f"{path!r} sets add_bos_token but its bos_token {bos!r} is not in tokenizer.json")
+  return bos_id
