@@ -13,13 +13,17 @@ Each call runs inside `jax.shard_map` over a 1-D `tp` mesh exactly as in the mod
                 partials when tp > 1
 
 beside the copy bandwidth of the same GPU measured in the same run (`x + 1` over `--copy-mib` MiB,
-read + write), and the xla / pallas_gpu ratio. Prints a markdown table. The inputs are the same on
+read + write), and the xla / pallas_gpu ratio (on the xla row; on a variant's row, xla / that
+variant). Prints a markdown table. `pallas_gpu` is the kernel's default protocol (push="tma", no
+entry barrier); each `--variants` entry PUSH[+entry] adds a row `pallas_gpu[PUSH+entry]` with the
+kernel called directly with push=PUSH, entry_barrier=("+entry" given) — by default `st+entry`, the
+original protocol, so one run compares old and new. The inputs are the same on
 every iteration, so at T = 256 (14.7 MB) they stay in the 50 MB L2 and GB/s can pass the HBM copy.
 
 On CPU it only smoke-tests the plumbing: the kernel in GPU interpret mode for two small T,
 a few iterations, wall clock; those numbers say nothing about a GPU. Usage (repo root):
 
-    python -m benchmarks.fused_allreduce_rmsnorm [--tokens 1 8 64 256] [--iters 200]
+    python -m benchmarks.fused_allreduce_rmsnorm [--tokens 1 8 64 256] [--iters 200] [--variants st+entry tma+entry]
 """
 
 from __future__ import annotations
@@ -35,16 +39,31 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from jax.sharding import PartitionSpec as P
 
 from jax_mtp.kernels.fused_allreduce_rmsnorm import fused_allreduce_rmsnorm
+from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu import PUSH_MODES, fused_allreduce_rmsnorm_gpu
 from jax_mtp.sharding import TP_AXIS, make_mesh
 
 IMPLS = ("pallas_gpu", "xla")
 EPS = 1e-6
 
 
+def parse_variant(spec: str) -> tuple[str, bool]:
+  """"st+entry" → (push="st", entry_barrier=True); "tma" → ("tma", False)."""
+  push, _, entry = spec.partition("+")
+  if push not in PUSH_MODES or entry not in ("", "entry"):
+    raise argparse.ArgumentTypeError(f"variant {spec!r} is not PUSH or PUSH+entry with PUSH in {PUSH_MODES}")
+  return push, entry == "entry"
+
+
 def _program(tp: int, impl: str, interpret):
+  """impl: "xla", "pallas_gpu" (the public wrapper) or "pallas_gpu[VARIANT]" (the kernel directly)."""
   axis = TP_AXIS if tp > 1 else None
+  variant = impl[len("pallas_gpu["):-1] if impl.startswith("pallas_gpu[") else None
 
   def per_device(x_1TD, residual_TD, weight_D):
+    if variant is not None:
+      push, entry_barrier = parse_variant(variant)
+      return fused_allreduce_rmsnorm_gpu(x_1TD[0], residual_TD, weight_D, EPS, axis_name=axis, interpret=interpret,
+                                         push=push, entry_barrier=entry_barrier)
     return fused_allreduce_rmsnorm(x_1TD[0], residual_TD, weight_D, EPS, axis_name=axis, impl=impl,
                                    interpret=interpret if impl == "pallas_gpu" else None)
 
@@ -105,7 +124,16 @@ def main(argv=None) -> int:
   p.add_argument("--iters", type=int, default=200)
   p.add_argument("--copy-mib", type=int, default=2048)
   p.add_argument("--breakdown", action="store_true", help="also list each kernel's µs per call (GPU)")
+  p.add_argument("--variants", nargs="*", default=["st+entry"], metavar="PUSH[+entry]",
+                 help=f"extra pallas_gpu rows: push in {PUSH_MODES}, '+entry' adds the in-kernel entry barrier "
+                      "(default: st+entry, the original protocol; none: --variants)")
   args = p.parse_args(argv)
+  for spec in args.variants:
+    try:
+      parse_variant(spec)
+    except argparse.ArgumentTypeError as e:
+      p.error(str(e))
+  impls = (IMPLS[0], *(f"pallas_gpu[{v}]" for v in args.variants), *IMPLS[1:])
   on_gpu = jax.devices()[0].platform == "gpu"
   tp, dtype, d = (jax.device_count() if on_gpu else 1), jnp.dtype(jnp.bfloat16), args.hidden
   interpret = None if on_gpu else plgpu.InterpretGPUParams()
@@ -121,20 +149,22 @@ def main(argv=None) -> int:
   for t in tokens:
     data = _inputs(tp, t, d, dtype)
     nbytes = (4 * t * d + d + (tp - 1) * t * d) * dtype.itemsize
-    times = {}
-    for impl in IMPLS:
+    times, rows = {}, {}
+    for impl in impls:  # every impl is timed before any row is printed: the ratios need xla
       fn = _program(tp, impl, interpret)
       wall = wall_us(fn, data, iters)
       dev = device_us(fn, data, iters, tp) if on_gpu else None
       times[impl] = dev if dev is not None else wall
-      gbps = nbytes / (times[impl] * 1e-6) / 1e9
-      ratio = f"{times['xla'] / times['pallas_gpu']:.2f}×" if impl == "xla" else ""
+      rows[impl] = (dev, wall, nbytes / (times[impl] * 1e-6) / 1e9)
+    for impl, (dev, wall, gbps) in rows.items():
+      other = "pallas_gpu" if impl == "xla" else impl
+      ratio = f"{times['xla'] / times[other]:.2f}×" if impl != "pallas_gpu" else ""
       print(f"| {t} | {impl} | {'–' if dev is None else f'{dev:.1f}'} | {wall:.1f} | {nbytes:,} | {gbps:.1f} | "
             f"{100 * gbps / copy:.1f}% | {ratio} |", flush=True)
   if args.breakdown and on_gpu:
     print("\n| T | impl | kernel | µs per call |\n|---|---|---|---|")
     for t in tokens:
-      for impl in IMPLS:
+      for impl in impls:
         for name, us in kernel_breakdown(_program(tp, impl, interpret), _inputs(tp, t, d, dtype), iters, tp).items():
           print(f"| {t} | {impl} | {name[:60]} | {us:.1f} |", flush=True)
   return 0

@@ -1,30 +1,42 @@
 """Opt-1 on NVIDIA Hopper (H100/H200): one Mosaic GPU kernel that all-reduces the tp partials by
-peer-to-peer NVLink stores, adds the residual and applies RMSNorm.
+peer-to-peer NVLink copies, adds the residual and applies RMSNorm.
 
 A grid of G CTAs, one warpgroup (128 threads) each; CTA g owns the rows g, g+G, g+2G, ...
 With n > 1 devices G = min(T, 132): every CTA is resident, so no spin-wait can starve a CTA that
 was never scheduled; with n = 1, G = T. Per CTA, on every device (n > 1):
 
-    1. barrier      signal this CTA's `entry` semaphore on every peer, wait for n−1 signals: the
-                    peers' CTA g is inside this call, so it no longer reads its receive rows from
-                    an earlier call
-    2. push         for each of my rows: load my partial row, store it into slot `me` of every
-                    peer's receive buffer (`plgpu.remote_ref`, plain st.global over NVLink) and of
-                    my own
-    3. wait         signal `data` on every peer — the signal lowers to a warpgroup bar.sync then
-                    one red.release.sys, so all 128 threads' stores are visible before it lands —
-                    and wait for n−1 signals (fence.acquire.sys, then bar.sync)
+    1. barrier      only with entry_barrier=True (the old protocol): signal this CTA's `entry`
+                    semaphore on every peer, wait for n−1 signals
+    2. push         my partial rows into slot `me` of every peer's receive buffer and of my own.
+                    push="tma" (default): B rows at a time, TMA-load each row GMEM → SMEM
+                    (mbarrier), then one elected thread bulk-copies it SMEM → GMEM of each device
+                    (`copy_smem_to_gmem` to a `remote_ref`: one contiguous cp.async.bulk per row
+                    and device, no registers); the B slots (B·D·itemsize ≤ 160 of 227 KiB) are
+                    refilled once read. push="st": per-thread registers → 16-byte st.global.
+    3. wait         signal `data` on every peer (a warpgroup bar.sync, then red.release.sys by the
+                    same elected thread that issued the bulk copies and, before it, waited for
+                    their writes: cp.async.bulk.wait_group 0, not .read; an async op's completion
+                    carries an implicit generic-async proxy fence, so the release covers the rows —
+                    as in jax's collective_matmul_mgpu.py), wait for n−1 (fence.acquire.sys)
     4. reduce+norm  per row, in 1024-column chunks: acc = Σ_j slot[j] in the fixed order
                     j = 0..n−1 in fp32, so every device gets bit-identical results;
                     h = residual + acc → new_residual; Σh² over the row → inv_rms;
                     normed = h · inv_rms · weight
 
-A row lives in registers (D/128 fp32 values per thread, in the `WG_STRIDED` layout: thread i holds
-the 16-byte vectors i, i+128, ...), so each row is read once and no SMEM staging is needed; the
-128-thread sum of squares is Mosaic's warp shuffle + SMEM reduction. `wait` uses `decrement`, so
-both semaphores end every call at zero. With n = 1 (axis None or a 1-device axis) phases 1–3 vanish
-and the kernel is the fused residual add + RMSNorm; only that path runs in GPU interpret mode
-(interpret mode has no semaphores).
+Why phase 1 is not needed: jaxlib launches a kernel that uses XLA's collective metadata (as every
+`remote_ref` does) right after `comm->LaunchMultiGpuBarrier(executor)` on the same stream
+(`MosaicGpuExecute`, jaxlib/mosaic/gpu/custom_call.cc) unless CompilerParams(skip_device_barrier=
+True) (jax 0.11.2 _src/pallas/mosaic_gpu/core.py:129; never set here). That barrier kernel ends on a
+device only once every peer has reached it, i.e. has finished all its earlier stream work: its
+previous call (which read its receive buffer) and the zero-init of this call's semaphores (jax
+0.12's `plgpu.alloc_semaphore` docstring relies on the same guarantee). So no peer still touches
+what we write; the entry barrier, whose zeroed semaphore needs that barrier anyway, adds nothing.
+
+A row lives in registers in phase 4 (D/128 fp32 values per thread, in the `WG_STRIDED` layout:
+thread i holds the 16-byte vectors i, i+128, ...); the 128-thread sum of squares is Mosaic's warp
+shuffle + SMEM reduction. `wait` uses `decrement`, so the semaphores end every call at zero. With
+n = 1 (axis None or a 1-device axis) phases 1–3 vanish and the kernel is the fused residual add +
+RMSNorm; only that path runs in GPU interpret mode (interpret mode has no semaphores).
 
 D that is not a multiple of 128 is zero-padded by the wrapper (zeros add nothing to Σh²; the mean
 divides by the true D) and the outputs are sliced back. Never uses NVLink multicast.
@@ -46,6 +58,8 @@ MAX_D = 16384  # a row is kept in registers: D/128 fp32 values per thread
 MAX_CTAS = 132  # SMs on an H100/H200 SXM
 _LANES = 128  # threads in a warpgroup
 _CHUNK = 1024  # columns per register chunk
+PUSH_MODES = ("tma", "st")
+_STAGE_BYTES = 160 * 1024  # SMEM for push="tma"'s staged rows (227 KiB per SM)
 
 
 def validate_gpu_inputs(x_partial_TD, residual_TD, weight_D) -> None:
@@ -115,6 +129,30 @@ def _push_rows(x_ref, recv_ref, rows, me, n: int, axis: str, chunks) -> None:
         dst.at[me, row, pl.ds(c0, width)][...] = x
 
 
+def _push_rows_tma(x_ref, recv_ref, stage, bars, me, n: int, axis: str, t: int, grid: int) -> None:
+  """Phase 2 by bulk copies: B = len(stage) of my rows at a time GMEM → SMEM (TMA), then SMEM →
+  slot `me` of every device's receive buffer (peers first, mine last), one elected thread."""
+  slots, cta = stage.shape[0], lax.axis_index("cta")
+
+  @pl.loop(0, pl.cdiv(t, grid), step=slots)
+  def _(i0):
+    batch = [(s, cta + (i0 + s) * grid) for s in range(slots)]
+    for s, row in batch:
+      @pl.when(row < t)
+      def _():
+        plgpu.copy_gmem_to_smem(x_ref.at[row], stage.at[s], bars.at[s],
+                                oob_mode=plgpu.OOBFillMode.PROMISE_IN_BOUNDS)
+    for s, row in batch:
+      @pl.when(row < t)
+      def _():
+        plgpu.barrier_wait(bars.at[s])
+        for k in (*range(1, n), 0):
+          dst = recv_ref if k == 0 else plgpu.remote_ref(recv_ref, {axis: lax.rem(me + k, n)})
+          plgpu.copy_smem_to_gmem(stage.at[s], dst.at[me, row])
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the slots may be refilled
+  plgpu.wait_smem_to_gmem(0)  # the writes are complete: phase 3 may signal
+
+
 def _add_rmsnorm_rows(slots, res_ref, w_ref, normed_ref, new_res_ref, rows, chunks, d_true, eps) -> None:
   """Phase 4: h = residual + Σ_j slots[j] (fixed order, fp32) → new_residual, rmsnorm(h)·w → normed.
   Every load of a row is issued before its first store (stores may alias loads for the compiler)."""
@@ -141,30 +179,50 @@ def _add_rmsnorm_rows(slots, res_ref, w_ref, normed_ref, new_res_ref, rows, chun
 
 
 def _kernel(x_ref, res_ref, w_ref, normed_ref, new_res_ref, *rest, n: int, axis: str | None, t: int,
-            grid: int, d_true: int, eps: float):
+            grid: int, d_true: int, eps: float, push: str, entry_barrier: bool):
   chunks = _chunks(x_ref.shape[1])
   rows = pl.loop(lax.axis_index("cta"), t, step=grid)
   if n == 1:
     slots = [x_ref]
   else:
-    recv_ref, sems = rest
+    recv_ref, sems, *stage_bars = rest
     me = lax.axis_index(axis)
+    if entry_barrier:
+      _peer_barrier(sems.at[1], me, n, axis)
+    if push == "tma":
+      _push_rows_tma(x_ref, recv_ref, *stage_bars, me, n, axis, t, grid)
+    else:
+      _push_rows(x_ref, recv_ref, rows, me, n, axis, chunks)
     _peer_barrier(sems.at[0], me, n, axis)
-    _push_rows(x_ref, recv_ref, rows, me, n, axis, chunks)
-    _peer_barrier(sems.at[1], me, n, axis)
     slots = [recv_ref.at[j] for j in range(n)]
   _add_rmsnorm_rows(slots, res_ref, w_ref, normed_ref, new_res_ref, rows, chunks, d_true, eps)
 
 
+def _scratch(n: int, t: int, d: int, grid: int, dtype, push: str, entry_barrier: bool) -> tuple:
+  """Per CTA: the semaphores (data[, entry]); with push="tma" also B row slots in SMEM + barriers."""
+  if n == 1:
+    return ()
+  sems = (plgpu.SemaphoreType.REGULAR((2 if entry_barrier else 1,)),)
+  if push == "st":
+    return sems
+  slots = max(1, min(pl.cdiv(t, grid), _STAGE_BYTES // (d * dtype.itemsize)))
+  return sems + (plgpu.SMEM((slots, d), dtype), plgpu.Barrier(num_barriers=slots))
+
+
 def fused_allreduce_rmsnorm_gpu(x_partial_TD, residual_TD, weight_D, eps: float, *, axis_name: str | None,
-                                interpret=None):
+                                interpret=None, push: str = "tma", entry_barrier: bool = False):
   """(normed, new_residual) [T, D] in x's dtype, inside `shard_map` on Hopper GPUs.
 
   axis_name None or a 1-device axis: no communication, the fused add + RMSNorm only; that path
   also runs in GPU interpret mode (`interpret=plgpu.InterpretGPUParams(...)`; True means the
   default params — the generic `pallas_call` interpreter cannot run `plgpu.load`).
+  push ("tma"/"st"), entry_barrier: the n > 1 protocol (module docstring); "st" + True is the old one.
   """
   validate_gpu_inputs(x_partial_TD, residual_TD, weight_D)
+  if push not in PUSH_MODES:
+    raise ValueError(f"push={push!r} is not one of {PUSH_MODES}")
+  if not isinstance(entry_barrier, bool):
+    raise ValueError(f"entry_barrier={entry_barrier!r} must be a bool")
   n = 1 if axis_name is None else lax.axis_size(axis_name)
   if n > 1 and interpret is not None:
     raise ValueError(f"interpret={interpret!r}: GPU interpret mode has no semaphores, so {KERNEL_NAME} "
@@ -178,12 +236,10 @@ def fused_allreduce_rmsnorm_gpu(x_partial_TD, residual_TD, weight_D, eps: float,
     weight_D = jnp.pad(weight_D, (0, pad))
   grid = min(t, MAX_CTAS) if n > 1 else t  # spin-waiting CTAs must all be resident
   out = jax.ShapeDtypeStruct((t, d + pad), x_partial_TD.dtype)
-  out_type, scratch = (out, out), ()
-  if n > 1:
-    out_type += (jax.ShapeDtypeStruct((n, t, d + pad), x_partial_TD.dtype),)  # receive buffer
-    scratch = (plgpu.SemaphoreType.REGULAR((2,)),)  # per CTA: entry, data
+  out_type = (out, out) + ((jax.ShapeDtypeStruct((n, t, d + pad), out.dtype),) if n > 1 else ())  # + receive
+  scratch = _scratch(n, t, d + pad, grid, jnp.dtype(out.dtype), push, entry_barrier)
   body = functools.partial(_kernel, n=n, axis=axis_name if n > 1 else None, t=t, grid=grid, d_true=d,
-                           eps=float(eps))
+                           eps=float(eps), push=push, entry_barrier=entry_barrier)
   body = functools.update_wrapper(body, _kernel)
   body.__name__ = KERNEL_NAME  # the Mosaic module and kernel are named after the body
   normed, new_residual, *_ = plgpu.kernel(

@@ -19,7 +19,7 @@ from jax.sharding import PartitionSpec as P
 
 import jax_mtp
 from jax_mtp.kernels.fused_allreduce_rmsnorm import fused_allreduce_rmsnorm
-from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu import KERNEL_NAME, MAX_D, fused_allreduce_rmsnorm_gpu
+from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu import KERNEL_NAME, MAX_D, PUSH_MODES, fused_allreduce_rmsnorm_gpu
 from jax_mtp.parallel import ShardedMtp
 from jax_mtp.sharding import make_mesh
 from tests.test_kernel_lowering import _abstract_args
@@ -28,16 +28,24 @@ from tests.tolerances import assert_close
 EPS = 1e-6
 H200 = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
 ON_GPU = jax.devices()[0].platform == "gpu"
+# (push, entry_barrier): the kernel's protocols for tp > 1; the first is the default.
+PROTOCOLS = [("tma", False), ("st", True), ("tma", True), ("st", False)]
 
 
-def _harness(mesh, impl: str, interpret=None):
+def _harness(mesh, impl: str, interpret=None, **gpu_options):
   """jit(shard_map) over a stacked [tp, T, D] partial: device i gets row i; every device's outputs
-  come back stacked [tp, T, D], so bit-identity across devices can be checked."""
+  come back stacked [tp, T, D], so bit-identity across devices can be checked. gpu_options
+  (push, entry_barrier) call the GPU kernel directly: the public wrapper keeps its defaults."""
   tp = mesh.shape["tp"]
 
   def per_device(x_1TD, residual_TD, weight_D):
-    outs = fused_allreduce_rmsnorm(x_1TD[0], residual_TD, weight_D, EPS, axis_name="tp" if tp > 1 else None,
-                                   impl=impl, interpret=interpret)
+    axis = "tp" if tp > 1 else None
+    if gpu_options:
+      outs = fused_allreduce_rmsnorm_gpu(x_1TD[0], residual_TD, weight_D, EPS, axis_name=axis, interpret=interpret,
+                                         **gpu_options)
+    else:
+      outs = fused_allreduce_rmsnorm(x_1TD[0], residual_TD, weight_D, EPS, axis_name=axis, impl=impl,
+                                     interpret=interpret)
     return tuple(o[None] for o in outs)
 
   return jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=(P("tp"), P(), P()),
@@ -66,13 +74,15 @@ def _kernel_calls(module: str) -> list[str]:
 
 
 @functools.cache
-def _cuda_module(tp: int, t: int, d: int, dtype_name: str) -> str:
+def _cuda_module(tp: int, t: int, d: int, dtype_name: str, push: str | None = None, entry_barrier=False) -> str:
+  """push None: through the public wrapper (the kernel's defaults); else the kernel with these options."""
   mesh = AbstractMesh((tp,), ("tp",), axis_types=(AxisType.Auto,), abstract_device=H200)
   dtype = jnp.dtype(dtype_name)
   shapes = (jax.ShapeDtypeStruct((tp, t, d), dtype), jax.ShapeDtypeStruct((t, d), dtype),
             jax.ShapeDtypeStruct((d,), dtype))
+  options = {} if push is None else dict(push=push, entry_barrier=entry_barrier)
   with jax.sharding.use_abstract_mesh(mesh):
-    return jax.export.export(_harness(mesh, "pallas_gpu"), platforms=["cuda"])(*shapes).mlir_module()
+    return jax.export.export(_harness(mesh, "pallas_gpu", **options), platforms=["cuda"])(*shapes).mlir_module()
 
 
 class TestCudaLowering:
@@ -89,6 +99,16 @@ class TestCudaLowering:
   ])
   def test_lowers_for_awkward_shapes_and_dtypes(self, tp, t, d, dtype):
     self._check_module(tp, t, d, dtype)
+
+  @pytest.mark.parametrize("push, entry_barrier", PROTOCOLS)
+  @pytest.mark.parametrize("tp, t, d, dtype", [
+      (2, 1, 7168, "bfloat16"), (2, 257, 7168, "bfloat16"), (8, 64, 7168, "bfloat16"), (8, 3000, 7168, "bfloat16"),
+      (2, 257, 16384, "float32"), (8, 8, 200, "bfloat16"),  # 64 KiB rows: 2 SMEM slots; D padded
+  ])
+  def test_lowers_every_protocol(self, tp, t, d, dtype, push, entry_barrier):
+    """Both pushes, with and without the entry barrier; "tma" is bulk copies (no multicast either)."""
+    module = self._check_module(tp, t, d, dtype, push, entry_barrier)
+    assert ("cp.async.bulk.global.shared::cta.bulk_group" in module) == (push == "tma")
 
   @pytest.mark.parametrize("tp", [2, 8])
   def test_draft_step_tail_is_the_kernel(self, tp):
@@ -107,14 +127,15 @@ class TestCudaLowering:
     assert len(re.findall(r"stablehlo\.all_reduce", modules["pallas_gpu"])) == 2
 
   @staticmethod
-  def _check_module(tp, t, d, dtype):
-    module = _cuda_module(tp, t, d, dtype)
+  def _check_module(tp, t, d, dtype, push=None, entry_barrier=False):
+    module = _cuda_module(tp, t, d, dtype, push, entry_barrier)
     assert len(_kernel_calls(module)) == module.count("custom_call @mosaic_gpu") == 1
     assert "all_reduce" not in module  # the kernel is the reduction
     assert "multimem" not in module  # never NVLink multicast (the PTX strings are in the module)
     communicates = "uses_xla_collective_metadata = true" in module
     assert communicates == (tp > 1)
     assert ("red.release.sys" in module) == (tp > 1)  # the semaphore signal after the peer stores
+    return module
 
 
 @pytest.mark.skipif(ON_GPU, reason="interpret mode is the CPU stand-in; TestOnGpu runs the kernel")
@@ -151,6 +172,15 @@ class TestBadInputs:
     with pytest.raises(ValueError, match=match):
       fused_allreduce_rmsnorm_gpu(x, x, w, EPS, axis_name=None)
 
+  @pytest.mark.parametrize("options, match", [
+      (dict(push="multimem"), f"push='multimem' is not one of {re.escape(str(PUSH_MODES))}"),
+      (dict(entry_barrier=1), "entry_barrier=1 must be a bool"),
+  ])
+  def test_unknown_protocol_is_an_error(self, options, match):
+    x = jnp.zeros((2, 128), jnp.float32)
+    with pytest.raises(ValueError, match=match):
+      fused_allreduce_rmsnorm_gpu(x, x, x[0], EPS, axis_name=None, **options)
+
   @pytest.mark.skipif(jax.device_count() < 2, reason="needs a 2-device mesh")
   def test_interpret_with_communication_is_an_error(self):
     args = _inputs(2, 2, 128, jnp.float32)
@@ -167,11 +197,15 @@ class TestOnGpu:
       (257, 7168, jnp.float32), (3, 128, jnp.float32), (257, 200, jnp.bfloat16),
   ])
   @pytest.mark.parametrize("tp", [1, 2, 4, 8])
-  def test_matches_xla(self, tp, t, d, dtype):
+  @pytest.mark.parametrize("push, entry_barrier", PROTOCOLS)
+  def test_matches_xla(self, tp, t, d, dtype, push, entry_barrier):
     if tp > jax.device_count():
       pytest.skip(f"tp={tp} needs {tp} GPUs, {jax.device_count()} present")
+    if tp == 1 and (push, entry_barrier) != PROTOCOLS[0]:
+      pytest.skip("tp=1 does not communicate: the protocol does not apply")
     mesh = make_mesh(tp)
-    kernel, xla = _harness(mesh, "pallas_gpu"), _harness(mesh, "xla")
+    kernel = _harness(mesh, "pallas_gpu", push=push, entry_barrier=entry_barrier)
+    xla = _harness(mesh, "xla")
     inputs = [_inputs(tp, t, d, dtype, seed) for seed in range(5)]
     outs = [kernel(*args) for args in inputs]  # back to back: a fast device reaches the next call early
     for args, got in zip(inputs, outs):
