@@ -116,7 +116,8 @@ def _hidden(args, kwargs):
   return args[0] if args else kwargs["hidden_states"]
 
 
-def run_vllm(checkpoint: str, prompt: list[int], num_spec: int, max_tokens: int) -> tuple[dict, dict]:
+def run_vllm(checkpoint: str, prompt: list[int], num_spec: int, max_tokens: int, dtype: str = "float32",
+             tensor_parallel_size: int = 1) -> tuple[dict, dict]:
   """(settings, arrays) from one greedy speculative run of vLLM."""
   os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engine: the hooks reach it
   os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -125,7 +126,8 @@ def run_vllm(checkpoint: str, prompt: list[int], num_spec: int, max_tokens: int)
   from vllm import LLM, SamplingParams
 
   on_cpu = not torch.cuda.is_available()
-  settings = dict(dtype="float32", enforce_eager=True, max_model_len=256, max_num_seqs=1, seed=0,
+  settings = dict(dtype=dtype, tensor_parallel_size=tensor_parallel_size, enforce_eager=True,
+                  max_model_len=max(256, len(prompt) + max_tokens + num_spec), max_num_seqs=1, seed=0,
                   speculative_config={"method": "mtp", "num_speculative_tokens": num_spec},
                   compilation_config={"custom_ops": ["all", "-rotary_embedding"]} if on_cpu else {})
   llm = LLM(model=checkpoint, skip_tokenizer_init=True, max_logprobs=-1, **settings)
@@ -201,6 +203,8 @@ def main(argv=None) -> int:
   parser.add_argument("--prompt-ids", help="with --checkpoint: comma-separated token ids")
   parser.add_argument("--num-spec", type=int, default=1)
   parser.add_argument("--max-tokens", type=int, default=16)
+  parser.add_argument("--dtype", default="float32", help="with --checkpoint: vLLM's dtype (bfloat16 for real models)")
+  parser.add_argument("--tensor-parallel-size", type=int, default=1, help="with --checkpoint: vLLM's tp")
   parser.add_argument("--vllm-version", default=VLLM_VERSION, help="the vLLM version the hooks were vetted on")
   parser.add_argument("--run-one", help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
@@ -242,7 +246,8 @@ def _custom(args, parser) -> int:
   if not args.prompt_ids:
     parser.error("--checkpoint needs --prompt-ids")
   prompt = [int(t) for t in args.prompt_ids.split(",")]
-  settings, arrays = run_vllm(args.checkpoint, prompt, args.num_spec, args.max_tokens)
+  settings, arrays = run_vllm(args.checkpoint, prompt, args.num_spec, args.max_tokens, args.dtype,
+                              args.tensor_parallel_size)
   checkpoint = dict(path=os.path.abspath(args.checkpoint))
   _load_module("fixtures").save(args.out, _meta(settings, checkpoint, args.num_spec), arrays)
   return 0
