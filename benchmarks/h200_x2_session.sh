@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# One call on a lent 2×H200 machine (jax 0.11.2 + CUDA plugin there): Opt-1 at tp = 2 (GPU tests,
+# the kernel's protocols vs XLA, a per-kernel breakdown), the decode CLI with the kernel, and the
+# host-memory benchmark of a large FP8 checkpoint load. Tables land in $OUT. Repo root:
+# `bash benchmarks/h200_x2_session.sh`.
+set -uo pipefail
+export PYTHONUNBUFFERED=1 JAX_PLATFORMS=cuda
+# NVLink multicast stays off on these machines (it can take shared GPUs down).
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
+{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader;
+  python3 -c "import jax, flax; print('jax', jax.__version__, 'flax', flax.__version__, jax.devices())"; } \
+  2>&1 | tee "$OUT/machine.txt"
+timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/test_fused_allreduce_rmsnorm_gpu.py -k OnGpu 2>&1 \
+  | tail -15 | tee "$OUT/gpu_tests.txt"
+timeout 150 python3 -m benchmarks.fused_allreduce_rmsnorm --iters 200 --variants st+entry tma+entry st 2>&1 \
+  | tee "$OUT/fused_allreduce_rmsnorm.md"
+timeout 90 python3 -m benchmarks.fused_allreduce_rmsnorm --tokens 1 64 256 --iters 100 --breakdown 2>&1 \
+  | tee "$OUT/breakdown.md"
+timeout 90 python3 -m jax_mtp.decode --tp 2 --impl pallas_gpu --check --json 2>&1 | tail -3 | tee "$OUT/decode.txt"
