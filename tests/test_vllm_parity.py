@@ -54,7 +54,9 @@ def _model(name: str, indexer: bool, directory: str):
   ckpt = meta["checkpoint"]
   cfg_dict = tiny_checkpoint.config(ckpt["config"])
   assert tiny_checkpoint.weights_sha256(tiny_checkpoint.build_tensors(cfg_dict, ckpt["seed"])) == ckpt["weights_sha256"]
-  if indexer:
+  if indexer:  # DSA equals dense MLA only while every query's visible keys fit in the top-k
+    _, a = _fixture(name)
+    assert max(a["target_positions"].max(), a["mtp_positions"].max()) < INDEX_TOPK
     cfg_dict = tiny_checkpoint.with_indexer(cfg_dict, INDEX_TOPK)
   path = os.path.join(directory, f"{name}_{indexer}")
   tiny_checkpoint.write(path, cfg_dict, ckpt["seed"])
