@@ -8,8 +8,9 @@ Inside `shard_map`, each device holds `x_partial` [T, D], its un-reduced share o
 
 math in fp32, both outputs in the activation dtype (x_partial's). The reference (`impl="xla"`) is
 `lax.psum` followed by the jnp norm; the Pallas kernels (issue #4) plug into this same call: TPU
-remote DMA (`fused_allreduce_rmsnorm_tpu.py`) and GPU peer-to-peer NVLink stores
-(`fused_allreduce_rmsnorm_gpu.py`). The caller picks `impl`; nothing falls back silently.
+remote DMA (`fused_allreduce_rmsnorm_tpu.py`: one-shot for decode, two-shot for large T) and GPU
+peer-to-peer NVLink stores (`fused_allreduce_rmsnorm_gpu.py`). The caller picks `impl`; nothing
+falls back silently.
 
 `sequence_parallel_rmsnorm` is vLLM's SP variant: reduce-scatter the tokens, add and normalise
 the local T/tp rows, all-gather the normalised rows.
@@ -25,6 +26,16 @@ from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu import fused_allreduce_rmsnorm_
 from jax_mtp.kernels.fused_allreduce_rmsnorm_tpu import fused_allreduce_rmsnorm_tpu
 
 IMPLS = ("xla", "pallas_tpu", "pallas_gpu")
+TPU_ALGORITHMS = ("auto", "one_shot", "two_shot")
+_ONE_SHOT_MAX_ROWS = 256  # decode: T = 1–256 rows
+
+
+def choose_tpu_algorithm(t: int, n: int) -> str:
+  """The "auto" pick. Bytes each device sends for T rows of D: one-shot (n−1)·T·D in one DMA round;
+  two-shot (n−1)/n·T·D partials + 2·(n−1)/n·T·D finished rows (normed and new_residual), i.e.
+  3·(n−1)/n·T·D in two rounds. That is a tie at n = 3 and less from n = 4 (×3/n), so two-shot wins
+  once the transfer, not the extra round's latency, dominates: large T (prefill) with n ≥ 4."""
+  return "one_shot" if t <= _ONE_SHOT_MAX_ROWS or n <= 3 else "two_shot"
 
 
 def _add_rmsnorm(reduced, residual, weight, eps: float, out_dtype):
@@ -49,7 +60,7 @@ def validate_inputs(x_partial_TD, residual_TD, weight_D) -> None:
 
 
 def fused_allreduce_rmsnorm(x_partial_TD, residual_TD, weight_D, eps: float, *, axis_name: str | None,
-                            impl: str = "xla", interpret=None):
+                            impl: str = "xla", interpret=None, tpu_algorithm: str = "auto"):
   """(normed, new_residual) = (rmsnorm(psum(x) + r) · w, psum(x) + r). Call inside `shard_map`
   (or with axis_name=None outside any mesh, where the psum is the identity).
 
@@ -58,10 +69,16 @@ def fused_allreduce_rmsnorm(x_partial_TD, residual_TD, weight_D, eps: float, *, 
   Pallas kernel on CPU devices: TPU interpret-mode params for "pallas_tpu"; for "pallas_gpu"
   `plgpu.InterpretGPUParams()` (or True), only without communication (axis None or 1 device —
   GPU interpret mode has no semaphores; the kernel raises otherwise). It is an error with "xla".
+  tpu_algorithm (impl="pallas_tpu" only): "one_shot", "two_shot" (reduce-scatter + all-gather) or
+  "auto" (`choose_tpu_algorithm`).
   """
   validate_inputs(x_partial_TD, residual_TD, weight_D)
   if impl not in IMPLS:
     raise ValueError(f"impl={impl!r} is not one of {IMPLS}")
+  if tpu_algorithm not in TPU_ALGORITHMS:
+    raise ValueError(f"tpu_algorithm={tpu_algorithm!r} is not one of {TPU_ALGORITHMS}")
+  if tpu_algorithm != "auto" and impl != "pallas_tpu":
+    raise ValueError(f"tpu_algorithm={tpu_algorithm!r} applies to impl='pallas_tpu', not impl={impl!r}")
   if impl == "xla":
     if interpret is not None:
       raise ValueError(f"interpret={interpret!r} applies to a Pallas impl, not impl='xla'")
@@ -69,8 +86,11 @@ def fused_allreduce_rmsnorm(x_partial_TD, residual_TD, weight_D, eps: float, *, 
   if impl == "pallas_gpu":
     return fused_allreduce_rmsnorm_gpu(x_partial_TD, residual_TD, weight_D, eps, axis_name=axis_name,
                                        interpret=interpret)
+  if tpu_algorithm == "auto":
+    n = 1 if axis_name is None else lax.axis_size(axis_name)
+    tpu_algorithm = choose_tpu_algorithm(x_partial_TD.shape[0], n)
   return fused_allreduce_rmsnorm_tpu(x_partial_TD, residual_TD, weight_D, eps, axis_name=axis_name,
-                                     interpret=interpret)
+                                     interpret=interpret, algorithm=tpu_algorithm)
 
 
 def sequence_parallel_rmsnorm(x_partial_TD, residual_TD, weight_D, eps: float, *, axis_name: str, tp: int):

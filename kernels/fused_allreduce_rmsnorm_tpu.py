@@ -15,6 +15,8 @@ One-shot per block: each device sends (n−1)·rows·D elements and receives as 
 sizes (T ≤ 256 rows of D = 7168) that is one to four blocks and the latency is one DMA round.
 Signals from a peer already in the next block can only arrive after every peer signalled this
 block (it passed this block's barrier), so counting semaphores keep the barrier exact.
+For large T, `algorithm="two_shot"` runs the reduce-scatter + all-gather form instead
+(`fused_allreduce_rmsnorm_tpu_two_shot.py`), which sends 3/n as many bytes.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 KERNEL_NAME = "fused_allreduce_rmsnorm_tpu"
+ALGORITHMS = ("one_shot", "two_shot")
 _COLLECTIVE_ID = 7  # kernels with the same communication pattern may share an id
 _VMEM_BUDGET = 24 * 2**20  # receive buffer + double-buffered in/out blocks
 _VMEM_LIMIT = 48 * 2**20  # scoped VMEM limit requested from Mosaic (v5e/v6e have 128 MiB)
@@ -65,6 +68,11 @@ def _exchange(x_ref, recv_ref, send_sems, recv_sems, me, n: int, axis: str) -> N
                                  recv_sem=recv_sems.at[src], device_id={axis: src}).wait_recv()
 
 
+def _rmsnorm(h, w_ref, eps: float):
+  """rmsnorm(h)·weight in fp32, the one expression both algorithms use."""
+  return h * lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + eps) * w_ref[...].astype(jnp.float32)
+
+
 def _kernel(x_ref, res_ref, w_ref, normed_ref, new_res_ref, *scratch, n: int, axis: str | None, eps: float):
   if n > 1:
     recv_ref, send_sems, recv_sems = scratch
@@ -78,15 +86,26 @@ def _kernel(x_ref, res_ref, w_ref, normed_ref, new_res_ref, *scratch, n: int, ax
     acc = x_ref[...].astype(jnp.float32)
   h = res_ref[...].astype(jnp.float32) + acc
   new_res_ref[...] = h.astype(new_res_ref.dtype)
-  inv_rms = lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + eps)
-  normed_ref[...] = (h * inv_rms * w_ref[...].astype(jnp.float32)).astype(normed_ref.dtype)
+  normed_ref[...] = _rmsnorm(h, w_ref, eps).astype(normed_ref.dtype)
 
 
 def fused_allreduce_rmsnorm_tpu(x_partial_TD, residual_TD, weight_D, eps: float, *, axis_name: str | None,
-                                interpret=None):
-  """(normed, new_residual) on TPU (or TPU interpret mode: `interpret=pltpu.InterpretParams(...)`)."""
+                                interpret=None, algorithm: str = "one_shot"):
+  """(normed, new_residual) on TPU (or TPU interpret mode: `interpret=pltpu.InterpretParams(...)`).
+
+  algorithm: "one_shot" (this module) or "two_shot" (reduce-scatter + all-gather, for large T;
+  `fused_allreduce_rmsnorm_tpu_two_shot.py`). With one device there is nothing to reduce and both
+  are this module's local add + norm.
+  """
+  if algorithm not in ALGORITHMS:
+    raise ValueError(f"algorithm={algorithm!r} is not one of {ALGORITHMS}")
   t, d = x_partial_TD.shape
   n = 1 if axis_name is None else lax.axis_size(axis_name)
+  if algorithm == "two_shot" and n > 1:
+    # Imported here: the two-shot module builds on this one's barrier and norm.
+    from jax_mtp.kernels.fused_allreduce_rmsnorm_tpu_two_shot import fused_allreduce_rmsnorm_tpu_two_shot
+    return fused_allreduce_rmsnorm_tpu_two_shot(x_partial_TD, residual_TD, weight_D, eps, axis_name=axis_name,
+                                                interpret=interpret)
   rows = block_rows(t, d, n, x_partial_TD.dtype.itemsize)
   row_block = pl.BlockSpec((rows, d), lambda i: (i, 0))
   scratch = []

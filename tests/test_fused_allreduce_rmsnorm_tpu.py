@@ -6,17 +6,20 @@ racy cases run in both DMA execution modes and repeat.
 """
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax._src.pallas.mosaic.interpret import interpret_pallas_call  # its race flag (jax 0.11 does not raise)
 from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import PartitionSpec as P
 
 import jax_mtp
-from jax_mtp.kernels.fused_allreduce_rmsnorm import fused_allreduce_rmsnorm
-from jax_mtp.kernels.fused_allreduce_rmsnorm_tpu import KERNEL_NAME, block_rows
+from jax_mtp.kernels import fused_allreduce_rmsnorm_tpu_two_shot as two_shot
+from jax_mtp.kernels.fused_allreduce_rmsnorm import choose_tpu_algorithm, fused_allreduce_rmsnorm
+from jax_mtp.kernels.fused_allreduce_rmsnorm_tpu import KERNEL_NAME, block_rows, fused_allreduce_rmsnorm_tpu
 from jax_mtp.parallel import ShardedMtp
 from jax_mtp.sharding import make_mesh
 from tests.tolerances import assert_close
@@ -30,16 +33,18 @@ def _interpret(mode: str = "on_wait") -> pltpu.InterpretParams:
 
 
 @functools.cache
-def _harness(tp: int, impl: str, mode: str):
-  """jit(shard_map(fused_allreduce_rmsnorm)) over a stacked [tp, T, D] partial: device i gets row i."""
+def _harness(tp: int, impl: str, mode: str, algorithm: str = "auto"):
+  """jit(shard_map(fused_allreduce_rmsnorm)) over a stacked [tp, T, D] partial: device i gets row i.
+  Returns every device's outputs, stacked [tp, T, D]."""
   axis = "tp" if tp > 1 else None
   interpret = _interpret(mode) if impl == "pallas_tpu" else None
 
   def per_device(x_1TD, residual_TD, weight_D):
-    return fused_allreduce_rmsnorm(x_1TD[0], residual_TD, weight_D, EPS, axis_name=axis, impl=impl,
-                                   interpret=interpret)
+    outs = fused_allreduce_rmsnorm(x_1TD[0], residual_TD, weight_D, EPS, axis_name=axis, impl=impl,
+                                   interpret=interpret, tpu_algorithm=algorithm)
+    return tuple(out[None] for out in outs)
 
-  return jax.jit(jax.shard_map(per_device, mesh=make_mesh(tp), in_specs=(P("tp"), P(), P()), out_specs=P(),
+  return jax.jit(jax.shard_map(per_device, mesh=make_mesh(tp), in_specs=(P("tp"), P(), P()), out_specs=P("tp"),
                                check_vma=False))
 
 
@@ -49,13 +54,19 @@ def _inputs(tp: int, t: int, d: int, dtype, seed: int = 0):
           jnp.asarray(1 + 0.1 * rng.standard_normal(d), dtype))
 
 
-def _check(tp, t, d, dtype, mode="on_wait", seed=0):
+def _check(tp, t, d, dtype, mode="on_wait", seed=0, algorithm="one_shot", harness=None):
+  """The kernel's outputs are bit-identical on every device and close to the XLA reference."""
   args = _inputs(tp, t, d, dtype, seed)
   ref = _harness(tp, "xla", "")(*args)
-  out = _harness(tp, "pallas_tpu", mode)(*args)
+  out = (harness or _harness(tp, "pallas_tpu", mode, algorithm))(*args)
+  assert not getattr(interpret_pallas_call.races, "races_found", False)  # jax 0.11 flags races, 0.12 raises
   for got, want, what in zip(out, ref, ("normed", "new_residual")):
-    assert got.dtype == dtype and got.shape == (t, d)
-    assert_close(got.astype(jnp.float32), want.astype(jnp.float32), jnp.dtype(dtype).name, what=what)
+    got = np.asarray(got.astype(jnp.float32))
+    assert got.shape == (tp, t, d)
+    assert out[0].dtype == dtype
+    for device in range(1, tp):
+      np.testing.assert_array_equal(got[device], got[0], err_msg=f"{what}: device {device} != device 0")
+    assert_close(got[0], want[0].astype(jnp.float32), jnp.dtype(dtype).name, what=what)
 
 
 @pytest.mark.parametrize("t", [1, 3, 64, 257])
@@ -85,6 +96,68 @@ def test_kernel_has_no_races(mode, repeat):
   """Each device's results are bit-identical to the reference ordering and no race is detected
   (InterpretParams(detect_races=True) raises on a race)."""
   _check(4, 16, 256, jnp.float32, mode=mode, seed=repeat)
+
+
+@pytest.mark.parametrize("t", [1, 3, 64, 257])
+@pytest.mark.parametrize("tp", [2, 4, 8])
+def test_two_shot_matches_xla_over_tp_and_rows(tp, t):
+  """T < tp (devices that own only padding rows) through several chunks per device."""
+  _check(tp, t, 128, jnp.float32, algorithm="two_shot")
+
+
+@pytest.mark.parametrize("tp, t, d, dtype", [
+    (8, 64, 7168, jnp.bfloat16),
+    (4, 3, 200, jnp.bfloat16),  # D not a multiple of the 128-lane tile
+    (2, 257, 200, jnp.float32),
+    (8, 257, 200, jnp.bfloat16),
+])
+def test_two_shot_matches_xla_on_awkward_shapes_and_dtypes(tp, t, d, dtype):
+  _check(tp, t, d, dtype, algorithm="two_shot")
+
+
+@pytest.mark.parametrize("tp, t, dtype", [(4, 257, jnp.float32), (8, 300, jnp.bfloat16)])
+def test_two_shot_with_several_row_blocks_and_a_partial_last_block(tp, t, dtype):
+  rows = two_shot.two_shot_rows(t, 7168, tp, jnp.dtype(dtype).itemsize)
+  assert rows < t and t % rows and rows % (tp * two_shot.sublanes(jnp.dtype(dtype).itemsize)) == 0
+  _check(tp, t, 7168, dtype, algorithm="two_shot")
+
+
+@pytest.mark.parametrize("mode", ["on_wait", "eager"])
+@pytest.mark.parametrize("repeat", range(2))
+def test_two_shot_has_no_races(mode, repeat, monkeypatch):
+  """Three row blocks (a small VMEM budget), so the next block's pushes would race the last one's
+  reads if the waits were wrong (dropping the receive waits is detected; checked by hand)."""
+  monkeypatch.setattr(two_shot, "_VMEM_BUDGET", 32 * 256 * 4 * 11)  # 32 rows of D = 256 fp32
+  assert two_shot.two_shot_rows(80, 256, 4, 4) == 32
+  harness = _harness.__wrapped__(4, "pallas_tpu", mode, "two_shot")  # uncached: traced under the patch
+  _check(4, 80, 256, jnp.float32, mode=mode, seed=repeat, harness=harness)
+
+
+@pytest.mark.parametrize("t, n, want", [
+    (1, 8, "one_shot"), (256, 8, "one_shot"), (257, 8, "two_shot"), (4096, 4, "two_shot"),
+    (4096, 3, "one_shot"), (4096, 2, "one_shot"), (4096, 1, "one_shot"),
+])
+def test_auto_picks_one_shot_for_decode_rows_or_few_devices(t, n, want):
+  assert choose_tpu_algorithm(t, n) == want
+
+
+@pytest.mark.parametrize("tp, t, algorithm, kernel", [
+    (4, 257, "auto", two_shot.KERNEL_NAME), (4, 256, "auto", KERNEL_NAME), (2, 257, "auto", KERNEL_NAME),
+    (2, 8, "two_shot", two_shot.KERNEL_NAME), (8, 512, "one_shot", KERNEL_NAME),
+])
+def test_the_wrapper_runs_the_chosen_kernel(tp, t, algorithm, kernel):
+  jaxpr = str(jax.make_jaxpr(_harness(tp, "pallas_tpu", "on_wait", algorithm))(*_inputs(tp, t, 128, jnp.float32)))
+  assert set(re.findall(rf"\b{KERNEL_NAME}\w*", jaxpr)) == {kernel}
+
+
+def test_unknown_algorithm_is_an_error():
+  x, r, w = _inputs(1, 2, 128, jnp.float32)
+  with pytest.raises(ValueError, match="algorithm='ring' is not one of"):
+    fused_allreduce_rmsnorm_tpu(x[0], r, w, EPS, axis_name=None, algorithm="ring")
+  with pytest.raises(ValueError, match="tpu_algorithm='ring' is not one of"):
+    fused_allreduce_rmsnorm(x[0], r, w, EPS, axis_name=None, impl="pallas_tpu", tpu_algorithm="ring")
+  with pytest.raises(ValueError, match="tpu_algorithm='two_shot' applies to impl='pallas_tpu', not impl='xla'"):
+    fused_allreduce_rmsnorm(x[0], r, w, EPS, axis_name=None, impl="xla", tpu_algorithm="two_shot")
 
 
 def test_mtp_layer_with_the_tpu_kernel_equals_xla_tail():

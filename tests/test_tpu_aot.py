@@ -1,13 +1,23 @@
-"""The sharded MTP draft step, with the Opt-1 Mosaic kernel, compiles for a real TPU topology
-(v5e 2x2) on this CPU machine through libtpu (the `tpu` extra; CI installs it)."""
+"""The sharded MTP draft step, with the Opt-1 Mosaic kernel, and the two-shot kernel alone compile
+for a real TPU topology (v5e 2x2) on this CPU machine through libtpu (the `tpu` extra; CI installs it)."""
 
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
+from jax.experimental import topologies
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jax_mtp.kernels.fused_allreduce_rmsnorm import fused_allreduce_rmsnorm
+from jax_mtp.kernels.fused_allreduce_rmsnorm_tpu_two_shot import KERNEL_NAME as TWO_SHOT
 
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "tpu_aot_compile.py"
 
@@ -24,3 +34,22 @@ def test_mtp_step_compiles_for_tpu_with_the_mosaic_kernel():
   xla, pallas = lines
   assert "fused_allreduce_rmsnorm_tpu present: False" in xla and "'all-reduce': 3" in xla
   assert "fused_allreduce_rmsnorm_tpu present: True" in pallas and "'all-reduce': 2" in pallas
+
+
+@pytest.mark.slow
+def test_two_shot_kernel_compiles_for_tpu_at_prefill_size():
+  """The two-shot (reduce-scatter + all-gather) Mosaic kernel alone, v5e 2x2 (tp=4), T=1024 rows of
+  D=7168 bf16: several row blocks, dynamic chunk offsets and remote DMAs through libtpu's compiler."""
+  assert importlib.util.find_spec("libtpu") is not None, "libtpu missing: install the `tpu` extra"
+  mesh = Mesh(np.array(topologies.get_topology_desc(topology_name="v5e:2x2", platform="tpu").devices), ("tp",))
+  t, d = 1024, 7168
+
+  def per_device(x_1TD, residual_TD, weight_D):
+    return fused_allreduce_rmsnorm(x_1TD[0], residual_TD, weight_D, 1e-6, axis_name="tp", impl="pallas_tpu",
+                                   tpu_algorithm="two_shot")
+
+  step = jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=(P("tp"), P(), P()), out_specs=P(), check_vma=False))
+  arg = lambda shape, spec: jax.ShapeDtypeStruct(shape, jnp.bfloat16, sharding=NamedSharding(mesh, spec))  # noqa: E731
+  hlo = step.lower(arg((4, t, d), P("tp")), arg((t, d), P()), arg((d,), P())).compile().as_text()
+  assert hlo.count("tpu_custom_call") == 1 and TWO_SHOT in hlo
+  assert not re.search(r"\b(all-reduce|all-gather|reduce-scatter)(-start)?\(", hlo)
