@@ -351,9 +351,10 @@ def read_param(ckpt: SafetensorsCheckpoint, p: Param, index: tuple[slice, ...]) 
     values = ckpt.read(p.sources[0], clipped).astype(p.dtype)
   elif p.transform == LINEAR:
     values = ckpt.read(p.sources[0], clipped[::-1]).T.astype(p.dtype)
-  else:  # experts: [E, in, out] from E tensors [out, in], each cast before stacking (one fp32 expert at a time)
+  else:  # experts: [E, in, out] from E tensors [out, in], filled in place: one fp32 expert in flight, no stack copy
     experts, rest = clipped[0], clipped[1:]
-    values = np.stack([ckpt.read(p.sources[e], rest[::-1]).T.astype(p.dtype)
-                       for e in range(experts.start, experts.stop)])
+    values = np.empty((experts.stop - experts.start, *(s.stop - s.start for s in rest)), p.dtype)
+    for i, e in enumerate(range(experts.start, experts.stop)):
+      values[i] = ckpt.read(p.sources[e], rest[::-1]).T.astype(p.dtype)
   pad = [(0, (s.stop - s.start) - (c.stop - c.start)) for s, c in zip(index, clipped)]
   return np.pad(values, pad) if any(after for _, after in pad) else values

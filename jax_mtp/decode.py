@@ -127,7 +127,8 @@ def _check_impl(impl: str) -> None:
 class Progress:
   """A one-line progress bar on `stream`, shown only on a terminal (or with `force`), at most 10 Hz."""
 
-  def __init__(self, stream=sys.stderr, force: bool = False):
+  def __init__(self, stream=None, force: bool = False):
+    stream = sys.stderr if stream is None else stream  # looked up per call: sys.stderr may be swapped
     self.stream, self.enabled = stream, force or stream.isatty()
     self.shown, self.last = False, 0.0
 
