@@ -31,6 +31,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 
 import jax
 import numpy as np
@@ -351,10 +352,26 @@ def read_param(ckpt: SafetensorsCheckpoint, p: Param, index: tuple[slice, ...]) 
     values = ckpt.read(p.sources[0], clipped).astype(p.dtype)
   elif p.transform == LINEAR:
     values = ckpt.read(p.sources[0], clipped[::-1]).T.astype(p.dtype)
-  else:  # experts: [E, in, out] from E tensors [out, in], filled in place: one fp32 expert in flight, no stack copy
-    experts, rest = clipped[0], clipped[1:]
-    values = np.empty((experts.stop - experts.start, *(s.stop - s.start for s in rest)), p.dtype)
-    for i, e in enumerate(range(experts.start, experts.stop)):
-      values[i] = ckpt.read(p.sources[e], rest[::-1]).T.astype(p.dtype)
+  else:
+    values = _read_experts(ckpt, p, clipped)
   pad = [(0, (s.stop - s.start) - (c.stop - c.start)) for s, c in zip(index, clipped)]
   return np.pad(values, pad) if any(after for _, after in pad) else values
+
+
+# Dequantisation is numpy work that releases the GIL, and experts hold most of a MoE checkpoint's
+# bytes: a few threads fill one stacked param's experts at once.
+_EXPERT_THREADS = min(8, os.cpu_count() or 1)
+
+
+def _read_experts(ckpt: SafetensorsCheckpoint, p: Param, clipped: tuple[slice, ...]) -> np.ndarray:
+  """[E, in, out] from E tensors [out, in], filled in place: at most _EXPERT_THREADS fp32 experts in
+  flight and no stacking copy, so the host peak stays about one param."""
+  experts, rest = clipped[0], clipped[1:]
+  values = np.empty((experts.stop - experts.start, *(s.stop - s.start for s in rest)), p.dtype)
+
+  def fill(i: int) -> None:
+    values[i] = ckpt.read(p.sources[experts.start + i], rest[::-1]).T.astype(p.dtype)
+
+  with ThreadPoolExecutor(_EXPERT_THREADS) as pool:
+    list(pool.map(fill, range(len(values))))  # list(): re-raises the first error
+  return values
