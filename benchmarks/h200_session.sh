@@ -2,13 +2,7 @@
 # One call on the lent H200 machine (jax 0.11.2 + CUDA plugin there): the GPU-only tests and the
 # GPU benchmarks, each table written to $OUT. Run from the repo root: `bash benchmarks/h200_session.sh`.
 set -uo pipefail
-export PYTHONUNBUFFERED=1 JAX_PLATFORMS=cuda
-# NVLink multicast stays off on these machines (it can take shared GPUs down).
-export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
-{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader;
-  python3 -c "import jax, flax; print('jax', jax.__version__, 'flax', flax.__version__, jax.devices())"; } \
-  2>&1 | tee "$OUT/machine.txt"
+source "$(dirname "$0")/device_env.sh"
 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_fused_allreduce_rmsnorm_gpu.py 2>&1 \
   | tail -4 | tee "$OUT/gpu_tests.txt"
 timeout 120 python3 -m benchmarks.fused_allreduce_rmsnorm 2>&1 | tee "$OUT/fused_allreduce_rmsnorm.md"

@@ -4,13 +4,7 @@
 # host-memory benchmark of a large FP8 checkpoint load. Tables land in $OUT. Repo root:
 # `bash benchmarks/h200_x2_session.sh`.
 set -uo pipefail
-export PYTHONUNBUFFERED=1 JAX_PLATFORMS=cuda
-# NVLink multicast stays off on these machines (it can take shared GPUs down).
-export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
-{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader;
-  python3 -c "import jax, flax; print('jax', jax.__version__, 'flax', flax.__version__, jax.devices())"; } \
-  2>&1 | tee "$OUT/machine.txt"
+source "$(dirname "$0")/device_env.sh"
 T="tests/test_fused_allreduce_rmsnorm_gpu.py::TestOnGpu"
 # The bulk-copy (TMA) push first, alone: if it fails or hangs, the rest runs the per-thread push only.
 timeout 120 python3 -m pytest -q -x -p no:cacheprovider "$T" -k "tma-False-2-" 2>&1 | tail -8 | tee "$OUT/tma_smoke.txt"

@@ -1,0 +1,8 @@
+# Sourced by the device session scripts: CUDA JAX, multicast off, $OUT, and a machine line in $OUT.
+export PYTHONUNBUFFERED=1 JAX_PLATFORMS=cuda
+# NVLink multicast stays off on these machines (it can take shared GPUs down).
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
+{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader;
+  python3 -c "import jax, flax; print('jax', jax.__version__, 'flax', flax.__version__, jax.devices())"; } \
+  2>&1 | tee "$OUT/machine.txt"
