@@ -20,12 +20,14 @@ class LayerCache(NamedTuple):
 
   latent_BSC: kv_a_layernorm(c) — the normalised MLA latent, [B, S, C].
   k_pe_BSR:   the rotated (interleaved RoPE) shared key part, [B, S, R].
-  index_k_BSJ: the indexer's key (LayerNorm + RoPE), fp32 [B, S, J]; [B, S, 0] without an indexer.
+  index_k_BSJ: the indexer's key (LayerNorm + RoPE), fp32 [B, S, J]; None without an indexer
+               (deepseek_v3). Not a [B, S, 0] array: jaxlib 0.11.2's CPU compiler segfaults on a
+               zero-sized array carried through the sharded decode loop.
   """
 
   latent_BSC: jax.Array
   k_pe_BSR: jax.Array
-  index_k_BSJ: jax.Array
+  index_k_BSJ: jax.Array | None
 
   @property
   def capacity(self) -> int:
@@ -38,7 +40,7 @@ def init_layer_cache(cfg: MtpConfig, batch: int, capacity: int) -> LayerCache:
   return LayerCache(
       latent_BSC=jnp.zeros((batch, capacity, cfg.kv_lora_rank), dtype),
       k_pe_BSR=jnp.zeros((batch, capacity, cfg.qk_rope_head_dim), dtype),
-      index_k_BSJ=jnp.zeros((batch, capacity, cfg.index_head_dim), jnp.float32),
+      index_k_BSJ=jnp.zeros((batch, capacity, cfg.index_head_dim), jnp.float32) if cfg.index_topk else None,
   )
 
 
