@@ -13,8 +13,8 @@ It runs in vLLM's own venv, not jax_mtp's (it never imports jax): on CPU,
     /tmp/venv-vllm/bin/python tools/vllm_reference.py tests/golden          # regenerate the committed fixtures
     /tmp/venv-vllm/bin/python tools/vllm_reference.py tests/golden --check  # regenerate elsewhere, cmp bytes
 
-`--checkpoint DIR --prompt-ids 1,2,3` runs any DeepSeek-V3 checkpoint instead (a GPU build of vLLM for
-real ones: `--vllm-version` names the version you vetted the hooks against).
+`--checkpoint DIR --prompt-ids 1,2,3` runs any DeepSeek-V3 checkpoint instead, on the CPU or one GPU (a
+GPU build of vLLM for real ones; `--vllm-version` names the version you vetted the hooks against).
 
 Settings that matter (in each fixture's meta): float32, eager, and on CPU `custom_ops: ["all",
 "-rotary_embedding"]`. vLLM 0.32.0's CPU rotary op is wrong for MLA's 3-D query in eager mode (see
@@ -116,9 +116,10 @@ def _hidden(args, kwargs):
   return args[0] if args else kwargs["hidden_states"]
 
 
-def run_vllm(checkpoint: str, prompt: list[int], num_spec: int, max_tokens: int, dtype: str = "float32",
-             tensor_parallel_size: int = 1) -> tuple[dict, dict]:
-  """(settings, arrays) from one greedy speculative run of vLLM."""
+def run_vllm(checkpoint: str, prompt: list[int], num_spec: int, max_tokens: int,
+             dtype: str = "float32") -> tuple[dict, dict]:
+  """(settings, arrays) from one greedy speculative run of vLLM. One GPU or the CPU: the hooks keep
+  their records in this process, so vLLM's tensor parallelism (worker processes) is not supported."""
   os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engine: the hooks reach it
   os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
   import torch
@@ -126,7 +127,7 @@ def run_vllm(checkpoint: str, prompt: list[int], num_spec: int, max_tokens: int,
   from vllm import LLM, SamplingParams
 
   on_cpu = not torch.cuda.is_available()
-  settings = dict(dtype=dtype, tensor_parallel_size=tensor_parallel_size, enforce_eager=True,
+  settings = dict(dtype=dtype, tensor_parallel_size=1, enforce_eager=True,
                   max_model_len=max(256, len(prompt) + max_tokens + num_spec), max_num_seqs=1, seed=0,
                   speculative_config={"method": "mtp", "num_speculative_tokens": num_spec},
                   compilation_config={"custom_ops": ["all", "-rotary_embedding"]} if on_cpu else {})
@@ -204,7 +205,6 @@ def main(argv=None) -> int:
   parser.add_argument("--num-spec", type=int, default=1)
   parser.add_argument("--max-tokens", type=int, default=16)
   parser.add_argument("--dtype", default="float32", help="with --checkpoint: vLLM's dtype (bfloat16 for real models)")
-  parser.add_argument("--tensor-parallel-size", type=int, default=1, help="with --checkpoint: vLLM's tp")
   parser.add_argument("--vllm-version", default=VLLM_VERSION, help="the vLLM version the hooks were vetted on")
   parser.add_argument("--run-one", help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
@@ -246,8 +246,7 @@ def _custom(args, parser) -> int:
   if not args.prompt_ids:
     parser.error("--checkpoint needs --prompt-ids")
   prompt = [int(t) for t in args.prompt_ids.split(",")]
-  settings, arrays = run_vllm(args.checkpoint, prompt, args.num_spec, args.max_tokens, args.dtype,
-                              args.tensor_parallel_size)
+  settings, arrays = run_vllm(args.checkpoint, prompt, args.num_spec, args.max_tokens, args.dtype)
   checkpoint = dict(path=os.path.abspath(args.checkpoint))
   _load_module("fixtures").save(args.out, _meta(settings, checkpoint, args.num_spec), arrays)
   return 0
