@@ -212,6 +212,7 @@ class TestOnGpu:
       _check(got, xla(*args), dtype, t, d)
 
 
+@pytest.mark.skipif(ON_GPU, reason="needs CPU devices; the GPU machine's mesh has GPUs (JAX_PLATFORMS=cuda)")
 def test_building_a_gpu_kernel_model_on_cpu_devices_is_an_error():
   """The runtime is checked when the model is built, naming what is missing (here: GPUs)."""
   with pytest.raises(RuntimeError, match="impl='pallas_gpu' needs NVIDIA GPUs, but the mesh has cpu devices"):
