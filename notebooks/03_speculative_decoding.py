@@ -194,3 +194,43 @@ assert again.tokens == sampled.tokens
 cold = spec.generate(params, prompts, max_new, temperature=0.001, seed=1)
 print("τ = 0.001 equals greedy:", cold.tokens == plain)
 assert cold.tokens == plain
+
+# %% [markdown]
+# ## Checking against vLLM
+#
+# `tests/golden/` holds runs of vLLM 0.32.0 (CPU, fp32) with its MTP layer as the speculative decoder,
+# in the format of `jax_mtp.reference.fixtures`: the prompt, vLLM's greedy output, its log-probs at
+# every position, and every target and MTP call it made. The tiny DeepSeek-V3 checkpoint it ran is
+# rebuilt here from a numpy seed (its digest is in the fixture) and loaded by our own HF loader. Our
+# `Speculator` must then emit vLLM's tokens, and our target vLLM's log-probs.
+# (`tests/test_vllm_parity.py` goes further: every hidden, logits row and draft of every call.)
+
+# %%
+import tempfile
+
+from jax_mtp.checkpoint import load_hf_checkpoint
+from jax_mtp.reference import fixtures, tiny_checkpoint
+
+meta, ref = fixtures.load("../tests/golden/v3_k3.npz")
+print(meta["engine"], "· k =", meta["num_speculative_tokens"])
+ckpt_dir = tempfile.mkdtemp()
+source = meta["checkpoint"]
+assert tiny_checkpoint.write(ckpt_dir, tiny_checkpoint.config(source["config"]), source["seed"]) == source["weights_sha256"]
+v3_cfg = jax_mtp.from_hf_config(ckpt_dir).replace(dtype="float32", param_dtype="float32")
+v3_cfg, v3_target, v3_mtp = load_hf_checkpoint(ckpt_dir, cfg=v3_cfg)
+
+v3_spec = jax_mtp.Speculator(v3_cfg, jax_mtp.make_mesh(1), meta["num_speculative_tokens"])
+ours = v3_spec.generate(v3_spec.shard(v3_target, v3_mtp), [ref["prompt_ids"].tolist()], len(ref["output_ids"]))
+print("vLLM:", ref["output_ids"].tolist())
+print("ours:", ours.tokens[0], "· drafts accepted", ours.metrics.draft_tokens_accepted, "/", ours.metrics.draft_tokens_proposed)
+assert ours.tokens[0] == ref["output_ids"].tolist()
+
+# %%
+tokens = np.concatenate([ref["prompt_ids"], ref["output_ids"][:-1]])
+v3_model = jax_mtp.TargetModel(v3_cfg)
+caches = jax_mtp.init_target_caches(v3_cfg, 1, len(tokens))
+hidden = v3_model.apply({"params": v3_target}, tokens[None], np.arange(len(tokens))[None], caches).hidden_BTD
+log_p = jax.nn.log_softmax(v3_model.apply({"params": v3_target}, hidden, method="compute_logits")[0], axis=-1)
+err = float(jnp.max(jnp.abs(log_p - ref["target_logprobs"])))
+print(f"max |log p (ours) − log p (vLLM)| over {len(tokens)} positions × {v3_cfg.vocab_size} tokens: {err:.1e}")
+assert err < 1e-4

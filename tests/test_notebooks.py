@@ -19,7 +19,13 @@ REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.py"))
 # jax.experimental.pallas.tpu: JAX's own API (`force_tpu_interpret_mode`, `InterpretParams`), which runs
 # the Opt-1 TPU kernel on CPU devices in notebook 02.
-ALLOWED_IMPORTS = {"jax", "jax.numpy", "numpy", "jax_mtp", "jax.experimental.pallas.tpu"}
+# tempfile: notebook 03 writes a checkpoint. jax_mtp.checkpoint and jax_mtp.reference.*: the loader and
+# the vLLM fixture format, public modules that `jax_mtp` does not re-export (they need safetensors).
+ALLOWED_IMPORTS = {"jax", "jax.numpy", "numpy", "jax_mtp", "jax.experimental.pallas.tpu", "tempfile"}
+PUBLIC_MODULES = {
+    "jax_mtp.checkpoint": {"load_hf_checkpoint", "load_mtp_only"},
+    "jax_mtp.reference": {"fixtures", "tiny_checkpoint"},
+}
 # The kernels are not re-exported from `jax_mtp`: their public API is their modules (kernels/__init__.py),
 # of which a notebook may import the documented functions: the public wrapper (with `impl=`), the
 # reference (the spec) and `validate_inputs`.
@@ -67,15 +73,17 @@ def test_ipynb_is_in_sync(path):
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids)
 def test_notebook_uses_only_the_public_api(path):
-  """Code cells import only jax, jax.numpy, jax.experimental.pallas.tpu, numpy, `jax_mtp` and the kernels'
-  documented functions (KERNEL_API), and read only `jax_mtp.<name>` for names in `jax_mtp.__all__`."""
+  """Code cells import only jax, jax.numpy, jax.experimental.pallas.tpu, numpy, tempfile, `jax_mtp`, the
+  kernels' documented functions (KERNEL_API) and the loader / fixture modules (PUBLIC_MODULES), and read
+  only `jax_mtp.<name>` for names in `jax_mtp.__all__`."""
   jupytext = _need("jupytext")
   source = "\n".join(cell.source for cell in jupytext.read(path).cells if cell.cell_type == "code")
   for node in ast.walk(ast.parse(source)):
     if isinstance(node, ast.Import):
       assert {alias.name for alias in node.names} <= ALLOWED_IMPORTS, ast.unparse(node)
-    elif isinstance(node, ast.ImportFrom) and node.module in KERNEL_API:
-      assert {alias.name for alias in node.names} <= KERNEL_API[node.module], ast.unparse(node)
+    elif isinstance(node, ast.ImportFrom) and node.module in {**KERNEL_API, **PUBLIC_MODULES}:
+      allowed = {**KERNEL_API, **PUBLIC_MODULES}[node.module]
+      assert {alias.name for alias in node.names} <= allowed, ast.unparse(node)
     elif isinstance(node, ast.ImportFrom):
       assert node.module in ALLOWED_IMPORTS, ast.unparse(node)
       if node.module == "jax_mtp":
