@@ -27,6 +27,7 @@ from safetensors.numpy import save_file
 from jax_mtp.checkpoint import EXPERTS, LINEAR, load_hf_checkpoint, plan
 from jax_mtp.config import tiny
 from jax_mtp.sharding import make_mesh
+from tests.hf_checkpoint import hf_config_dict
 
 SHARD_BYTES = 2 << 30
 CFG = tiny(vocab_size=32768, hidden_size=2048, intermediate_size=4096, moe_intermediate_size=1024,
@@ -34,20 +35,6 @@ CFG = tiny(vocab_size=32768, hidden_size=2048, intermediate_size=4096, moe_inter
            kv_lora_rank=256, qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64, n_routed_experts=256,
            n_group=8, topk_group=4, num_experts_per_tok=8, index_n_heads=8, index_head_dim=64,
            dtype="bfloat16", param_dtype="bfloat16")
-
-
-def hf_config(cfg) -> dict:
-  keys = ("model_type vocab_size hidden_size intermediate_size moe_intermediate_size num_hidden_layers "
-          "first_k_dense_replace num_attention_heads q_lora_rank kv_lora_rank qk_nope_head_dim qk_rope_head_dim "
-          "v_head_dim n_routed_experts n_shared_experts num_experts_per_tok n_group topk_group "
-          "routed_scaling_factor norm_topk_prob rms_norm_eps max_position_embeddings index_n_heads "
-          "index_head_dim index_topk num_nextn_predict_layers").split()
-  r = cfg.rope
-  return {**{k: getattr(cfg, k) for k in keys}, "rope_theta": r.theta,
-          "rope_scaling": dict(type="yarn", factor=r.factor,
-                               original_max_position_embeddings=r.original_max_position_embeddings, beta_fast=r.beta_fast, beta_slow=r.beta_slow, mscale=r.mscale,
-                               mscale_all_dim=r.mscale_all_dim),
-          "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}
 
 
 def _random_tensors(cfg, rng):
@@ -68,7 +55,7 @@ def write(directory: str, cfg=CFG, shard_bytes: int = SHARD_BYTES) -> None:
   """A random FP8 checkpoint of `cfg`, in files of about `shard_bytes`, one file in memory at a time."""
   os.makedirs(directory, exist_ok=True)
   with open(os.path.join(directory, "config.json"), "w") as f:
-    json.dump(hf_config(cfg), f)
+    json.dump(hf_config_dict(cfg), f)
   weight_map, shard, size, files = {}, {}, 0, 0
   for name, value in _random_tensors(cfg, np.random.default_rng(0)):
     shard[name], size = value, size + value.nbytes

@@ -40,7 +40,7 @@ def init_layer_cache(cfg: MtpConfig, batch: int, capacity: int) -> LayerCache:
   return LayerCache(
       latent_BSC=jnp.zeros((batch, capacity, cfg.kv_lora_rank), dtype),
       k_pe_BSR=jnp.zeros((batch, capacity, cfg.qk_rope_head_dim), dtype),
-      index_k_BSJ=jnp.zeros((batch, capacity, cfg.index_head_dim), jnp.float32) if cfg.index_topk else None,
+      index_k_BSJ=jnp.zeros((batch, capacity, cfg.index_head_dim), jnp.float32) if cfg.has_indexer else None,
   )
 
 

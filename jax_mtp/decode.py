@@ -64,6 +64,7 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--impl", choices=IMPLS, default=IMPLS[0], help="fused all-reduce + RMSNorm implementation")
   p.add_argument("--check", action="store_true", help="also decode with the target alone and compare")
   p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+  p.set_defaults(codec=None)  # the checkpoint's tokenizer, set when --prompt is given
   return p
 
 
@@ -237,7 +238,7 @@ def _print_text(args: argparse.Namespace, cfg: jax_mtp.MtpConfig, prompts: list[
   model = ("tiny DeepSeek-V3.2 target + MTP layer (random weights)" if args.checkpoint is None
            else f"{args.checkpoint} ({cfg.model_type})")
   print(f"{model} on {jax.devices()[0].platform}, tp={args.tp}, k={args.num_speculative_tokens}, {mode}")
-  codec = getattr(args, "codec", None)
+  codec = args.codec
   for i, (prompt, tokens) in enumerate(zip(prompts, result.tokens)):
     print(f"prompt {i} {prompt} → {tokens}")
     if codec is not None:
@@ -265,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
   result, matches = run(args, cfg, prompts, loaded)
   if args.json:
     out = {"tokens": result.tokens, **result.metrics.as_dict()}
-    if getattr(args, "codec", None) is not None:
+    if args.codec is not None:
       out["text"] = [args.codec.decode(tokens) for tokens in result.tokens]
     if matches is not None:
       out["matches_target"] = matches

@@ -75,37 +75,31 @@ def _calls(a, kind):
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _target_step(model, params, ids, positions, caches):
-  out = model.apply({"params": params}, ids[None], positions[None], caches)
+def _step(model, params, caches, *inputs):
+  """One recorded call: `inputs` (ids, positions[, prev_hidden]) for one sequence, unbatched.
+  Returns (hidden [T, D], logits [T, V], caches)."""
+  out = model.apply({"params": params}, *(x[None] for x in inputs), caches)
   return out.hidden_BTD[0], model.apply({"params": params}, out.hidden_BTD, method="compute_logits")[0], out.caches
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _mtp_step(model, params, ids, positions, prev_hidden, caches):
-  out = model.apply({"params": params}, ids[None], positions[None], prev_hidden[None], caches)
-  logits = model.apply({"params": params}, out.hidden_BTD, method="compute_logits")[0]
-  return out.hidden_BTD[0], logits, out.caches
+def _replay(model, params, caches, a, kind, inputs):
+  """Every `kind` call of the fixture, in order, through `model` and one cache: (hidden, logits) of all rows."""
+  hidden, logits = [], []
+  for rows in _calls(a, kind):
+    h, lg, caches = _step(model, params, caches, *(a[f"{kind}_{name}"][rows] for name in inputs))
+    hidden.append(np.asarray(h))
+    logits.append(np.asarray(lg))
+  return np.concatenate(hidden), np.concatenate(logits)
 
 
 def _replay_target(cfg, params, a):
-  model, caches = jax_mtp.TargetModel(cfg), jax_mtp.init_target_caches(cfg, 1, CAPACITY)
-  hidden, logits = [], []
-  for rows in _calls(a, "target"):
-    h, lg, caches = _target_step(model, params, a["target_input_ids"][rows], a["target_positions"][rows], caches)
-    hidden.append(np.asarray(h))
-    logits.append(np.asarray(lg))
-  return np.concatenate(hidden), np.concatenate(logits)
+  caches = jax_mtp.init_target_caches(cfg, 1, CAPACITY)
+  return _replay(jax_mtp.TargetModel(cfg), params, caches, a, "target", ("input_ids", "positions"))
 
 
 def _replay_mtp(cfg, params, a):
-  model, caches = jax_mtp.MtpPredictor(cfg), jax_mtp.init_caches(cfg, 1, CAPACITY)
-  hidden, logits = [], []
-  for rows in _calls(a, "mtp"):
-    h, lg, caches = _mtp_step(model, params, a["mtp_input_ids"][rows], a["mtp_positions"][rows],
-                              a["mtp_prev_hidden"][rows], caches)
-    hidden.append(np.asarray(h))
-    logits.append(np.asarray(lg))
-  return np.concatenate(hidden), np.concatenate(logits)
+  caches = jax_mtp.init_caches(cfg, 1, CAPACITY)
+  return _replay(jax_mtp.MtpPredictor(cfg), params, caches, a, "mtp", ("input_ids", "positions", "prev_hidden"))
 
 
 @pytest.mark.parametrize("indexer", [False, True], ids=["v3", "v32_dense_equivalent"])
@@ -154,8 +148,8 @@ def test_target_logprobs_match_vllm_public_api(name, workdir):
   cfg, target, _ = _model(name, False, workdir)
   tokens = np.concatenate([a["prompt_ids"], a["output_ids"][:-1]])
   model = jax_mtp.TargetModel(cfg)
-  _, logits, _ = _target_step(model, target, tokens, np.arange(len(tokens), dtype=np.int32),
-                              jax_mtp.init_target_caches(cfg, 1, CAPACITY))
+  _, logits, _ = _step(model, target, jax_mtp.init_target_caches(cfg, 1, CAPACITY), tokens,
+                       np.arange(len(tokens), dtype=np.int32))
   logprobs = np.asarray(jax.nn.log_softmax(logits, axis=-1))
   assert_close(logprobs, a["target_logprobs"], what=f"{name}: target log-probs at every position")
   np.testing.assert_array_equal(np.argmax(logprobs[len(a["prompt_ids"]) - 1:], -1), a["output_ids"])
