@@ -17,18 +17,25 @@ read + write), and the xla / pallas_gpu ratio (on the xla row; on a variant's ro
 variant). Prints a markdown table. `pallas_gpu` is the kernel's default protocol (push="tma", no
 entry barrier); each `--variants` entry PUSH[+entry] adds a row `pallas_gpu[PUSH+entry]` with the
 kernel called directly with push=PUSH, entry_barrier=("+entry" given) — by default `st+entry`, the
-original protocol, so one run compares old and new. The inputs are the same on
+original protocol, so one run compares old and new. `--variants chained` adds
+`pallas_gpu[chained]`: `fused_allreduce_rmsnorm_gpu_chained`, which skips XLA's per-kernel device
+barrier through a persistent workspace (tp ≥ 2 GPUs). `--chain N` puts N calls in one program, each
+call's new_residual the next one's residual, as a decoder's layers or the draft steps of a round;
+every time is then per call (the program's total / N), so the chained variant's workspace set-up
+(one sync kernel behind one XLA barrier) is spread over the N calls. The inputs are the same on
 every iteration, so at T = 256 (14.7 MB) they stay in the 50 MB L2 and GB/s can pass the HBM copy.
 
 On CPU it only smoke-tests the plumbing: the kernel in GPU interpret mode for two small T,
 a few iterations, wall clock; those numbers say nothing about a GPU. Usage (repo root):
 
-    python -m benchmarks.fused_allreduce_rmsnorm [--tokens 1 8 64 256] [--iters 200] [--variants st+entry tma+entry]
+    python -m benchmarks.fused_allreduce_rmsnorm [--tokens 1 8 64 256] [--iters 200] [--variants st+entry chained]
+                                                 [--chain 8] [--breakdown]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 
@@ -40,32 +47,52 @@ from jax.sharding import PartitionSpec as P
 
 from jax_mtp.kernels.fused_allreduce_rmsnorm import fused_allreduce_rmsnorm
 from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu import PUSH_MODES, fused_allreduce_rmsnorm_gpu
+from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu_chained import fused_allreduce_rmsnorm_gpu_chained, gpu_workspace
 from jax_mtp.sharding import TP_AXIS, make_mesh
 
 IMPLS = ("pallas_gpu", "xla")
 EPS = 1e-6
+CHAINED = "chained"
 
 
-def parse_variant(spec: str) -> tuple[str, bool]:
-  """"st+entry" → (push="st", entry_barrier=True); "tma" → ("tma", False)."""
+def parse_variant(spec: str) -> tuple[str, bool] | None:
+  """"st+entry" → (push="st", entry_barrier=True); "tma" → ("tma", False); "chained" → None (the
+  workspace protocol without XLA's barrier, `fused_allreduce_rmsnorm_gpu_chained`; tp ≥ 2)."""
+  if spec == CHAINED:
+    return None
   push, _, entry = spec.partition("+")
   if push not in PUSH_MODES or entry not in ("", "entry"):
-    raise argparse.ArgumentTypeError(f"variant {spec!r} is not PUSH or PUSH+entry with PUSH in {PUSH_MODES}")
+    raise argparse.ArgumentTypeError(f"variant {spec!r} is not {CHAINED!r}, PUSH or PUSH+entry with PUSH in "
+                                     f"{PUSH_MODES}")
   return push, entry == "entry"
 
 
-def _program(tp: int, impl: str, interpret):
-  """impl: "xla", "pallas_gpu" (the public wrapper) or "pallas_gpu[VARIANT]" (the kernel directly)."""
-  axis = TP_AXIS if tp > 1 else None
+def _call(impl: str, axis, interpret, workspace):
+  """One fused call (x, residual, weight) → (normed, new_residual) for `impl` (see `_program`)."""
   variant = impl[len("pallas_gpu["):-1] if impl.startswith("pallas_gpu[") else None
+  if variant == CHAINED:
+    return functools.partial(fused_allreduce_rmsnorm_gpu_chained, eps=EPS, axis_name=axis, workspace=workspace)
+  if variant is not None:
+    push, entry_barrier = parse_variant(variant)
+    return functools.partial(fused_allreduce_rmsnorm_gpu, eps=EPS, axis_name=axis, interpret=interpret, push=push,
+                             entry_barrier=entry_barrier)
+  return functools.partial(fused_allreduce_rmsnorm, eps=EPS, axis_name=axis, impl=impl,
+                           interpret=interpret if impl == "pallas_gpu" else None)
+
+
+def _program(tp: int, impl: str, interpret, chain: int = 1):
+  """impl: "xla", "pallas_gpu" (the public wrapper) or "pallas_gpu[VARIANT]" (the kernel directly).
+  `chain` calls in one program, each call's new_residual the next one's residual (a decoder's
+  residual stream); "pallas_gpu[chained]" first builds its workspace (sync kernel + XLA barrier)."""
+  axis = TP_AXIS if tp > 1 else None
 
   def per_device(x_1TD, residual_TD, weight_D):
-    if variant is not None:
-      push, entry_barrier = parse_variant(variant)
-      return fused_allreduce_rmsnorm_gpu(x_1TD[0], residual_TD, weight_D, EPS, axis_name=axis, interpret=interpret,
-                                         push=push, entry_barrier=entry_barrier)
-    return fused_allreduce_rmsnorm(x_1TD[0], residual_TD, weight_D, EPS, axis_name=axis, impl=impl,
-                                   interpret=interpret if impl == "pallas_gpu" else None)
+    t, d = residual_TD.shape
+    workspace = gpu_workspace(axis, t, d, residual_TD.dtype) if impl == f"pallas_gpu[{CHAINED}]" else None
+    fused = _call(impl, axis, interpret, workspace)
+    for _ in range(chain):
+      normed_TD, residual_TD = fused(x_1TD[0], residual_TD, weight_D)
+    return normed_TD, residual_TD
 
   return jax.jit(jax.shard_map(per_device, mesh=make_mesh(tp), in_specs=(P(TP_AXIS), P(), P()),
                                out_specs=P(), check_vma=False))
@@ -127,15 +154,23 @@ def main(argv=None) -> int:
   p.add_argument("--variants", nargs="*", default=["st+entry"], metavar="PUSH[+entry]",
                  help=f"extra pallas_gpu rows: push in {PUSH_MODES}, '+entry' adds the in-kernel entry barrier "
                       "(default: st+entry, the original protocol; none: --variants)")
+  p.add_argument("--chain", type=int, default=1,
+                 help="calls per program, each feeding its new_residual to the next; times are per call")
   args = p.parse_args(argv)
   for spec in args.variants:
     try:
       parse_variant(spec)
     except argparse.ArgumentTypeError as e:
       p.error(str(e))
-  impls = (IMPLS[0], *(f"pallas_gpu[{v}]" for v in args.variants), *IMPLS[1:])
+  if args.chain < 1:
+    p.error(f"--chain {args.chain} must be ≥ 1")
   on_gpu = jax.devices()[0].platform == "gpu"
   tp, dtype, d = (jax.device_count() if on_gpu else 1), jnp.dtype(jnp.bfloat16), args.hidden
+  variants = args.variants
+  if CHAINED in variants and tp < 2:
+    print(f"NOTE: variant {CHAINED!r} needs tp ≥ 2 GPUs; left out here.\n")
+    variants = [v for v in variants if v != CHAINED]
+  impls = (IMPLS[0], *(f"pallas_gpu[{v}]" for v in variants), *IMPLS[1:])
   interpret = None if on_gpu else plgpu.InterpretGPUParams()
   tokens, iters = (args.tokens, args.iters) if on_gpu else ([t for t in args.tokens if t <= 8][:2] or [1], 3)
   if not on_gpu:
@@ -143,7 +178,8 @@ def main(argv=None) -> int:
           f" T={tokens}, {iters} iterations, wall clock. These numbers say nothing about a GPU.\n")
   copy = copy_gbps(args.copy_mib if on_gpu else 16, 20 if on_gpu else 2)
   print(f"device: {jax.devices()[0].device_kind} × {tp}, jax {jax.__version__}; D={d} {dtype.name}, "
-        f"tp={tp}; copy bandwidth (x + 1, read + write): {copy:.0f} GB/s\n")
+        f"tp={tp}; copy bandwidth (x + 1, read + write): {copy:.0f} GB/s; µs per call, "
+        f"{args.chain} chained call(s) per program\n")
   print("| T | impl | device µs | wall µs | bytes/device | GB/s (device) | % of copy | xla / pallas_gpu |")
   print("|---|---|---|---|---|---|---|---|")
   for t in tokens:
@@ -151,9 +187,10 @@ def main(argv=None) -> int:
     nbytes = (4 * t * d + d + (tp - 1) * t * d) * dtype.itemsize
     times, rows = {}, {}
     for impl in impls:  # every impl is timed before any row is printed: the ratios need xla
-      fn = _program(tp, impl, interpret)
-      wall = wall_us(fn, data, iters)
+      fn = _program(tp, impl, interpret, args.chain)
+      wall = wall_us(fn, data, iters) / args.chain
       dev = device_us(fn, data, iters, tp) if on_gpu else None
+      dev = None if dev is None else dev / args.chain
       times[impl] = dev if dev is not None else wall
       rows[impl] = (dev, wall, nbytes / (times[impl] * 1e-6) / 1e9)
     for impl, (dev, wall, gbps) in rows.items():
@@ -165,8 +202,9 @@ def main(argv=None) -> int:
     print("\n| T | impl | kernel | µs per call |\n|---|---|---|---|")
     for t in tokens:
       for impl in impls:
-        for name, us in kernel_breakdown(_program(tp, impl, interpret), _inputs(tp, t, d, dtype), iters, tp).items():
-          print(f"| {t} | {impl} | {name[:60]} | {us:.1f} |", flush=True)
+        fn = _program(tp, impl, interpret, args.chain)
+        for name, us in kernel_breakdown(fn, _inputs(tp, t, d, dtype), iters, tp).items():
+          print(f"| {t} | {impl} | {name[:60]} | {us / args.chain:.1f} |", flush=True)
   return 0
 
 

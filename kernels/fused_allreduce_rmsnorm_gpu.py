@@ -98,6 +98,15 @@ def check_gpu_runtime(devices) -> None:
                        f"for {len(devices)} GPUs")
 
 
+def pad_lanes(x_partial_TD, residual_TD, weight_D):
+  """Zero-pads D to a multiple of 128 (zeros add nothing to Σh²; the mean divides by the true D)."""
+  pad = -x_partial_TD.shape[1] % _LANES
+  if not pad:
+    return x_partial_TD, residual_TD, weight_D
+  x_partial_TD, residual_TD = (jnp.pad(a, ((0, 0), (0, pad))) for a in (x_partial_TD, residual_TD))
+  return x_partial_TD, residual_TD, jnp.pad(weight_D, (0, pad))
+
+
 def _chunks(d: int) -> tuple[tuple[int, int], ...]:
   """(start, width) column chunks of a D that is a multiple of 128."""
   width = next(c for c in (_CHUNK, 512, 256, _LANES) if d % c == 0)
@@ -129,9 +138,10 @@ def _push_rows(x_ref, recv_ref, rows, me, n: int, axis: str, chunks) -> None:
         dst.at[me, row, pl.ds(c0, width)][...] = x
 
 
-def _push_rows_tma(x_ref, recv_ref, stage, bars, me, n: int, axis: str, t: int, grid: int) -> None:
+def _push_rows_tma(x_ref, recv_ref, stage, bars, me, n: int, axis: str, t: int, grid: int, lead=()) -> None:
   """Phase 2 by bulk copies: B = len(stage) of my rows at a time GMEM → SMEM (TMA), then SMEM →
-  slot `me` of every device's receive buffer (peers first, mine last), one elected thread."""
+  slot `me` of every device's receive buffer (peers first, mine last), one elected thread.
+  `lead`: indices before (slot, row) in the receive buffer (the workspace's call parity)."""
   slots, cta = stage.shape[0], lax.axis_index("cta")
 
   @pl.loop(0, pl.cdiv(t, grid), step=slots)
@@ -148,7 +158,7 @@ def _push_rows_tma(x_ref, recv_ref, stage, bars, me, n: int, axis: str, t: int, 
         plgpu.barrier_wait(bars.at[s])
         for k in (*range(1, n), 0):
           dst = recv_ref if k == 0 else plgpu.remote_ref(recv_ref, {axis: lax.rem(me + k, n)})
-          plgpu.copy_smem_to_gmem(stage.at[s], dst.at[me, row])
+          plgpu.copy_smem_to_gmem(stage.at[s], dst.at[(*lead, me, row)])
     plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the slots may be refilled
   plgpu.wait_smem_to_gmem(0)  # the writes are complete: phase 3 may signal
 
@@ -203,10 +213,13 @@ def _scratch(n: int, t: int, d: int, grid: int, dtype, push: str, entry_barrier:
   if n == 1:
     return ()
   sems = (plgpu.SemaphoreType.REGULAR((2 if entry_barrier else 1,)),)
-  if push == "st":
-    return sems
+  return sems if push == "st" else sems + _stage_scratch(t, d, grid, dtype)
+
+
+def _stage_scratch(t: int, d: int, grid: int, dtype) -> tuple:
+  """push="tma"'s SMEM: B row slots and their TMA barriers."""
   slots = max(1, min(pl.cdiv(t, grid), _STAGE_BYTES // (d * dtype.itemsize)))
-  return sems + (plgpu.SMEM((slots, d), dtype), plgpu.Barrier(num_barriers=slots))
+  return plgpu.SMEM((slots, d), dtype), plgpu.Barrier(num_barriers=slots)
 
 
 def fused_allreduce_rmsnorm_gpu(x_partial_TD, residual_TD, weight_D, eps: float, *, axis_name: str | None,
@@ -230,10 +243,8 @@ def fused_allreduce_rmsnorm_gpu(x_partial_TD, residual_TD, weight_D, eps: float,
   if interpret is True:
     interpret = plgpu.InterpretGPUParams()
   t, d = x_partial_TD.shape
-  pad = -d % _LANES
-  if pad:
-    x_partial_TD, residual_TD = (jnp.pad(a, ((0, 0), (0, pad))) for a in (x_partial_TD, residual_TD))
-    weight_D = jnp.pad(weight_D, (0, pad))
+  x_partial_TD, residual_TD, weight_D = pad_lanes(x_partial_TD, residual_TD, weight_D)
+  pad = x_partial_TD.shape[1] - d
   grid = min(t, MAX_CTAS) if n > 1 else t  # spin-waiting CTAs must all be resident
   out = jax.ShapeDtypeStruct((t, d + pad), x_partial_TD.dtype)
   out_type = (out, out) + ((jax.ShapeDtypeStruct((n, t, d + pad), out.dtype),) if n > 1 else ())  # + receive
