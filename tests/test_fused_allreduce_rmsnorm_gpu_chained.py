@@ -118,7 +118,7 @@ class TestBadInputs:
       self._run(make_mesh(1), lambda x: gpu_workspace("tp", 4, 128, x.dtype).recv[...][0, 0], x)
 
   def test_needs_a_one_axis_mesh(self):
-    mesh = jax.make_mesh((2, 2), ("dp", "tp"), axis_types=(AxisType.Explicit,) * 2)
+    mesh = jax.make_mesh((1, 2), ("dp", "tp"), axis_types=(AxisType.Explicit,) * 2)
     with pytest.raises(ValueError, match=r"needs a 1-D mesh over axis 'tp'.*\('dp', 'tp'\)"):
       self._run(mesh, lambda x: gpu_workspace("tp", 4, 128, x.dtype).recv[...][0, 0], jnp.zeros((4,)))
 
