@@ -20,7 +20,8 @@ kernel called directly with push=PUSH, entry_barrier=("+entry" given) — by def
 original protocol, so one run compares old and new. `--variants chained` adds
 `pallas_gpu[chained]`: `fused_allreduce_rmsnorm_gpu_chained`, which skips XLA's per-kernel device
 barrier through a persistent workspace (tp ≥ 2 GPUs). `--chain N` puts N calls in one program, each
-call's new_residual the next one's residual, as a decoder's layers or the draft steps of a round;
+call's (normed, new_residual) the next one's (partial, residual), as a decoder's layers or the draft
+steps of a round (every psum is then distinct: XLA computes a repeated psum of the same x once);
 every time is then per call (the program's total / N), so the chained variant's workspace set-up
 (one sync kernel behind one XLA barrier) is spread over the N calls. The inputs are the same on
 every iteration, so at T = 256 (14.7 MB) they stay in the 50 MB L2 and GB/s can pass the HBM copy.
@@ -82,17 +83,18 @@ def _call(impl: str, axis, interpret, workspace):
 
 def _program(tp: int, impl: str, interpret, chain: int = 1):
   """impl: "xla", "pallas_gpu" (the public wrapper) or "pallas_gpu[VARIANT]" (the kernel directly).
-  `chain` calls in one program, each call's new_residual the next one's residual (a decoder's
-  residual stream); "pallas_gpu[chained]" first builds its workspace (sync kernel + XLA barrier)."""
+  `chain` calls in one program, each feeding (normed, new_residual) to the next as (partial,
+  residual); "pallas_gpu[chained]" first builds its workspace (sync kernel + XLA barrier)."""
   axis = TP_AXIS if tp > 1 else None
 
   def per_device(x_1TD, residual_TD, weight_D):
     t, d = residual_TD.shape
     workspace = gpu_workspace(axis, t, d, residual_TD.dtype) if impl == f"pallas_gpu[{CHAINED}]" else None
     fused = _call(impl, axis, interpret, workspace)
-    for _ in range(chain):
-      normed_TD, residual_TD = fused(x_1TD[0], residual_TD, weight_D)
-    return normed_TD, residual_TD
+    x_TD = x_1TD[0]
+    for _ in range(chain):  # x ← normed: each call's psum is new (XLA would compute a repeated one once)
+      x_TD, residual_TD = fused(x_TD, residual_TD, weight_D)
+    return x_TD, residual_TD
 
   return jax.jit(jax.shard_map(per_device, mesh=make_mesh(tp), in_specs=(P(TP_AXIS), P(), P()),
                                out_specs=P(), check_vma=False))
@@ -155,7 +157,7 @@ def main(argv=None) -> int:
                  help=f"extra pallas_gpu rows: push in {PUSH_MODES}, '+entry' adds the in-kernel entry barrier "
                       "(default: st+entry, the original protocol; none: --variants)")
   p.add_argument("--chain", type=int, default=1,
-                 help="calls per program, each feeding its new_residual to the next; times are per call")
+                 help="calls per program, each feeding its outputs to the next; times are per call")
   args = p.parse_args(argv)
   for spec in args.variants:
     try:
