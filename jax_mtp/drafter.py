@@ -12,6 +12,9 @@ Step i uses MTP layer i % num_nextn_predict_layers (spec_step_idx = i), so k may
 of layers. Only layer 0 sees the catch-up window; with several MTP layers the later ones keep the
 entries their own draft steps wrote, as in vLLM. Greedy tokens leave through the drafter class's
 declared path (`get_top_tokens` when it supports the local argmax, else `compute_logits` + argmax).
+With norm_impl="pallas_gpu" at tp ≥ 2 and at least CHAIN_MIN_STEPS steps after the first, those
+steps share one Opt-1 workspace: their fused all-reduce + norm kernels run as one chain without
+XLA's per-kernel device barrier (jax_mtp.kernels.fused_allreduce_rmsnorm_gpu_chained).
 
 The drafter interface the speculator uses (test doubles implement the same methods):
 `param_specs()`, `shard(params, mesh)`, `variables(own_params, target_params)`,
@@ -29,10 +32,16 @@ from jax.sharding import Mesh, NamedSharding
 
 from jax_mtp.config import MtpConfig
 from jax_mtp.draft_path import LOCAL_ARGMAX, greedy_draft_path
+from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu_chained import gpu_workspace
 from jax_mtp.mtp import MtpPredictor, init_caches, init_params
 from jax_mtp.sharding import TensorParallel, param_specs
 
 SHARED_WITH_TARGET = ("embed_tokens", "lm_head")
+# Draft steps after the first that make chaining their Opt-1 GPU kernels pay (norm_impl="pallas_gpu",
+# tp ≥ 2): a chain costs a sync kernel and one XLA barrier up front, then saves that barrier on
+# every call. On 2×H200 (benchmarks/RESULTS.md) a chain of m calls takes ≈ 13.6 + 5.4·m µs at
+# T = 1 against ≈ 12·m µs for standalone calls: it wins from m = 3.
+CHAIN_MIN_STEPS = 3
 
 
 class Window(NamedTuple):
@@ -98,22 +107,32 @@ class MtpDrafter:
     token_B1 = self._greedy(variables, hidden_B1D, 0)
     if num_drafts == 1:
       return token_B1, caches
+    chain = self._chain(token_B1.shape[0], num_drafts - 1)
     if self.cfg.num_nextn_predict_layers > 1:  # each step picks its layer: unrolled
-      return self._unrolled_steps(variables, window.length_B, token_B1, hidden_B1D, caches, num_drafts)
+      return self._unrolled_steps(variables, window.length_B, token_B1, hidden_B1D, caches, num_drafts, chain)
 
     def step(carry, i):  # i % 1 == 0: every step is layer 0, so one scanned step compiles for any k
       token_B1, hidden_B1D, caches = carry
-      out = self.model.apply(variables, token_B1, (window.length_B - 1 + i)[:, None], hidden_B1D, caches)
+      out = self.model.apply(variables, token_B1, (window.length_B - 1 + i)[:, None], hidden_B1D, caches, **chain)
       token_B1 = self._greedy(variables, out.hidden_BTD, 0)
       return (token_B1, out.next_prev_hidden_BTD, out.caches), token_B1[:, 0]
 
     (_, _, caches), rest_MB = jax.lax.scan(step, (token_B1, hidden_B1D, caches), jnp.arange(1, num_drafts))
     return jnp.concatenate([token_B1, rest_MB.T], axis=1), caches
 
-  def _unrolled_steps(self, variables, length_B, token_B1, hidden_B1D, caches, num_drafts: int):
+  def _chain(self, batch: int, steps: int) -> dict:
+    """{"workspace": ...} when the `steps` draft steps after the first chain their Opt-1 GPU kernel
+    through one workspace (norm_impl="pallas_gpu", tp ≥ 2, steps ≥ CHAIN_MIN_STEPS); else {}."""
+    model = self.model
+    if model.norm_impl != "pallas_gpu" or model.tp.size < 2 or steps < CHAIN_MIN_STEPS:
+      return {}
+    return {"workspace": gpu_workspace(model.tp.axis, batch, self.cfg.hidden_size, self.cfg.dtype)}
+
+  def _unrolled_steps(self, variables, length_B, token_B1, hidden_B1D, caches, num_drafts: int, chain: dict):
     tokens = [token_B1]
     for i in range(1, num_drafts):
-      out = self.model.apply(variables, tokens[-1], (length_B - 1 + i)[:, None], hidden_B1D, caches, spec_step_idx=i)
+      out = self.model.apply(variables, tokens[-1], (length_B - 1 + i)[:, None], hidden_B1D, caches, spec_step_idx=i,
+                             **chain)
       hidden_B1D, caches = out.next_prev_hidden_BTD, out.caches
       tokens.append(self._greedy(variables, out.hidden_BTD, i))
     return jnp.concatenate(tokens, axis=1), caches

@@ -62,25 +62,27 @@ class MtpLayer(nn.Module):
     self.shared_head_norm = RMSNorm(d, cfg.rms_norm_eps, cfg.dtype, cfg.param_dtype)
 
   def __call__(self, embeds_BTD: jax.Array, positions_BT: jax.Array, prev_hidden_BTD: jax.Array,
-               cache: LayerCache, *, absorb: bool) -> tuple[jax.Array, LayerCache]:
-    """Returns (post-norm hidden [B, T, D], updated cache)."""
+               cache: LayerCache, *, absorb: bool, workspace=None) -> tuple[jax.Array, LayerCache]:
+    """Returns (post-norm hidden [B, T, D], updated cache). `workspace`: see `MtpPredictor`."""
     embeds_BTD = jnp.where(positions_BT[..., None] == 0, 0, embeds_BTD)
     x_BTD = self.eh_proj(jnp.concatenate([self.enorm(embeds_BTD), self.hnorm(prev_hidden_BTD)], axis=-1))
     rotary = rotary_for_positions(self.cfg.rope, self.cfg.qk_rope_head_dim, positions_BT)
     y_BTD, residual_BTD, cache = self.mtp_block(x_BTD, positions_BT, rotary, cache, absorb=absorb)
-    return self._tail(y_BTD, residual_BTD), cache
+    return self._tail(y_BTD, residual_BTD, workspace), cache
 
-  def _tail(self, y_BTD: jax.Array, residual_BTD: jax.Array) -> jax.Array:
+  def _tail(self, y_BTD: jax.Array, residual_BTD: jax.Array, workspace) -> jax.Array:
     """shared_head.norm(reduce(y) + residual), flattening tokens for the [T, D] kernels."""
     shape, d = y_BTD.shape, self.cfg.hidden_size
     y_TD, residual_TD = y_BTD.reshape(-1, d), residual_BTD.reshape(-1, d)
     weight, eps = self.shared_head_norm.weight, self.cfg.rms_norm_eps
+    if workspace is not None and self.sequence_parallel:
+      raise ValueError("a GPU workspace chains the fused all-reduce + norm; the sequence-parallel tail has none")
     if self.sequence_parallel and self.tp.axis is not None:
       normed_TD = sequence_parallel_rmsnorm(y_TD, residual_TD, weight, eps, axis_name=self.tp.axis,
                                             tp=self.tp.size)
     else:
       normed_TD, _ = fused_allreduce_rmsnorm(y_TD, residual_TD, weight, eps, axis_name=self.tp.axis,
-                                             impl=self.norm_impl)
+                                             impl=self.norm_impl, workspace=workspace)
     return normed_TD.reshape(shape)
 
 
@@ -111,14 +113,17 @@ class MtpPredictor(nn.Module):
     self.lm_head = self.param("lm_head", nn.initializers.normal(cfg.hidden_size**-0.5), shape, pdt)
 
   def __call__(self, input_ids_BT: jax.Array, positions_BT: jax.Array, prev_hidden_BTD: jax.Array,
-               caches: tuple[LayerCache, ...], spec_step_idx: int = 0, absorb: bool | None = None) -> MtpOutput:
-    """One draft step. `absorb` picks MLA's absorbed (decode) form; default: absorbed iff T == 1."""
+               caches: tuple[LayerCache, ...], spec_step_idx: int = 0, absorb: bool | None = None,
+               workspace=None) -> MtpOutput:
+    """One draft step. `absorb` picks MLA's absorbed (decode) form; default: absorbed iff T == 1.
+    `workspace` (norm_impl="pallas_gpu", tp ≥ 2): a `gpu_workspace` for [B·T, D] that chains this
+    step's Opt-1 kernel with the other steps of the program, without XLA's device barrier."""
     validate_inputs(self.cfg, input_ids_BT, positions_BT, prev_hidden_BTD, caches)
     layer_no = spec_step_idx % self.cfg.num_nextn_predict_layers
     absorb = input_ids_BT.shape[1] == 1 if absorb is None else absorb
     hidden_BTD, cache = self.layers[layer_no](self._embed(input_ids_BT), positions_BT,
                                               prev_hidden_BTD.astype(self.cfg.dtype), caches[layer_no],
-                                              absorb=absorb)
+                                              absorb=absorb, workspace=workspace)
     caches = caches[:layer_no] + (cache,) + caches[layer_no + 1:]
     return MtpOutput(hidden_BTD, hidden_BTD, caches)
 

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu import fused_allreduce_rmsnorm_gpu
+from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu_chained import fused_allreduce_rmsnorm_gpu_chained
 from jax_mtp.kernels.fused_allreduce_rmsnorm_tpu import fused_allreduce_rmsnorm_tpu
 
 IMPLS = ("xla", "pallas_tpu", "pallas_gpu")
@@ -60,7 +61,7 @@ def validate_inputs(x_partial_TD, residual_TD, weight_D) -> None:
 
 
 def fused_allreduce_rmsnorm(x_partial_TD, residual_TD, weight_D, eps: float, *, axis_name: str | None,
-                            impl: str = "xla", interpret=None, tpu_algorithm: str = "auto"):
+                            impl: str = "xla", interpret=None, tpu_algorithm: str = "auto", workspace=None):
   """(normed, new_residual) = (rmsnorm(psum(x) + r) · w, psum(x) + r). Call inside `shard_map`
   (or with axis_name=None outside any mesh, where the psum is the identity).
 
@@ -71,6 +72,9 @@ def fused_allreduce_rmsnorm(x_partial_TD, residual_TD, weight_D, eps: float, *, 
   GPU interpret mode has no semaphores; the kernel raises otherwise). It is an error with "xla".
   tpu_algorithm (impl="pallas_tpu" only): "one_shot", "two_shot" (reduce-scatter + all-gather) or
   "auto" (`choose_tpu_algorithm`).
+  workspace (impl="pallas_gpu" only): a `gpu_workspace` for this call's shape; the call then joins
+  the workspace's chain and skips XLA's per-kernel device barrier
+  (`fused_allreduce_rmsnorm_gpu_chained`). None: the standalone protocol.
   """
   validate_inputs(x_partial_TD, residual_TD, weight_D)
   if impl not in IMPLS:
@@ -79,10 +83,15 @@ def fused_allreduce_rmsnorm(x_partial_TD, residual_TD, weight_D, eps: float, *, 
     raise ValueError(f"tpu_algorithm={tpu_algorithm!r} is not one of {TPU_ALGORITHMS}")
   if tpu_algorithm != "auto" and impl != "pallas_tpu":
     raise ValueError(f"tpu_algorithm={tpu_algorithm!r} applies to impl='pallas_tpu', not impl={impl!r}")
+  if workspace is not None and impl != "pallas_gpu":
+    raise ValueError(f"workspace applies to impl='pallas_gpu', not impl={impl!r}")
   if impl == "xla":
     if interpret is not None:
       raise ValueError(f"interpret={interpret!r} applies to a Pallas impl, not impl='xla'")
     return fused_allreduce_rmsnorm_reference(x_partial_TD, residual_TD, weight_D, eps, axis_name=axis_name)
+  if workspace is not None:
+    return fused_allreduce_rmsnorm_gpu_chained(x_partial_TD, residual_TD, weight_D, eps, axis_name=axis_name,
+                                               workspace=workspace)
   if impl == "pallas_gpu":
     return fused_allreduce_rmsnorm_gpu(x_partial_TD, residual_TD, weight_D, eps, axis_name=axis_name,
                                        interpret=interpret)

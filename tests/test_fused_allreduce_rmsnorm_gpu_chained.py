@@ -16,11 +16,16 @@ import pytest
 from jax.sharding import AbstractMesh, AxisType
 from jax.sharding import PartitionSpec as P
 
-from jax_mtp.kernels.fused_allreduce_rmsnorm import fused_allreduce_rmsnorm_reference
+import jax_mtp
+from jax_mtp.drafter import CHAIN_MIN_STEPS, SHARED_WITH_TARGET, MtpDrafter, Window
+from jax_mtp.kernels.fused_allreduce_rmsnorm import fused_allreduce_rmsnorm, fused_allreduce_rmsnorm_reference
+from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu import KERNEL_NAME
 from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu_chained import (CHAINED_KERNEL_NAME, SYNC_KERNEL_NAME, GpuWorkspace,
                                                                 fused_allreduce_rmsnorm_gpu_chained, gpu_workspace,
                                                                 workspace_copies)
-from jax_mtp.sharding import make_mesh
+from jax_mtp.parallel import jit_per_shard
+from jax_mtp.sharding import make_mesh, replicated, tensor_parallel
+from jax_mtp.speculative import target_param_specs
 from tests.tolerances import assert_close
 
 EPS = 1e-6
@@ -117,6 +122,11 @@ class TestBadInputs:
     with pytest.raises(ValueError, match="is for tp ≥ 2"):
       self._run(make_mesh(1), lambda x: gpu_workspace("tp", 4, 128, x.dtype).recv[...][0, 0], x)
 
+  def test_workspace_is_for_the_gpu_kernel_only(self):
+    x = jnp.zeros((4, 128), jnp.float32)
+    with pytest.raises(ValueError, match="workspace applies to impl='pallas_gpu', not impl='xla'"):
+      fused_allreduce_rmsnorm(x, x, x[0], EPS, axis_name=None, impl="xla", workspace=object())
+
   def test_needs_a_one_axis_mesh(self):
     mesh = jax.make_mesh((1, 2), ("dp", "tp"), axis_types=(AxisType.Explicit,) * 2)
     with pytest.raises(ValueError, match=r"needs a 1-D mesh over axis 'tp'.*\('dp', 'tp'\)"):
@@ -156,6 +166,23 @@ class TestOnGpu:
           np.testing.assert_array_equal(np.asarray(g[i]), np.asarray(g[0]), err_msg=f"{what}: device {i} != 0")
 
 
+  def test_speculator_with_chained_draft_steps_equals_plain_greedy(self):
+    """End to end at tp = 2: k = CHAIN_MIN_STEPS + 1 (its draft steps chain) with the kernel gives
+    plain greedy decoding's tokens and the XLA speculator's acceptance."""
+    from tests.test_speculative import CAPACITY, MAX_NEW, SMALL_VOCAB, _plain, _prompts, _weights
+
+    cfg, target_params, mtp_params = _weights(SMALL_VOCAB)
+    results = {}
+    for impl in ("pallas_gpu", "xla"):
+      spec = jax_mtp.Speculator(cfg, make_mesh(2), CHAIN_MIN_STEPS + 1, norm_impl=impl)
+      results[impl] = spec.generate(spec.shard(target_params, mtp_params), _prompts(SMALL_VOCAB), MAX_NEW,
+                                    capacity=CAPACITY)
+    assert results["pallas_gpu"].tokens == _plain(SMALL_VOCAB)
+    kernel, xla = results["pallas_gpu"].metrics, results["xla"].metrics
+    assert (kernel.rounds, kernel.accepted_per_position) == (xla.rounds, xla.accepted_per_position)
+    assert kernel.draft_tokens_accepted > 0
+
+
 def _inputs(n_calls, tp, t, d, dtype, seed):
   rng = np.random.default_rng(seed)
   return (jnp.asarray(rng.standard_normal((n_calls, tp, t, d)), dtype), jnp.asarray(rng.standard_normal((t, d)), dtype),
@@ -167,3 +194,34 @@ def _workspace_shapes(tp, t, d, dtype) -> list[str]:
   from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu_chained import _counters_size, _grid
   hlo_dtype = {"bfloat16": "bf16", "float32": "f32"}[jnp.dtype(dtype).name]
   return [f"{hlo_dtype}[2,{tp},{t},{d + (-d % 128)}]", f"s32[{_counters_size(_grid(t), tp)}]"]
+
+
+@pytest.mark.parametrize("k, chained", [(CHAIN_MIN_STEPS, False), (CHAIN_MIN_STEPS + 1, True)])
+def test_draft_steps_chain_from_chain_min_steps(k, chained):
+  """The drafter's k − 1 steps after the first chain their kernels once there are CHAIN_MIN_STEPS of
+  them: the proposal's CUDA module then holds the sync kernel and the chained kernel (once, in the
+  scan); the catch-up keeps the standalone kernel (its T differs)."""
+  cfg, tp, batch, capacity = jax_mtp.tiny(), 2, 2, 16
+  mesh = AbstractMesh((tp,), ("tp",), axis_types=(AxisType.Auto,), abstract_device=H200)
+  drafter = MtpDrafter(cfg, tensor_parallel(tp), "pallas_gpu")
+  shared = {name: spec for name, spec in target_param_specs(cfg).items() if name in SHARED_WITH_TARGET}
+
+  def per_shard(own, target_shared, window, caches):
+    return drafter.propose(drafter.variables(own, target_shared), window, caches, k)
+
+  w = 3
+  window = Window(jax.ShapeDtypeStruct((batch, w), jnp.int32),
+                  jax.ShapeDtypeStruct((batch, w, cfg.hidden_size), jnp.dtype(cfg.dtype)),
+                  jax.ShapeDtypeStruct((batch,), jnp.int32), jax.ShapeDtypeStruct((batch,), jnp.int32))
+  params = jax.eval_shape(lambda key: jax_mtp.init_params(cfg, key), jax.random.key(0))
+  own = {name: value for name, value in params.items() if name not in SHARED_WITH_TARGET}
+  target_shared = {name: params[name] for name in SHARED_WITH_TARGET}
+  caches = jax.eval_shape(lambda: drafter.init_caches(batch, capacity))
+  with jax.sharding.use_abstract_mesh(mesh):
+    fn = jit_per_shard(per_shard, mesh, (drafter.param_specs(), shared, replicated(), replicated()))
+    module = jax.export.export(fn, platforms=["cuda"])(own, target_shared, window, caches).mlir_module()
+  kinds = [kind for line in module.splitlines() if "stablehlo.custom_call @mosaic_gpu" in line
+           for kind in (KERNEL_NAME, SYNC_KERNEL_NAME, CHAINED_KERNEL_NAME) if f"{kind}_mosaic_gpu" in line]
+  # the catch-up (T = B·W) always runs the standalone kernel; the scanned step the chained or standalone one
+  want = [KERNEL_NAME, SYNC_KERNEL_NAME, CHAINED_KERNEL_NAME] if chained else [KERNEL_NAME, KERNEL_NAME]
+  assert sorted(kinds) == sorted(want)
