@@ -2,8 +2,8 @@
 peer-to-peer NVLink copies, adds the residual and applies RMSNorm.
 
 A grid of G CTAs, one warpgroup (128 threads) each; CTA g owns the rows g, g+G, g+2G, ...
-With n > 1 devices G = min(T, 132): every CTA is resident, so no spin-wait can starve a CTA that
-was never scheduled; with n = 1, G = T. Per CTA, on every device (n > 1):
+With n > 1 devices G = min(T, SMs) (`resident_ctas`): every CTA is resident, so no spin-wait can
+starve a CTA that was never scheduled; with n = 1, G = T. Per CTA, on every device (n > 1):
 
     1. barrier      only with entry_barrier=True (the old protocol): signal this CTA's `entry`
                     semaphore on every peer, wait for n−1 signals
@@ -55,7 +55,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 KERNEL_NAME = "fused_allreduce_rmsnorm_gpu"
 DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
 MAX_D = 16384  # a row is kept in registers: D/128 fp32 values per thread
-MAX_CTAS = 132  # SMs on an H100/H200 SXM
+SXM_SMS = 132  # SMs on an H100/H200 SXM: the grid bound when the mesh does not say
 _LANES = 128  # threads in a warpgroup
 _CHUNK = 1024  # columns per register chunk
 PUSH_MODES = ("tma", "st")
@@ -96,6 +96,15 @@ def check_gpu_runtime(devices) -> None:
   if processes not in (1, len(devices)):
     raise RuntimeError(f"impl='pallas_gpu' needs 1 process for all GPUs or 1 per GPU; got {processes} processes "
                        f"for {len(devices)} GPUs")
+
+
+def resident_ctas() -> int:
+  """CTAs that can all be resident at once (one per SM: SMEM use allows no more), so spin-waiting
+  CTAs never wait on one that is not scheduled: the SM count of the mesh's devices (`num_cores`,
+  e.g. 114 on an H100 PCIe), or SXM_SMS where it is not known (an abstract mesh without it)."""
+  cores = jax.sharding.get_abstract_mesh().abstract_device
+  cores = None if cores is None else cores.num_cores
+  return SXM_SMS if cores is None else int(cores)
 
 
 def pad_lanes(x_partial_TD, residual_TD, weight_D):
@@ -245,7 +254,7 @@ def fused_allreduce_rmsnorm_gpu(x_partial_TD, residual_TD, weight_D, eps: float,
   t, d = x_partial_TD.shape
   x_partial_TD, residual_TD, weight_D = pad_lanes(x_partial_TD, residual_TD, weight_D)
   pad = x_partial_TD.shape[1] - d
-  grid = min(t, MAX_CTAS) if n > 1 else t  # spin-waiting CTAs must all be resident
+  grid = min(t, resident_ctas()) if n > 1 else t  # spin-waiting CTAs must all be resident
   out = jax.ShapeDtypeStruct((t, d + pad), x_partial_TD.dtype)
   out_type = (out, out) + ((jax.ShapeDtypeStruct((n, t, d + pad), out.dtype),) if n > 1 else ())  # + receive
   scratch = _scratch(n, t, d + pad, grid, jnp.dtype(out.dtype), push, entry_barrier)

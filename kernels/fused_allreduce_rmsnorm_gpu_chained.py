@@ -54,8 +54,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu import (_LANES, KERNEL_NAME, MAX_CTAS, _add_rmsnorm_rows, _chunks,
-                                                        _push_rows_tma, _stage_scratch, pad_lanes,
+from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu import (_LANES, KERNEL_NAME, _add_rmsnorm_rows, _chunks,
+                                                        _push_rows_tma, _stage_scratch, pad_lanes, resident_ctas,
                                                         validate_gpu_inputs)
 
 CHAINED_KERNEL_NAME = f"{KERNEL_NAME}_chained"
@@ -73,7 +73,7 @@ class GpuWorkspace(NamedTuple):
 
 
 def _grid(rows: int) -> int:
-  return min(rows, MAX_CTAS)  # every CTA spin-waits: all must be resident
+  return min(rows, resident_ctas())  # every CTA spin-waits: all must be resident
 
 
 def _counters_size(grid: int, n: int) -> int:

@@ -19,7 +19,7 @@ from jax.sharding import PartitionSpec as P
 import jax_mtp
 from jax_mtp.drafter import CHAIN_MIN_STEPS, SHARED_WITH_TARGET, MtpDrafter, Window
 from jax_mtp.kernels.fused_allreduce_rmsnorm import fused_allreduce_rmsnorm, fused_allreduce_rmsnorm_reference
-from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu import KERNEL_NAME
+from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu import KERNEL_NAME, SXM_SMS, resident_ctas
 from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu_chained import (CHAINED_KERNEL_NAME, SYNC_KERNEL_NAME, GpuWorkspace,
                                                                 fused_allreduce_rmsnorm_gpu_chained, gpu_workspace,
                                                                 workspace_copies)
@@ -132,6 +132,14 @@ class TestBadInputs:
     with pytest.raises(ValueError, match=r"needs a 1-D mesh over axis 'tp'.*\('dp', 'tp'\)"):
       self._run(mesh, lambda x: gpu_workspace("tp", 4, 128, x.dtype).recv[...][0, 0], jnp.zeros((4,)))
 
+  def test_grid_fits_the_devices_sms(self):
+    """Spin-waiting CTAs must all be resident: the grid is bounded by the mesh devices' SM count."""
+    for cores, want in ((114, 114), (132, 132), (None, SXM_SMS)):
+      device = jax.sharding.AbstractDevice(device_kind="NVIDIA H100", num_cores=cores, platform="cuda")
+      with jax.sharding.use_abstract_mesh(AbstractMesh((2,), ("tp",), axis_types=(AxisType.Auto,),
+                                                       abstract_device=device)):
+        assert resident_ctas() == want
+
   def test_workspace_copies_finds_copies_of_its_shapes(self):
     hlo = "  %copy.1 = s32[256]{0} copy(s32[256]{0} %p)\n  %copy.2 = f32[4]{0} copy(f32[4]{0} %q)\n"
     assert workspace_copies(hlo, ["s32[256]"]) == ["%copy.1 = s32[256]{0} copy(s32[256]{0} %p)"]
@@ -156,7 +164,9 @@ class TestOnGpu:
     mesh, n_calls = make_mesh(tp), 6
     kernel, xla = _chain(mesh, "pallas_gpu", looped), _chain(mesh, "xla", looped)
     inputs = [_inputs(n_calls, tp, t, d, dtype, seed) for seed in range(3)]
-    assert workspace_copies(kernel.lower(*inputs[0]).compile().as_text(), _workspace_shapes(tp, t, d, dtype)) == []
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):  # the grid follows the GPUs' SM count
+      shapes = _workspace_shapes(tp, t, d, dtype)
+    assert workspace_copies(kernel.lower(*inputs[0]).compile().as_text(), shapes) == []
     outs = [kernel(*args) for args in inputs]  # back to back: a fast device runs ahead into the next program
     for args, got in zip(inputs, outs):
       want = xla(*args)
