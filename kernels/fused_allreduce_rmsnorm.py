@@ -9,8 +9,9 @@ Inside `shard_map`, each device holds `x_partial` [T, D], its un-reduced share o
 math in fp32, both outputs in the activation dtype (x_partial's). The reference (`impl="xla"`) is
 `lax.psum` followed by the jnp norm; the Pallas kernels (issue #4) plug into this same call: TPU
 remote DMA (`fused_allreduce_rmsnorm_tpu.py`: one-shot for decode, two-shot for large T) and GPU
-peer-to-peer NVLink copies (`fused_allreduce_rmsnorm_gpu.py`). The caller picks `impl`; nothing
-falls back silently.
+peer-to-peer NVLink copies (`fused_allreduce_rmsnorm_gpu.py`; calls chained in one program through
+a workspace skip XLA's per-kernel barrier: `fused_allreduce_rmsnorm_gpu_chained.py`). The caller
+picks `impl`; nothing falls back silently.
 
 `sequence_parallel_rmsnorm` is vLLM's SP variant: reduce-scatter the tokens, add and normalise
 the local T/tp rows, all-gather the normalised rows.

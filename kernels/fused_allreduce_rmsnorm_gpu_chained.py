@@ -8,35 +8,40 @@ no peer can write into them before their owner got there. A chain can skip it
 (`CompilerParams(skip_device_barrier=True)`) if the memory peers write into is initialised once
 and the protocol itself keeps peers from overwriting what is still being read:
 
-    ws = gpu_workspace(axis, T, D, dtype)      # zeroed refs, then one barrier'd sync kernel
-    normed, h = fused_allreduce_rmsnorm_gpu_chained(x, r, w, eps, workspace=ws)   # no barrier
-    ...                                         # any number of calls, same T and D
+    ws = gpu_workspace(axis, T, D, dtype)      # one sync kernel, behind XLA's barrier
+    normed, h = fused_allreduce_rmsnorm_gpu_chained(x, r, w, eps, axis_name=axis, workspace=ws)
+    ...                                         # any number of calls, same T, D and dtype: no barrier
 
-The workspace (`jax.Ref`s, mutated in place by the kernels; XLA threads them as aliased
-operands, so the calls are ordered on each device's stream):
+The workspace: two `jax.Ref`s, mutated in place by the kernels (XLA threads them as aliased
+operands, which also orders the calls on each device's stream). G = CTAs, n = devices:
 
-    recv   [2, n, T, D]   receive buffers, one per call parity: slot j holds device j's partials
-    flags  int32 [G, n]   flags[g, j]: calls in which device j's rows of CTA g have landed here
-    epoch  int32 [G]      calls CTA g has completed on this device
-    sync   int32 [n]      the sync kernel's exchange
+    recv      [2, n, T, D]     receive buffers, one per call parity: slot j holds device j's partials
+    counters  int32 [≥ G·(n+1)] flags[g, j] = counters[g·n + j]: calls in which device j's rows of
+                               CTA g have landed here; epoch[g] = counters[G·n + g]: calls CTA g has
+                               completed on this device
+
+The sync kernel (`gpu_workspace`) allocates both, zeroes the counters (recv needs no zeroing: a slot
+is read only after its call's rows landed) and exchanges one signal with every peer through a
+scratch semaphore. XLA zeroes that semaphore and runs its barrier before the kernel, as for any
+standalone call.
 
 Call c = epoch[g] + 1 of CTA g on every device: push my rows into slot `me` of recv[c % 2] on every
-device (TMA bulk copies, as the default protocol), wait for the writes, signal flags[g, me] on every
-peer (`red.release.sys`), wait until flags[g, j] ≥ c for every peer j (monotonic: nothing to reset,
-a peer one call ahead cannot be mistaken for this call), reduce + norm from recv[c % 2], store
-epoch[g] = c. Why it is safe without the barrier:
+device (TMA bulk copies, as the standalone protocol), wait for the writes, signal flags[g, me] on
+every peer (`red.release.sys`), wait until flags[g, j] ≥ c for every peer j (monotonic: nothing to
+reset, and a peer one call ahead cannot be mistaken for this call), reduce + norm from recv[c % 2],
+store epoch[g] = c. Why it is safe without the barrier:
 
   - a peer writes recv[c % 2] again only in call c + 2, which it starts after finishing c + 1,
     which needs my c + 1 signal, which I send after my call c — its reads — has completed;
+  - a peer's first write into my workspace follows its sync wait, which follows my zeroing
+    (released with my sync signal);
   - every write a peer makes into my workspace in call c precedes (release) its call-c signal,
-    which I wait for in call c: once my last call returns, no peer writes into my memory again,
-    so the buffers can be freed or reused by XLA;
-  - the sync kernel runs after XLA's barrier (every device has zeroed its workspace before any
-    device's first push) and waits for its own exchange, so it leaves no write in flight either.
+    which I wait for in call c; the sync kernel waits for its own exchange too: once my last call
+    returns, no peer writes into my memory again, so XLA may free or reuse it.
 
-The chain must not be copied by XLA between its kernels (a copy of `flags` on my stream could land
-after a peer's signal and erase it): the refs are threaded as in-place aliases; `workspace_copies`
-finds copies of them in a compiled program, and the GPU tests assert there are none.
+The chain must not be copied by XLA between its kernels (a copy of the counters on my stream could
+land after a peer's signal and erase it): `workspace_copies` finds copies of the workspace in a
+compiled program, and the GPU tests assert there are none (the refs stay in place).
 Needs a 1-D mesh over `axis` (the peers are addressed by their rank in the collective metadata).
 """
 
