@@ -39,8 +39,8 @@ from jax_mtp.sharding import TensorParallel, param_specs
 SHARED_WITH_TARGET = ("embed_tokens", "lm_head")
 # Draft steps after the first that make chaining their Opt-1 GPU kernels pay (norm_impl="pallas_gpu",
 # tp ≥ 2): a chain costs a sync kernel and one XLA barrier up front, then saves that barrier on
-# every call. On 2×H200 (benchmarks/RESULTS.md) a chain of m calls takes ≈ 13.6 + 5.4·m µs at
-# T = 1 against ≈ 12·m µs for standalone calls: it wins from m = 3.
+# every call. On 2×H200 (benchmarks/RESULTS.md, chains of m calls, µs per call at T = 1 / 8):
+# m = 2: 13.0 / 15.1 chained vs 14.3 / 14.5 standalone; m = 3: 9.2 / 10.4 vs 12.2 / 13.3.
 CHAIN_MIN_STEPS = 3
 
 
