@@ -33,6 +33,7 @@ KERNEL_API = {
     "jax_mtp.kernels.vocab_argmax": {"vocab_parallel_argmax", "vocab_parallel_argmax_reference", "validate_inputs"},
     "jax_mtp.kernels.fused_allreduce_rmsnorm": {"fused_allreduce_rmsnorm", "fused_allreduce_rmsnorm_reference",
                                                 "validate_inputs"},
+    "jax_mtp.kernels.fused_allreduce_rmsnorm_gpu_chained": {"gpu_workspace"},  # the `workspace=` of the wrapper
 }
 
 
