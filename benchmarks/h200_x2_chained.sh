@@ -10,7 +10,7 @@ timeout 240 python3 -m pytest -q -x -p no:cacheprovider tests/test_fused_allredu
 if [ "${PIPESTATUS[0]}" = 0 ]; then
   timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_fused_allreduce_rmsnorm_gpu.py::TestOnGpu \
     -k "tma-False-2-" 2>&1 | tail -3 | tee "$OUT/default_tests.txt"
-  # end to end: k = 4 chains the draft steps (CHAIN_MIN_STEPS = 3)
+  # end to end: k = 4 chains the draft steps (CHAIN_MIN_CALLS = 3)
   timeout 90 python3 -m jax_mtp.decode --tp 2 --impl pallas_gpu --num-speculative-tokens 4 --check --json 2>&1 \
     | tail -3 | tee "$OUT/decode_k4.txt"
   for chain in 8 1; do

@@ -47,7 +47,10 @@ class DecoderBlock(nn.Module):
       self.mlp = Mlp(cfg, cfg.intermediate_size, self.tp)
 
   def __call__(self, x_BTD: jax.Array, positions_BT: jax.Array, rotary: Rotary, cache: LayerCache, *,
-               absorb: bool) -> BlockOutput:
-    attn_BTD, cache = self.self_attn(self.input_layernorm(x_BTD), positions_BT, rotary, cache, absorb=absorb)
+               absorb: bool, normed_BTD: jax.Array | None = None) -> BlockOutput:
+    """`normed_BTD`: input_layernorm(x) when the caller has it already (the target computes it
+    with the previous block's reduce + add, Opt-1); None: computed here."""
+    normed_BTD = self.input_layernorm(x_BTD) if normed_BTD is None else normed_BTD
+    attn_BTD, cache = self.self_attn(normed_BTD, positions_BT, rotary, cache, absorb=absorb)
     residual_BTD = x_BTD + attn_BTD
     return BlockOutput(self.mlp(self.post_attention_layernorm(residual_BTD)), residual_BTD, cache)

@@ -12,7 +12,7 @@ Step i uses MTP layer i % num_nextn_predict_layers (spec_step_idx = i), so k may
 of layers. Only layer 0 sees the catch-up window; with several MTP layers the later ones keep the
 entries their own draft steps wrote, as in vLLM. Greedy tokens leave through the drafter class's
 declared path (`get_top_tokens` when it supports the local argmax, else `compute_logits` + argmax).
-With norm_impl="pallas_gpu" at tp ≥ 2 and at least CHAIN_MIN_STEPS steps after the first, those
+With norm_impl="pallas_gpu" at tp ≥ 2 and at least CHAIN_MIN_CALLS steps after the first, those
 steps share one Opt-1 workspace: their fused all-reduce + norm kernels run as one chain without
 XLA's per-kernel device barrier (jax_mtp.kernels.fused_allreduce_rmsnorm_gpu_chained).
 
@@ -32,16 +32,11 @@ from jax.sharding import Mesh, NamedSharding
 
 from jax_mtp.config import MtpConfig
 from jax_mtp.draft_path import LOCAL_ARGMAX, greedy_draft_path
-from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu_chained import gpu_workspace
+from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu_chained import workspace_for_chain
 from jax_mtp.mtp import MtpPredictor, init_caches, init_params
 from jax_mtp.sharding import TensorParallel, param_specs
 
 SHARED_WITH_TARGET = ("embed_tokens", "lm_head")
-# Draft steps after the first that make chaining their Opt-1 GPU kernels pay (norm_impl="pallas_gpu",
-# tp ≥ 2): a chain costs a sync kernel and one XLA barrier up front, then saves that barrier on
-# every call. On 2×H200 (benchmarks/RESULTS.md, chains of m calls, µs per call at T = 1 / 8):
-# m = 2: 13.0 / 15.1 chained vs 14.3 / 14.5 standalone; m = 3: 9.2 / 10.4 vs 12.2 / 13.3.
-CHAIN_MIN_STEPS = 3
 
 
 class Window(NamedTuple):
@@ -122,11 +117,10 @@ class MtpDrafter:
 
   def _chain(self, batch: int, steps: int) -> dict:
     """{"workspace": ...} when the `steps` draft steps after the first chain their Opt-1 GPU kernel
-    through one workspace (norm_impl="pallas_gpu", tp ≥ 2, steps ≥ CHAIN_MIN_STEPS); else {}."""
-    model = self.model
-    if model.norm_impl != "pallas_gpu" or model.tp.size < 2 or steps < CHAIN_MIN_STEPS:
-      return {}
-    return {"workspace": gpu_workspace(model.tp.axis, batch, self.cfg.hidden_size, self.cfg.dtype)}
+    through one workspace (`workspace_for_chain`: pallas_gpu, tp ≥ 2, ≥ CHAIN_MIN_CALLS steps); else {}."""
+    tp, cfg = self.model.tp, self.cfg
+    workspace = workspace_for_chain(self.model.norm_impl, tp.axis, tp.size, steps, batch, cfg.hidden_size, cfg.dtype)
+    return {} if workspace is None else {"workspace": workspace}
 
   def _unrolled_steps(self, variables, length_B, token_B1, hidden_B1D, caches, num_drafts: int, chain: dict):
     tokens = [token_B1]

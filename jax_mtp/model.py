@@ -1,11 +1,17 @@
 """The target model: DeepSeek-V3.2 (dense first layers, MoE after, MLA + DSA), built from the same
 blocks as the MTP layer, with a per-layer latent KV cache.
 
-    x      = embed_tokens(input_ids)
-    for i:   y_i, residual_i = layers_i(x)            decoder block, tail un-added
-             x = residual_i + reduce(y_i)             (reduce = psum over tp; identity at tp = 1)
-    hidden = norm(residual_L + reduce(y_L))           ◄ the last reduce + add + norm is Opt-1's call
+    x, h   = embed_tokens(input_ids), None
+    for i:   y_i, residual_i = layers_i(x, h)                      decoder block (h = its input norm),
+                                                                   tail un-added
+             h, x = fused(y_i, residual_i, layers_{i+1}.input_layernorm)     ◄ Opt-1 at every boundary
+    hidden = fused(y_L, residual_L, norm)                          ◄ and at the final norm
     logits = lm_head(hidden)
+
+where fused(y, r, norm) = (norm(reduce(y) + r), reduce(y) + r), `fused_allreduce_rmsnorm` with
+impl=`norm_impl` (reduce = psum over tp; identity at tp = 1), as vLLM fuses its layer boundaries.
+With norm_impl="pallas_gpu" at tp ≥ 2 the L calls of a decode-sized forward share one workspace
+and skip XLA's per-kernel barrier (`workspace_for_chain`).
 
 `hidden` is the **post-final-norm** hidden state the MTP layer consumes as `prev_hidden` (DESIGN §1).
 A call with T > 1 tokens uses MLA's naive form (prefill, verification), T = 1 the absorbed form
@@ -28,6 +34,7 @@ from jax_mtp.block import DecoderBlock
 from jax_mtp.cache import LayerCache, init_layer_cache
 from jax_mtp.config import MtpConfig
 from jax_mtp.kernels.fused_allreduce_rmsnorm import fused_allreduce_rmsnorm
+from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu_chained import workspace_for_chain
 from jax_mtp.layers import RMSNorm, dtype_of, rotary_for_positions
 from jax_mtp.sharding import TensorParallel, padded_vocab
 from jax_mtp.vocab import embed_lookup, head_logits, head_top_tokens
@@ -41,7 +48,7 @@ class TargetOutput(NamedTuple):
 class TargetModel(nn.Module):
   """`num_hidden_layers` decoder blocks between a vocab-parallel embedding and head.
 
-  `norm_impl` picks the implementation of the final reduce + add + norm (`fused_allreduce_rmsnorm`);
+  `norm_impl` picks the implementation of every reduce + add + norm (`fused_allreduce_rmsnorm`);
   greedy tokens come from `get_top_tokens` (local argmax under tp), sampling from `compute_logits`.
   """
 
@@ -72,23 +79,26 @@ class TargetModel(nn.Module):
     absorb = input_ids_BT.shape[1] == 1 if absorb is None else absorb
     rotary = rotary_for_positions(self.cfg.rope, self.cfg.qk_rope_head_dim, positions_BT)
     x_BTD = embed_lookup(self.embed_tokens, input_ids_BT, self.tp, self.cfg.dtype)
-    new_caches = []
+    cfg, tp, (b, t) = self.cfg, self.tp, input_ids_BT.shape
+    workspace = workspace_for_chain(self.norm_impl, tp.axis, tp.size, len(self.layers), b * t, cfg.hidden_size,
+                                    cfg.dtype)
+    normed_BTD, new_caches = None, []
     for i, layer in enumerate(self.layers):
-      if i:  # the previous block's tail: its MLP output is a partial sum under tp
-        x_BTD = residual_BTD + self._reduce(y_BTD)
-      y_BTD, residual_BTD, cache = layer(x_BTD, positions_BT, rotary, caches[i], absorb=absorb)
+      y_BTD, residual_BTD, cache = layer(x_BTD, positions_BT, rotary, caches[i], absorb=absorb, normed_BTD=normed_BTD)
       new_caches.append(cache)
-    return TargetOutput(self._final_norm(y_BTD, residual_BTD), tuple(new_caches))
+      # the tail's MLP output is a partial sum under tp: reduce, add, and the next norm in one call
+      norm = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
+      normed_BTD, x_BTD = self._reduce_add_norm(y_BTD, residual_BTD, norm.weight, workspace)
+    return TargetOutput(normed_BTD, tuple(new_caches))
 
-  def _reduce(self, y_BTD: jax.Array) -> jax.Array:
-    return y_BTD if self.tp.axis is None else jax.lax.psum(y_BTD, self.tp.axis)
-
-  def _final_norm(self, y_BTD: jax.Array, residual_BTD: jax.Array) -> jax.Array:
-    """norm(reduce(y) + residual) through Opt-1's fused call, on tokens flattened to [T, D]."""
+  def _reduce_add_norm(self, y_BTD: jax.Array, residual_BTD: jax.Array, weight_D: jax.Array, workspace):
+    """(norm(reduce(y) + residual), reduce(y) + residual) through Opt-1's fused call, on tokens
+    flattened to [T, D]."""
     shape, d = y_BTD.shape, self.cfg.hidden_size
-    normed_TD, _ = fused_allreduce_rmsnorm(y_BTD.reshape(-1, d), residual_BTD.reshape(-1, d), self.norm.weight,
-                                           self.cfg.rms_norm_eps, axis_name=self.tp.axis, impl=self.norm_impl)
-    return normed_TD.reshape(shape)
+    normed_TD, new_residual_TD = fused_allreduce_rmsnorm(
+        y_BTD.reshape(-1, d), residual_BTD.reshape(-1, d), weight_D, self.cfg.rms_norm_eps, axis_name=self.tp.axis,
+        impl=self.norm_impl, workspace=workspace)
+    return normed_TD.reshape(shape), new_residual_TD.reshape(shape)
 
   def compute_logits(self, hidden_BTD: jax.Array) -> jax.Array:
     """Full-vocab logits fp32 [B, T, V] (all-gathered over the vocab under tp)."""

@@ -27,8 +27,8 @@ Why phase 1 is not needed: jaxlib launches a kernel that uses XLA's collective m
 `remote_ref` does) right after `comm->LaunchMultiGpuBarrier(executor)` on the same stream
 (`MosaicGpuExecute`, jaxlib/mosaic/gpu/custom_call.cc) unless CompilerParams(skip_device_barrier=
 True) (jax 0.11.2 _src/pallas/mosaic_gpu/core.py:129; not set here — the chained variant,
-fused_allreduce_rmsnorm_gpu_chained.py, sets it and orders the peers through a persistent workspace). That barrier kernel ends on a
-device only once every peer has reached it, i.e. has finished all its earlier stream work: its
+fused_allreduce_rmsnorm_gpu_chained.py, sets it and orders the peers through a persistent
+workspace). That barrier kernel ends on a device only once every peer has reached it, i.e. has finished all its earlier stream work: its
 previous call (which read its receive buffer) and the zero-init of this call's semaphores (jax
 0.12's `plgpu.alloc_semaphore` docstring relies on the same guarantee). So no peer still touches
 what we write; the entry barrier, whose zeroed semaphore needs that barrier anyway, adds nothing.

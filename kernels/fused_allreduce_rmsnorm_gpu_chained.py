@@ -67,6 +67,16 @@ CHAINED_KERNEL_NAME = f"{KERNEL_NAME}_chained"
 SYNC_KERNEL_NAME = f"{KERNEL_NAME}_sync"
 
 
+# Same-shape calls in a program from which chaining them pays: a chain costs a sync kernel and one
+# XLA barrier up front, then saves that barrier on every call. On 2×H200 (benchmarks/RESULTS.md,
+# µs per call at T = 1 / 8): m = 2 calls: 13.0 / 15.1 chained vs 14.3 / 14.5 standalone; m = 3:
+# 9.2 / 10.4 vs 12.2 / 13.3.
+CHAIN_MIN_CALLS = 3
+# Rows up to which calls are chained: decode and verification sizes. The workspace holds 2·n·T·D
+# activations for the whole program (a standalone call's n·T·D receive buffer lives for the call).
+CHAIN_MAX_ROWS = 256
+
+
 class GpuWorkspace(NamedTuple):
   """What `gpu_workspace` returns: the refs (module docstring) and the static shape they serve."""
   recv: jax.Ref
@@ -160,6 +170,18 @@ def gpu_workspace(axis_name: str, rows: int, cols: int, dtype) -> GpuWorkspace:
   )()
   return GpuWorkspace(recv=jax.new_ref(recv), counters=jax.new_ref(counters), axis=axis_name, rows=rows,
                       cols=padded, dtype=dtype)
+
+
+def workspace_for_chain(impl: str, axis_name: str | None, axis_size: int, calls: int, rows: int, cols: int,
+                        dtype) -> GpuWorkspace | None:
+  """The workspace that `calls` same-shape [rows, cols] calls of one program share, or None where
+  chaining does not apply or pay: impl other than "pallas_gpu", fewer than 2 devices, fewer than
+  CHAIN_MIN_CALLS calls, more than CHAIN_MAX_ROWS rows. Call inside `shard_map`."""
+  if impl != "pallas_gpu" or axis_name is None or axis_size < 2:
+    return None
+  if calls < CHAIN_MIN_CALLS or rows > CHAIN_MAX_ROWS:
+    return None
+  return gpu_workspace(axis_name, rows, cols, dtype)
 
 
 def _kernel(x_ref, res_ref, w_ref, recv_ref, counters_ref, normed_ref, new_res_ref, stage, bars, *, n: int,

@@ -17,12 +17,14 @@ from jax.sharding import AbstractMesh, AxisType
 from jax.sharding import PartitionSpec as P
 
 import jax_mtp
-from jax_mtp.drafter import CHAIN_MIN_STEPS, SHARED_WITH_TARGET, MtpDrafter, Window
+from jax_mtp.drafter import SHARED_WITH_TARGET, MtpDrafter, Window
 from jax_mtp.kernels.fused_allreduce_rmsnorm import fused_allreduce_rmsnorm, fused_allreduce_rmsnorm_reference
 from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu import KERNEL_NAME, SXM_SMS, resident_ctas
-from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu_chained import (CHAINED_KERNEL_NAME, SYNC_KERNEL_NAME, GpuWorkspace,
+from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu_chained import (CHAIN_MAX_ROWS, CHAIN_MIN_CALLS, CHAINED_KERNEL_NAME,
+                                                                SYNC_KERNEL_NAME, GpuWorkspace,
                                                                 fused_allreduce_rmsnorm_gpu_chained, gpu_workspace,
                                                                 workspace_copies)
+from jax_mtp.model import TargetModel, init_target_caches, init_target_params
 from jax_mtp.parallel import jit_per_shard
 from jax_mtp.sharding import make_mesh, replicated, tensor_parallel
 from jax_mtp.speculative import target_param_specs
@@ -177,14 +179,14 @@ class TestOnGpu:
 
 
   def test_speculator_with_chained_draft_steps_equals_plain_greedy(self):
-    """End to end at tp = 2: k = CHAIN_MIN_STEPS + 1 (its draft steps chain) with the kernel gives
+    """End to end at tp = 2: k = CHAIN_MIN_CALLS + 1 (its draft steps chain) with the kernel gives
     plain greedy decoding's tokens and the XLA speculator's acceptance."""
     from tests.test_speculative import CAPACITY, MAX_NEW, SMALL_VOCAB, _plain, _prompts, _weights
 
     cfg, target_params, mtp_params = _weights(SMALL_VOCAB)
     results = {}
     for impl in ("pallas_gpu", "xla"):
-      spec = jax_mtp.Speculator(cfg, make_mesh(2), CHAIN_MIN_STEPS + 1, norm_impl=impl)
+      spec = jax_mtp.Speculator(cfg, make_mesh(2), CHAIN_MIN_CALLS + 1, norm_impl=impl)
       results[impl] = spec.generate(spec.shard(target_params, mtp_params), _prompts(SMALL_VOCAB), MAX_NEW,
                                     capacity=CAPACITY)
     assert results["pallas_gpu"].tokens == _plain(SMALL_VOCAB)
@@ -206,9 +208,9 @@ def _workspace_shapes(tp, t, d, dtype) -> list[str]:
   return [f"{hlo_dtype}[2,{tp},{t},{d + (-d % 128)}]", f"s32[{_counters_size(_grid(t), tp)}]"]
 
 
-@pytest.mark.parametrize("k, chained", [(CHAIN_MIN_STEPS, False), (CHAIN_MIN_STEPS + 1, True)])
+@pytest.mark.parametrize("k, chained", [(CHAIN_MIN_CALLS, False), (CHAIN_MIN_CALLS + 1, True)])
 def test_draft_steps_chain_from_chain_min_steps(k, chained):
-  """The drafter's k − 1 steps after the first chain their kernels once there are CHAIN_MIN_STEPS of
+  """The drafter's k − 1 steps after the first chain their kernels once there are CHAIN_MIN_CALLS of
   them: the proposal's CUDA module then holds the sync kernel and the chained kernel (once, in the
   scan); the catch-up keeps the standalone kernel (its T differs)."""
   cfg, tp, batch, capacity = jax_mtp.tiny(), 2, 2, 16
@@ -230,8 +232,42 @@ def test_draft_steps_chain_from_chain_min_steps(k, chained):
   with jax.sharding.use_abstract_mesh(mesh):
     fn = jit_per_shard(per_shard, mesh, (drafter.param_specs(), shared, replicated(), replicated()))
     module = jax.export.export(fn, platforms=["cuda"])(own, target_shared, window, caches).mlir_module()
-  kinds = [kind for line in module.splitlines() if "stablehlo.custom_call @mosaic_gpu" in line
-           for kind in (KERNEL_NAME, SYNC_KERNEL_NAME, CHAINED_KERNEL_NAME) if f"{kind}_mosaic_gpu" in line]
   # the catch-up (T = B·W) always runs the standalone kernel; the scanned step the chained or standalone one
   want = [KERNEL_NAME, SYNC_KERNEL_NAME, CHAINED_KERNEL_NAME] if chained else [KERNEL_NAME, KERNEL_NAME]
-  assert sorted(kinds) == sorted(want)
+  assert _mosaic_kinds(module) == sorted(want)
+
+
+def _mosaic_kinds(module: str) -> list[str]:
+  """Which of our GPU kernels each Mosaic custom call of an exported module is, sorted."""
+  return sorted(kind for line in module.splitlines() if "stablehlo.custom_call @mosaic_gpu" in line
+                for kind in (KERNEL_NAME, SYNC_KERNEL_NAME, CHAINED_KERNEL_NAME) if f"{kind}_mosaic_gpu" in line)
+
+
+@pytest.mark.parametrize("layers, batch, tokens, chained", [
+    (2, 2, 1, False),  # 2 calls: fewer than CHAIN_MIN_CALLS
+    (3, 2, 4, True),  # decode / verification size: every boundary and the final norm chain
+    (3, 1, CHAIN_MAX_ROWS + 1, False),  # prefill size: standalone calls
+])
+def test_target_fuses_every_layer_boundary(layers, batch, tokens, chained):
+  """The target's L reduce + add + norm calls (L − 1 boundaries, the final norm) are Opt-1 kernels,
+  chained through one workspace at decode sizes; no all-reduce of the MLP outputs is left."""
+  cfg, tp = jax_mtp.tiny(num_hidden_layers=layers), 2
+  mesh = AbstractMesh((tp,), ("tp",), axis_types=(AxisType.Auto,), abstract_device=H200)
+  modules = {}
+  for impl in ("xla", "pallas_gpu"):
+    model = TargetModel(cfg, tensor_parallel(tp), impl)
+
+    def per_shard(params, ids, positions, caches):
+      return model.apply({"params": params}, ids, positions, caches).hidden_BTD
+
+    params = jax.eval_shape(lambda key: init_target_params(cfg, key), jax.random.key(0))
+    caches = jax.eval_shape(lambda: init_target_caches(cfg, batch, tokens + 1))
+    ids = jax.ShapeDtypeStruct((batch, tokens), jnp.int32)
+    with jax.sharding.use_abstract_mesh(mesh):
+      fn = jit_per_shard(per_shard, mesh, (target_param_specs(cfg), replicated(), replicated(), replicated()))
+      modules[impl] = jax.export.export(fn, platforms=["cuda"])(params, ids, ids, caches).mlir_module()
+  want = [SYNC_KERNEL_NAME] + [CHAINED_KERNEL_NAME] * layers if chained else [KERNEL_NAME] * layers
+  assert _mosaic_kinds(modules["pallas_gpu"]) == sorted(want)
+  # the kernels take over exactly the L all-reduces of the fused calls (embedding, o_proj ones stay)
+  all_reduces = {impl: module.count("stablehlo.all_reduce") for impl, module in modules.items()}
+  assert all_reduces["xla"] - all_reduces["pallas_gpu"] == layers
