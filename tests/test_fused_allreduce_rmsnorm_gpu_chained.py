@@ -178,6 +178,24 @@ class TestOnGpu:
           np.testing.assert_array_equal(np.asarray(g[i]), np.asarray(g[0]), err_msg=f"{what}: device {i} != 0")
 
 
+  def test_speculator_with_chained_target_and_drafts_matches_xla(self):
+    """A 4-layer target at tp = 2: verification (T = B·(k+1) ≤ CHAIN_MAX_ROWS) chains its 4 fused
+    calls, the drafter its k − 1 = 3 steps; tokens and acceptance equal the XLA speculator's."""
+    from tests.test_speculative import CAPACITY, MAX_NEW, SMALL_VOCAB, _prompts
+
+    cfg = jax_mtp.tiny(vocab_size=SMALL_VOCAB, num_hidden_layers=4)
+    target_params, mtp_params = jax_mtp.init_target_params(cfg, jax.random.key(0)), jax_mtp.init_params(
+        cfg, jax.random.key(1))
+    results = {}
+    for impl in ("pallas_gpu", "xla"):
+      spec = jax_mtp.Speculator(cfg, make_mesh(2), CHAIN_MIN_CALLS + 1, norm_impl=impl)
+      results[impl] = spec.generate(spec.shard(target_params, mtp_params), _prompts(SMALL_VOCAB), MAX_NEW,
+                                    capacity=CAPACITY)
+    kernel, xla = results["pallas_gpu"], results["xla"]
+    assert kernel.tokens == xla.tokens
+    assert (kernel.metrics.rounds, kernel.metrics.accepted_per_position) == (
+        xla.metrics.rounds, xla.metrics.accepted_per_position)
+
   def test_speculator_with_chained_draft_steps_equals_plain_greedy(self):
     """End to end at tp = 2: k = CHAIN_MIN_CALLS + 1 (its draft steps chain) with the kernel gives
     plain greedy decoding's tokens and the XLA speculator's acceptance."""
