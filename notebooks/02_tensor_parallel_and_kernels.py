@@ -382,5 +382,6 @@ assert len(kernels) == 5 and module.count("skip_device_barrier = true") == 4 and
 # %% [markdown]
 # Measured on 2 × H200 (`benchmarks/RESULTS.md`), chains of 8 calls, µs per call: T = 1: 7.1
 # chained vs 11.6 for XLA's psum + norm; T = 256: 20.8 vs 50.5 — faster than XLA at every
-# T ≤ 256. A lone call still pays the barrier, so the drafter chains its draft steps only from
-# three of them on (`CHAIN_MIN_CALLS` in the chained kernel's module).
+# T ≤ 256. A lone call still pays the barrier, so the model chains only where three or more calls
+# of one shape share a program (`CHAIN_MIN_CALLS` in the chained kernel's module): the target's
+# layer boundaries at decode sizes, and the drafter's steps from k = 4 on.
