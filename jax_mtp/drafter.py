@@ -102,31 +102,31 @@ class MtpDrafter:
     token_B1 = self._greedy(variables, hidden_B1D, 0)
     if num_drafts == 1:
       return token_B1, caches
-    chain = self._chain(token_B1.shape[0], num_drafts - 1)
+    workspace = self._step_workspace(token_B1.shape[0], num_drafts - 1)
     if self.cfg.num_nextn_predict_layers > 1:  # each step picks its layer: unrolled
-      return self._unrolled_steps(variables, window.length_B, token_B1, hidden_B1D, caches, num_drafts, chain)
+      return self._unrolled_steps(variables, window.length_B, token_B1, hidden_B1D, caches, num_drafts, workspace)
 
     def step(carry, i):  # i % 1 == 0: every step is layer 0, so one scanned step compiles for any k
       token_B1, hidden_B1D, caches = carry
-      out = self.model.apply(variables, token_B1, (window.length_B - 1 + i)[:, None], hidden_B1D, caches, **chain)
+      out = self.model.apply(variables, token_B1, (window.length_B - 1 + i)[:, None], hidden_B1D, caches,
+                             workspace=workspace)
       token_B1 = self._greedy(variables, out.hidden_BTD, 0)
       return (token_B1, out.next_prev_hidden_BTD, out.caches), token_B1[:, 0]
 
     (_, _, caches), rest_MB = jax.lax.scan(step, (token_B1, hidden_B1D, caches), jnp.arange(1, num_drafts))
     return jnp.concatenate([token_B1, rest_MB.T], axis=1), caches
 
-  def _chain(self, batch: int, steps: int) -> dict:
-    """{"workspace": ...} when the `steps` draft steps after the first chain their Opt-1 GPU kernel
-    through one workspace (`workspace_for_chain`: pallas_gpu, tp ≥ 2, ≥ CHAIN_MIN_CALLS steps); else {}."""
+  def _step_workspace(self, batch: int, steps: int):
+    """The Opt-1 GPU workspace the `steps` draft steps after the first chain their kernel through
+    (`workspace_for_chain`: pallas_gpu, tp ≥ 2, ≥ CHAIN_MIN_CALLS steps), or None."""
     tp, cfg = self.model.tp, self.cfg
-    workspace = workspace_for_chain(self.model.norm_impl, tp.axis, tp.size, steps, batch, cfg.hidden_size, cfg.dtype)
-    return {} if workspace is None else {"workspace": workspace}
+    return workspace_for_chain(self.model.norm_impl, tp.axis, tp.size, steps, batch, cfg.hidden_size, cfg.dtype)
 
-  def _unrolled_steps(self, variables, length_B, token_B1, hidden_B1D, caches, num_drafts: int, chain: dict):
+  def _unrolled_steps(self, variables, length_B, token_B1, hidden_B1D, caches, num_drafts: int, workspace):
     tokens = [token_B1]
     for i in range(1, num_drafts):
       out = self.model.apply(variables, tokens[-1], (length_B - 1 + i)[:, None], hidden_B1D, caches, spec_step_idx=i,
-                             **chain)
+                             workspace=workspace)
       hidden_B1D, caches = out.next_prev_hidden_BTD, out.caches
       tokens.append(self._greedy(variables, out.hidden_BTD, i))
     return jnp.concatenate(tokens, axis=1), caches

@@ -28,8 +28,8 @@ Why phase 1 is not needed: jaxlib launches a kernel that uses XLA's collective m
 (`MosaicGpuExecute`, jaxlib/mosaic/gpu/custom_call.cc) unless CompilerParams(skip_device_barrier=
 True) (jax 0.11.2 _src/pallas/mosaic_gpu/core.py:129; not set here — the chained variant,
 fused_allreduce_rmsnorm_gpu_chained.py, sets it and orders the peers through a persistent
-workspace). That barrier kernel ends on a device only once every peer has reached it, i.e. has finished all its earlier stream work: its
-previous call (which read its receive buffer) and the zero-init of this call's semaphores (jax
+workspace). That barrier kernel ends on a device only once every peer has reached it, i.e. has
+finished all its earlier stream work: its previous call (which read its receive buffer) and the zero-init of this call's semaphores (jax
 0.12's `plgpu.alloc_semaphore` docstring relies on the same guarantee). So no peer still touches
 what we write; the entry barrier, whose zeroed semaphore needs that barrier anyway, adds nothing.
 
@@ -106,6 +106,12 @@ def resident_ctas() -> int:
   cores = jax.sharding.get_abstract_mesh().abstract_device
   cores = None if cores is None else cores.num_cores
   return SXM_SMS if cores is None else int(cores)
+
+
+def communicating_grid(t: int) -> int:
+  """CTAs of a kernel whose CTAs spin-wait on peers: one per row up to `resident_ctas()`, so all
+  are resident."""
+  return min(t, resident_ctas())
 
 
 def pad_lanes(x_partial_TD, residual_TD, weight_D):
@@ -255,7 +261,7 @@ def fused_allreduce_rmsnorm_gpu(x_partial_TD, residual_TD, weight_D, eps: float,
   t, d = x_partial_TD.shape
   x_partial_TD, residual_TD, weight_D = pad_lanes(x_partial_TD, residual_TD, weight_D)
   pad = x_partial_TD.shape[1] - d
-  grid = min(t, resident_ctas()) if n > 1 else t  # spin-waiting CTAs must all be resident
+  grid = communicating_grid(t) if n > 1 else t
   out = jax.ShapeDtypeStruct((t, d + pad), x_partial_TD.dtype)
   out_type = (out, out) + ((jax.ShapeDtypeStruct((n, t, d + pad), out.dtype),) if n > 1 else ())  # + receive
   scratch = _scratch(n, t, d + pad, grid, jnp.dtype(out.dtype), push, entry_barrier)

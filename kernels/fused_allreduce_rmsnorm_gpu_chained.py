@@ -60,7 +60,8 @@ from jax.experimental.mosaic.gpu import utils as mgpu_utils
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu import (_LANES, KERNEL_NAME, _add_rmsnorm_rows, _chunks,
-                                                        _push_rows_tma, _stage_scratch, pad_lanes, resident_ctas,
+                                                        _push_rows_tma, _stage_scratch, communicating_grid,
+                                                        pad_lanes,
                                                         validate_gpu_inputs)
 
 CHAINED_KERNEL_NAME = f"{KERNEL_NAME}_chained"
@@ -85,10 +86,6 @@ class GpuWorkspace(NamedTuple):
   rows: int
   cols: int  # D padded to a multiple of 128
   dtype: jnp.dtype
-
-
-def _grid(rows: int) -> int:
-  return min(rows, resident_ctas())  # every CTA spin-waits: all must be resident
 
 
 def _counters_size(grid: int, n: int) -> int:
@@ -158,7 +155,7 @@ def gpu_workspace(axis_name: str, rows: int, cols: int, dtype) -> GpuWorkspace:
   n = _check_mesh(axis_name)
   if rows < 1 or cols < 1:
     raise ValueError(f"workspace shape ({rows}, {cols}) must be positive")
-  dtype, padded, grid = jnp.dtype(dtype), cols + (-cols % _LANES), _grid(rows)
+  dtype, padded, grid = jnp.dtype(dtype), cols + (-cols % _LANES), communicating_grid(rows)
   body = functools.partial(_sync_kernel, n=n, axis=axis_name)
   body = functools.update_wrapper(body, _sync_kernel)
   body.__name__ = SYNC_KERNEL_NAME
@@ -217,7 +214,7 @@ def fused_allreduce_rmsnorm_gpu_chained(x_partial_TD, residual_TD, weight_D, eps
   x_partial_TD, residual_TD, weight_D = pad_lanes(x_partial_TD, residual_TD, weight_D)
   padded = x_partial_TD.shape[1]
   _check_workspace(workspace, axis_name, x_partial_TD, padded)
-  grid = _grid(t)
+  grid = communicating_grid(t)
   out = jax.ShapeDtypeStruct((t, padded), x_partial_TD.dtype)
   body = functools.partial(_kernel, n=n, axis=axis_name, t=t, grid=grid, d_true=d, eps=float(eps))
   body = functools.update_wrapper(body, _kernel)

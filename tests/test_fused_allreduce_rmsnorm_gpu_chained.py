@@ -19,7 +19,7 @@ from jax.sharding import PartitionSpec as P
 import jax_mtp
 from jax_mtp.drafter import SHARED_WITH_TARGET, MtpDrafter, Window
 from jax_mtp.kernels.fused_allreduce_rmsnorm import fused_allreduce_rmsnorm, fused_allreduce_rmsnorm_reference
-from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu import KERNEL_NAME, SXM_SMS, resident_ctas
+from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu import KERNEL_NAME, SXM_SMS, communicating_grid, resident_ctas
 from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu_chained import (CHAIN_MAX_ROWS, CHAIN_MIN_CALLS, CHAINED_KERNEL_NAME,
                                                                 SYNC_KERNEL_NAME, GpuWorkspace,
                                                                 fused_allreduce_rmsnorm_gpu_chained, gpu_workspace,
@@ -221,9 +221,9 @@ def _inputs(n_calls, tp, t, d, dtype, seed):
 
 def _workspace_shapes(tp, t, d, dtype) -> list[str]:
   """The workspace's HLO shapes: recv and counters (kernels/fused_allreduce_rmsnorm_gpu_chained.py)."""
-  from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu_chained import _counters_size, _grid
+  from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu_chained import _counters_size
   hlo_dtype = {"bfloat16": "bf16", "float32": "f32"}[jnp.dtype(dtype).name]
-  return [f"{hlo_dtype}[2,{tp},{t},{d + (-d % 128)}]", f"s32[{_counters_size(_grid(t), tp)}]"]
+  return [f"{hlo_dtype}[2,{tp},{t},{d + (-d % 128)}]", f"s32[{_counters_size(communicating_grid(t), tp)}]"]
 
 
 @pytest.mark.parametrize("k, chained", [(CHAIN_MIN_CALLS, False), (CHAIN_MIN_CALLS + 1, True)])
