@@ -1,57 +1,45 @@
 """Time one MTP draft step (tp = 1) on the local accelerator, per Opt-1 impl, against a weight-read roofline.
 
-    python -m benchmarks.mtp_step --preset deepseek_v32 --batch 1 64 --impls xla pallas_gpu
+    python -m benchmarks.mtp_step --preset deepseek_v32 --batch 1 64 --impls xla pallas_gpu \
+        --moe-impls ragged_dot tokamax_gpu
 
 A decode step of the MTP layer is memory-bound: it reads the attention and indexer weights, the
 routed experts the batch picked, the shared expert, eh_proj and the head. The table prints the
-measured time beside two rooflines at the measured copy bandwidth: "active" (the experts that a
-batch of B tokens can touch at most: min(E, 8·B)) and "all" (every weight of the layer + head).
-It also checks that the impls agree: identical draft tokens, hidden within the bf16 tolerance.
+measured time beside two rooflines at the measured copy bandwidth: "touched" (the experts this
+batch's routing picked, counted from the router's output) and "all" (every weight of the layer +
+head). Rows are (Opt-1 impl, routed-experts impl) pairs; the draft tokens must equal the first row's.
 """
 
 from __future__ import annotations
 
 import argparse
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import jax_mtp
+from benchmarks.timing import copy_bandwidth, time_call
 
 PRESETS = {"tiny": jax_mtp.tiny, "deepseek_v32": jax_mtp.deepseek_v32, "glm5": jax_mtp.glm5}
 
 
-def copy_bandwidth(nbytes: int = 2 * 2**30, iters: int = 20) -> float:
-  """Device-to-device copy bandwidth in bytes/s (read + write)."""
-  x = jnp.ones((nbytes // 4,), jnp.float32)
-  copy = jax.jit(lambda a: a + 1)
-  copy(x).block_until_ready()
-  start = time.perf_counter()
-  for _ in range(iters):
-    x = copy(x)
-  x.block_until_ready()
-  return 2 * nbytes * iters / (time.perf_counter() - start)
-
-
-def weight_bytes(params, cfg: jax_mtp.MtpConfig, batch: int) -> tuple[int, int]:
-  """(active, all) bytes a step reads: experts scaled by the most a batch can touch."""
+def weight_bytes(params, cfg: jax_mtp.MtpConfig, touched_experts: int) -> tuple[int, int]:
+  """(touched, all) bytes a step reads: experts scaled by the number the routing picked."""
   total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params)) - params["embed_tokens"].nbytes
   mlp = params["layers_0"]["mtp_block"]["mlp"]
   experts = sum(mlp[k].nbytes for k in ("w_gate_EDF", "w_up_EDF", "w_down_EFD"))
-  touched = min(cfg.n_routed_experts, cfg.num_experts_per_tok * batch) / cfg.n_routed_experts
+  touched = touched_experts / cfg.n_routed_experts
   return int(total - experts + experts * touched), total
 
 
-def time_step(step, args, iters: int) -> float:
-  out = step(*args)
-  jax.block_until_ready(out)
-  start = time.perf_counter()
-  for _ in range(iters):
-    out = step(*args)
-  jax.block_until_ready(out)
-  return (time.perf_counter() - start) / iters
+def touched_experts(cfg, params, ids, positions, hidden, caches) -> int:
+  """How many distinct routed experts this step's tokens picked (the router's own output)."""
+  model = jax_mtp.MtpPredictor(cfg)
+  _, state = jax.jit(lambda *a: model.apply({"params": a[0]}, *a[1:], mutable=["intermediates"]))(
+      params, ids, positions, hidden, caches)
+  (expert_ids,) = jax.tree.leaves(state)
+  return len(np.unique(np.asarray(expert_ids)))
 
 
 def main(argv=None) -> int:
@@ -60,37 +48,43 @@ def main(argv=None) -> int:
   parser.add_argument("--batch", type=int, nargs="+", default=[1, 64])
   parser.add_argument("--capacity", type=int, default=4096)
   parser.add_argument("--impls", nargs="+", default=["xla"])
+  parser.add_argument("--moe-impls", nargs="+", default=["auto"], choices=jax_mtp.config.MOE_IMPLS)
   parser.add_argument("--iters", type=int, default=50)
   args = parser.parse_args(argv)
   cfg = PRESETS[args.preset]()
   params = jax_mtp.init_params(cfg, jax.random.key(0))
-  bandwidth = copy_bandwidth(2 * 2**30 if jax.devices()[0].platform == "gpu" else 2**26)
+  bandwidth = copy_bandwidth()
   print(f"{args.preset} MTP draft step on {jax.devices()[0].device_kind}, jax {jax.__version__}, "
         f"copy bandwidth {bandwidth / 1e12:.2f} TB/s, cache {args.capacity}\n")
-  print("| B | impl | µs / step | roofline active µs | roofline all µs | active / measured | tokens match xla |")
-  print("|---:|---|---:|---:|---:|---:|---|")
+  print("| B | Opt-1 impl | experts impl | experts touched | µs / step | roofline touched µs | roofline all µs "
+        "| touched / measured | tokens match row 1 |")
+  print("|---:|---|---|---:|---:|---:|---:|---:|---|")
   for batch in args.batch:
     rng = np.random.default_rng(batch)
     ids = jnp.asarray(rng.integers(0, cfg.vocab_size, (batch, 1), dtype=np.int32))
     positions = jnp.full((batch, 1), args.capacity // 2, jnp.int32)
     hidden = jnp.asarray(rng.standard_normal((batch, 1, cfg.hidden_size)), cfg.dtype)
     caches = jax_mtp.init_caches(cfg, batch, args.capacity)
-    active, total = weight_bytes(params, cfg, batch)
+    touched = touched_experts(cfg, params, ids, positions, hidden, caches)
+    active, total = weight_bytes(params, cfg, touched)
     reference = None
     for impl in args.impls:
-      model = jax_mtp.MtpPredictor(cfg, norm_impl=impl)
+      for moe_impl in args.moe_impls:
+        if moe_impl == "gather" and batch * cfg.num_experts_per_tok > cfg.n_routed_experts:
+          continue  # T·K gathered expert copies: past E assignments more bytes than every expert
+        model = jax_mtp.MtpPredictor(cfg.replace(moe_impl=moe_impl), norm_impl=impl)
 
-      def step(p, i, pos, h, c, model=model):
-        out = model.apply({"params": p}, i, pos, h, c)
-        return out.hidden_BTD, model.apply({"params": p}, out.hidden_BTD, method=model.get_top_tokens)
+        def step(p, i, pos, h, c, model=model):
+          out = model.apply({"params": p}, i, pos, h, c)
+          return out.hidden_BTD, model.apply({"params": p}, out.hidden_BTD, method=model.get_top_tokens)
 
-      step = jax.jit(step)
-      seconds = time_step(step, (params, ids, positions, hidden, caches), args.iters)
-      hidden_out, tokens = step(params, ids, positions, hidden, caches)
-      reference = reference or (hidden_out, tokens)
-      same = bool(jnp.all(tokens == reference[1]))
-      print(f"| {batch} | {impl} | {seconds * 1e6:,.0f} | {active / bandwidth * 1e6:,.0f} | "
-            f"{total / bandwidth * 1e6:,.0f} | {active / bandwidth / seconds:.2f} | {same} |")
+        step = jax.jit(step)
+        seconds = time_call(step, (params, ids, positions, hidden, caches), args.iters)
+        _, tokens = step(params, ids, positions, hidden, caches)
+        reference = tokens if reference is None else reference
+        same = bool(jnp.all(tokens == reference))
+        print(f"| {batch} | {impl} | {moe_impl} | {touched} | {seconds * 1e6:,.0f} | {active / bandwidth * 1e6:,.0f} | "
+              f"{total / bandwidth * 1e6:,.0f} | {active / bandwidth / seconds:.2f} | {same} |")
   return 0
 
 

@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from typing import Any
 
 SUPPORTED_MODEL_TYPES = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa")
+# How the routed experts run: "auto" picks per platform and token count (jax_mtp.experts).
+MOE_IMPLS = ("auto", "gather", "ragged_dot", "tokamax_gpu", "tokamax_tpu")
 
 
 class ConfigError(ValueError):
@@ -90,6 +92,7 @@ class MtpConfig:
   num_nextn_predict_layers: int = 1
   dtype: str = "bfloat16"  # activations
   param_dtype: str = "bfloat16"
+  moe_impl: str = "auto"  # routed experts' implementation, one of MOE_IMPLS (jax_mtp.experts)
 
   def __post_init__(self):
     _validate(self)
@@ -162,6 +165,8 @@ def _validate(cfg: MtpConfig) -> None:
   if cfg.rope.factor < 1.0 or cfg.rope.theta <= 0:
     raise ConfigError(f"rope factor={cfg.rope.factor} must be ≥ 1 and theta={cfg.rope.theta} > 0")
   _validate_indexer(cfg)
+  if cfg.moe_impl not in MOE_IMPLS:
+    raise ConfigError(f"moe_impl={cfg.moe_impl!r} is not one of {MOE_IMPLS}")
   for name in ("dtype", "param_dtype"):
     if getattr(cfg, name) not in ("float32", "bfloat16", "float16"):
       raise ConfigError(f"{name}={getattr(cfg, name)!r} must be float32, bfloat16 or float16")

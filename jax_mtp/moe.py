@@ -6,9 +6,10 @@ Router (official `Gate`, fp32):
     groups = top-`topk_group` of (sum of the top-2 s_b in each of G groups)
     idx    = top-K of s_b restricted to the kept groups
     w      = s[idx] / Σ s[idx] (norm_topk_prob) · routed_scaling_factor
-Experts: y = Σ_k w_k · down_k(silu(gate_k(x)) · up_k(x)) + shared(x). The routed part runs as a
-grouped matmul (`lax.ragged_dot`) over the token-expert pairs sorted by expert, so only the
-experts that tokens picked are multiplied.
+Experts: y = Σ_k w_k · down_k(silu(gate_k(x)) · up_k(x)) + shared(x). The routed part runs by the
+implementation `cfg.moe_impl` names (`jax_mtp.experts`: a grouped matmul over the token-expert
+pairs sorted by expert — tokamax's kernels on GPU and TPU — or gathered weights at decode sizes),
+so only the experts that tokens picked are read.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_mtp.config import MtpConfig
+from jax_mtp.experts import resolve_expert_impl, routed_experts
 from jax_mtp.layers import dtype_of, linear
 from jax_mtp.sharding import TensorParallel
 
@@ -107,11 +109,12 @@ class MoE(nn.Module):
     cfg = self.cfg
     x_TD = x_BTD.reshape(-1, cfg.hidden_size)
     ids_TK, weights_TK = self.gate(x_TD)
+    self.sow("intermediates", "expert_ids_TK", ids_TK)  # kept only when asked (benchmarks count experts)
     if self.tp.axis is not None:  # this device's experts are [first, first + E/tp)
       first = jax.lax.axis_index(self.tp.axis) * self.w_gate_EDF.shape[0]
       ids_TK, weights_TK = local_assignments(ids_TK - first, weights_TK, self.w_gate_EDF.shape[0])
-    experts = gathered_experts if uses_gathered_experts(*ids_TK.shape, self.w_gate_EDF.shape[0]) else routed_experts
-    y_TD = experts(x_TD, ids_TK, weights_TK, self.w_gate_EDF, self.w_up_EDF, self.w_down_EFD)
+    impl = resolve_expert_impl(cfg.moe_impl, jax.default_backend(), *ids_TK.shape, self.w_gate_EDF)
+    y_TD = routed_experts(impl, x_TD, ids_TK, weights_TK, self.w_gate_EDF, self.w_up_EDF, self.w_down_EFD)
     y_BTD = y_TD.reshape(x_BTD.shape).astype(x_BTD.dtype)
     if cfg.n_shared_experts:
       y_BTD = y_BTD + self.shared_experts(x_BTD)
@@ -122,56 +125,3 @@ def local_assignments(local_ids_TK, weights_TK, num_local: int) -> tuple[jax.Arr
   """Assignments to other devices' experts get id `num_local` (past every group) and weight 0."""
   mine = (local_ids_TK >= 0) & (local_ids_TK < num_local)
   return jnp.where(mine, local_ids_TK, num_local), jnp.where(mine, weights_TK, 0.0)
-
-
-def uses_gathered_experts(tokens: int, experts_per_token: int, num_experts: int) -> bool:
-  """Decode-sized batches gather their experts' weights: T·K ≤ E/4 assignments read at most a
-  quarter of the experts (plus the gathered copy), where XLA's GPU ragged_dot streams all E of
-  them whatever the group sizes (measured on an H200: benchmarks/RESULTS.md). A static choice by
-  shape, the same at every call of that shape; both paths are tested equal."""
-  return tokens * experts_per_token * 4 <= num_experts
-
-
-def gathered_experts(x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD) -> jax.Array:
-  """Σ_k weights[t, k] · expert_{ids[t, k]}(x[t]) with each assignment's weights gathered; fp32 out.
-  Ids ≥ E (other devices' experts) carry weight 0 and are clipped to a valid expert."""
-  dtype = w_gate_EDF.dtype
-  precision = _HIGHEST if dtype == jnp.float32 else jax.lax.Precision.DEFAULT
-  ids_TK = jnp.minimum(ids_TK, w_gate_EDF.shape[0] - 1)
-  x_TD = x_TD.astype(dtype)
-
-  def project(eq, lhs, weights):
-    return jnp.einsum(eq, lhs.astype(dtype), weights, precision=precision, preferred_element_type=jnp.float32)
-
-  hidden_TKF = (jax.nn.silu(project("td,tkdf->tkf", x_TD, w_gate_EDF[ids_TK]))
-                * project("td,tkdf->tkf", x_TD, w_up_EDF[ids_TK]))
-  y_TKD = project("tkf,tkfd->tkd", hidden_TKF, w_down_EFD[ids_TK])
-  return jnp.einsum("tkd,tk->td", y_TKD, weights_TK.astype(jnp.float32))
-
-
-def routed_experts(x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD) -> jax.Array:
-  """Σ_k weights[t, k] · expert_{ids[t, k]}(x[t]) as one grouped matmul per projection; fp32 out.
-
-  Ids ≥ E (other devices' experts) sort past the last group: the grouped matmul leaves their rows
-  zero and their weight is zero.
-  """
-  t, k = ids_TK.shape
-  num_experts = w_gate_EDF.shape[0]
-  flat_ids_A = ids_TK.reshape(-1)  # A = T·K token-expert assignments
-  order_A = jnp.argsort(flat_ids_A, stable=True)
-  token_A = order_A // k
-  group_sizes_E = jnp.bincount(flat_ids_A, length=num_experts).astype(jnp.int32)
-  dtype = w_gate_EDF.dtype
-  x_AD = x_TD[token_A].astype(dtype)
-
-  # HIGHEST only for fp32 weights: bf16 products are exact in one pass, and Mosaic TPU rejects a
-  # ragged_dot with fp32 contract precision on bf16 operands ("Bad lhs type", tools/tpu_aot_compile.py).
-  precision = _HIGHEST if dtype == jnp.float32 else jax.lax.Precision.DEFAULT
-
-  def grouped(lhs, rhs):
-    return jax.lax.ragged_dot(lhs.astype(dtype), rhs, group_sizes_E, precision=precision,
-                              preferred_element_type=jnp.float32)
-
-  hidden_AF = jax.nn.silu(grouped(x_AD, w_gate_EDF)) * grouped(x_AD, w_up_EDF)
-  y_AD = grouped(hidden_AF, w_down_EFD) * weights_TK.reshape(-1)[order_A][:, None]
-  return jnp.zeros((t, x_TD.shape[-1]), jnp.float32).at[token_A].add(y_AD)

@@ -134,17 +134,3 @@ def test_bf16_model_tracks_fp32(setup):
   assert_close(out16.hidden_BTD.astype(jnp.float32), out32.hidden_BTD, dtype="bfloat16", what="bf16 vs fp32")
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_gathered_and_grouped_experts_agree(dtype):
-  """The decode-size expert path (gather the assignments' weights) equals the grouped matmul, also
-  with other devices' assignments (id E, weight 0) mixed in."""
-  from jax_mtp.moe import gathered_experts, routed_experts, uses_gathered_experts
-  rng = np.random.default_rng(0)
-  e, d, f, t, k = 16, 32, 24, 3, 2
-  assert uses_gathered_experts(1, 2, 8) and not uses_gathered_experts(t * 4, k, 8)
-  w = [jnp.asarray(rng.standard_normal(s) / 5, dtype) for s in ((e, d, f), (e, d, f), (e, f, d))]
-  x = jnp.asarray(rng.standard_normal((t, d)), dtype)
-  ids = jnp.asarray([[0, 5], [15, e], [5, 5]], jnp.int32)  # e: another device's expert
-  weights = jnp.asarray([[0.7, 0.3], [1.0, 0.0], [0.5, 0.5]], jnp.float32)
-  assert_close(gathered_experts(x, ids, weights, *w), routed_experts(x, ids, weights, *w), dtype,
-               what="gathered vs grouped experts")

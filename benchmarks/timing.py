@@ -1,0 +1,35 @@
+"""Shared timing helpers: the copy-bandwidth ceiling measured in the same run, and a step timer."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+
+
+def copy_bandwidth(nbytes: int | None = None, iters: int = 20) -> float:
+  """Device-to-device copy bandwidth in bytes/s (read + write) of `x + 1` over `nbytes`."""
+  nbytes = nbytes or (2 * 2**30 if jax.devices()[0].platform == "gpu" else 2**26)
+  x = jnp.ones((nbytes // 4,), jnp.float32)
+  copy = jax.jit(lambda a: a + 1)
+  copy(x).block_until_ready()
+  start = time.perf_counter()
+  for _ in range(iters):
+    x = copy(x)
+  x.block_until_ready()
+  return 2 * nbytes * iters / (time.perf_counter() - start)
+
+
+def time_call(fn, args, iters: int, repeats: int = 3) -> float:
+  """Seconds per call: the median over `repeats` of `iters` back-to-back calls (queue kept full)."""
+  jax.block_until_ready(fn(*args))
+  runs = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    for _ in range(iters):
+      out = fn(*args)
+    jax.block_until_ready(out)
+    runs.append((time.perf_counter() - start) / iters)
+  return statistics.median(runs)

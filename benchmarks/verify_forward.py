@@ -1,0 +1,101 @@
+"""Time the target's verification forward (T = B·(k + 1) tokens + greedy head) of a reduced-depth,
+full-width DeepSeek-V3.2 target on one device, per routed-experts impl, against its weight floor.
+
+    python -m benchmarks.verify_forward --layers 4 --batch 1 8 64 256 -k 3 --moe-impls ragged_dot tokamax_gpu
+
+The target has `--layers` layers, the first dense and the rest MoE (V3.2 widths: 256 experts,
+D 7168), random bf16 weights, caches of `--capacity` with every row at position capacity/2.
+"floor" = bytes of every weight the forward reads (embedding and head rows aside: the head is
+read whole; the routed experts only those the routing picked, counted per layer from the router's
+output) / copy bandwidth measured in the same run; cache bytes are not in it. `absorb` is MLA's
+form: "naive" re-expands kv_b_proj over the cache (what the speculator runs today), "absorbed" is
+the decode form. Tokens are checked equal across experts impls of one form.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jax_mtp
+from benchmarks.timing import copy_bandwidth, time_call
+from jax_mtp.model import TargetModel, init_target_caches, init_target_params
+
+
+def target_config(layers: int, small: bool) -> jax_mtp.MtpConfig:
+  base = jax_mtp.tiny() if small else jax_mtp.deepseek_v32()
+  return base.replace(num_hidden_layers=layers, first_k_dense_replace=1)
+
+
+def floor_bytes(params, cfg, touched_per_layer: list[int]) -> int:
+  """Every weight but the embedding, with each MoE layer's experts scaled by the share touched."""
+  total = sum(x.nbytes for x in jax.tree.leaves(params)) - params["embed_tokens"].nbytes
+  moe_layers = [i for i in range(cfg.num_hidden_layers) if cfg.is_moe_layer(i)]
+  for i, touched in zip(moe_layers, touched_per_layer, strict=True):
+    mlp = params[f"layers_{i}"]["mlp"]
+    experts = sum(mlp[k].nbytes for k in ("w_gate_EDF", "w_up_EDF", "w_down_EFD"))
+    total -= experts * (1 - touched / cfg.n_routed_experts)
+  return int(total)
+
+
+def touched_experts(cfg, params, ids, positions, caches) -> list[int]:
+  model = TargetModel(cfg)
+  _, state = jax.jit(lambda p, i, pos, c: model.apply({"params": p}, i, pos, c, mutable=["intermediates"]))(
+      params, ids, positions, caches)
+  return [len(np.unique(np.asarray(leaf))) for leaf in jax.tree.leaves(state)]
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--layers", type=int, default=4)
+  parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64, 256])
+  parser.add_argument("-k", type=int, default=3, help="draft tokens per row: T = B·(k + 1)")
+  parser.add_argument("--capacity", type=int, default=1024)
+  parser.add_argument("--moe-impls", nargs="+", default=["auto"], choices=jax_mtp.config.MOE_IMPLS)
+  parser.add_argument("--forms", nargs="+", default=["naive", "absorbed"], choices=["naive", "absorbed"])
+  parser.add_argument("--iters", type=int, default=10)
+  parser.add_argument("--small", action="store_true", help="the tiny preset's widths, to check the script")
+  args = parser.parse_args(argv)
+  cfg = target_config(args.layers, args.small)
+  params = init_target_params(cfg, jax.random.key(0))
+  bandwidth = copy_bandwidth()
+  print(f"verification forward, {args.layers}-layer {'tiny' if args.small else 'V3.2'}-width target, k = {args.k}, "
+        f"cache {args.capacity}, on {jax.devices()[0].device_kind}, jax {jax.__version__}, "
+        f"copy bandwidth {bandwidth / 1e12:.2f} TB/s\n")
+  print("| B | T | MLA form | experts impl | experts touched / layer | ms | floor ms | floor / time | tokens match |")
+  print("|---:|---:|---|---|---|---:|---:|---:|---|")
+  w = args.k + 1
+  for batch in args.batch:
+    rng = np.random.default_rng(batch)
+    ids = jnp.asarray(rng.integers(0, cfg.vocab_size, (batch, w)), jnp.int32)
+    positions = jnp.asarray(args.capacity // 2 + np.arange(w)[None].repeat(batch, 0), jnp.int32)
+    caches = init_target_caches(cfg, batch, args.capacity)
+    touched = touched_experts(cfg, params, ids, positions, caches)
+    floor = floor_bytes(params, cfg, touched) / bandwidth
+    for form in args.forms:
+      reference = None
+      for moe_impl in args.moe_impls:
+        model = TargetModel(cfg.replace(moe_impl=moe_impl))
+
+        def verify(p, i, pos, c, model=model, absorb=form == "absorbed"):
+          out = model.apply({"params": p}, i, pos, c, absorb=absorb)
+          return model.apply({"params": p}, out.hidden_BTD, method=model.get_top_tokens), out.caches
+
+        verify = jax.jit(verify)
+        try:
+          seconds = time_call(verify, (params, ids, positions, caches), args.iters)
+        except Exception as e:  # e.g. out of memory for the naive form at large B: a row, not the end
+          print(f"| {batch} | {batch * w} | {form} | {moe_impl} | {touched} | failed: {type(e).__name__} | | | |")
+          continue
+        tokens = np.asarray(verify(params, ids, positions, caches)[0])
+        reference = tokens if reference is None else reference
+        print(f"| {batch} | {batch * w} | {form} | {moe_impl} | {touched} | {seconds * 1e3:,.2f} | "
+              f"{floor * 1e3:,.2f} | {floor / seconds:.2f} | {bool(np.all(tokens == reference))} |")
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())

@@ -1,0 +1,152 @@
+"""Routed experts: y[t] = Σ_k w[t, k] · down_e(silu(gate_e(x[t])) · up_e(x[t])), e = ids[t, k].
+
+Which implementation runs is explicit (`MtpConfig.moe_impl`), never a silent fallback:
+
+  impl           what runs                                                        reads
+  "gather"       each assignment's expert weights gathered, then batched einsums   the T·K picked experts, twice
+  "ragged_dot"   `jax.lax.ragged_dot` over the assignments sorted by expert        TPU/CPU: the picked experts;
+                                                                                   CUDA: all E (XLA rewrites it
+                                                                                   to a masked dense dot)
+  "tokamax_gpu"  `tokamax.ragged_dot`, its Mosaic-GPU (Hopper) grouped GEMM;       the picked experts once
+                 empty groups get no work
+  "tokamax_tpu"  `tokamax.ragged_dot`, its Mosaic-TPU grouped matmul               the picked experts once
+  "auto"         `resolve_expert_impl`: the table AUTO_IMPL, per platform and token count
+
+The grouped paths sort the T·K assignments by expert (A = T·K rows), run gate, up and down as three
+grouped matmuls (bf16 in, fp32 accumulation), and un-sort with a gather (deterministic; no
+scatter-add atomics) before the weighted sum over k. Under tp an assignment to another device's
+expert carries id E_local and weight 0: it sorts past the last group, where no grouped kernel is
+obliged to write, so its rows are zeroed explicitly.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jax_mtp.config import MOE_IMPLS as EXPERT_IMPLS
+
+_HIGHEST = jax.lax.Precision.HIGHEST
+
+
+def uses_gathered_experts(tokens: int, experts_per_token: int, num_experts: int) -> bool:
+  """Decode sizes on CPU: T·K ≤ E/4 assignments read at most a quarter of the experts."""
+  return tokens * experts_per_token * 4 <= num_experts
+
+
+def resolve_expert_impl(impl: str, platform: str, tokens: int, experts_per_token: int, w_gate_EDF) -> str:
+  """The implementation that runs for `impl` on `platform` ('cpu', 'gpu', 'tpu') at T = `tokens`.
+
+  `w_gate_EDF`: the local gate weights, or anything with their .shape and .dtype. An explicit impl
+  runs as asked (it may target another platform than this process's default, as an AOT compile
+  for TPU from a CPU host does). "auto" (measured on one H200, benchmarks/RESULTS.md "Routed experts"):
+    gpu  tokamax_gpu for 16-bit weights at every T (faster than gather already at T = 1, ≥ 10×
+         ragged_dot above it); fp32 weights (which the kernel does not take) as on cpu
+    tpu  tokamax_tpu at every T (AOT-compiled for v5e/v5p; not timed on a TPU)
+    cpu  gather at decode sizes (T·K ≤ E/4), ragged_dot above (XLA CPU's ragged_dot is grouped)
+  """
+  if impl not in EXPERT_IMPLS:
+    raise ValueError(f"moe_impl={impl!r} is not one of {EXPERT_IMPLS}")
+  if impl != "auto":
+    return impl
+  num_experts, sixteen_bit = w_gate_EDF.shape[0], jnp.dtype(w_gate_EDF.dtype).itemsize == 2
+  if platform == "gpu" and sixteen_bit:
+    return "tokamax_gpu"
+  if platform == "tpu":
+    return "tokamax_tpu"
+  if platform in ("cpu", "gpu"):
+    return "gather" if uses_gathered_experts(tokens, experts_per_token, num_experts) else "ragged_dot"
+  raise ValueError(f"moe_impl='auto' has no entry for platform {platform!r}; choose one of {EXPERT_IMPLS[1:]}")
+
+
+def routed_experts(impl: str, x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD) -> jax.Array:
+  """Σ_k weights[t, k] · expert_{ids[t, k]}(x[t]) by the resolved `impl`; fp32 [T, D].
+
+  ids ∈ [0, E] where E = w_gate_EDF.shape[0]; id E (another device's expert) has weight 0.
+  """
+  if impl == "gather":
+    return gathered_experts(x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD)
+  if impl not in ("ragged_dot", "tokamax_gpu", "tokamax_tpu"):
+    raise ValueError(f"routed_experts needs a resolved impl, got {impl!r}")
+  if impl == "tokamax_gpu" and jnp.dtype(w_gate_EDF.dtype).itemsize != 2:
+    raise ValueError(f"moe_impl='tokamax_gpu' takes bf16/fp16 expert weights, got {w_gate_EDF.dtype} "
+                     "(use 'ragged_dot' or 'gather', or 'auto')")
+  return grouped_experts(grouped_matmul_for(impl), x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD)
+
+
+def _precision(dtype) -> jax.lax.Precision:
+  # HIGHEST only for fp32 weights: bf16 products are exact in one pass, and Mosaic TPU rejects a
+  # grouped matmul with fp32 contract precision on bf16 operands ("Bad lhs type").
+  return _HIGHEST if dtype == jnp.float32 else jax.lax.Precision.DEFAULT
+
+
+def gathered_experts(x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD) -> jax.Array:
+  """The "gather" impl: each assignment's weights gathered; fp32 out. Ids ≥ E are clipped (weight 0)."""
+  dtype = w_gate_EDF.dtype
+  ids_TK = jnp.minimum(ids_TK, w_gate_EDF.shape[0] - 1)
+  x_TD = x_TD.astype(dtype)
+
+  def project(eq, lhs, weights):
+    return jnp.einsum(eq, lhs.astype(dtype), weights, precision=_precision(dtype),
+                      preferred_element_type=jnp.float32)
+
+  hidden_TKF = (jax.nn.silu(project("td,tkdf->tkf", x_TD, w_gate_EDF[ids_TK]))
+                * project("td,tkdf->tkf", x_TD, w_up_EDF[ids_TK]))
+  y_TKD = project("tkf,tkfd->tkd", hidden_TKF, w_down_EFD[ids_TK])
+  return jnp.einsum("tkd,tk->td", y_TKD, weights_TK.astype(jnp.float32))
+
+
+def grouped_experts(matmul, x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD) -> jax.Array:
+  """Sort assignments by expert, three grouped matmuls, un-sort, weighted sum over k; fp32 [T, D].
+
+  `matmul(lhs_AX, w_EXY, group_sizes_E) -> fp32 [A, Y]` is one grouped matmul (rows of group e
+  contiguous, in expert order); rows past Σ group_sizes are zeroed here, whatever it leaves there.
+  """
+  t, k = ids_TK.shape
+  num_experts, dtype = w_gate_EDF.shape[0], w_gate_EDF.dtype
+  flat_ids_A = ids_TK.reshape(-1)  # A = T·K token-expert assignments
+  order_A = jnp.argsort(flat_ids_A, stable=True)
+  group_sizes_E = jnp.bincount(flat_ids_A, length=num_experts).astype(jnp.int32)
+  x_AD = x_TD.astype(dtype)[order_A // k]
+  hidden_AF = jax.nn.silu(matmul(x_AD, w_gate_EDF, group_sizes_E)) * matmul(x_AD, w_up_EDF, group_sizes_E)
+  y_AD = matmul(hidden_AF.astype(dtype), w_down_EFD, group_sizes_E)
+  local_A = jnp.arange(t * k) < jnp.sum(group_sizes_E)  # rows of this device's experts
+  y_AD = jnp.where(local_A[:, None], y_AD, 0.0)
+  unsort_A = jnp.zeros_like(order_A).at[order_A].set(jnp.arange(t * k, dtype=order_A.dtype))
+  y_TKD = y_AD[unsort_A].reshape(t, k, -1)
+  return jnp.einsum("tkd,tk->td", y_TKD, weights_TK.astype(jnp.float32), precision=_HIGHEST)
+
+
+def grouped_matmul_for(impl: str):
+  """The grouped matmul `grouped_experts` takes, for a grouped impl."""
+  return {"ragged_dot": _lax_grouped_matmul, "tokamax_gpu": _tokamax_gpu_grouped_matmul,
+          "tokamax_tpu": _tokamax_tpu_grouped_matmul}[impl]
+
+
+def _lax_grouped_matmul(lhs_AX, w_EXY, group_sizes_E):
+  return jax.lax.ragged_dot(lhs_AX, w_EXY, group_sizes_E, precision=_precision(w_EXY.dtype),
+                            preferred_element_type=jnp.float32)
+
+
+# tokamax's Mosaic-GPU block config, (block_m, block_n, block_k, num_stages): its sm90 default has
+# block_n = 64; 128 output columns per CTA halve the tiles a decode-size group is split into and
+# read each expert in longer runs (one H200, `python -m benchmarks.moe_experts --sweep`, RESULTS.md).
+TOKAMAX_GPU_BLOCKS = (64, 128, 128, 4)
+
+
+def _tokamax_gpu_grouped_matmul(lhs_AX, w_EXY, group_sizes_E):
+  import tokamax  # imported here: `import jax_mtp` stays light where no tokamax kernel runs
+  from tokamax.ops.gpu import PallasMosaicRaggedDot, PallasMosaicRaggedDotConfig
+
+  block_m, block_n, block_k, stages = TOKAMAX_GPU_BLOCKS
+  kernel = PallasMosaicRaggedDot(config=PallasMosaicRaggedDotConfig(
+      block_m=block_m, block_n=block_n, block_k=block_k, num_stages=stages, split_k=1, persistent=False))
+  return tokamax.ragged_dot(lhs_AX, w_EXY, group_sizes_E, precision=_precision(w_EXY.dtype),
+                            preferred_element_type=jnp.float32, implementation=[kernel])
+
+
+def _tokamax_tpu_grouped_matmul(lhs_AX, w_EXY, group_sizes_E):
+  import tokamax
+
+  return tokamax.ragged_dot(lhs_AX, w_EXY, group_sizes_E, precision=_precision(w_EXY.dtype),
+                            preferred_element_type=jnp.float32, implementation="mosaic_tpu")

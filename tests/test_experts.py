@@ -1,0 +1,127 @@
+"""Routed experts: every implementation equals an independent per-token loop (numpy, fp64), the
+"auto" table resolves as documented, and a bad impl is refused by name."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_mtp
+from jax_mtp.config import ConfigError
+from jax_mtp.experts import gathered_experts, resolve_expert_impl, routed_experts, uses_gathered_experts
+from tests.tolerances import assert_close
+
+CPU_IMPLS = ["gather", "ragged_dot"]
+
+
+def _experts_loop(x, ids, weights, w_gate, w_up, w_down):
+  """Σ_k w[t,k]·down(silu(gate(x))·up(x)) token by token in fp64; ids ≥ E contribute nothing."""
+  x, w_gate, w_up, w_down = (np.asarray(a, np.float64) for a in (x, w_gate, w_up, w_down))
+  y = np.zeros((x.shape[0], w_down.shape[-1]))
+  for t in range(x.shape[0]):
+    for k in range(ids.shape[1]):
+      e = int(ids[t, k])
+      if e >= w_gate.shape[0]:
+        continue
+      g, u = x[t] @ w_gate[e], x[t] @ w_up[e]
+      y[t] += float(weights[t, k]) * ((g / (1 + np.exp(-g)) * u) @ w_down[e])
+  return y
+
+
+def _problem(dtype, t, k, e, d=32, f=24, seed=0, foreign=True):
+  rng = np.random.default_rng(seed)
+  w = [jnp.asarray(rng.standard_normal(s) / 5, dtype) for s in ((e, d, f), (e, d, f), (e, f, d))]
+  x = jnp.asarray(rng.standard_normal((t, d)), dtype)
+  ids = np.stack([rng.choice(e, k, replace=False) for _ in range(t)]).astype(np.int32)
+  weights = rng.uniform(0.1, 1.0, (t, k)).astype(np.float32)
+  if foreign:  # under tp: assignments to another device's expert carry id E and weight 0
+    mask = rng.uniform(size=(t, k)) < 0.3
+    ids, weights = np.where(mask, e, ids), np.where(mask, 0.0, weights)
+  return x, jnp.asarray(ids), jnp.asarray(weights), w
+
+
+@pytest.mark.parametrize("impl", CPU_IMPLS)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("t,k,e", [(1, 2, 8), (3, 2, 16), (17, 4, 16), (64, 8, 32)])
+def test_impls_equal_a_per_token_loop(impl, dtype, t, k, e):
+  x, ids, weights, w = _problem(dtype, t, k, e, seed=t)
+  expected = _experts_loop(x, np.asarray(ids), np.asarray(weights), *w)
+  actual = jax.jit(routed_experts, static_argnums=0)(impl, x, ids, weights, *w)
+  assert actual.dtype == jnp.float32
+  # bf16: the hidden [A, F] is rounded to bf16 before the down projection (as the kernel takes it).
+  assert_close(actual, expected, dtype, what=f"{impl} vs per-token loop")
+
+
+def test_every_assignment_foreign_gives_zeros():
+  """A device none of whose experts were picked returns exact zeros (no uninitialised rows)."""
+  x, _, _, w = _problem("float32", 5, 2, 8)
+  ids, weights = jnp.full((5, 2), 8, jnp.int32), jnp.zeros((5, 2), jnp.float32)
+  for impl in CPU_IMPLS:
+    assert not np.any(np.asarray(routed_experts(impl, x, ids, weights, *w))), impl
+
+
+def test_gather_and_grouped_agree_exactly_on_tokens():
+  """bf16 at a V3-like routing ratio: both impls give the same argmax over the output features."""
+  x, ids, weights, w = _problem("bfloat16", 9, 8, 64, d=48, f=40, seed=3)
+  a = np.asarray(gathered_experts(x, ids, weights, *w))
+  b = np.asarray(routed_experts("ragged_dot", x, ids, weights, *w))
+  assert_close(a, b, "bfloat16", what="gather vs ragged_dot")
+
+
+@pytest.mark.parametrize("platform,tokens,expected", [
+    ("gpu", 1, "tokamax_gpu"), ("gpu", 2048, "tokamax_gpu"),
+    ("tpu", 1, "tokamax_tpu"), ("tpu", 4096, "tokamax_tpu"),
+    ("cpu", 1, "gather"), ("cpu", 8, "gather"), ("cpu", 9, "ragged_dot"), ("cpu", 256, "ragged_dot"),
+])
+def test_auto_table(platform, tokens, expected):
+  w = jax.ShapeDtypeStruct((256, 7168, 2048), jnp.bfloat16)  # V3.2: K = 8, E = 256
+  assert resolve_expert_impl("auto", platform, tokens, 8, w) == expected
+
+
+@pytest.mark.parametrize("tokens,expected", [(1, "gather"), (256, "ragged_dot")])
+def test_auto_on_gpu_keeps_fp32_weights_off_the_kernel(tokens, expected):
+  """tokamax's Mosaic-GPU kernel takes 16-bit weights only: fp32 models run as on CPU."""
+  assert resolve_expert_impl("auto", "gpu", tokens, 8, jax.ShapeDtypeStruct((256, 64, 32), jnp.float32)) == expected
+
+
+@pytest.mark.parametrize("impl", ["gather", "ragged_dot", "tokamax_gpu", "tokamax_tpu"])
+def test_explicit_impl_is_what_runs(impl):
+  """An explicit impl is never replaced, also on another platform (AOT compiles for TPU on a CPU host)."""
+  assert resolve_expert_impl(impl, "cpu", 1, 8, jax.ShapeDtypeStruct((8, 4, 4), jnp.float32)) == impl
+
+
+def test_bad_impls_are_refused_by_name():
+  assert uses_gathered_experts(1, 2, 8) and not uses_gathered_experts(12, 2, 8)
+  w16 = jax.ShapeDtypeStruct((256, 64, 32), jnp.bfloat16)
+  with pytest.raises(ValueError, match="moe_impl='dense' is not one of"):
+    resolve_expert_impl("dense", "cpu", 1, 8, w16)
+  with pytest.raises(ValueError, match="no entry for platform 'metal'"):
+    resolve_expert_impl("auto", "metal", 1, 8, w16)
+  x, ids, weights, w = _problem("float32", 2, 2, 8)
+  with pytest.raises(ValueError, match="needs a resolved impl, got 'auto'"):
+    routed_experts("auto", x, ids, weights, *w)
+  with pytest.raises(ValueError, match="'tokamax_gpu' takes bf16/fp16 expert weights, got float32"):
+    routed_experts("tokamax_gpu", x, ids, weights, *w)
+  with pytest.raises(ConfigError, match="moe_impl='triton' is not one of"):
+    jax_mtp.tiny().replace(moe_impl="triton")
+
+
+@pytest.mark.parametrize("impl", CPU_IMPLS)
+def test_mtp_layer_same_drafts_per_impl(impl):
+  """The whole MTP layer: the same drafts whichever impl runs the experts (T = 6 > the gather bound)."""
+  cfg = jax_mtp.tiny()
+  params = jax_mtp.init_params(cfg, jax.random.key(0))
+  rng = np.random.default_rng(0)
+  ids = jnp.asarray(rng.integers(0, cfg.vocab_size, (2, 3)), jnp.int32)
+  hidden = jnp.asarray(rng.standard_normal((2, 3, cfg.hidden_size)), cfg.dtype)
+  positions = jnp.broadcast_to(jnp.arange(3, dtype=jnp.int32), (2, 3))
+
+  def drafts(c):
+    model = jax_mtp.MtpPredictor(c)
+    out = model.apply({"params": params}, ids, positions, hidden, jax_mtp.init_caches(c, 2, 8))
+    return out.hidden_BTD, model.apply({"params": params}, out.hidden_BTD, method=model.get_top_tokens)
+
+  ref_hidden, ref_tokens = drafts(cfg.replace(moe_impl="gather"))
+  hidden_out, tokens = drafts(cfg.replace(moe_impl=impl))
+  np.testing.assert_array_equal(tokens, ref_tokens)
+  assert_close(hidden_out.astype(jnp.float32), ref_hidden.astype(jnp.float32), "bfloat16", what=impl)

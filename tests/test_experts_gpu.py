@@ -1,0 +1,57 @@
+"""tokamax's Mosaic-GPU grouped matmul as the routed experts (impl "tokamax_gpu"), on a GPU.
+
+Skipped where no GPU is present (the kernel's lowering asks the device for its architecture, so it
+cannot be lowered for an abstract CUDA device on a CPU host). Run by benchmarks/h200_session.sh.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_mtp
+from jax_mtp.experts import resolve_expert_impl, routed_experts
+from tests.test_experts import _experts_loop, _problem
+from tests.tolerances import assert_close
+
+pytestmark = pytest.mark.skipif(jax.devices()[0].platform != "gpu", reason="needs a GPU (tokamax Mosaic-GPU kernel)")
+
+
+@pytest.mark.parametrize("t,k,e,d,f", [(1, 8, 16, 256, 128), (3, 2, 16, 256, 128), (17, 4, 32, 512, 256),
+                                       (64, 8, 32, 256, 128), (5, 2, 8, 64, 32), (7, 3, 12, 192, 96)])
+def test_tokamax_equals_ragged_dot_and_a_loop(t, k, e, d, f):
+  """Awkward shapes included (D, F not multiples of 128; T < K); other devices' assignments mixed in."""
+  x, ids, weights, w = _problem("bfloat16", t, k, e, d=d, f=f, seed=t)
+  fast = jax.jit(functools.partial(routed_experts, "tokamax_gpu"))(x, ids, weights, *w)
+  xla = jax.jit(functools.partial(routed_experts, "ragged_dot"))(x, ids, weights, *w)
+  assert_close(fast, xla, "bfloat16", what="tokamax_gpu vs ragged_dot")
+  assert_close(fast, _experts_loop(x, np.asarray(ids), np.asarray(weights), *w), "bfloat16", what="vs loop")
+
+
+def test_kernel_is_in_the_compiled_program():
+  x, ids, weights, w = _problem("bfloat16", 9, 4, 16, d=256, f=128)
+
+  def compiled(impl):
+    return jax.jit(functools.partial(routed_experts, impl)).lower(x, ids, weights, *w).compile().as_text()
+
+  assert compiled("tokamax_gpu").count("mosaic_gpu") >= 3  # gate, up, down
+  assert "mosaic_gpu" not in compiled("ragged_dot")
+  assert resolve_expert_impl("auto", jax.default_backend(), 9, 4, w[0]) == "tokamax_gpu"
+
+
+def test_mtp_layer_same_drafts_as_ragged_dot():
+  cfg = jax_mtp.tiny().replace(dtype="bfloat16", param_dtype="bfloat16", hidden_size=256, moe_intermediate_size=128)
+  params = jax_mtp.init_params(cfg, jax.random.key(0))
+  rng = np.random.default_rng(0)
+  ids = jnp.asarray(rng.integers(0, cfg.vocab_size, (4, 3)), jnp.int32)
+  hidden = jnp.asarray(rng.standard_normal((4, 3, cfg.hidden_size)), cfg.dtype)
+  positions = jnp.broadcast_to(jnp.arange(3, dtype=jnp.int32), (4, 3))
+
+  def drafts(impl):
+    model = jax_mtp.MtpPredictor(cfg.replace(moe_impl=impl))
+    out = model.apply({"params": params}, ids, positions, hidden, jax_mtp.init_caches(cfg, 4, 8))
+    return np.asarray(model.apply({"params": params}, out.hidden_BTD, method=model.get_top_tokens))
+
+  np.testing.assert_array_equal(drafts("tokamax_gpu"), drafts("ragged_dot"))
