@@ -43,7 +43,10 @@ def routing(batch: int, seed: int):
 def tokamax_config_matmul(config):
   """A grouped matmul through tokamax's Mosaic-GPU kernel with an explicit block config."""
   import tokamax
-  from tokamax.ops.gpu import PallasMosaicRaggedDot, PallasMosaicRaggedDotConfig
+  # tokamax.ops.gpu re-exports these but also imports its Triton kernels (jax_triton); the module
+  # that defines them does not.
+  from tokamax._src.ops.ragged_dot.pallas_mosaic_gpu import Config as PallasMosaicRaggedDotConfig
+  from tokamax._src.ops.ragged_dot.pallas_mosaic_gpu import PallasMosaicGpuRaggedDot as PallasMosaicRaggedDot
   block_m, block_n, block_k, stages, persistent = config
   op = PallasMosaicRaggedDot(config=PallasMosaicRaggedDotConfig(block_m=block_m, block_n=block_n, block_k=block_k,
                                               num_stages=stages, split_k=1, persistent=persistent))

@@ -12,7 +12,8 @@ Which implementation runs is explicit (`MtpConfig.moe_impl`), never a silent fal
   "tokamax_tpu"  `tokamax.ragged_dot`, its Mosaic-TPU grouped matmul               the picked experts once
   "auto"         `resolve_expert_impl`: the table AUTO_IMPL, per platform and token count
 
-The grouped paths sort the T·K assignments by expert (A = T·K rows), run gate, up and down as three
+The grouped paths sort the T·K assignments by expert (A = T·K rows, padded to a multiple of 8:
+tokamax's Mosaic-GPU kernel tiles rows by 8), run gate, up and down as three
 grouped matmuls (bf16 in, fp32 accumulation), and un-sort with a gather (deterministic; no
 scatter-add atomics) before the weighted sum over k. Under tp an assignment to another device's
 expert carries id E_local and weight 0: it sorts past the last group, where no grouped kernel is
@@ -104,16 +105,17 @@ def grouped_experts(matmul, x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_do
   """
   t, k = ids_TK.shape
   num_experts, dtype = w_gate_EDF.shape[0], w_gate_EDF.dtype
-  flat_ids_A = ids_TK.reshape(-1)  # A = T·K token-expert assignments
+  a = t * k  # token-expert assignments, padded to whole row tiles of 8 with foreign ones (id E)
+  flat_ids_A = jnp.pad(ids_TK.reshape(-1), (0, -a % 8), constant_values=num_experts)
   order_A = jnp.argsort(flat_ids_A, stable=True)
-  group_sizes_E = jnp.bincount(flat_ids_A, length=num_experts).astype(jnp.int32)
-  x_AD = x_TD.astype(dtype)[order_A // k]
+  group_sizes_E = jnp.bincount(flat_ids_A, length=num_experts).astype(jnp.int32)  # id E: not counted
+  x_AD = x_TD.astype(dtype)[jnp.minimum(order_A // k, t - 1)]
   hidden_AF = jax.nn.silu(matmul(x_AD, w_gate_EDF, group_sizes_E)) * matmul(x_AD, w_up_EDF, group_sizes_E)
   y_AD = matmul(hidden_AF.astype(dtype), w_down_EFD, group_sizes_E)
-  local_A = jnp.arange(t * k) < jnp.sum(group_sizes_E)  # rows of this device's experts
+  local_A = jnp.arange(order_A.shape[0]) < jnp.sum(group_sizes_E)  # rows of this device's experts
   y_AD = jnp.where(local_A[:, None], y_AD, 0.0)
-  unsort_A = jnp.zeros_like(order_A).at[order_A].set(jnp.arange(t * k, dtype=order_A.dtype))
-  y_TKD = y_AD[unsort_A].reshape(t, k, -1)
+  unsort_A = jnp.zeros_like(order_A).at[order_A].set(jnp.arange(order_A.shape[0], dtype=order_A.dtype))
+  y_TKD = y_AD[unsort_A[:a]].reshape(t, k, -1)
   return jnp.einsum("tkd,tk->td", y_TKD, weights_TK.astype(jnp.float32), precision=_HIGHEST)
 
 
@@ -136,7 +138,10 @@ TOKAMAX_GPU_BLOCKS = (64, 128, 128, 4)
 
 def _tokamax_gpu_grouped_matmul(lhs_AX, w_EXY, group_sizes_E):
   import tokamax  # imported here: `import jax_mtp` stays light where no tokamax kernel runs
-  from tokamax.ops.gpu import PallasMosaicRaggedDot, PallasMosaicRaggedDotConfig
+  # tokamax.ops.gpu re-exports these but also imports its Triton kernels (jax_triton); the module
+  # that defines them does not.
+  from tokamax._src.ops.ragged_dot.pallas_mosaic_gpu import Config as PallasMosaicRaggedDotConfig
+  from tokamax._src.ops.ragged_dot.pallas_mosaic_gpu import PallasMosaicGpuRaggedDot as PallasMosaicRaggedDot
 
   block_m, block_n, block_k, stages = TOKAMAX_GPU_BLOCKS
   kernel = PallasMosaicRaggedDot(config=PallasMosaicRaggedDotConfig(
