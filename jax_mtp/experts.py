@@ -35,28 +35,43 @@ def uses_gathered_experts(tokens: int, experts_per_token: int, num_experts: int)
   return tokens * experts_per_token * 4 <= num_experts
 
 
+def tokamax_gpu_takes(w_gate_EDF) -> bool:
+  """Whether tokamax's Mosaic-GPU kernel takes these expert weights: 16-bit (it rejects fp32
+  precision), and output dims D and F each < 64 or a multiple of 64 (its output tiling; seen on an
+  H200 with tokamax 0.0.17: F = 96 fails to lower, 32, 128, 256, 2048 run)."""
+  _, d, f = w_gate_EDF.shape
+  return jnp.dtype(w_gate_EDF.dtype).itemsize == 2 and all(n < 64 or n % 64 == 0 for n in (d, f))
+
+
+def tokamax_tpu_takes(w_gate_EDF) -> bool:
+  """Whether tokamax's Mosaic-TPU grouped matmul takes these weights: D and F ≥ 128 (it refuses
+  any operand dim < 128, tokamax 0.0.17; the rows are padded to 128 by `grouped_experts`)."""
+  _, d, f = w_gate_EDF.shape
+  return d >= 128 and f >= 128
+
+
 def resolve_expert_impl(impl: str, platform: str, tokens: int, experts_per_token: int, w_gate_EDF) -> str:
   """The implementation that runs for `impl` on `platform` ('cpu', 'gpu', 'tpu') at T = `tokens`.
 
   `w_gate_EDF`: the local gate weights, or anything with their .shape and .dtype. An explicit impl
   runs as asked (it may target another platform than this process's default, as an AOT compile
   for TPU from a CPU host does). "auto" (measured on one H200, benchmarks/RESULTS.md "Routed experts"):
-    gpu  tokamax_gpu for 16-bit weights at every T (faster than gather already at T = 1, ≥ 10×
-         ragged_dot above it); fp32 weights (which the kernel does not take) as on cpu
-    tpu  tokamax_tpu at every T (AOT-compiled for v5e/v5p; not timed on a TPU)
+    gpu  tokamax_gpu at every T where the kernel takes the weights (`tokamax_gpu_takes`): faster
+         than gather already at T = 1, 3-11× ragged_dot above it; other weights as on cpu
+    tpu  tokamax_tpu at every T where it takes the weights (`tokamax_tpu_takes`), else as on cpu
+         (AOT-compiled for v5e and v5p, tools/tpu_aot_compile.py; not timed on a TPU)
     cpu  gather at decode sizes (T·K ≤ E/4), ragged_dot above (XLA CPU's ragged_dot is grouped)
   """
   if impl not in EXPERT_IMPLS:
     raise ValueError(f"moe_impl={impl!r} is not one of {EXPERT_IMPLS}")
   if impl != "auto":
     return impl
-  num_experts, sixteen_bit = w_gate_EDF.shape[0], jnp.dtype(w_gate_EDF.dtype).itemsize == 2
-  if platform == "gpu" and sixteen_bit:
+  if platform == "gpu" and tokamax_gpu_takes(w_gate_EDF):
     return "tokamax_gpu"
-  if platform == "tpu":
+  if platform == "tpu" and tokamax_tpu_takes(w_gate_EDF):
     return "tokamax_tpu"
-  if platform in ("cpu", "gpu"):
-    return "gather" if uses_gathered_experts(tokens, experts_per_token, num_experts) else "ragged_dot"
+  if platform in ("cpu", "gpu", "tpu"):
+    return "gather" if uses_gathered_experts(tokens, experts_per_token, w_gate_EDF.shape[0]) else "ragged_dot"
   raise ValueError(f"moe_impl='auto' has no entry for platform {platform!r}; choose one of {EXPERT_IMPLS[1:]}")
 
 
@@ -69,10 +84,13 @@ def routed_experts(impl: str, x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_
     return gathered_experts(x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD)
   if impl not in ("ragged_dot", "tokamax_gpu", "tokamax_tpu"):
     raise ValueError(f"routed_experts needs a resolved impl, got {impl!r}")
-  if impl == "tokamax_gpu" and jnp.dtype(w_gate_EDF.dtype).itemsize != 2:
-    raise ValueError(f"moe_impl='tokamax_gpu' takes bf16/fp16 expert weights, got {w_gate_EDF.dtype} "
-                     "(use 'ragged_dot' or 'gather', or 'auto')")
-  return grouped_experts(grouped_matmul_for(impl), x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD)
+  if impl == "tokamax_gpu" and not tokamax_gpu_takes(w_gate_EDF):
+    _, d, f = w_gate_EDF.shape
+    raise ValueError(f"moe_impl='tokamax_gpu' takes bf16/fp16 expert weights whose hidden size and expert "
+                     f"intermediate size are each < 64 or a multiple of 64, got {w_gate_EDF.dtype} with "
+                     f"D={d}, F={f} (use 'ragged_dot' or 'gather', or 'auto')")
+  return grouped_experts(grouped_matmul_for(impl), x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD,
+                         min_rows=128 if impl == "tokamax_tpu" else 8)
 
 
 def _precision(dtype) -> jax.lax.Precision:
@@ -97,16 +115,21 @@ def gathered_experts(x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD)
   return jnp.einsum("tkd,tk->td", y_TKD, weights_TK.astype(jnp.float32))
 
 
-def grouped_experts(matmul, x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD) -> jax.Array:
+def grouped_experts(matmul, x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD, *,
+                    min_rows: int = 8) -> jax.Array:
   """Sort assignments by expert, three grouped matmuls, un-sort, weighted sum over k; fp32 [T, D].
+
+  The T·K assignment rows are padded with foreign ones (id E, in no group) to a multiple of 8 and
+  to at least `min_rows` (tokamax's Mosaic-TPU kernel takes no operand dim < 128).
 
   `matmul(lhs_AX, w_EXY, group_sizes_E) -> fp32 [A, Y]` is one grouped matmul (rows of group e
   contiguous, in expert order); rows past Σ group_sizes are zeroed here, whatever it leaves there.
   """
   t, k = ids_TK.shape
   num_experts, dtype = w_gate_EDF.shape[0], w_gate_EDF.dtype
-  a = t * k  # token-expert assignments, padded to whole row tiles of 8 with foreign ones (id E)
-  flat_ids_A = jnp.pad(ids_TK.reshape(-1), (0, -a % 8), constant_values=num_experts)
+  a = t * k  # token-expert assignments
+  padded = max(a + -a % 8, min_rows)
+  flat_ids_A = jnp.pad(ids_TK.reshape(-1), (0, padded - a), constant_values=num_experts)
   order_A = jnp.argsort(flat_ids_A, stable=True)
   group_sizes_E = jnp.bincount(flat_ids_A, length=num_experts).astype(jnp.int32)  # id E: not counted
   x_AD = x_TD.astype(dtype)[jnp.minimum(order_A // k, t - 1)]

@@ -127,6 +127,7 @@ def init_target_params(cfg: MtpConfig, rng: jax.Array) -> dict:
 
 @functools.cache
 def _initializer(cfg: MtpConfig):
-  """The jit-compiled init, one per config (compiling it costs more than running it)."""
-  model = TargetModel(cfg)
+  """The jit-compiled init, one per config (compiling it costs more than running it); traced with
+  XLA's experts, as `jax_mtp.init_params` is."""
+  model = TargetModel(cfg.replace(moe_impl="ragged_dot"))
   return jax.jit(lambda key: model.init(key, method=TargetModel.init_all)["params"])

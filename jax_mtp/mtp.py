@@ -159,8 +159,11 @@ def init_caches(cfg: MtpConfig, batch: int, capacity: int) -> tuple[LayerCache, 
 
 
 def init_params(cfg: MtpConfig, rng: jax.Array) -> dict:
-  """Random parameters for every MTP layer, the embedding and the head (jit-compiled init)."""
-  model = MtpPredictor(cfg)
+  """Random parameters for every MTP layer, the embedding and the head (jit-compiled init).
+
+  The init traces the model with XLA's experts: params do not depend on `moe_impl`, and a kernel
+  for another platform (an AOT target) cannot be traced on this host."""
+  model = MtpPredictor(cfg.replace(moe_impl="ragged_dot"))
   return jax.jit(lambda key: model.init(key, method=MtpPredictor.init_all)["params"])(rng)
 
 

@@ -8,7 +8,8 @@ import pytest
 
 import jax_mtp
 from jax_mtp.config import ConfigError
-from jax_mtp.experts import gathered_experts, resolve_expert_impl, routed_experts, uses_gathered_experts
+from jax_mtp.experts import (gathered_experts, resolve_expert_impl, routed_experts, tokamax_gpu_takes,
+                             uses_gathered_experts)
 from tests.tolerances import assert_close
 
 CPU_IMPLS = ["gather", "ragged_dot"]
@@ -52,6 +53,15 @@ def test_impls_equal_a_per_token_loop(impl, dtype, t, k, e):
   assert_close(actual, expected, dtype, what=f"{impl} vs per-token loop")
 
 
+@pytest.mark.parametrize("min_rows", [8, 128])
+def test_row_padding_changes_nothing(min_rows):
+  """Rows padded with foreign assignments (to 8s, or to 128 for the TPU kernel) leave y unchanged."""
+  from jax_mtp.experts import grouped_experts, grouped_matmul_for
+  x, ids, weights, w = _problem("float32", 5, 3, 8, seed=2)  # 15 rows
+  padded = grouped_experts(grouped_matmul_for("ragged_dot"), x, ids, weights, *w, min_rows=min_rows)
+  assert_close(padded, _experts_loop(x, np.asarray(ids), np.asarray(weights), *w), "float32", what="padded")
+
+
 def test_every_assignment_foreign_gives_zeros():
   """A device none of whose experts were picked returns exact zeros (no uninitialised rows)."""
   x, _, _, w = _problem("float32", 5, 2, 8)
@@ -84,6 +94,12 @@ def test_auto_on_gpu_keeps_fp32_weights_off_the_kernel(tokens, expected):
   assert resolve_expert_impl("auto", "gpu", tokens, 8, jax.ShapeDtypeStruct((256, 64, 32), jnp.float32)) == expected
 
 
+def test_auto_on_tpu_keeps_small_dims_off_the_kernel():
+  small = jax.ShapeDtypeStruct((8, 64, 32), jnp.bfloat16)  # tokamax's TPU kernel wants D, F ≥ 128
+  assert resolve_expert_impl("auto", "tpu", 1, 2, small) == "gather"
+  assert resolve_expert_impl("auto", "tpu", 64, 2, small) == "ragged_dot"
+
+
 @pytest.mark.parametrize("impl", ["gather", "ragged_dot", "tokamax_gpu", "tokamax_tpu"])
 def test_explicit_impl_is_what_runs(impl):
   """An explicit impl is never replaced, also on another platform (AOT compiles for TPU on a CPU host)."""
@@ -100,8 +116,20 @@ def test_bad_impls_are_refused_by_name():
   x, ids, weights, w = _problem("float32", 2, 2, 8)
   with pytest.raises(ValueError, match="needs a resolved impl, got 'auto'"):
     routed_experts("auto", x, ids, weights, *w)
-  with pytest.raises(ValueError, match="'tokamax_gpu' takes bf16/fp16 expert weights, got float32"):
+  with pytest.raises(ValueError, match="'tokamax_gpu' takes bf16/fp16 .* got float32 with D=32, F=24"):
     routed_experts("tokamax_gpu", x, ids, weights, *w)
+  x, ids, weights, w = _problem("bfloat16", 2, 2, 8, d=192, f=96)
+  with pytest.raises(ValueError, match="'tokamax_gpu' takes .* got bfloat16 with D=192, F=96"):
+    routed_experts("tokamax_gpu", x, ids, weights, *w)
+
+
+@pytest.mark.parametrize("shape,dtype,takes", [
+    ((256, 7168, 2048), jnp.bfloat16, True), ((256, 6144, 2048), jnp.float16, True),  # V3.2, GLM-5
+    ((8, 64, 32), jnp.bfloat16, True), ((12, 192, 96), jnp.bfloat16, False), ((8, 64, 32), jnp.float32, False)])
+def test_what_the_gpu_kernel_takes(shape, dtype, takes):
+  w = jax.ShapeDtypeStruct(shape, dtype)
+  assert tokamax_gpu_takes(w) == takes
+  assert (resolve_expert_impl("auto", "gpu", 64, 8, w) == "tokamax_gpu") == takes
   with pytest.raises(ConfigError, match="moe_impl='triton' is not one of"):
     jax_mtp.tiny().replace(moe_impl="triton")
 
@@ -125,3 +153,14 @@ def test_mtp_layer_same_drafts_per_impl(impl):
   hidden_out, tokens = drafts(cfg.replace(moe_impl=impl))
   np.testing.assert_array_equal(tokens, ref_tokens)
   assert_close(hidden_out.astype(jnp.float32), ref_hidden.astype(jnp.float32), "bfloat16", what=impl)
+
+
+def test_the_tokamax_kernels_we_name_exist():
+  """The installed tokamax has the GPU op at the path experts.py imports it from, and its TPU kernel
+  under the implementation name we pass (its GPU kernel itself runs only on a GPU: test_experts_gpu)."""
+  from tokamax._src.ops.ragged_dot import api
+  from tokamax._src.ops.ragged_dot.pallas_mosaic_gpu import Config, PallasMosaicGpuRaggedDot
+
+  assert "mosaic_tpu" in api.IMPLEMENTATIONS
+  Config(block_m=64, block_n=128, block_k=128, num_stages=4, split_k=1, persistent=False)
+  assert PallasMosaicGpuRaggedDot.config_cls is Config

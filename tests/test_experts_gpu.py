@@ -20,9 +20,10 @@ pytestmark = pytest.mark.skipif(jax.devices()[0].platform != "gpu", reason="need
 
 
 @pytest.mark.parametrize("t,k,e,d,f", [(1, 8, 16, 256, 128), (3, 2, 16, 256, 128), (17, 4, 32, 512, 256),
-                                       (64, 8, 32, 256, 128), (5, 2, 8, 64, 32), (7, 3, 12, 192, 96)])
+                                       (64, 8, 32, 256, 128), (5, 2, 8, 64, 32)])
 def test_tokamax_equals_ragged_dot_and_a_loop(t, k, e, d, f):
-  """Awkward shapes included (D, F not multiples of 128; T < K); other devices' assignments mixed in."""
+  """Awkward shapes included (F < 64, T·K not a multiple of 8, T < K); other devices' assignments
+  mixed in. Dims the kernel cannot take are refused before it runs (tests/test_experts.py)."""
   x, ids, weights, w = _problem("bfloat16", t, k, e, d=d, f=f, seed=t)
   fast = jax.jit(functools.partial(routed_experts, "tokamax_gpu"))(x, ids, weights, *w)
   xla = jax.jit(functools.partial(routed_experts, "ragged_dot"))(x, ids, weights, *w)

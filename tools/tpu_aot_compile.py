@@ -5,9 +5,11 @@ Needs libtpu (`pip install "jax[tpu]"`), no TPU. Mosaic really compiles the Pall
 
     python tools/tpu_aot_compile.py --topology v5e:2x2 --preset tiny
     python tools/tpu_aot_compile.py --topology v5e:2x4 --preset deepseek_v32 --batch 64
+    python tools/tpu_aot_compile.py --topology v5p:2x2x1 --preset deepseek_v32 --moe-impl tokamax_tpu
 
 Prints, per norm impl, the compile time, per-device HBM (arguments / temporaries), the collectives
-left in the optimised HLO, and whether the named Mosaic kernel is in it.
+left in the optimised HLO, whether the named Mosaic kernel is in it, and the count of Mosaic kernels
+(the routed experts' impl, `--moe-impl`, 'auto' resolved for TPU: tokamax_tpu adds 3 grouped matmuls).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import jax_mtp  # noqa: E402
+from jax_mtp.experts import resolve_expert_impl  # noqa: E402
 from jax_mtp.kernels.fused_allreduce_rmsnorm_tpu import KERNEL_NAME  # noqa: E402
 from jax_mtp.parallel import ShardedMtp  # noqa: E402
 from jax_mtp.sharding import make_mesh, padded_vocab, param_specs  # noqa: E402
@@ -58,18 +61,26 @@ def main(argv=None) -> int:
   parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
   parser.add_argument("--batch", type=int, default=8, help="draft batch (tokens per step)")
   parser.add_argument("--capacity", type=int, default=4096, help="cache positions")
+  parser.add_argument("--moe-impl", default="auto", choices=jax_mtp.config.MOE_IMPLS,
+                      help="routed experts; 'auto' resolves for platform tpu (not this CPU host)")
   args = parser.parse_args(argv)
   topo = topologies.get_topology_desc(topology_name=args.topology, platform="tpu",
                                       chips_per_host_bounds=(2, 4, 1) if args.topology.endswith("2x4") else (2, 2, 1))
   devices = topo.devices
   cfg = PRESETS[args.preset]()
+  local_gate = jax.ShapeDtypeStruct((cfg.n_routed_experts // len(devices), cfg.hidden_size, cfg.moe_intermediate_size),
+                                    jnp.dtype(cfg.param_dtype))
+  cfg = cfg.replace(moe_impl=resolve_expert_impl(args.moe_impl, "tpu", args.batch, cfg.num_experts_per_tok, local_gate))
   mesh = make_mesh(len(devices), devices=devices)
   print(f"{args.topology}: {len(devices)} x {devices[0].device_kind}; {args.preset}; batch {args.batch}; "
-        f"cache {args.capacity}; jax {jax.__version__}")
+        f"cache {args.capacity}; experts {cfg.moe_impl}; jax {jax.__version__}")
   for impl in ("xla", "pallas_tpu"):
     step = ShardedMtp(cfg, mesh, norm_impl=impl).compiled_step(0, None, "top_tokens")
     start = time.perf_counter()
-    compiled = step.lower(*abstract_args(cfg, mesh, args.batch, args.capacity)).compile()
+    # tokamax's TPU kernels read the chip generation from the mesh in context (no TPU in this process)
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+      lowered = step.lower(*abstract_args(cfg, mesh, args.batch, args.capacity))
+    compiled = lowered.compile()
     seconds = time.perf_counter() - start
     hlo, mem = compiled.as_text(), compiled.memory_analysis()
     collectives = sorted(set(re.findall(r"\b(all-reduce|all-gather|reduce-scatter|collective-permute)(?:-start)?\(", hlo)))
