@@ -12,8 +12,8 @@ Which implementation runs is explicit (`MtpConfig.moe_impl`), never a silent fal
   "tokamax_tpu"  `tokamax.ragged_dot`, its Mosaic-TPU grouped matmul               the picked experts once
   "auto"         `resolve_expert_impl`: the table AUTO_IMPL, per platform and token count
 
-The grouped paths sort the T·K assignments by expert (A = T·K rows, padded to a multiple of 8:
-tokamax's Mosaic-GPU kernel tiles rows by 8), run gate, up and down as three
+The grouped paths sort the T·K assignments by expert (A = T·K rows, padded to whole row tiles of
+tokamax's kernels: 8 on GPU, 128 on TPU), run gate, up and down as three
 grouped matmuls (bf16 in, fp32 accumulation), and un-sort with a gather (deterministic; no
 scatter-add atomics) before the weighted sum over k. Under tp an assignment to another device's
 expert carries id E_local and weight 0: it sorts past the last group, where no grouped kernel is
@@ -45,7 +45,7 @@ def tokamax_gpu_takes(w_gate_EDF) -> bool:
 
 def tokamax_tpu_takes(w_gate_EDF) -> bool:
   """Whether tokamax's Mosaic-TPU grouped matmul takes these weights: D and F ≥ 128 (it refuses
-  any operand dim < 128, tokamax 0.0.17; the rows are padded to 128 by `grouped_experts`)."""
+  any operand dim < 128, tokamax 0.0.17; `grouped_experts` pads the rows to multiples of 128)."""
   _, d, f = w_gate_EDF.shape
   return d >= 128 and f >= 128
 
@@ -90,7 +90,7 @@ def routed_experts(impl: str, x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_
                      f"intermediate size are each < 64 or a multiple of 64, got {w_gate_EDF.dtype} with "
                      f"D={d}, F={f} (use 'ragged_dot' or 'gather', or 'auto')")
   return grouped_experts(grouped_matmul_for(impl), x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD,
-                         min_rows=128 if impl == "tokamax_tpu" else 8)
+                         row_tile=128 if impl == "tokamax_tpu" else 8)
 
 
 def _precision(dtype) -> jax.lax.Precision:
@@ -116,11 +116,11 @@ def gathered_experts(x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD)
 
 
 def grouped_experts(matmul, x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD, *,
-                    min_rows: int = 8) -> jax.Array:
+                    row_tile: int = 8) -> jax.Array:
   """Sort assignments by expert, three grouped matmuls, un-sort, weighted sum over k; fp32 [T, D].
 
-  The T·K assignment rows are padded with foreign ones (id E, in no group) to a multiple of 8 and
-  to at least `min_rows` (tokamax's Mosaic-TPU kernel takes no operand dim < 128).
+  The T·K assignment rows are padded with foreign ones (id E, in no group) to a multiple of
+  `row_tile`: 8 for tokamax's Mosaic-GPU kernel, 128 for its Mosaic-TPU one (its row tile).
 
   `matmul(lhs_AX, w_EXY, group_sizes_E) -> fp32 [A, Y]` is one grouped matmul (rows of group e
   contiguous, in expert order); rows past Σ group_sizes are zeroed here, whatever it leaves there.
@@ -128,8 +128,7 @@ def grouped_experts(matmul, x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_do
   t, k = ids_TK.shape
   num_experts, dtype = w_gate_EDF.shape[0], w_gate_EDF.dtype
   a = t * k  # token-expert assignments
-  padded = max(a + -a % 8, min_rows)
-  flat_ids_A = jnp.pad(ids_TK.reshape(-1), (0, padded - a), constant_values=num_experts)
+  flat_ids_A = jnp.pad(ids_TK.reshape(-1), (0, -a % row_tile), constant_values=num_experts)
   order_A = jnp.argsort(flat_ids_A, stable=True)
   group_sizes_E = jnp.bincount(flat_ids_A, length=num_experts).astype(jnp.int32)  # id E: not counted
   x_AD = x_TD.astype(dtype)[jnp.minimum(order_A // k, t - 1)]

@@ -53,12 +53,12 @@ def test_impls_equal_a_per_token_loop(impl, dtype, t, k, e):
   assert_close(actual, expected, dtype, what=f"{impl} vs per-token loop")
 
 
-@pytest.mark.parametrize("min_rows", [8, 128])
-def test_row_padding_changes_nothing(min_rows):
+@pytest.mark.parametrize("row_tile", [8, 128])
+def test_row_padding_changes_nothing(row_tile):
   """Rows padded with foreign assignments (to 8s, or to 128 for the TPU kernel) leave y unchanged."""
   from jax_mtp.experts import grouped_experts, grouped_matmul_for
   x, ids, weights, w = _problem("float32", 5, 3, 8, seed=2)  # 15 rows
-  padded = grouped_experts(grouped_matmul_for("ragged_dot"), x, ids, weights, *w, min_rows=min_rows)
+  padded = grouped_experts(grouped_matmul_for("ragged_dot"), x, ids, weights, *w, row_tile=row_tile)
   assert_close(padded, _experts_loop(x, np.asarray(ids), np.asarray(weights), *w), "float32", what="padded")
 
 

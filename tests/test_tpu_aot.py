@@ -53,3 +53,24 @@ def test_two_shot_kernel_compiles_for_tpu_at_prefill_size():
   hlo = step.lower(arg((4, t, d), P("tp")), arg((t, d), P()), arg((d,), P())).compile().as_text()
   assert hlo.count("tpu_custom_call") == 1 and TWO_SHOT in hlo
   assert not re.search(r"\b(all-reduce|all-gather|reduce-scatter)(-start)?\(", hlo)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tokens", [1, 40])
+def test_routed_experts_compile_for_tpu_with_tokamax_kernels(tokens):
+  """impl tokamax_tpu: gate, up and down are tokamax's Mosaic-TPU grouped matmuls in the compiled v5e
+  program (3 Mosaic calls, no XLA ragged dot), at a decode size (8 rows, padded to 128) and above."""
+  import functools
+
+  from jax_mtp.experts import routed_experts
+  assert importlib.util.find_spec("libtpu") is not None, "libtpu missing: install the `tpu` extra"
+  mesh = Mesh(np.array(topologies.get_topology_desc(topology_name="v5e:2x2", platform="tpu").devices[:1]), ("x",))
+  e, d, f, k = 16, 256, 128, 8
+  arg = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, P()))  # noqa: E731
+  args = (arg((tokens, d), jnp.bfloat16), arg((tokens, k), jnp.int32), arg((tokens, k), jnp.float32),
+          arg((e, d, f), jnp.bfloat16), arg((e, d, f), jnp.bfloat16), arg((e, f, d), jnp.bfloat16))
+  with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):  # tokamax reads the chip from the context
+    lowered = jax.jit(functools.partial(routed_experts, "tokamax_tpu")).lower(*args)
+  hlo = lowered.compile().as_text()
+  assert hlo.count("tpu_custom_call") == 3
+  assert not re.search(r"= \S+ ragged-dot\(", hlo)  # no XLA ragged-dot instruction left
