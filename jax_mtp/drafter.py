@@ -18,7 +18,7 @@ XLA's per-kernel device barrier (jax_mtp.kernels.fused_allreduce_rmsnorm_gpu_cha
 
 The drafter interface the speculator uses (test doubles implement the same methods):
 `param_specs()`, `shard(params, mesh)`, `variables(own_params, target_params)`,
-`init_caches(batch, capacity)`, `catch_up(variables, window, caches)`,
+`init_caches(batch, capacity)`, `catch_up(variables, window, caches, absorb=)`,
 `propose(variables, window, caches, num_drafts)`.
 """
 
@@ -89,16 +89,18 @@ class MtpDrafter:
   def init_caches(self, batch: int, capacity: int):
     return init_caches(self.cfg, batch, capacity)
 
-  def catch_up(self, variables: dict, window: Window, caches):
-    """MTP step 0 over the window. Returns (hidden at the last valid entry [B, 1, D], caches)."""
+  def catch_up(self, variables: dict, window: Window, caches, *, absorb: bool):
+    """MTP step 0 over the window. Returns (hidden at the last valid entry [B, 1, D], caches).
+    `absorb`: MLA's absorbed form (a round's k + 1 window) or the naive one (the prompt's prefill)."""
     positions_BW = window.start_B[:, None] + jnp.arange(window.ids_BW.shape[1], dtype=jnp.int32)
-    out = self.model.apply(variables, window.ids_BW, positions_BW, window.hidden_BWD, caches, spec_step_idx=0)
+    out = self.model.apply(variables, window.ids_BW, positions_BW, window.hidden_BWD, caches, spec_step_idx=0,
+                           absorb=absorb)
     last_B11 = (window.count_B - 1)[:, None, None]
     return jnp.take_along_axis(out.hidden_BTD, last_B11, axis=1), out.caches
 
   def propose(self, variables: dict, window: Window, caches, num_drafts: int):
     """k = num_drafts greedy drafts int32 [B, k] after the window's t1, and the updated caches."""
-    hidden_B1D, caches = self.catch_up(variables, window, caches)
+    hidden_B1D, caches = self.catch_up(variables, window, caches, absorb=True)
     token_B1 = self._greedy(variables, hidden_B1D, 0)
     if num_drafts == 1:
       return token_B1, caches

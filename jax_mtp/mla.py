@@ -10,7 +10,10 @@
     out     = o_proj(concat_h o_h)
 
 Both forms give the same numbers up to rounding; prefill expands keys once per token, decode never
-expands the cache. Scores are masked to slots ≤ the query's position and, with DSA, to the
+expands the cache. Every decode-time call uses the absorbed form — draft steps (T = 1), the MTP
+catch-up and the target's verification (T = k + 1 window tokens) — so verification rounds as plain
+decoding does; the naive form is for prompt prefill only (its cost O(S·C·N·(P+H)) per row is paid
+once per prompt, where the absorbed form's O(T·S·N·C) would grow with the prompt's T). Scores are masked to slots ≤ the query's position and, with DSA, to the
 indexer's top-k. scale = qk_head_dim^-0.5 · mscale² (config.softmax_scale).
 """
 

@@ -14,8 +14,9 @@ With norm_impl="pallas_gpu" at tp ≥ 2 the L calls of a decode-sized forward sh
 and skip XLA's per-kernel barrier (`workspace_for_chain`).
 
 `hidden` is the **post-final-norm** hidden state the MTP layer consumes as `prev_hidden` (DESIGN §1).
-A call with T > 1 tokens uses MLA's naive form (prefill, verification), T = 1 the absorbed form
-(decode); both write every token's latent at its position (jax_mtp.cache), so the same call serves
+By default a call with T > 1 tokens uses MLA's naive form (prefill), T = 1 the absorbed form
+(decode); the speculator's verification passes `absorb=True` (jax_mtp.mla: every decode-time call
+is absorbed). Both forms write every token's latent at its position (jax_mtp.cache), so the same call serves
 prefill, decode and speculative verification. Param names mirror HF (`model.embed_tokens`,
 `model.layers.{i}`, `model.norm`, `lm_head`) so the checkpoint loader (issue #6) maps them by name.
 Under tp (inside `shard_map`, see jax_mtp.speculative) the embedding and head are vocab-parallel.

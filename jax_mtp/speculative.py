@@ -186,7 +186,7 @@ class Speculator:
     ids_BT = jnp.where(jnp.arange(t) == (lengths_B - 1)[:, None], first_B[:, None], next_BT)
     zeros_B = jnp.zeros((b,), jnp.int32)
     _, d_caches = self.drafter.catch_up(d_vars, Window(ids_BT, hidden_BTD, zeros_B, lengths_B),
-                                        self.drafter.init_caches(b, capacity))
+                                        self.drafter.init_caches(b, capacity), absorb=False)  # a prefill
     w = self.k + 1
     window = Window(jnp.zeros((b, w), jnp.int32).at[:, 0].set(first_B),
                     jnp.zeros((b, w, self.cfg.hidden_size), hidden_BTD.dtype).at[:, 0].set(last_B1D[:, 0]),
@@ -204,7 +204,7 @@ class Speculator:
     drafts_BM, d_caches = self.drafter.propose(d_vars, state.window, state.drafter_caches, self.k)
     ids_BW = jnp.concatenate([state.next_token_B[:, None], drafts_BM.astype(jnp.int32)], axis=1)
     positions_BW = state.length_B[:, None] + jnp.arange(self.k + 1, dtype=jnp.int32)
-    out = self.target.apply(t_vars, ids_BW, positions_BW, state.target_caches)
+    out = self.target.apply(t_vars, ids_BW, positions_BW, state.target_caches, absorb=True)  # decode-time: absorbed
     a_B, emitted_BW = self._verify(t_vars, out.hidden_BTD, drafts_BM, verify_key, temperature if sampled else None)
 
     active_B = state.num_out_B < max_new

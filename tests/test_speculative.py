@@ -89,7 +89,7 @@ class OracleDrafter:
   def init_caches(self, batch, capacity):
     return ()
 
-  def catch_up(self, variables, window, caches):
+  def catch_up(self, variables, window, caches, *, absorb):
     return None, caches
 
   def propose(self, variables, window, caches, num_drafts):
@@ -306,3 +306,24 @@ def test_bad_settings_are_errors():
     spec.generate(None, [[1]], 4, temperature=-1.0)
   with pytest.raises(ValueError, match=r"capacity=8 must be in \[12, 640\]"):
     spec.generate(None, [[1]], 8, capacity=8)
+
+
+@pytest.mark.parametrize("family", [
+    dict(),  # deepseek_v32: YaRN, NeoX indexer RoPE
+    dict(model_type="glm_moe_dsa", indexer_rope_interleave=True, n_group=1, topk_group=1,
+         rope=jax_mtp.RopeConfig(theta=10000.0)),  # GLM-5 style
+])
+def test_bf16_speculative_output_equals_plain_greedy_decoding(family):
+  """bf16 end to end, prompts of 17–21 tokens past index_topk = 4 (the DSA selection matters), V3.2
+  and GLM-5 flavours: speculative output equals plain greedy decoding. Verification and catch-up now
+  run MLA's absorbed form as plain decoding does; on these random weights the naive form passed too
+  (the flips issue 12 saw were on trained tiny checkpoints), so this guards the path, not that bug."""
+  cfg = jax_mtp.tiny(vocab_size=64, dtype="bfloat16", param_dtype="bfloat16", **family)
+  target_params = jax_mtp.init_target_params(cfg, jax.random.key(3))
+  mtp_params = jax_mtp.init_params(cfg, jax.random.key(4))
+  rng = np.random.default_rng(5)
+  prompts = [[int(t) for t in rng.integers(0, 64, n)] for n in (17, 21, 19)]
+  decoder = jax_mtp.TargetDecoder(cfg, jax_mtp.make_mesh(1))
+  plain = decoder.generate(decoder.shard(target_params), prompts, 12, capacity=CAPACITY)
+  spec = jax_mtp.Speculator(cfg, jax_mtp.make_mesh(1), 3)
+  assert spec.generate(spec.shard(target_params, mtp_params), prompts, 12, capacity=CAPACITY).tokens == plain
