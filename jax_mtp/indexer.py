@@ -4,13 +4,18 @@
     k[s]     = LayerNorm(wk(x[s])); RoPE on the first R dims; one key per token, shared by all heads
     w[t, i]  = weights_proj(x[t]) · I^-0.5            (fp32)
     I[t, s]  = Σ_i w[t, i] · ReLU(q[t, i] · k[s]) · J^-0.5        for s ≤ pos(t)
-    keep     = top-min(index_topk, S)(I[t, :])                    one mask shared by all MLA heads
+    keep     = top-min(index_topk, S)(I[t, :])                    one selection shared by all MLA heads
 
 Math is fp32. The official kernel also quantises q and k to FP8 after a Hadamard rotation; the
 rotation is orthogonal, so in fp32 it changes nothing, and the FP8 simulation is not modelled here
 (this is the Hugging Face `DeepseekV32Indexer` numerics). When the cache holds no more positions
 than index_topk every visible position is kept, so DSA equals dense MLA; the caller skips the
 indexer then (`selects_all`).
+
+The selection is returned as slot indices [B, T, K] (K = min(index_topk, S)) with a validity mask
+(a query with fewer than K visible slots gets some invisible, invalid ones): MLA's decode form
+gathers those K entries and attends over them only. The scores are computed in chunks of slots so
+the [B, T, I, S] logits never exist whole (peak [B, T, I, chunk], `score_chunk`).
 """
 
 from __future__ import annotations
@@ -19,9 +24,30 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from typing import NamedTuple
+
 from jax_mtp.cache import LayerCache, causal_mask, write_at_positions
 from jax_mtp.config import MtpConfig
 from jax_mtp.layers import LayerNorm, Rotary, apply_rope, linear
+
+
+# Elements of one chunk's fp32 logits [B, T, I, chunk] (256 MiB): decode-sized calls take the whole
+# cache in a few chunks; a long prefill's T shrinks its chunks to whole multiples of 128 slots.
+SCORE_CHUNK_ELEMENTS = 2**26
+
+
+class Selection(NamedTuple):
+  """The indexer's choice per query: slot ids int32 [B, T, K] and whether each is visible."""
+
+  slots_BTK: jax.Array
+  valid_BTK: jax.Array
+
+  def mask(self, capacity: int) -> jax.Array:
+    """bool [B, T, S]: the selected visible slots."""
+    b, t, _ = self.slots_BTK.shape
+    chosen = jnp.zeros((b, t, capacity), bool)
+    bi, ti = jnp.indices((b, t))
+    return chosen.at[bi[..., None], ti[..., None], self.slots_BTK].set(self.valid_BTK)  # slots are distinct
 
 
 def selects_all(cfg: MtpConfig, capacity: int) -> bool:
@@ -43,8 +69,8 @@ class Indexer(nn.Module):
     self.weights_proj = linear(cfg.hidden_size, cfg.index_n_heads, cfg, fp32=True)
 
   def __call__(self, x_BTD: jax.Array, qr_BTQ: jax.Array, positions_BT: jax.Array, rotary: Rotary,
-               cache: LayerCache) -> tuple[jax.Array, LayerCache]:
-    """Returns (keep_BTS bool: the top-k selection among visible slots, updated cache)."""
+               cache: LayerCache) -> tuple[Selection, LayerCache]:
+    """Returns (the top-k selection among visible slots, updated cache)."""
     cfg = self.cfg
     k_BTJ = self._rope_first(self.k_norm(self.wk(x_BTD)), rotary)
     index_k_BSJ = write_at_positions(cache.index_k_BSJ, k_BTJ, positions_BT)
@@ -53,8 +79,9 @@ class Indexer(nn.Module):
     q_BTIJ = self.wq_b(qr_BTQ).reshape(*qr_BTQ.shape[:2], cfg.index_n_heads, cfg.index_head_dim)
     q_BTIJ = self._rope_first(q_BTIJ.astype(jnp.float32), rotary)
     w_BTI = self.weights_proj(x_BTD.astype(jnp.float32)) * cfg.index_n_heads**-0.5
-    scores_BTS = index_scores(q_BTIJ, index_k_BSJ, w_BTI, cfg.index_head_dim**-0.5)
-    return topk_mask(scores_BTS, causal_mask(positions_BT, cache.capacity), cfg.index_topk), cache
+    scores_BTS = index_scores(q_BTIJ, index_k_BSJ, w_BTI, cfg.index_head_dim**-0.5,
+                              chunk=score_chunk(*q_BTIJ.shape[:3], cache.capacity))
+    return topk_selection(scores_BTS, causal_mask(positions_BT, cache.capacity), cfg.index_topk), cache
 
   def _rope_first(self, x: jax.Array, rotary: Rotary) -> jax.Array:
     """RoPE on the first R dims (the indexer puts the rotary part first; MLA puts it last)."""
@@ -63,20 +90,36 @@ class Indexer(nn.Module):
     return jnp.concatenate([rotated, x[..., r:]], axis=-1)
 
 
-def index_scores(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, scale: float) -> jax.Array:
-  """I[b, t, s] = Σ_i w[b, t, i] · ReLU(q[b, t, i] · k[b, s]) · scale, fp32."""
-  logits_BTIS = jnp.einsum("btij,bsj->btis", q_BTIJ.astype(jnp.float32), k_BSJ.astype(jnp.float32),
-                           precision=jax.lax.Precision.HIGHEST)
-  return jnp.einsum("btis,bti->bts", jax.nn.relu(logits_BTIS) * scale, w_BTI.astype(jnp.float32),
-                    precision=jax.lax.Precision.HIGHEST)
+def score_chunk(batch: int, tokens: int, heads: int, capacity: int) -> int:
+  """Slots per chunk: the whole cache if its logits fit SCORE_CHUNK_ELEMENTS, else a multiple of 128."""
+  per_slot = batch * tokens * heads
+  if per_slot * capacity <= SCORE_CHUNK_ELEMENTS:
+    return capacity
+  return max(128, SCORE_CHUNK_ELEMENTS // per_slot // 128 * 128)
 
 
-def topk_mask(scores_BTS: jax.Array, visible_BTS: jax.Array, topk: int) -> jax.Array:
-  """bool [B, T, S]: the `topk` highest-scoring visible slots (all visible ones if fewer)."""
+def index_scores(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, scale: float, *,
+                 chunk: int | None = None) -> jax.Array:
+  """I[b, t, s] = Σ_i w[b, t, i] · ReLU(q[b, t, i] · k[b, s]) · scale, fp32 [B, T, S], computed
+  `chunk` slots at a time (None: all at once)."""
+  q_BTIJ, w_BTI = q_BTIJ.astype(jnp.float32), w_BTI.astype(jnp.float32)
+
+  def scores(k_BCJ):
+    logits_BTIC = jnp.einsum("btij,bcj->btic", q_BTIJ, k_BCJ.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
+    return jnp.einsum("btic,bti->btc", jax.nn.relu(logits_BTIC) * scale, w_BTI, precision=jax.lax.Precision.HIGHEST)
+
+  b, s, j = k_BSJ.shape
+  if chunk is None or chunk >= s:
+    return scores(k_BSJ)
+  chunks = -(-s // chunk)
+  k_NBCJ = jnp.pad(k_BSJ, ((0, 0), (0, chunks * chunk - s), (0, 0))).reshape(b, chunks, chunk, j).swapaxes(0, 1)
+  scores_NBTC = jax.lax.map(scores, k_NBCJ)
+  return jnp.moveaxis(scores_NBTC, 0, 2).reshape(b, q_BTIJ.shape[1], chunks * chunk)[..., :s]
+
+
+def topk_selection(scores_BTS: jax.Array, visible_BTS: jax.Array, topk: int) -> Selection:
+  """The `topk` highest-scoring visible slots (all visible ones, and invalid fillers, if fewer)."""
   k = min(topk, scores_BTS.shape[-1])
   masked = jnp.where(visible_BTS, scores_BTS, -jnp.inf)
-  _, idx_BTK = jax.lax.top_k(masked, k)
-  chosen = jnp.zeros(scores_BTS.shape, bool)
-  b, t = jnp.indices(idx_BTK.shape[:2])
-  chosen = chosen.at[b[..., None], t[..., None], idx_BTK].set(True)
-  return chosen & visible_BTS
+  _, slots_BTK = jax.lax.top_k(masked, k)
+  return Selection(slots_BTK.astype(jnp.int32), jnp.take_along_axis(visible_BTS, slots_BTK, axis=-1))

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 
 from jax_mtp.cache import LayerCache, causal_mask, write_at_positions
 from jax_mtp.config import MtpConfig
-from jax_mtp.indexer import Indexer, selects_all
+from jax_mtp.indexer import Indexer, Selection, selects_all
 from jax_mtp.layers import RMSNorm, Rotary, apply_rope, linear
 from jax_mtp.sharding import TensorParallel
 
@@ -71,12 +71,15 @@ class MLAttention(nn.Module):
     cache = cache._replace(latent_BSC=write_at_positions(cache.latent_BSC, latent_BTC, positions_BT),
                            k_pe_BSR=write_at_positions(cache.k_pe_BSR, k_pe_BTR, positions_BT))
 
-    visible_BTS = causal_mask(positions_BT, cache.capacity)
-    if not selects_all(cfg, cache.capacity):
-      visible_BTS, cache = self.indexer(x_BTD, qr_BTQ, positions_BT, rotary, cache)
-
-    attend = self._absorbed if absorb else self._naive
-    o_BTNH = attend(q_nope_BTNP, q_pe_BTNR, cache, visible_BTS)
+    if selects_all(cfg, cache.capacity):
+      o_BTNH = (self._absorbed if absorb else self._naive)(q_nope_BTNP, q_pe_BTNR, cache,
+                                                             causal_mask(positions_BT, cache.capacity))
+    else:
+      selection, cache = self.indexer(x_BTD, qr_BTQ, positions_BT, rotary, cache)
+      if absorb:  # DSA's point: read the index_topk selected entries, not the cache
+        o_BTNH = self._absorbed_sparse(q_nope_BTNP, q_pe_BTNR, cache, selection)
+      else:
+        o_BTNH = self._naive(q_nope_BTNP, q_pe_BTNR, cache, selection.mask(cache.capacity))
     out_BTD = self.o_proj(o_BTNH.reshape(*x_BTD.shape[:2], -1).astype(x_BTD.dtype))
     if self.tp.axis is not None:  # row-parallel o_proj: each device holds a partial sum
       out_BTD = jax.lax.psum(out_BTD, self.tp.axis)
@@ -113,6 +116,27 @@ class MLAttention(nn.Module):
     o_lat_BTNC = jnp.einsum("bnts,bsc->btnc", probs_BNTS, cache.latent_BSC.astype(jnp.float32),
                             precision=_HIGHEST)
     return jnp.einsum("btnc,cnh->btnh", o_lat_BTNC, w_uv_CNH.astype(jnp.float32), precision=_HIGHEST)
+
+
+  def _absorbed_sparse(self, q_nope_BTNP, q_pe_BTNR, cache: LayerCache, selection: Selection) -> jax.Array:
+    """The absorbed form over the K = index_topk selected entries only (gathered per query): the
+    same softmax as `_absorbed` with the selection mask, reading B·T·K entries instead of B·S."""
+    cfg = self.cfg
+    w_uk_CNP, w_uv_CNH = self._kv_b_weights()
+    latent_BTKC = _gather_selected(cache.latent_BSC, selection.slots_BTK).astype(jnp.float32)
+    k_pe_BTKR = _gather_selected(cache.k_pe_BSR, selection.slots_BTK)
+    q_lat_BTNC = jnp.einsum("btnp,cnp->btnc", q_nope_BTNP, w_uk_CNP.astype(q_nope_BTNP.dtype),
+                            precision=_HIGHEST, preferred_element_type=jnp.float32)
+    scores_BNTK = (jnp.einsum("btnc,btkc->bntk", q_lat_BTNC, latent_BTKC, precision=_HIGHEST)
+                   + jnp.einsum("btnr,btkr->bntk", q_pe_BTNR, k_pe_BTKR, precision=_HIGHEST,
+                                preferred_element_type=jnp.float32))
+    probs_BNTK = masked_softmax(scores_BNTK * cfg.softmax_scale, selection.valid_BTK)
+    o_lat_BTNC = jnp.einsum("bntk,btkc->btnc", probs_BNTK, latent_BTKC, precision=_HIGHEST)
+    return jnp.einsum("btnc,cnh->btnh", o_lat_BTNC, w_uv_CNH.astype(jnp.float32), precision=_HIGHEST)
+
+def _gather_selected(cache_BS_: jax.Array, slots_BTK: jax.Array) -> jax.Array:
+  """cache[b, slots[b, t, k]] → [B, T, K, ...]."""
+  return cache_BS_[jnp.arange(cache_BS_.shape[0])[:, None, None], slots_BTK]
 
 
 def masked_softmax(scores_BNTS: jax.Array, visible_BTS: jax.Array) -> jax.Array:

@@ -22,6 +22,7 @@ import pytest
 import jax_mtp
 from jax_mtp.block import DecoderBlock
 from jax_mtp.cache import init_layer_cache
+from jax_mtp.indexer import Selection
 from jax_mtp.layers import rotary_for_positions
 from tests import hf_params, hf_reference
 from tests.tolerances import assert_close
@@ -82,7 +83,8 @@ def test_decoder_block_matches_hf(model_type, layer_idx, absorb):
     assert_close(np.take_along_axis(np.asarray(weights), order, -1).reshape(B, T, -1),
                  ref["router_topk_weights"], what="router weights")
   if cfg.has_indexer:
-    keep = np.asarray(inter["self_attn"]["indexer"]["__call__"][0][0])
+    selection = Selection(*inter["self_attn"]["indexer"]["__call__"][0][0])
+    keep = np.asarray(selection.mask(T))
     np.testing.assert_array_equal(keep, ref["index_mask"])
     assert keep[:, -1].sum(-1).max() == cfg.index_topk < T  # the sparse path really ran
 
