@@ -6,8 +6,10 @@
 A decode step of the MTP layer is memory-bound: it reads the attention and indexer weights, the
 routed experts the batch picked, the shared expert, eh_proj and the head. The table prints the
 measured time beside two rooflines at the measured copy bandwidth: "touched" (the experts this
-batch's routing picked, counted from the router's output) and "all" (every weight of the layer +
-head). Rows are (Opt-1 impl, routed-experts impl) pairs; the draft tokens must equal the first row's.
+batch's routing picked, counted from the router's output, plus the cache bytes DSA must read: every
+visible indexer key and the index_topk selected entries; rows sit at position S/2) and "all" (every
+weight of the layer + head). Tables recorded before 2026-12-01 17:00 UTC counted weights only.
+Rows are (Opt-1 impl, routed-experts impl) pairs; the draft tokens must equal the first row's.
 """
 
 from __future__ import annotations
@@ -33,6 +35,15 @@ def weight_bytes(params, cfg: jax_mtp.MtpConfig, touched_experts: int) -> tuple[
   return int(total - experts + experts * touched), total
 
 
+def cache_bytes_read(cfg: jax_mtp.MtpConfig, visible: int) -> int:
+  """Cache bytes one row's step must read: DSA reads every visible indexer key and the
+  min(index_topk, visible) selected latent + rope entries; without an indexer, every visible entry."""
+  entry = (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * jnp.dtype(cfg.dtype).itemsize
+  if not cfg.has_indexer:
+    return visible * entry
+  return visible * cfg.index_head_dim * 4 + min(cfg.index_topk, visible) * entry  # indexer keys: fp32
+
+
 def touched_experts(cfg, params, ids, positions, hidden, caches) -> int:
   """How many distinct routed experts this step's tokens picked (the router's own output)."""
   model = jax_mtp.MtpPredictor(cfg)
@@ -46,7 +57,7 @@ def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
   parser.add_argument("--batch", type=int, nargs="+", default=[1, 64])
-  parser.add_argument("--capacity", type=int, default=4096)
+  parser.add_argument("--capacity", type=int, nargs="+", default=[4096], help="cache capacities (each row at S/2)")
   parser.add_argument("--impls", nargs="+", default=["xla"])
   parser.add_argument("--moe-impls", nargs="+", default=["auto"], choices=jax_mtp.config.MOE_IMPLS)
   parser.add_argument("--iters", type=int, default=50)
@@ -55,18 +66,20 @@ def main(argv=None) -> int:
   params = jax_mtp.init_params(cfg, jax.random.key(0))
   bandwidth = copy_bandwidth()
   print(f"{args.preset} MTP draft step on {jax.devices()[0].device_kind}, jax {jax.__version__}, "
-        f"copy bandwidth {bandwidth / 1e12:.2f} TB/s, cache {args.capacity}\n")
-  print("| B | Opt-1 impl | experts impl | experts touched | µs / step | roofline touched µs | roofline all µs "
-        "| touched / measured | tokens match row 1 |")
-  print("|---:|---|---|---:|---:|---:|---:|---:|---|")
-  for batch in args.batch:
+        f"copy bandwidth {bandwidth / 1e12:.2f} TB/s\n")
+  print("| S | B | Opt-1 impl | experts impl | experts touched | cache MB read | µs / step | roofline touched µs "
+        "| roofline all µs | touched / measured | tokens match row 1 |")
+  print("|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---|")
+  for capacity, batch in [(c, b) for c in args.capacity for b in args.batch]:
     rng = np.random.default_rng(batch)
     ids = jnp.asarray(rng.integers(0, cfg.vocab_size, (batch, 1), dtype=np.int32))
-    positions = jnp.full((batch, 1), args.capacity // 2, jnp.int32)
+    positions = jnp.full((batch, 1), capacity // 2, jnp.int32)
     hidden = jnp.asarray(rng.standard_normal((batch, 1, cfg.hidden_size)), cfg.dtype)
-    caches = jax_mtp.init_caches(cfg, batch, args.capacity)
+    caches = jax_mtp.init_caches(cfg, batch, capacity)
     touched = touched_experts(cfg, params, ids, positions, hidden, caches)
     active, total = weight_bytes(params, cfg, touched)
+    cache = batch * cache_bytes_read(cfg, visible=capacity // 2 + 1)
+    active += cache
     reference = None
     for impl in args.impls:
       for moe_impl in args.moe_impls:
@@ -83,7 +96,8 @@ def main(argv=None) -> int:
         _, tokens = step(params, ids, positions, hidden, caches)
         reference = tokens if reference is None else reference
         same = bool(jnp.all(tokens == reference))
-        print(f"| {batch} | {impl} | {moe_impl} | {touched} | {seconds * 1e6:,.0f} | {active / bandwidth * 1e6:,.0f} | "
+        print(f"| {capacity} | {batch} | {impl} | {moe_impl} | {touched} | {cache / 1e6:,.1f} | {seconds * 1e6:,.0f} | "
+              f"{active / bandwidth * 1e6:,.0f} | "
               f"{total / bandwidth * 1e6:,.0f} | {active / bandwidth / seconds:.2f} | {same} |")
   return 0
 
