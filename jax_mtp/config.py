@@ -22,6 +22,7 @@ from typing import Any
 SUPPORTED_MODEL_TYPES = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa")
 # How the routed experts run: "auto" picks per platform and token count (jax_mtp.experts).
 MOE_IMPLS = ("auto", "gather", "ragged_dot", "tokamax_gpu", "tokamax_tpu")
+DTYPES = ("float32", "bfloat16", "float16")  # compute (`dtype`) and parameter (`param_dtype`) dtypes
 
 
 class ConfigError(ValueError):
@@ -228,8 +229,21 @@ def from_hf_config(source: str | os.PathLike | Mapping[str, Any], **overrides: A
     fields["n_group"] = fields["topk_group"] = 1
   fields["rope"] = _rope_from_hf(hf)
   fields["model_type"] = model_type
+  fields.update(_dtypes_from_hf(hf))
   fields.update(overrides)
   return MtpConfig(**fields)
+
+
+def _dtypes_from_hf(hf: Mapping[str, Any]) -> dict[str, str]:
+  """Compute and parameter dtypes from `torch_dtype` (newer HF writes `dtype`), as vLLM's
+  `--dtype auto` follows it; none given: the defaults (bf16). FP8 weights are declared by
+  `quantization_config`, not here."""
+  torch_dtype = hf.get("torch_dtype", hf.get("dtype"))
+  if torch_dtype is None:
+    return {}
+  if torch_dtype not in DTYPES:
+    raise ConfigError(f"torch_dtype={torch_dtype!r} is not supported; expected one of {DTYPES}")
+  return {"dtype": torch_dtype, "param_dtype": torch_dtype}
 
 
 def _read_hf_dict(source: str | os.PathLike | Mapping[str, Any]) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from typing import NamedTuple
 import jax
 
 import jax_mtp
-from jax_mtp.config import from_hf_config
+from jax_mtp.config import DTYPES, from_hf_config
 from jax_mtp.generate import TargetDecoder
 from jax_mtp.kernels.fused_allreduce_rmsnorm import IMPLS
 from jax_mtp.model import init_target_params
@@ -62,6 +62,10 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--seed", type=int, default=0, help="sampling seed (the weights' seed is fixed)")
   p.add_argument("--tp", type=int, default=1, help="tensor-parallel devices (default 1)")
   p.add_argument("--impl", choices=IMPLS, default=IMPLS[0], help="fused all-reduce + RMSNorm implementation")
+  p.add_argument("--dtype", choices=("auto",) + DTYPES, default="auto",
+                 help="compute and parameter dtype; auto (default): the checkpoint's torch_dtype, as vLLM")
+  p.add_argument("--moe-impl", choices=jax_mtp.config.MOE_IMPLS, default="auto",
+                 help="routed experts' implementation (jax_mtp.experts); auto: by platform and size")
   p.add_argument("--check", action="store_true", help="also decode with the target alone and compare")
   p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
   p.set_defaults(codec=None)  # the checkpoint's tokenizer, set when --prompt is given
@@ -192,6 +196,13 @@ def checkpoint_config(directory: str) -> jax_mtp.MtpConfig:
                   f"*.safetensors) nor an orbax checkpoint written by jax_mtp.orbax_io.save_params")
 
 
+def with_flags(cfg: jax_mtp.MtpConfig, args: argparse.Namespace) -> jax_mtp.MtpConfig:
+  """The model's config with what --dtype (auto: the config's own) and --moe-impl set."""
+  if args.dtype != "auto":
+    cfg = cfg.replace(dtype=args.dtype, param_dtype=args.dtype)
+  return cfg.replace(moe_impl=args.moe_impl)
+
+
 def load(args: argparse.Namespace, cfg: jax_mtp.MtpConfig) -> Loaded:
   from jax_mtp.checkpoint import load_hf_checkpoint  # noqa: PLC0415 (see above)
   from jax_mtp.orbax_io import is_orbax_checkpoint, restore_params  # noqa: PLC0415
@@ -257,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
   try:
     args = _parser().parse_args(argv)
     _ensure_devices(args.tp)  # before reading a checkpoint starts JAX
-    cfg = jax_mtp.tiny() if args.checkpoint is None else checkpoint_config(args.checkpoint)
+    cfg = with_flags(jax_mtp.tiny() if args.checkpoint is None else checkpoint_config(args.checkpoint), args)
     prompts = _validate(args, cfg)
     loaded = None if args.checkpoint is None else load(args, cfg)
   except ValueError as e:  # bad flags, and bad checkpoints (CheckpointError lists every problem)

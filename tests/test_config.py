@@ -442,3 +442,17 @@ def test_rope_parameters_we_do_not_model_are_rejected(key, value):
 def test_non_numeric_eps_is_a_config_error():
   with _raises("rms_norm_eps='1e-6' must be > 0"):
     from_hf_config(_hf(rms_norm_eps="1e-6"))
+
+
+@pytest.mark.parametrize("key", ["torch_dtype", "dtype"])
+@pytest.mark.parametrize("value", ["float32", "bfloat16", "float16"])
+def test_torch_dtype_sets_compute_and_param_dtypes(key, value):
+  """As vLLM's --dtype auto: the checkpoint's torch_dtype (newer HF: dtype) sets both dtypes."""
+  cfg = from_hf_config(tiny_hf_config_dict() | {key: value})
+  assert (cfg.dtype, cfg.param_dtype) == (value, value)
+  assert from_hf_config(tiny_hf_config_dict() | {key: value}, dtype="float32").dtype == "float32"  # overrides win
+
+
+def test_unsupported_torch_dtype_is_named():
+  with _raises("torch_dtype='float8_e4m3fn' is not supported; expected one of"):
+    from_hf_config(tiny_hf_config_dict() | {"torch_dtype": "float8_e4m3fn"})

@@ -90,6 +90,8 @@ def test_sampling_is_seeded(capsys):
     (["--prompt", "hello"], "--prompt needs --checkpoint: the embedded tiny model has no tokenizer"),
     (["--prompt", "hello", "--prompt-ids", "1"], "give --prompt or --prompt-ids, not both"),
     (["--no-such-flag"], "--no-such-flag"),
+    (["--dtype", "float64"], "'float64'"),
+    (["--moe-impl", "dense"], "'dense'"),
 ])
 def test_bad_input_returns_2_with_one_error_line(capsys, argv, named):
   """Bad input returns 2, prints nothing on stdout and one `error: ...` line naming the value."""
@@ -125,3 +127,18 @@ def test_module_entry_point_json(tmp_path):
   result = json.loads(proc.stdout)
   assert set(result) == METRIC_KEYS | {"tokens"}
   _assert_tokens(result["tokens"], 1, 4)
+
+
+def test_dtype_and_moe_impl_flags(capsys):
+  """--dtype sets compute and parameter dtypes (auto keeps the model's), --moe-impl the experts' impl;
+  speculative decoding still equals plain greedy decoding in bf16 with XLA's grouped matmul."""
+  import argparse  # noqa: PLC0415
+  tiny = jax_mtp.tiny()
+  args = argparse.Namespace(dtype="auto", moe_impl="auto")
+  assert decode.with_flags(tiny, args) == tiny
+  args = argparse.Namespace(dtype="bfloat16", moe_impl="ragged_dot")
+  assert decode.with_flags(tiny, args) == tiny.replace(dtype="bfloat16", param_dtype="bfloat16", moe_impl="ragged_dot")
+  out = _json_run(capsys, ["--dtype", "bfloat16", "--moe-impl", "ragged_dot", "--check", "--max-new-tokens", "8",
+                           "--prompt-ids", "1,2,3,4,5,6,7,8,9", "--prompt-ids", "5"])
+  assert out["matches_target"] is True
+  _assert_tokens(out["tokens"], 2, 8)
