@@ -9,6 +9,8 @@ if [ "${1:-}" = quick ]; then
   timeout 170 python3 -m benchmarks.mtp_step --preset deepseek_v32 --batch 1 8 --capacity 4096 131072 \
     --iters 10 2>&1 | tee "$OUT/mtp_step_dsa.md"
 else
-  timeout 500 python3 -m benchmarks.mtp_step --preset deepseek_v32 --batch 1 8 64 --capacity 4096 32768 131072 \
+  timeout 300 python3 -m benchmarks.mtp_step --preset deepseek_v32 --batch 1 8 64 --capacity 4096 32768 131072 \
     --iters 10 2>&1 | tee "$OUT/mtp_step_dsa.md"
+  timeout 200 python3 -m benchmarks.mtp_step --preset deepseek_v32 --batch 8 64 --capacity 131072 \
+    --index-cache-dtype float8_e4m3fn --iters 10 2>&1 | tee "$OUT/mtp_step_dsa_fp8.md"
 fi

@@ -41,7 +41,8 @@ def cache_bytes_read(cfg: jax_mtp.MtpConfig, visible: int) -> int:
   entry = (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * jnp.dtype(cfg.dtype).itemsize
   if not cfg.has_indexer:
     return visible * entry
-  return visible * cfg.index_head_dim * 4 + min(cfg.index_topk, visible) * entry  # indexer keys: fp32
+  key = cfg.index_head_dim * jnp.dtype(cfg.index_key_dtype).itemsize + (4 if cfg.index_key_dtype == "float8_e4m3fn" else 0)
+  return visible * key + min(cfg.index_topk, visible) * entry
 
 
 def touched_experts(cfg, params, ids, positions, hidden, caches) -> int:
@@ -60,9 +61,10 @@ def main(argv=None) -> int:
   parser.add_argument("--capacity", type=int, nargs="+", default=[4096], help="cache capacities (each row at S/2)")
   parser.add_argument("--impls", nargs="+", default=["xla"])
   parser.add_argument("--moe-impls", nargs="+", default=["auto"], choices=jax_mtp.config.MOE_IMPLS)
+  parser.add_argument("--index-cache-dtype", default="auto", choices=jax_mtp.config.INDEX_CACHE_DTYPES)
   parser.add_argument("--iters", type=int, default=50)
   args = parser.parse_args(argv)
-  cfg = PRESETS[args.preset]()
+  cfg = PRESETS[args.preset](index_cache_dtype=args.index_cache_dtype)
   params = jax_mtp.init_params(cfg, jax.random.key(0))
   bandwidth = copy_bandwidth()
   print(f"{args.preset} MTP draft step on {jax.devices()[0].device_kind}, jax {jax.__version__}, "

@@ -20,14 +20,17 @@ class LayerCache(NamedTuple):
 
   latent_BSC: kv_a_layernorm(c) — the normalised MLA latent, [B, S, C].
   k_pe_BSR:   the rotated (interleaved RoPE) shared key part, [B, S, R].
-  index_k_BSJ: the indexer's key (LayerNorm + RoPE), fp32 [B, S, J]; None without an indexer
-               (deepseek_v3). Not a [B, S, 0] array: jaxlib 0.11.2's CPU compiler segfaults on a
-               zero-sized array carried through the sharded decode loop.
+  index_k_BSJ: the indexer's key (LayerNorm + RoPE), [B, S, J] in `cfg.index_key_dtype`; None
+               without an indexer (deepseek_v3). Not a [B, S, 0] array: jaxlib 0.11.2's CPU compiler
+               segfaults on a zero-sized array carried through the sharded decode loop.
+  index_k_scale_BS: fp32 [B, S], each token's key scale when the keys are stored in float8 (key =
+               stored · scale), else None.
   """
 
   latent_BSC: jax.Array
   k_pe_BSR: jax.Array
   index_k_BSJ: jax.Array | None
+  index_k_scale_BS: jax.Array | None = None
 
   @property
   def capacity(self) -> int:
@@ -36,11 +39,13 @@ class LayerCache(NamedTuple):
 
 def init_layer_cache(cfg: MtpConfig, batch: int, capacity: int) -> LayerCache:
   """Zeroed caches for `batch` sequences of up to `capacity` positions."""
-  dtype = jnp.dtype(cfg.dtype)
+  dtype, fp8_keys = jnp.dtype(cfg.dtype), cfg.index_key_dtype == "float8_e4m3fn"
   return LayerCache(
       latent_BSC=jnp.zeros((batch, capacity, cfg.kv_lora_rank), dtype),
       k_pe_BSR=jnp.zeros((batch, capacity, cfg.qk_rope_head_dim), dtype),
-      index_k_BSJ=jnp.zeros((batch, capacity, cfg.index_head_dim), jnp.float32) if cfg.has_indexer else None,
+      index_k_BSJ=(jnp.zeros((batch, capacity, cfg.index_head_dim), cfg.index_key_dtype) if cfg.has_indexer
+                   else None),
+      index_k_scale_BS=jnp.zeros((batch, capacity), jnp.float32) if cfg.has_indexer and fp8_keys else None,
   )
 
 

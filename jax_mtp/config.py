@@ -23,6 +23,7 @@ SUPPORTED_MODEL_TYPES = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa")
 # How the routed experts run: "auto" picks per platform and token count (jax_mtp.experts).
 MOE_IMPLS = ("auto", "gather", "ragged_dot", "tokamax_gpu", "tokamax_tpu")
 DTYPES = ("float32", "bfloat16", "float16")  # compute (`dtype`) and parameter (`param_dtype`) dtypes
+INDEX_CACHE_DTYPES = ("auto", *DTYPES, "float8_e4m3fn")
 
 
 class ConfigError(ValueError):
@@ -94,6 +95,9 @@ class MtpConfig:
   dtype: str = "bfloat16"  # activations
   param_dtype: str = "bfloat16"
   moe_impl: str = "auto"  # routed experts' implementation, one of MOE_IMPLS (jax_mtp.experts)
+  # The DSA indexer's key cache: "auto" = `dtype`; "float8_e4m3fn" stores e4m3 keys with one fp32
+  # scale per token, as vLLM does (a quarter of fp32's bytes; the keys are read whole every step).
+  index_cache_dtype: str = "auto"
 
   def __post_init__(self):
     _validate(self)
@@ -105,6 +109,11 @@ class MtpConfig:
   @property
   def has_indexer(self) -> bool:
     return self.index_n_heads > 0
+
+  @property
+  def index_key_dtype(self) -> str:
+    """The indexer key cache's storage dtype (`index_cache_dtype`, "auto" resolved)."""
+    return self.dtype if self.index_cache_dtype == "auto" else self.index_cache_dtype
 
   @property
   def softmax_scale(self) -> float:
@@ -166,6 +175,8 @@ def _validate(cfg: MtpConfig) -> None:
   if cfg.rope.factor < 1.0 or cfg.rope.theta <= 0:
     raise ConfigError(f"rope factor={cfg.rope.factor} must be ≥ 1 and theta={cfg.rope.theta} > 0")
   _validate_indexer(cfg)
+  if cfg.index_cache_dtype not in INDEX_CACHE_DTYPES:
+    raise ConfigError(f"index_cache_dtype={cfg.index_cache_dtype!r} is not one of {INDEX_CACHE_DTYPES}")
   if cfg.moe_impl not in MOE_IMPLS:
     raise ConfigError(f"moe_impl={cfg.moe_impl!r} is not one of {MOE_IMPLS}")
   for name in ("dtype", "param_dtype"):

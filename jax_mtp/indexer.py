@@ -73,14 +73,18 @@ class Indexer(nn.Module):
     """Returns (the top-k selection among visible slots, updated cache)."""
     cfg = self.cfg
     k_BTJ = self._rope_first(self.k_norm(self.wk(x_BTD)), rotary)
-    index_k_BSJ = write_at_positions(cache.index_k_BSJ, k_BTJ, positions_BT)
-    cache = cache._replace(index_k_BSJ=index_k_BSJ)
+    if cache.index_k_scale_BS is None:
+      cache = cache._replace(index_k_BSJ=write_at_positions(cache.index_k_BSJ, k_BTJ, positions_BT))
+    else:
+      k8_BTJ, scale_BT = quantize_keys(k_BTJ, cache.index_k_BSJ.dtype)
+      cache = cache._replace(index_k_BSJ=write_at_positions(cache.index_k_BSJ, k8_BTJ, positions_BT),
+                             index_k_scale_BS=write_at_positions(cache.index_k_scale_BS, scale_BT, positions_BT))
 
     q_BTIJ = self.wq_b(qr_BTQ).reshape(*qr_BTQ.shape[:2], cfg.index_n_heads, cfg.index_head_dim)
     q_BTIJ = self._rope_first(q_BTIJ.astype(jnp.float32), rotary)
     w_BTI = self.weights_proj(x_BTD.astype(jnp.float32)) * cfg.index_n_heads**-0.5
-    scores_BTS = index_scores(q_BTIJ, index_k_BSJ, w_BTI, cfg.index_head_dim**-0.5,
-                              chunk=score_chunk(*q_BTIJ.shape[:3], cache.capacity))
+    scores_BTS = index_scores(q_BTIJ, cache.index_k_BSJ, w_BTI, cfg.index_head_dim**-0.5,
+                              chunk=score_chunk(*q_BTIJ.shape[:3], cache.capacity), k_scale_BS=cache.index_k_scale_BS)
     return topk_selection(scores_BTS, causal_mask(positions_BT, cache.capacity), cfg.index_topk), cache
 
   def _rope_first(self, x: jax.Array, rotary: Rotary) -> jax.Array:
@@ -98,22 +102,36 @@ def score_chunk(batch: int, tokens: int, heads: int, capacity: int) -> int:
   return max(128, SCORE_CHUNK_ELEMENTS // per_slot // 128 * 128)
 
 
-def index_scores(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, scale: float, *,
-                 chunk: int | None = None) -> jax.Array:
-  """I[b, t, s] = Σ_i w[b, t, i] · ReLU(q[b, t, i] · k[b, s]) · scale, fp32 [B, T, S], computed
-  `chunk` slots at a time (None: all at once)."""
-  q_BTIJ, w_BTI = q_BTIJ.astype(jnp.float32), w_BTI.astype(jnp.float32)
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
 
-  def scores(k_BCJ):
+
+def quantize_keys(k_BTJ: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
+  """(keys in `dtype` (float8), fp32 scale per token) with key ≈ stored · scale: amax → 448."""
+  scale_BT = jnp.maximum(jnp.max(jnp.abs(k_BTJ), axis=-1), 1e-12) / FP8_MAX
+  return (k_BTJ / scale_BT[..., None]).astype(dtype), scale_BT
+
+
+def index_scores(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, scale: float, *,
+                 chunk: int | None = None, k_scale_BS: jax.Array | None = None) -> jax.Array:
+  """I[b, t, s] = Σ_i w[b, t, i] · ReLU(q[b, t, i] · k[b, s]) · scale, fp32 [B, T, S], computed
+  `chunk` slots at a time (None: all at once). `k_scale_BS`: per-token scales of float8 keys."""
+  q_BTIJ, w_BTI = q_BTIJ.astype(jnp.float32), w_BTI.astype(jnp.float32)
+  b, s, j = k_BSJ.shape
+  k_scale_BS = jnp.ones((b, s), jnp.float32) if k_scale_BS is None else k_scale_BS
+
+  def scores(chunk_keys):
+    k_BCJ, k_scale_BC = chunk_keys
     logits_BTIC = jnp.einsum("btij,bcj->btic", q_BTIJ, k_BCJ.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
+    logits_BTIC = logits_BTIC * k_scale_BC[:, None, None, :]  # per-key scale: outside the dot, exact
     return jnp.einsum("btic,bti->btc", jax.nn.relu(logits_BTIC) * scale, w_BTI, precision=jax.lax.Precision.HIGHEST)
 
-  b, s, j = k_BSJ.shape
   if chunk is None or chunk >= s:
-    return scores(k_BSJ)
+    return scores((k_BSJ, k_scale_BS))
   chunks = -(-s // chunk)
-  k_NBCJ = jnp.pad(k_BSJ, ((0, 0), (0, chunks * chunk - s), (0, 0))).reshape(b, chunks, chunk, j).swapaxes(0, 1)
-  scores_NBTC = jax.lax.map(scores, k_NBCJ)
+  pad = chunks * chunk - s
+  k_NBCJ = jnp.pad(k_BSJ, ((0, 0), (0, pad), (0, 0))).reshape(b, chunks, chunk, j).swapaxes(0, 1)
+  k_scale_NBC = jnp.pad(k_scale_BS, ((0, 0), (0, pad))).reshape(b, chunks, chunk).swapaxes(0, 1)
+  scores_NBTC = jax.lax.map(scores, (k_NBCJ, k_scale_NBC))
   return jnp.moveaxis(scores_NBTC, 0, 2).reshape(b, q_BTIJ.shape[1], chunks * chunk)[..., :s]
 
 

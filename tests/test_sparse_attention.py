@@ -75,3 +75,47 @@ def test_sparse_decode_equals_dense_attention_under_the_mask(t):
   assert_close(sparse.hidden_BTD, dense.hidden_BTD, "float32", what="sparse absorbed vs dense naive")
   for a, b in zip(jax.tree.leaves(sparse.caches), jax.tree.leaves(dense.caches)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_fp8_keys_round_trip_within_one_e4m3_rounding():
+  from jax_mtp.indexer import FP8_MAX, quantize_keys
+  rng = np.random.default_rng(0)
+  k = jnp.asarray(rng.standard_normal((2, 5, 32)) * np.array([1e-3, 1.0, 30.0, 1e3, 0.5])[None, :, None], jnp.float32)
+  q8, scale = quantize_keys(k, jnp.float8_e4m3fn)
+  assert q8.dtype == jnp.float8_e4m3fn and scale.shape == (2, 5)
+  np.testing.assert_allclose(np.max(np.abs(np.asarray(q8, np.float32)), -1), FP8_MAX)  # amax maps to 448
+  back = np.asarray(q8, np.float64) * np.asarray(scale, np.float64)[..., None]
+  bound = np.maximum(np.abs(np.asarray(k)) * 2**-4, np.asarray(scale)[..., None] * 2**-9)  # normal / subnormal ulp/2
+  assert np.all(np.abs(back - np.asarray(k)) <= bound * (1 + 1e-6))
+
+
+def test_fp8_key_scores_track_fp32_keys():
+  from jax_mtp.indexer import quantize_keys
+  rng = np.random.default_rng(1)
+  q = jnp.asarray(rng.standard_normal((2, 3, 4, 32)), jnp.float32)
+  k = jnp.asarray(rng.standard_normal((2, 70, 32)), jnp.float32)
+  w = jnp.asarray(rng.uniform(0, 1, (2, 3, 4)), jnp.float32)
+  k8, scale = quantize_keys(k, jnp.float8_e4m3fn)
+  fp8 = index_scores(q, k8, w, 0.2, chunk=32, k_scale_BS=scale)
+  assert_close(fp8, _scores_formula(q, k, w, 0.2), "float8_e4m3fn", what="fp8-key scores")
+
+
+def test_fp8_index_cache_speculative_equals_plain_greedy():
+  """With e4m3 indexer keys (vLLM's storage) the cache holds e4m3 + scales, and speculative decoding
+  still equals plain greedy decoding token for token (both read the same quantised keys)."""
+  cfg = jax_mtp.tiny(vocab_size=32, index_cache_dtype="float8_e4m3fn")
+  cache = jax_mtp.init_caches(cfg, 1, 8)[0]
+  assert cache.index_k_BSJ.dtype == jnp.float8_e4m3fn and cache.index_k_scale_BS.shape == (1, 8)
+  assert jax_mtp.init_caches(jax_mtp.tiny(), 1, 8)[0].index_k_scale_BS is None
+  target_params = jax_mtp.init_target_params(cfg, jax.random.key(7))
+  mtp_params = jax_mtp.init_params(cfg, jax.random.key(8))
+  prompts = [[3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5], [2, 7, 1, 8]]
+  decoder = jax_mtp.TargetDecoder(cfg, jax_mtp.make_mesh(1))
+  plain = decoder.generate(decoder.shard(target_params), prompts, 10, capacity=32)
+  spec = jax_mtp.Speculator(cfg, jax_mtp.make_mesh(1), 3)
+  assert spec.generate(spec.shard(target_params, mtp_params), prompts, 10, capacity=32).tokens == plain
+
+
+def test_bad_index_cache_dtype_is_named():
+  with pytest.raises(jax_mtp.ConfigError, match="index_cache_dtype='int8' is not one of"):
+    jax_mtp.tiny(index_cache_dtype="int8")

@@ -10,6 +10,9 @@ TOLERANCE = {
     "float32": dict(rtol=1e-5, atol=1e-6),
     # bf16 activations: ~3 significant digits, a block adds a handful of roundings.
     "bfloat16": dict(rtol=2e-2, atol=1e-3),
+    # float8 e4m3 storage (the DSA indexer's keys): 3 mantissa bits, one rounding of at most 2^-4
+    # relative per stored element; sums of such terms stay within it relative to the largest.
+    "float8_e4m3fn": dict(rtol=2**-4, atol=1e-3),
 }
 
 
