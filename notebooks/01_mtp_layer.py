@@ -84,7 +84,7 @@ caches = jax_mtp.init_caches(cfg, batch=1, capacity=16)
 out = model.apply({"params": params}, input_ids_BT, positions_BT, prev_hidden_BTD, caches)
 print("hidden_BTD:", out.hidden_BTD.shape, out.hidden_BTD.dtype)
 print("the recycled hidden is the head's hidden:", out.next_prev_hidden_BTD is out.hidden_BTD)
-print("cache:", {name: arr.shape for name, arr in out.caches[0]._asdict().items()})
+print("cache:", {name: arr.shape for name, arr in out.caches[0]._asdict().items() if arr is not None})
 print("RMS of each position's hidden (post-norm, so ~1):", np.round(np.sqrt((out.hidden_BTD**2).mean(-1))[0], 3))
 
 # %% [markdown]
