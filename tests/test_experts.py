@@ -116,6 +116,8 @@ def test_bad_impls_are_refused_by_name():
   x, ids, weights, w = _problem("float32", 2, 2, 8)
   with pytest.raises(ValueError, match="needs a resolved impl, got 'auto'"):
     routed_experts("auto", x, ids, weights, *w)
+  with pytest.raises(ConfigError, match="moe_impl='triton' is not one of"):
+    jax_mtp.tiny().replace(moe_impl="triton")
   with pytest.raises(ValueError, match="'tokamax_gpu' takes bf16/fp16 .* got float32 with D=32, F=24"):
     routed_experts("tokamax_gpu", x, ids, weights, *w)
   x, ids, weights, w = _problem("bfloat16", 2, 2, 8, d=192, f=96)
@@ -130,8 +132,17 @@ def test_what_the_gpu_kernel_takes(shape, dtype, takes):
   w = jax.ShapeDtypeStruct(shape, dtype)
   assert tokamax_gpu_takes(w) == takes
   assert (resolve_expert_impl("auto", "gpu", 64, 8, w) == "tokamax_gpu") == takes
-  with pytest.raises(ConfigError, match="moe_impl='triton' is not one of"):
-    jax_mtp.tiny().replace(moe_impl="triton")
+
+
+def mtp_layer_drafts(cfg, params, impl: str, batch: int):
+  """(hidden, draft tokens) of the MTP layer with experts `impl` on a fixed batch of 3-token rows."""
+  rng = np.random.default_rng(0)
+  ids = jnp.asarray(rng.integers(0, cfg.vocab_size, (batch, 3)), jnp.int32)
+  hidden = jnp.asarray(rng.standard_normal((batch, 3, cfg.hidden_size)), cfg.dtype)
+  positions = jnp.broadcast_to(jnp.arange(3, dtype=jnp.int32), (batch, 3))
+  model = jax_mtp.MtpPredictor(cfg.replace(moe_impl=impl))
+  out = model.apply({"params": params}, ids, positions, hidden, jax_mtp.init_caches(cfg, batch, 8))
+  return out.hidden_BTD, model.apply({"params": params}, out.hidden_BTD, method=model.get_top_tokens)
 
 
 @pytest.mark.parametrize("impl", CPU_IMPLS)
@@ -139,18 +150,8 @@ def test_mtp_layer_same_drafts_per_impl(impl):
   """The whole MTP layer: the same drafts whichever impl runs the experts (T = 6 > the gather bound)."""
   cfg = jax_mtp.tiny()
   params = jax_mtp.init_params(cfg, jax.random.key(0))
-  rng = np.random.default_rng(0)
-  ids = jnp.asarray(rng.integers(0, cfg.vocab_size, (2, 3)), jnp.int32)
-  hidden = jnp.asarray(rng.standard_normal((2, 3, cfg.hidden_size)), cfg.dtype)
-  positions = jnp.broadcast_to(jnp.arange(3, dtype=jnp.int32), (2, 3))
-
-  def drafts(c):
-    model = jax_mtp.MtpPredictor(c)
-    out = model.apply({"params": params}, ids, positions, hidden, jax_mtp.init_caches(c, 2, 8))
-    return out.hidden_BTD, model.apply({"params": params}, out.hidden_BTD, method=model.get_top_tokens)
-
-  ref_hidden, ref_tokens = drafts(cfg.replace(moe_impl="gather"))
-  hidden_out, tokens = drafts(cfg.replace(moe_impl=impl))
+  ref_hidden, ref_tokens = mtp_layer_drafts(cfg, params, "gather", 2)
+  hidden_out, tokens = mtp_layer_drafts(cfg, params, impl, 2)
   np.testing.assert_array_equal(tokens, ref_tokens)
   assert_close(hidden_out.astype(jnp.float32), ref_hidden.astype(jnp.float32), "bfloat16", what=impl)
 

@@ -7,13 +7,12 @@ cannot be lowered for an abstract CUDA device on a CPU host). Run by benchmarks/
 import functools
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import jax_mtp
 from jax_mtp.experts import resolve_expert_impl, routed_experts
-from tests.test_experts import _experts_loop, _problem
+from tests.test_experts import _experts_loop, _problem, mtp_layer_drafts
 from tests.tolerances import assert_close
 
 pytestmark = pytest.mark.skipif(jax.devices()[0].platform != "gpu", reason="needs a GPU (tokamax Mosaic-GPU kernel)")
@@ -45,14 +44,6 @@ def test_kernel_is_in_the_compiled_program():
 def test_mtp_layer_same_drafts_as_ragged_dot():
   cfg = jax_mtp.tiny().replace(dtype="bfloat16", param_dtype="bfloat16", hidden_size=256, moe_intermediate_size=128)
   params = jax_mtp.init_params(cfg, jax.random.key(0))
-  rng = np.random.default_rng(0)
-  ids = jnp.asarray(rng.integers(0, cfg.vocab_size, (4, 3)), jnp.int32)
-  hidden = jnp.asarray(rng.standard_normal((4, 3, cfg.hidden_size)), cfg.dtype)
-  positions = jnp.broadcast_to(jnp.arange(3, dtype=jnp.int32), (4, 3))
-
-  def drafts(impl):
-    model = jax_mtp.MtpPredictor(cfg.replace(moe_impl=impl))
-    out = model.apply({"params": params}, ids, positions, hidden, jax_mtp.init_caches(cfg, 4, 8))
-    return np.asarray(model.apply({"params": params}, out.hidden_BTD, method=model.get_top_tokens))
-
-  np.testing.assert_array_equal(drafts("tokamax_gpu"), drafts("ragged_dot"))
+  _, fast = mtp_layer_drafts(cfg, params, "tokamax_gpu", 4)
+  _, xla = mtp_layer_drafts(cfg, params, "ragged_dot", 4)
+  np.testing.assert_array_equal(np.asarray(fast), np.asarray(xla))
