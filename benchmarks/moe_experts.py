@@ -126,7 +126,8 @@ def main(argv=None) -> int:
       if compare:
         reference = out if reference is None else reference
         diff = f"{np.max(np.abs(out - reference)) / np.max(np.abs(reference)):.1e}"
-      print(f"| {batch} | {path} | {touched} | {seconds * 1e6:,.0f} | {floor * 1e6:,.0f} | {floor / seconds:.2f} | {diff} |")
+      print(f"| {batch} | {path} | {touched} | {seconds * 1e6:,.0f} | {floor * 1e6:,.0f} | "
+            f"{floor / seconds:.2f} | {diff} |")
 
     for impl in args.impls:
       if impl == "gather" and batch * K > E:

@@ -41,7 +41,8 @@ def cache_bytes_read(cfg: jax_mtp.MtpConfig, visible: int) -> int:
   entry = (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * jnp.dtype(cfg.dtype).itemsize
   if not cfg.has_indexer:
     return visible * entry
-  key = cfg.index_head_dim * jnp.dtype(cfg.index_key_dtype).itemsize + (4 if cfg.index_key_dtype == "float8_e4m3fn" else 0)
+  key = cfg.index_head_dim * jnp.dtype(cfg.index_key_dtype).itemsize
+  key += 4 if cfg.index_key_dtype == "float8_e4m3fn" else 0  # the per-token fp32 scale
   return visible * key + min(cfg.index_topk, visible) * entry
 
 

@@ -13,8 +13,12 @@ Both forms give the same numbers up to rounding; prefill expands keys once per t
 expands the cache. Every decode-time call uses the absorbed form — draft steps (T = 1), the MTP
 catch-up and the target's verification (T = k + 1 window tokens) — so verification rounds as plain
 decoding does; the naive form is for prompt prefill only (its cost O(S·C·N·(P+H)) per row is paid
-once per prompt, where the absorbed form's O(T·S·N·C) would grow with the prompt's T). Scores are masked to slots ≤ the query's position and, with DSA, to the
-indexer's top-k. scale = qk_head_dim^-0.5 · mscale² (config.softmax_scale).
+once per prompt, where the absorbed form's O(T·S·N·C) would grow with the prompt's T).
+
+Scores are masked to slots ≤ the query's position and, with DSA (cache longer than index_topk), to
+the indexer's top-k: the naive form masks the dense scores; the absorbed form gathers the K selected
+latent / rope entries per query and attends over those only (`_absorbed_sparse`), reading B·T·K
+entries instead of the whole cache. scale = qk_head_dim^-0.5 · mscale² (config.softmax_scale).
 """
 
 from __future__ import annotations
