@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.timing import copy_bandwidth, time_call
-from jax_mtp.experts import grouped_matmul_for, grouped_experts, routed_experts
+from jax_mtp.experts import grouped_experts, grouped_matmul_for, routed_experts, tokamax_gpu_grouped_matmul
 
 E, D, F, K, DENSE_F = 256, 7168, 2048, 8, 18432  # --small: 16, 256, 128, 4, 512 (a CPU smoke run)
 
@@ -38,22 +38,6 @@ def routing(batch: int, seed: int):
   ids = np.stack([rng.choice(E, K, replace=False) for _ in range(batch)]).astype(np.int32)
   weights = rng.uniform(0.1, 1.0, (batch, K)).astype(np.float32)
   return jnp.asarray(ids), jnp.asarray(weights), len(np.unique(ids))
-
-
-def tokamax_config_matmul(config):
-  """A grouped matmul through tokamax's Mosaic-GPU kernel with an explicit block config."""
-  import tokamax
-  # tokamax.ops.gpu re-exports these but also imports its Triton kernels (jax_triton); the module
-  # that defines them does not.
-  from tokamax._src.ops.ragged_dot.pallas_mosaic_gpu import Config as PallasMosaicRaggedDotConfig
-  from tokamax._src.ops.ragged_dot.pallas_mosaic_gpu import PallasMosaicGpuRaggedDot as PallasMosaicRaggedDot
-  block_m, block_n, block_k, stages, persistent = config
-  op = PallasMosaicRaggedDot(config=PallasMosaicRaggedDotConfig(block_m=block_m, block_n=block_n, block_k=block_k,
-                                              num_stages=stages, split_k=1, persistent=persistent))
-
-  def matmul(lhs, rhs, group_sizes):
-    return tokamax.ragged_dot(lhs, rhs, group_sizes, preferred_element_type=jnp.float32, implementation=[op])
-  return matmul
 
 
 def sorted_inputs(x, ids):
@@ -140,7 +124,7 @@ def main(argv=None) -> int:
             (sorted_x, group_sizes, *weights), compare=False)
     if args.sweep:
       for config in SWEEP:
-        matmul = tokamax_config_matmul(config)
+        matmul = functools.partial(tokamax_gpu_grouped_matmul, blocks=config[:4], persistent=config[4])
         row(f"tokamax_gpu {config}", jax.jit(functools.partial(grouped_experts, matmul)), (x, ids, gates, *weights))
     dense += [(batch, *r) for r in dense_rows(batch, bandwidth, args.iters, rng)]
   print("\n| B | dense linear (XLA) | µs | floor µs | floor / time |")

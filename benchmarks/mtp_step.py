@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_mtp
-from benchmarks.timing import copy_bandwidth, time_call
+from benchmarks.timing import copy_bandwidth, experts_touched, time_call
 
 PRESETS = {"tiny": jax_mtp.tiny, "deepseek_v32": jax_mtp.deepseek_v32, "glm5": jax_mtp.glm5}
 
@@ -44,15 +44,6 @@ def cache_bytes_read(cfg: jax_mtp.MtpConfig, visible: int) -> int:
   key = cfg.index_head_dim * jnp.dtype(cfg.index_key_dtype).itemsize
   key += 4 if cfg.index_key_dtype == "float8_e4m3fn" else 0  # the per-token fp32 scale
   return visible * key + min(cfg.index_topk, visible) * entry
-
-
-def touched_experts(cfg, params, ids, positions, hidden, caches) -> int:
-  """How many distinct routed experts this step's tokens picked (the router's own output)."""
-  model = jax_mtp.MtpPredictor(cfg)
-  _, state = jax.jit(lambda *a: model.apply({"params": a[0]}, *a[1:], mutable=["intermediates"]))(
-      params, ids, positions, hidden, caches)
-  (expert_ids,) = jax.tree.leaves(state)
-  return len(np.unique(np.asarray(expert_ids)))
 
 
 def main(argv=None) -> int:
@@ -79,7 +70,7 @@ def main(argv=None) -> int:
     positions = jnp.full((batch, 1), capacity // 2, jnp.int32)
     hidden = jnp.asarray(rng.standard_normal((batch, 1, cfg.hidden_size)), cfg.dtype)
     caches = jax_mtp.init_caches(cfg, batch, capacity)
-    touched = touched_experts(cfg, params, ids, positions, hidden, caches)
+    (touched,) = experts_touched(jax_mtp.MtpPredictor(cfg), params, ids, positions, hidden, caches)
     active, total = weight_bytes(params, cfg, touched)
     cache = batch * cache_bytes_read(cfg, visible=capacity // 2 + 1)
     active += cache

@@ -1,4 +1,5 @@
-"""Shared timing helpers: the copy-bandwidth ceiling measured in the same run, and a step timer."""
+"""Shared benchmark helpers: the copy-bandwidth ceiling measured in the same run, a step timer, and
+the routed experts a call touches (for the floors)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def copy_bandwidth(nbytes: int | None = None, iters: int = 20) -> float:
@@ -33,3 +35,10 @@ def time_call(fn, args, iters: int, repeats: int = 3) -> float:
     jax.block_until_ready(out)
     runs.append((time.perf_counter() - start) / iters)
   return statistics.median(runs)
+
+
+def experts_touched(model, params, *args) -> list[int]:
+  """Distinct routed experts each MoE layer's router picked in `model(*args)`, in layer order
+  (from the ids `jax_mtp.moe.MoE` sows; the call is jitted, params passed as an argument)."""
+  _, state = jax.jit(lambda p, *a: model.apply({"params": p}, *a, mutable=["intermediates"]))(params, *args)
+  return [len(np.unique(np.asarray(ids))) for ids in jax.tree.leaves(state)]

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_mtp
-from benchmarks.timing import copy_bandwidth, time_call
+from benchmarks.timing import copy_bandwidth, experts_touched, time_call
 from jax_mtp.model import TargetModel, init_target_caches, init_target_params
 
 
@@ -39,13 +39,6 @@ def floor_bytes(params, cfg, touched_per_layer: list[int]) -> int:
     experts = sum(mlp[k].nbytes for k in ("w_gate_EDF", "w_up_EDF", "w_down_EFD"))
     total -= experts * (1 - touched / cfg.n_routed_experts)
   return int(total)
-
-
-def touched_experts(cfg, params, ids, positions, caches) -> list[int]:
-  model = TargetModel(cfg)
-  _, state = jax.jit(lambda p, i, pos, c: model.apply({"params": p}, i, pos, c, mutable=["intermediates"]))(
-      params, ids, positions, caches)
-  return [len(np.unique(np.asarray(leaf))) for leaf in jax.tree.leaves(state)]
 
 
 def main(argv=None) -> int:
@@ -73,7 +66,7 @@ def main(argv=None) -> int:
     ids = jnp.asarray(rng.integers(0, cfg.vocab_size, (batch, w)), jnp.int32)
     positions = jnp.asarray(args.capacity // 2 + np.arange(w)[None].repeat(batch, 0), jnp.int32)
     caches = init_target_caches(cfg, batch, args.capacity)
-    touched = touched_experts(cfg, params, ids, positions, caches)
+    touched = experts_touched(TargetModel(cfg), params, ids, positions, caches)
     floor = floor_bytes(params, cfg, touched) / bandwidth
     for form in args.forms:
       reference = None

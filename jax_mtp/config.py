@@ -180,7 +180,7 @@ def _validate(cfg: MtpConfig) -> None:
   if cfg.moe_impl not in MOE_IMPLS:
     raise ConfigError(f"moe_impl={cfg.moe_impl!r} is not one of {MOE_IMPLS}")
   for name in ("dtype", "param_dtype"):
-    if getattr(cfg, name) not in ("float32", "bfloat16", "float16"):
+    if getattr(cfg, name) not in DTYPES:
       raise ConfigError(f"{name}={getattr(cfg, name)!r} must be float32, bfloat16 or float16")
 
 

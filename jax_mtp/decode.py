@@ -26,7 +26,7 @@ from typing import NamedTuple
 import jax
 
 import jax_mtp
-from jax_mtp.config import DTYPES, from_hf_config
+from jax_mtp.config import DTYPES, MOE_IMPLS, from_hf_config
 from jax_mtp.generate import TargetDecoder
 from jax_mtp.kernels.fused_allreduce_rmsnorm import IMPLS
 from jax_mtp.model import init_target_params
@@ -64,7 +64,7 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--impl", choices=IMPLS, default=IMPLS[0], help="fused all-reduce + RMSNorm implementation")
   p.add_argument("--dtype", choices=("auto",) + DTYPES, default="auto",
                  help="compute and parameter dtype; auto (default): the checkpoint's torch_dtype, as vLLM")
-  p.add_argument("--moe-impl", choices=jax_mtp.config.MOE_IMPLS, default="auto",
+  p.add_argument("--moe-impl", choices=MOE_IMPLS, default="auto",
                  help="routed experts' implementation (jax_mtp.experts); auto: by platform and size")
   p.add_argument("--check", action="store_true", help="also decode with the target alone and compare")
   p.add_argument("--json", action="store_true", help="print one JSON object on stdout")

@@ -10,7 +10,7 @@ Which implementation runs is explicit (`MtpConfig.moe_impl`), never a silent fal
   "tokamax_gpu"  `tokamax.ragged_dot`, its Mosaic-GPU (Hopper) grouped GEMM;       the picked experts once
                  empty groups get no work
   "tokamax_tpu"  `tokamax.ragged_dot`, its Mosaic-TPU grouped matmul               the picked experts once
-  "auto"         `resolve_expert_impl`: the table AUTO_IMPL, per platform and token count
+  "auto"         `resolve_expert_impl`'s table, per platform, weight dtype and dims, and token count
 
 The grouped paths sort the T·K assignments by expert (A = T·K rows, padded to whole row tiles of
 tokamax's kernels: 8 on GPU, 128 on TPU), run gate, up and down as three
@@ -143,7 +143,7 @@ def grouped_experts(matmul, x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_do
 
 def grouped_matmul_for(impl: str):
   """The grouped matmul `grouped_experts` takes, for a grouped impl."""
-  return {"ragged_dot": _lax_grouped_matmul, "tokamax_gpu": _tokamax_gpu_grouped_matmul,
+  return {"ragged_dot": _lax_grouped_matmul, "tokamax_gpu": tokamax_gpu_grouped_matmul,
           "tokamax_tpu": _tokamax_tpu_grouped_matmul}[impl]
 
 
@@ -158,16 +158,18 @@ def _lax_grouped_matmul(lhs_AX, w_EXY, group_sizes_E):
 TOKAMAX_GPU_BLOCKS = (64, 128, 128, 4)
 
 
-def _tokamax_gpu_grouped_matmul(lhs_AX, w_EXY, group_sizes_E):
+def tokamax_gpu_grouped_matmul(lhs_AX, w_EXY, group_sizes_E, *, blocks=TOKAMAX_GPU_BLOCKS, persistent=False):
+  """tokamax's Mosaic-GPU grouped matmul with an explicit block config (block_m, block_n, block_k,
+  num_stages); fp32 out. The defaults are the production choice; benchmarks sweep others."""
   import tokamax  # imported here: `import jax_mtp` stays light where no tokamax kernel runs
   # tokamax.ops.gpu re-exports these but also imports its Triton kernels (jax_triton); the module
   # that defines them does not.
   from tokamax._src.ops.ragged_dot.pallas_mosaic_gpu import Config as PallasMosaicRaggedDotConfig
   from tokamax._src.ops.ragged_dot.pallas_mosaic_gpu import PallasMosaicGpuRaggedDot as PallasMosaicRaggedDot
 
-  block_m, block_n, block_k, stages = TOKAMAX_GPU_BLOCKS
+  block_m, block_n, block_k, stages = blocks
   kernel = PallasMosaicRaggedDot(config=PallasMosaicRaggedDotConfig(
-      block_m=block_m, block_n=block_n, block_k=block_k, num_stages=stages, split_k=1, persistent=False))
+      block_m=block_m, block_n=block_n, block_k=block_k, num_stages=stages, split_k=1, persistent=persistent))
   return tokamax.ragged_dot(lhs_AX, w_EXY, group_sizes_E, precision=_precision(w_EXY.dtype),
                             preferred_element_type=jnp.float32, implementation=[kernel])
 

@@ -117,21 +117,24 @@ def index_scores(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, scale: f
   `chunk` slots at a time (None: all at once). `k_scale_BS`: per-token scales of float8 keys."""
   q_BTIJ, w_BTI = q_BTIJ.astype(jnp.float32), w_BTI.astype(jnp.float32)
   b, s, j = k_BSJ.shape
-  k_scale_BS = jnp.ones((b, s), jnp.float32) if k_scale_BS is None else k_scale_BS
 
   def scores(chunk_keys):
-    k_BCJ, k_scale_BC = chunk_keys
+    k_BCJ, k_scale_BC = chunk_keys  # k_scale_BC: None for unscaled keys
     logits_BTIC = jnp.einsum("btij,bcj->btic", q_BTIJ, k_BCJ.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
-    logits_BTIC = logits_BTIC * k_scale_BC[:, None, None, :]  # per-key scale: outside the dot, exact
+    if k_scale_BC is not None:
+      logits_BTIC = logits_BTIC * k_scale_BC[:, None, None, :]  # per-key scale: outside the dot, exact
     return jnp.einsum("btic,bti->btc", jax.nn.relu(logits_BTIC) * scale, w_BTI, precision=jax.lax.Precision.HIGHEST)
 
   if chunk is None or chunk >= s:
     return scores((k_BSJ, k_scale_BS))
+
+  def chunked(x_BS_):  # [B, S, ...] → [chunks, B, chunk, ...], zero-padded past S
+    x_BS_ = jnp.pad(x_BS_, [(0, 0), (0, chunks * chunk - s)] + [(0, 0)] * (x_BS_.ndim - 2))
+    return x_BS_.reshape(b, chunks, chunk, *x_BS_.shape[2:]).swapaxes(0, 1)
+
   chunks = -(-s // chunk)
-  pad = chunks * chunk - s
-  k_NBCJ = jnp.pad(k_BSJ, ((0, 0), (0, pad), (0, 0))).reshape(b, chunks, chunk, j).swapaxes(0, 1)
-  k_scale_NBC = jnp.pad(k_scale_BS, ((0, 0), (0, pad))).reshape(b, chunks, chunk).swapaxes(0, 1)
-  scores_NBTC = jax.lax.map(scores, (k_NBCJ, k_scale_NBC))
+  scales = None if k_scale_BS is None else chunked(k_scale_BS)
+  scores_NBTC = jax.lax.map(scores, (chunked(k_BSJ), scales))
   return jnp.moveaxis(scores_NBTC, 0, 2).reshape(b, q_BTIJ.shape[1], chunks * chunk)[..., :s]
 
 

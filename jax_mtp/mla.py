@@ -107,11 +107,16 @@ class MLAttention(nn.Module):
     return jnp.einsum("bnts,bsnh->btnh", probs_BNTS.astype(v_BSNH.dtype), v_BSNH, precision=_HIGHEST,
                       preferred_element_type=jnp.float32)
 
-  def _absorbed(self, q_nope_BTNP, q_pe_BTNR, cache: LayerCache, visible_BTS) -> jax.Array:
-    cfg = self.cfg
+  def _latent_query(self, q_nope_BTNP) -> tuple[jax.Array, jax.Array]:
+    """The absorbed query q~_h = W_UK_hᵀ q_nope_h, fp32 [B, T, N, C], and W_UV [C, N, H]."""
     w_uk_CNP, w_uv_CNH = self._kv_b_weights()
     q_lat_BTNC = jnp.einsum("btnp,cnp->btnc", q_nope_BTNP, w_uk_CNP.astype(q_nope_BTNP.dtype),
                             precision=_HIGHEST, preferred_element_type=jnp.float32)
+    return q_lat_BTNC, w_uv_CNH
+
+  def _absorbed(self, q_nope_BTNP, q_pe_BTNR, cache: LayerCache, visible_BTS) -> jax.Array:
+    cfg = self.cfg
+    q_lat_BTNC, w_uv_CNH = self._latent_query(q_nope_BTNP)
     scores_BNTS = (jnp.einsum("btnc,bsc->bnts", q_lat_BTNC, cache.latent_BSC.astype(jnp.float32),
                               precision=_HIGHEST)
                    + jnp.einsum("btnr,bsr->bnts", q_pe_BTNR, cache.k_pe_BSR, precision=_HIGHEST,
@@ -119,24 +124,27 @@ class MLAttention(nn.Module):
     probs_BNTS = masked_softmax(scores_BNTS * cfg.softmax_scale, visible_BTS)
     o_lat_BTNC = jnp.einsum("bnts,bsc->btnc", probs_BNTS, cache.latent_BSC.astype(jnp.float32),
                             precision=_HIGHEST)
-    return jnp.einsum("btnc,cnh->btnh", o_lat_BTNC, w_uv_CNH.astype(jnp.float32), precision=_HIGHEST)
-
+    return _heads_from_latent(o_lat_BTNC, w_uv_CNH)
 
   def _absorbed_sparse(self, q_nope_BTNP, q_pe_BTNR, cache: LayerCache, selection: Selection) -> jax.Array:
     """The absorbed form over the K = index_topk selected entries only (gathered per query): the
     same softmax as `_absorbed` with the selection mask, reading B·T·K entries instead of B·S."""
     cfg = self.cfg
-    w_uk_CNP, w_uv_CNH = self._kv_b_weights()
+    q_lat_BTNC, w_uv_CNH = self._latent_query(q_nope_BTNP)
     latent_BTKC = _gather_selected(cache.latent_BSC, selection.slots_BTK).astype(jnp.float32)
     k_pe_BTKR = _gather_selected(cache.k_pe_BSR, selection.slots_BTK)
-    q_lat_BTNC = jnp.einsum("btnp,cnp->btnc", q_nope_BTNP, w_uk_CNP.astype(q_nope_BTNP.dtype),
-                            precision=_HIGHEST, preferred_element_type=jnp.float32)
     scores_BNTK = (jnp.einsum("btnc,btkc->bntk", q_lat_BTNC, latent_BTKC, precision=_HIGHEST)
                    + jnp.einsum("btnr,btkr->bntk", q_pe_BTNR, k_pe_BTKR, precision=_HIGHEST,
                                 preferred_element_type=jnp.float32))
     probs_BNTK = masked_softmax(scores_BNTK * cfg.softmax_scale, selection.valid_BTK)
     o_lat_BTNC = jnp.einsum("bntk,btkc->btnc", probs_BNTK, latent_BTKC, precision=_HIGHEST)
-    return jnp.einsum("btnc,cnh->btnh", o_lat_BTNC, w_uv_CNH.astype(jnp.float32), precision=_HIGHEST)
+    return _heads_from_latent(o_lat_BTNC, w_uv_CNH)
+
+
+def _heads_from_latent(o_lat_BTNC: jax.Array, w_uv_CNH: jax.Array) -> jax.Array:
+  """o_h = W_UV_h · (the attention-weighted latent), fp32 [B, T, N, H]."""
+  return jnp.einsum("btnc,cnh->btnh", o_lat_BTNC, w_uv_CNH.astype(jnp.float32), precision=_HIGHEST)
+
 
 def _gather_selected(cache_BS_: jax.Array, slots_BTK: jax.Array) -> jax.Array:
   """cache[b, slots[b, t, k]] → [B, T, K, ...]."""
