@@ -84,7 +84,8 @@ class Indexer(nn.Module):
     q_BTIJ = self._rope_first(q_BTIJ.astype(jnp.float32), rotary)
     w_BTI = self.weights_proj(x_BTD.astype(jnp.float32)) * cfg.index_n_heads**-0.5
     scores_BTS = index_scores(q_BTIJ, cache.index_k_BSJ, w_BTI, cfg.index_head_dim**-0.5,
-                              chunk=score_chunk(*q_BTIJ.shape[:3], cache.capacity), k_scale_BS=cache.index_k_scale_BS)
+                              chunk=score_chunk(*q_BTIJ.shape[:3], cache.capacity), k_scale_BS=cache.index_k_scale_BS,
+                              dot_dtype=cfg.dtype)
     return topk_selection(scores_BTS, causal_mask(positions_BT, cache.capacity), cfg.index_topk), cache
 
   def _rope_first(self, x: jax.Array, rotary: Rotary) -> jax.Array:
@@ -112,15 +113,22 @@ def quantize_keys(k_BTJ: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
 
 
 def index_scores(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, scale: float, *,
-                 chunk: int | None = None, k_scale_BS: jax.Array | None = None) -> jax.Array:
+                 chunk: int | None = None, k_scale_BS: jax.Array | None = None, dot_dtype=jnp.float32) -> jax.Array:
   """I[b, t, s] = Σ_i w[b, t, i] · ReLU(q[b, t, i] · k[b, s]) · scale, fp32 [B, T, S], computed
-  `chunk` slots at a time (None: all at once). `k_scale_BS`: per-token scales of float8 keys."""
-  q_BTIJ, w_BTI = q_BTIJ.astype(jnp.float32), w_BTI.astype(jnp.float32)
+  `chunk` slots at a time (None: all at once). `k_scale_BS`: per-token scales of float8 keys.
+
+  q and the keys enter the q·k dot in `dot_dtype` with fp32 accumulation: float32 is exact
+  (HIGHEST); bfloat16 (a bf16 model's) rounds q as the keys already are, runs on the matrix
+  units and never writes an up-cast copy of the keys (the official kernel rounds both to FP8)."""
+  exact = jnp.dtype(dot_dtype) == jnp.float32
+  precision = jax.lax.Precision.HIGHEST if exact else jax.lax.Precision.DEFAULT
+  q_BTIJ, w_BTI = q_BTIJ.astype(dot_dtype), w_BTI.astype(jnp.float32)
   b, s, j = k_BSJ.shape
 
   def scores(chunk_keys):
     k_BCJ, k_scale_BC = chunk_keys  # k_scale_BC: None for unscaled keys
-    logits_BTIC = jnp.einsum("btij,bcj->btic", q_BTIJ, k_BCJ.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
+    logits_BTIC = jnp.einsum("btij,bcj->btic", q_BTIJ, k_BCJ.astype(dot_dtype), precision=precision,
+                             preferred_element_type=jnp.float32)
     if k_scale_BC is not None:
       logits_BTIC = logits_BTIC * k_scale_BC[:, None, None, :]  # per-key scale: outside the dot, exact
     return jnp.einsum("btic,bti->btc", jax.nn.relu(logits_BTIC) * scale, w_BTI, precision=jax.lax.Precision.HIGHEST)
@@ -144,3 +152,27 @@ def topk_selection(scores_BTS: jax.Array, visible_BTS: jax.Array, topk: int) -> 
   masked = jnp.where(visible_BTS, scores_BTS, -jnp.inf)
   _, slots_BTK = jax.lax.top_k(masked, k)
   return Selection(slots_BTK.astype(jnp.int32), jnp.take_along_axis(visible_BTS, slots_BTK, axis=-1))
+
+
+def topk_selection_radix(scores_BTS: jax.Array, visible_BTS: jax.Array, topk: int) -> Selection:
+  """The slots `topk_selection` picks (ties → the lowest slots), listed in slot order, without a sort:
+  a radix select finds each query's k-th largest score in 8 passes of 4 bits over order-preserving
+  integer keys, then the slots above it (and enough of those equal to it) are compacted in order."""
+  b, t, s = scores_BTS.shape
+  k = min(topk, s)
+  bits = jax.lax.bitcast_convert_type(jnp.where(visible_BTS, scores_BTS, -jnp.inf).astype(jnp.float32), jnp.uint32)
+  keys_BTS = jnp.where(bits >> 31 == 1, ~bits, bits | jnp.uint32(0x80000000))  # float order = unsigned order
+  kth_BT = jnp.zeros((b, t), jnp.uint32)
+  digits = jnp.arange(1, 16, dtype=jnp.uint32)
+  for shift in range(28, -1, -4):  # the largest prefix with at least k keys ≥ it, one hex digit at a time
+    candidates_BTD = kth_BT[..., None] | (digits << shift)
+    at_least_BTD = jnp.sum(keys_BTS[:, :, None, :] >= candidates_BTD[..., None], axis=-1, dtype=jnp.int32)
+    kth_BT = kth_BT | (jnp.sum(at_least_BTD >= k, axis=-1, dtype=jnp.uint32) << shift)
+  above_BTS, tied_BTS = keys_BTS > kth_BT[..., None], keys_BTS == kth_BT[..., None]
+  ties_wanted_BT = k - jnp.sum(above_BTS, axis=-1, dtype=jnp.int32)
+  chosen_BTS = above_BTS | (tied_BTS & (jnp.cumsum(tied_BTS, axis=-1, dtype=jnp.int32) <= ties_wanted_BT[..., None]))
+  rank_BTS = jnp.where(chosen_BTS, jnp.cumsum(chosen_BTS, axis=-1, dtype=jnp.int32) - 1, k)  # k: dropped
+  bi, ti = jnp.indices((b, t))
+  slots_BTK = jnp.zeros((b, t, k), jnp.int32).at[bi[..., None], ti[..., None], rank_BTS].set(
+      jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, t, s)), mode="drop")
+  return Selection(slots_BTK, jnp.take_along_axis(visible_BTS, slots_BTK, axis=-1))

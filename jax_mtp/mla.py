@@ -129,16 +129,31 @@ class MLAttention(nn.Module):
   def _absorbed_sparse(self, q_nope_BTNP, q_pe_BTNR, cache: LayerCache, selection: Selection) -> jax.Array:
     """The absorbed form over the K = index_topk selected entries only (gathered per query): the
     same softmax as `_absorbed` with the selection mask, reading B·T·K entries instead of B·S."""
-    cfg = self.cfg
     q_lat_BTNC, w_uv_CNH = self._latent_query(q_nope_BTNP)
-    latent_BTKC = _gather_selected(cache.latent_BSC, selection.slots_BTK).astype(jnp.float32)
-    k_pe_BTKR = _gather_selected(cache.k_pe_BSR, selection.slots_BTK)
-    scores_BNTK = (jnp.einsum("btnc,btkc->bntk", q_lat_BTNC, latent_BTKC, precision=_HIGHEST)
-                   + jnp.einsum("btnr,btkr->bntk", q_pe_BTNR, k_pe_BTKR, precision=_HIGHEST,
-                                preferred_element_type=jnp.float32))
-    probs_BNTK = masked_softmax(scores_BNTK * cfg.softmax_scale, selection.valid_BTK)
-    o_lat_BTNC = jnp.einsum("bntk,btkc->btnc", probs_BNTK, latent_BTKC, precision=_HIGHEST)
+    o_lat_BTNC = sparse_latent_attention(q_lat_BTNC, q_pe_BTNR, cache.latent_BSC, cache.k_pe_BSR, selection,
+                                         self.cfg.softmax_scale, dot_dtype=self.cfg.dtype)
     return _heads_from_latent(o_lat_BTNC, w_uv_CNH)
+
+
+def sparse_latent_attention(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, selection: Selection, scale: float, *,
+                            dot_dtype=jnp.float32) -> jax.Array:
+  """softmax(q~·c + q_pe·k_pe) over each query's selected entries, times those latents: fp32
+  [B, T, N, C]. Gathers the K selected entries per query and reads them in the cache's dtype.
+
+  The two dots take their inputs in `dot_dtype` and accumulate in fp32: float32 is exact
+  (HIGHEST); bfloat16 (a bf16 model's) rounds the query and the probabilities to bf16 as FlashMLA
+  does, and runs on the matrix units. The softmax is fp32 either way."""
+  exact = jnp.dtype(dot_dtype) == jnp.float32
+  precision = _HIGHEST if exact else jax.lax.Precision.DEFAULT
+  latent_BTKC = _gather_selected(latent_BSC, selection.slots_BTK).astype(dot_dtype)
+  k_pe_BTKR = _gather_selected(k_pe_BSR, selection.slots_BTK).astype(dot_dtype)
+  scores_BNTK = (jnp.einsum("btnc,btkc->bntk", q_lat_BTNC.astype(dot_dtype), latent_BTKC, precision=precision,
+                            preferred_element_type=jnp.float32)
+                 + jnp.einsum("btnr,btkr->bntk", q_pe_BTNR.astype(dot_dtype), k_pe_BTKR, precision=precision,
+                              preferred_element_type=jnp.float32))
+  probs_BNTK = masked_softmax(scores_BNTK * scale, selection.valid_BTK)
+  return jnp.einsum("bntk,btkc->btnc", probs_BNTK.astype(dot_dtype), latent_BTKC, precision=precision,
+                    preferred_element_type=jnp.float32)
 
 
 def _heads_from_latent(o_lat_BTNC: jax.Array, w_uv_CNH: jax.Array) -> jax.Array:

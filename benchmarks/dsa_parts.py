@@ -1,0 +1,109 @@
+"""Time the parts of one DSA decode-time attention call at DeepSeek-V3.2 widths, each against its
+floor: the indexer's scores over every visible key, the top-k over those scores, and the sparse
+latent attention over the selected entries.
+
+    python -m benchmarks.dsa_parts --capacity 4096 131072 --batch 1 8 64 --tokens 1 4
+
+Rows sit at position S − 1 (every slot visible). Floors at the copy bandwidth measured in the same
+run: scores = the keys (+ fp8 scales) read; top-k = the fp32 scores read; attention = the selected
+latent + rope entries read (bf16). Variants: the dot's input dtype (`dot_dtype`: float32 exact, or
+bfloat16 with fp32 accumulation), the key cache dtype, and the top-k algorithm (`lax.top_k`, which
+sorts, or `threshold`: a radix select of the k-th score, then the slots above it in slot order). Each
+variant's output is checked against the first of its kind.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks.timing import copy_bandwidth, time_call
+from jax_mtp.cache import causal_mask
+from jax_mtp.indexer import Selection, index_scores, quantize_keys, score_chunk, topk_selection, topk_selection_radix
+from jax_mtp.mla import sparse_latent_attention
+
+I, J, K_TOP, N, C, R = 64, 128, 2048, 128, 512, 64  # indexer heads / dim, index_topk, MLA heads, latent, rope
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--capacity", type=int, nargs="+", default=[4096, 131072])
+  parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+  parser.add_argument("--tokens", type=int, nargs="+", default=[1], help="queries per row (k + 1 in verification)")
+  parser.add_argument("--iters", type=int, default=20)
+  args = parser.parse_args(argv)
+  bandwidth = copy_bandwidth()
+  print(f"DSA parts at V3.2 widths on {jax.devices()[0].device_kind}, jax {jax.__version__}, "
+        f"copy bandwidth {bandwidth / 1e12:.2f} TB/s\n")
+  print("| S | B | T | part | variant | µs | floor µs | floor / time | check |")
+  print("|---:|---:|---:|---|---|---:|---:|---:|---|")
+  for s in args.capacity:
+    for b in args.batch:
+      for t in args.tokens:
+        for row in _rows(s, b, t, args.iters, bandwidth):
+          print("| " + " | ".join(str(x) for x in (s, b, t, *row)) + " |", flush=True)
+  return 0
+
+
+def _rows(s: int, b: int, t: int, iters: int, bandwidth: float):
+  rng = np.random.default_rng(0)
+  keys32 = jnp.asarray(rng.standard_normal((b, s, J)), jnp.float32)
+  q = jnp.asarray(rng.standard_normal((b, t, I, J)), jnp.float32)
+  w = jnp.asarray(rng.standard_normal((b, t, I)), jnp.float32)
+  positions = jnp.broadcast_to(jnp.arange(s - t, s, dtype=jnp.int32), (b, t))
+  chunk = score_chunk(b, t, I, s)
+
+  def floor_us(nbytes):
+    return nbytes / bandwidth * 1e6
+
+  reference = None
+  keys8, scale = quantize_keys(keys32, jnp.float8_e4m3fn)
+  for name, keys, k_scale, dot in [("fp32 keys, fp32 dot", keys32, None, jnp.float32),
+                                   ("bf16 keys, fp32 dot", keys32.astype(jnp.bfloat16), None, jnp.float32),
+                                   ("bf16 keys, bf16 dot", keys32.astype(jnp.bfloat16), None, jnp.bfloat16),
+                                   ("fp8 keys, bf16 dot", keys8, scale, jnp.bfloat16)]:
+    fn = jax.jit(lambda q, k, w, ks, dot=dot: index_scores(q, k, w, J**-0.5, chunk=chunk, k_scale_BS=ks,
+                                                            dot_dtype=dot))
+    seconds = time_call(fn, (q, keys, w, k_scale), iters)
+    out = fn(q, keys, w, k_scale)
+    reference = out if reference is None else reference
+    err = float(jnp.max(jnp.abs(out - reference)) / jnp.max(jnp.abs(reference)))
+    nbytes = keys.nbytes + (0 if k_scale is None else k_scale.nbytes)
+    yield ("scores", name, f"{seconds * 1e6:,.0f}", f"{floor_us(nbytes):,.1f}", f"{floor_us(nbytes) / seconds / 1e6:.2f}",
+           f"rel err {err:.1e}")
+
+  scores = reference
+  visible = causal_mask(positions, s)
+  first = None
+  for name, select in [("lax.top_k", topk_selection), ("radix select", topk_selection_radix)]:
+    fn = jax.jit(lambda x, v, select=select: select(x, v, K_TOP))
+    seconds = time_call(fn, (scores, visible), iters)
+    chosen = np.sort(np.asarray(fn(scores, visible).slots_BTK), axis=-1)
+    first = chosen if first is None else first
+    yield ("top-k", name, f"{seconds * 1e6:,.0f}", f"{floor_us(scores.nbytes):,.1f}",
+           f"{floor_us(scores.nbytes) / seconds / 1e6:.2f}", f"same set: {bool((chosen == first).all())}")
+
+  selection = topk_selection(scores, visible, K_TOP)
+  latent = jnp.asarray(rng.standard_normal((b, s, C)), jnp.bfloat16)
+  k_pe = jnp.asarray(rng.standard_normal((b, s, R)), jnp.bfloat16)
+  q_lat = jnp.asarray(rng.standard_normal((b, t, N, C)) * 0.05, jnp.float32)
+  q_pe = jnp.asarray(rng.standard_normal((b, t, N, R)) * 0.05, jnp.bfloat16)
+  nbytes = b * t * min(K_TOP, s) * (C + R) * 2
+  base = None
+  for dot in (jnp.float32, jnp.bfloat16):
+    fn = jax.jit(lambda ql, qp, lat, kp, sel, dot=dot: sparse_latent_attention(ql, qp, lat, kp, sel, 0.1,
+                                                                              dot_dtype=dot))
+    args = (q_lat, q_pe, latent, k_pe, Selection(*selection))
+    seconds = time_call(fn, args, iters)
+    out = fn(*args)
+    base = out if base is None else base
+    err = float(jnp.max(jnp.abs(out - base)) / jnp.max(jnp.abs(base)))
+    yield ("sparse attention", f"{jnp.dtype(dot).name} dot", f"{seconds * 1e6:,.0f}", f"{floor_us(nbytes):,.1f}",
+           f"{floor_us(nbytes) / seconds / 1e6:.2f}", f"rel err {err:.1e}")
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
