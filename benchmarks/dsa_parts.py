@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.timing import copy_bandwidth, time_call
+from benchmarks.timing import copy_bandwidth, time_in_loop
 from jax_mtp.cache import causal_mask
 from jax_mtp.indexer import Selection, index_scores, quantize_keys, score_chunk, topk_selection, topk_selection_radix
 from jax_mtp.mla import sparse_latent_attention
@@ -49,10 +49,8 @@ def main(argv=None) -> int:
 
 
 def _rows(s: int, b: int, t: int, iters: int, bandwidth: float):
-  rng = np.random.default_rng(0)
-  keys32 = jnp.asarray(rng.standard_normal((b, s, J)), jnp.float32)
-  q = jnp.asarray(rng.standard_normal((b, t, I, J)), jnp.float32)
-  w = jnp.asarray(rng.standard_normal((b, t, I)), jnp.float32)
+  normal = _normal_on_device(iter(jax.random.split(jax.random.key(0), 8)))
+  keys32, q, w = normal((b, s, J)), normal((b, t, I, J)), normal((b, t, I))
   positions = jnp.broadcast_to(jnp.arange(s - t, s, dtype=jnp.int32), (b, t))
   chunk = score_chunk(b, t, I, s)
 
@@ -67,7 +65,7 @@ def _rows(s: int, b: int, t: int, iters: int, bandwidth: float):
                                    ("fp8 keys, bf16 dot", keys8, scale, jnp.bfloat16)]:
     fn = jax.jit(lambda q, k, w, ks, dot=dot: index_scores(q, k, w, J**-0.5, chunk=chunk, k_scale_BS=ks,
                                                             dot_dtype=dot))
-    seconds = time_call(fn, (q, keys, w, k_scale), iters)
+    seconds = time_in_loop(fn, (q, keys, w, k_scale), iters)
     out = fn(q, keys, w, k_scale)
     reference = out if reference is None else reference
     err = float(jnp.max(jnp.abs(out - reference)) / jnp.max(jnp.abs(reference)))
@@ -80,29 +78,35 @@ def _rows(s: int, b: int, t: int, iters: int, bandwidth: float):
   first = None
   for name, select in [("lax.top_k", topk_selection), ("radix select", topk_selection_radix)]:
     fn = jax.jit(lambda x, v, select=select: select(x, v, K_TOP))
-    seconds = time_call(fn, (scores, visible), iters)
+    seconds = time_in_loop(fn, (scores, visible), iters)
     chosen = np.sort(np.asarray(fn(scores, visible).slots_BTK), axis=-1)
     first = chosen if first is None else first
     yield ("top-k", name, f"{seconds * 1e6:,.0f}", f"{floor_us(scores.nbytes):,.1f}",
            f"{floor_us(scores.nbytes) / seconds / 1e6:.2f}", f"same set: {bool((chosen == first).all())}")
 
   selection = topk_selection(scores, visible, K_TOP)
-  latent = jnp.asarray(rng.standard_normal((b, s, C)), jnp.bfloat16)
-  k_pe = jnp.asarray(rng.standard_normal((b, s, R)), jnp.bfloat16)
-  q_lat = jnp.asarray(rng.standard_normal((b, t, N, C)) * 0.05, jnp.float32)
-  q_pe = jnp.asarray(rng.standard_normal((b, t, N, R)) * 0.05, jnp.bfloat16)
+  latent, k_pe = normal((b, s, C), jnp.bfloat16), normal((b, s, R), jnp.bfloat16)
+  q_lat, q_pe = normal((b, t, N, C), scale=0.05), normal((b, t, N, R), jnp.bfloat16, 0.05)
   nbytes = b * t * min(K_TOP, s) * (C + R) * 2
   base = None
   for dot in (jnp.float32, jnp.bfloat16):
     fn = jax.jit(lambda ql, qp, lat, kp, sel, dot=dot: sparse_latent_attention(ql, qp, lat, kp, sel, 0.1,
                                                                               dot_dtype=dot))
     args = (q_lat, q_pe, latent, k_pe, Selection(*selection))
-    seconds = time_call(fn, args, iters)
+    seconds = time_in_loop(fn, args, iters)
     out = fn(*args)
     base = out if base is None else base
     err = float(jnp.max(jnp.abs(out - base)) / jnp.max(jnp.abs(base)))
     yield ("sparse attention", f"{jnp.dtype(dot).name} dot", f"{seconds * 1e6:,.0f}", f"{floor_us(nbytes):,.1f}",
            f"{floor_us(nbytes) / seconds / 1e6:.2f}", f"rel err {err:.1e}")
+
+
+def _normal_on_device(keys):
+  """normal(shape, dtype, scale): standard-normal arrays drawn on the device (a 128K-slot key cache
+  at B = 64 is 4 GB: drawn on the host it would take longer than the timing)."""
+  def normal(shape, dtype=jnp.float32, scale=1.0):
+    return (jax.random.normal(next(keys), shape, jnp.float32) * scale).astype(dtype)
+  return normal
 
 
 if __name__ == "__main__":

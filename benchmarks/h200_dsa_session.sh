@@ -10,9 +10,9 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 source "$(dirname "$0")/device_env.sh"
 stage="${1:-full}"
 if [ "$stage" = parts ]; then
-  timeout 260 python3 -m benchmarks.dsa_parts --capacity 4096 32768 131072 --batch 1 8 64 --tokens 1 4 \
+  timeout 300 python3 -m benchmarks.dsa_parts --capacity ${CAPS:-4096 32768 131072} --batch 1 8 64 --tokens 1 4 \
     --iters 10 2>&1 | tee "$OUT/dsa_parts.md"
-  timeout 200 python3 -m benchmarks.mtp_step --preset deepseek_v32 --batch 1 8 --capacity 4096 131072 \
+  [ -n "${PARTS_ONLY:-}" ] || timeout 200 python3 -m benchmarks.mtp_step --preset deepseek_v32 --batch 1 8 --capacity 4096 131072 \
     --iters 10 2>&1 | tee "$OUT/mtp_step_dsa.md"
 fi
 if [ "$stage" = full ]; then

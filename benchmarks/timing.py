@@ -37,6 +37,27 @@ def time_call(fn, args, iters: int, repeats: int = 3) -> float:
   return statistics.median(runs)
 
 
+def time_in_loop(fn, args, iters: int, repeats: int = 3) -> float:
+  """Seconds per call of `fn(*args)` run `iters` times inside one compiled loop, for calls too short
+  to time from Python (dispatch would dominate). Each call's first argument is perturbed by the
+  previous output (times 0, which XLA does not fold for floats), so no call can be hoisted."""
+  def loop(*args):  # the arrays are arguments: closed over, XLA would embed them as constants
+    def body(_, carry):
+      first = args[0] + (carry * 0).astype(args[0].dtype)
+      out = fn(first, *args[1:])
+      return jax.tree.leaves(out)[0].ravel()[0].astype(jnp.float32)
+    return jax.lax.fori_loop(0, iters, body, jnp.float32(0))
+
+  loop = jax.jit(loop).lower(*args).compile()  # the timed calls below exclude compilation
+  jax.block_until_ready(loop(*args))
+  runs = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(loop(*args))
+    runs.append((time.perf_counter() - start) / iters)
+  return statistics.median(runs)
+
+
 def experts_touched(model, params, *args) -> list[int]:
   """Distinct routed experts each MoE layer's router picked in `model(*args)`, in layer order
   (from the ids `jax_mtp.moe.MoE` sows; the call is jitted, params passed as an argument)."""
