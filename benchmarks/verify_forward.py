@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_mtp
-from benchmarks.timing import copy_bandwidth, experts_touched, time_call
+from benchmarks.timing import copy_bandwidth, experts_touched, time_carrying
 from jax_mtp.model import TargetModel, init_target_caches, init_target_params
 
 
@@ -46,7 +46,7 @@ def main(argv=None) -> int:
   parser.add_argument("--layers", type=int, default=4)
   parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64, 256])
   parser.add_argument("-k", type=int, default=3, help="draft tokens per row: T = B·(k + 1)")
-  parser.add_argument("--capacity", type=int, default=1024)
+  parser.add_argument("--capacity", type=int, nargs="+", default=[1024], help="cache capacities (rows at S/2)")
   parser.add_argument("--moe-impls", nargs="+", default=["auto"], choices=jax_mtp.config.MOE_IMPLS)
   parser.add_argument("--forms", nargs="+", default=["naive", "absorbed"], choices=["naive", "absorbed"])
   parser.add_argument("--iters", type=int, default=10)
@@ -56,16 +56,16 @@ def main(argv=None) -> int:
   params = init_target_params(cfg, jax.random.key(0))
   bandwidth = copy_bandwidth()
   print(f"verification forward, {args.layers}-layer {'tiny' if args.small else 'V3.2'}-width target, k = {args.k}, "
-        f"cache {args.capacity}, on {jax.devices()[0].device_kind}, jax {jax.__version__}, "
+        f"caches {args.capacity}, on {jax.devices()[0].device_kind}, jax {jax.__version__}, "
         f"copy bandwidth {bandwidth / 1e12:.2f} TB/s\n")
-  print("| B | T | MLA form | experts impl | experts touched / layer | ms | floor ms | floor / time | tokens match |")
-  print("|---:|---:|---|---|---|---:|---:|---:|---|")
+  print("| S | B | T | MLA form | experts impl | experts touched / layer | ms | floor ms | floor / time | tokens match |")
+  print("|---:|---:|---:|---|---|---|---:|---:|---:|---|")
   w = args.k + 1
-  for batch in args.batch:
+  for capacity, batch in [(c, b) for c in args.capacity for b in args.batch]:
     rng = np.random.default_rng(batch)
     ids = jnp.asarray(rng.integers(0, cfg.vocab_size, (batch, w)), jnp.int32)
-    positions = jnp.asarray(args.capacity // 2 + np.arange(w)[None].repeat(batch, 0), jnp.int32)
-    caches = init_target_caches(cfg, batch, args.capacity)
+    positions = jnp.asarray(capacity // 2 + np.arange(w)[None].repeat(batch, 0), jnp.int32)
+    caches = init_target_caches(cfg, batch, capacity)
     touched = experts_touched(TargetModel(cfg), params, ids, positions, caches)
     floor = floor_bytes(params, cfg, touched) / bandwidth
     for form in args.forms:
@@ -77,15 +77,14 @@ def main(argv=None) -> int:
           out = model.apply({"params": p}, i, pos, c, absorb=absorb)
           return model.apply({"params": p}, out.hidden_BTD, method=model.get_top_tokens), out.caches
 
-        verify = jax.jit(verify)
         try:
-          seconds = time_call(verify, (params, ids, positions, caches), args.iters)
+          seconds, tokens = time_carrying(verify, (params, ids, positions, caches), args.iters)
         except Exception as e:  # e.g. out of memory for the naive form at large B: a row, not the end
-          print(f"| {batch} | {batch * w} | {form} | {moe_impl} | {touched} | failed: {type(e).__name__} | | | |")
+          print(f"| {capacity} | {batch} | {batch * w} | {form} | {moe_impl} | {touched} | failed: {type(e).__name__} | | | |")
           continue
-        tokens = np.asarray(verify(params, ids, positions, caches)[0])
+        tokens = np.asarray(tokens)
         reference = tokens if reference is None else reference
-        print(f"| {batch} | {batch * w} | {form} | {moe_impl} | {touched} | {seconds * 1e3:,.2f} | "
+        print(f"| {capacity} | {batch} | {batch * w} | {form} | {moe_impl} | {touched} | {seconds * 1e3:,.2f} | "
               f"{floor * 1e3:,.2f} | {floor / seconds:.2f} | {bool(np.all(tokens == reference))} |")
   return 0
 

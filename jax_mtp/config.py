@@ -98,6 +98,8 @@ class MtpConfig:
   # The DSA indexer's key cache: "auto" = `dtype`; "float8_e4m3fn" stores e4m3 keys with one fp32
   # scale per token, as vLLM does (a quarter of fp32's bytes; the keys are read whole every step).
   index_cache_dtype: str = "auto"
+  # Prompt tokens per row per prefill call (jax_mtp.prefill); 0 = sized to PREFILL_CHUNK_BYTES.
+  prefill_chunk: int = 0
 
   def __post_init__(self):
     _validate(self)
@@ -179,6 +181,8 @@ def _validate(cfg: MtpConfig) -> None:
     raise ConfigError(f"index_cache_dtype={cfg.index_cache_dtype!r} is not one of {INDEX_CACHE_DTYPES}")
   if cfg.moe_impl not in MOE_IMPLS:
     raise ConfigError(f"moe_impl={cfg.moe_impl!r} is not one of {MOE_IMPLS}")
+  if not isinstance(cfg.prefill_chunk, int) or isinstance(cfg.prefill_chunk, bool) or cfg.prefill_chunk < 0:
+    raise ConfigError(f"prefill_chunk={cfg.prefill_chunk!r} must be a whole number of tokens ≥ 1 (0 = auto)")
   for name in ("dtype", "param_dtype"):
     if getattr(cfg, name) not in DTYPES:
       raise ConfigError(f"{name}={getattr(cfg, name)!r} must be float32, bfloat16 or float16")

@@ -20,7 +20,8 @@ from jax_mtp.model import TargetModel
 from jax_mtp.parallel import check_impl_runtime, jit_per_shard
 from jax_mtp.request import pack_prompts, required_capacity, validate_positive, validate_prompts
 from jax_mtp.sharding import TP_AXIS, replicated, shard_params, tensor_parallel, validate_tp
-from jax_mtp.speculative import target_param_specs, target_prefill
+from jax_mtp.prefill import target_prefill
+from jax_mtp.speculative import target_param_specs
 
 
 class TargetDecoder:

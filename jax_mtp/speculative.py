@@ -55,9 +55,10 @@ from jax_mtp.acceptance import accept_greedy, accept_sampled, sample
 from jax_mtp.config import MtpConfig
 from jax_mtp.drafter import MtpDrafter, Window
 from jax_mtp.metrics import SpecMetrics
-from jax_mtp.model import TargetModel, init_target_caches, init_target_params
+from jax_mtp.model import TargetModel, init_target_params
 from jax_mtp.mtp import MtpPredictor
 from jax_mtp.parallel import check_impl_runtime, jit_per_shard
+from jax_mtp.prefill import apply_in_chunks, prefill_absorb, prefill_chunk, target_prefill
 from jax_mtp.request import (pack_prompts, required_capacity, validate_positive, validate_prompts,
                              validate_temperature)
 from jax_mtp.sharding import TP_AXIS, param_specs, replicated, shard_params, tensor_parallel, validate_tp
@@ -185,8 +186,7 @@ class Speculator:
     next_BT = jnp.concatenate([prompt_BT[:, 1:], jnp.zeros((b, 1), jnp.int32)], axis=1)
     ids_BT = jnp.where(jnp.arange(t) == (lengths_B - 1)[:, None], first_B[:, None], next_BT)
     zeros_B = jnp.zeros((b,), jnp.int32)
-    _, d_caches = self.drafter.catch_up(d_vars, Window(ids_BT, hidden_BTD, zeros_B, lengths_B),
-                                        self.drafter.init_caches(b, capacity), absorb=False)  # a prefill
+    d_caches = self._drafter_prefill(d_vars, ids_BT, hidden_BTD, capacity)
     w = self.k + 1
     window = Window(jnp.zeros((b, w), jnp.int32).at[:, 0].set(first_B),
                     jnp.zeros((b, w, self.cfg.hidden_size), hidden_BTD.dtype).at[:, 0].set(last_B1D[:, 0]),
@@ -194,6 +194,22 @@ class Speculator:
     tokens_BO = jnp.zeros((b, capacity), jnp.int32).at[:, 0].set(first_B)
     stats = RoundStats(zeros_B, jnp.zeros((self.k,), jnp.int32))
     return DecodeState(lengths_B, first_B, window, tokens_BO, zeros_B + 1, caches, d_caches, stats, key)
+
+  def _drafter_prefill(self, d_vars, ids_BT, hidden_BTD, capacity: int):
+    """The drafter's catch-up over the prompt's (hidden at p, token at p + 1) pairs, in prefill
+    chunks (jax_mtp.prefill); entries past a row's length are stale by the cache contract."""
+    b, cfg = ids_BT.shape[0], self.cfg
+    heads = self.target.tp.local(cfg.num_attention_heads, "num_attention_heads")  # the MTP layer's too
+    chunk, absorb = prefill_chunk(cfg, b, capacity, heads), prefill_absorb(cfg, capacity)
+
+    def run(inputs, positions_BC, caches):
+      ids_BC, hidden_BCD = inputs
+      count_B = jnp.full((b,), ids_BC.shape[1], jnp.int32)
+      _, caches = self.drafter.catch_up(d_vars, Window(ids_BC, hidden_BCD, positions_BC[:, 0], count_B), caches,
+                                        absorb=absorb)
+      return (), caches
+
+    return apply_in_chunks(run, (ids_BT, hidden_BTD), self.drafter.init_caches(b, capacity), chunk)[1]
 
   def _round_per_shard(self, target_params, drafter_params, state: DecodeState, max_new, temperature, *,
                        sampled: bool) -> DecodeState:
@@ -236,18 +252,6 @@ class Speculator:
 def target_param_specs(cfg: MtpConfig) -> dict:
   abstract = jax.eval_shape(lambda key: init_target_params(cfg, key), jax.random.key(0))
   return param_specs(abstract)
-
-
-def target_prefill(target: TargetModel, t_vars: dict, prompt_BT, lengths_B, capacity: int):
-  """Runs the padded prompts at positions 0..T−1 into fresh caches.
-
-  Returns (hidden [B, T, D], hidden of each row's last prompt token [B, 1, D], caches).
-  """
-  b, t = prompt_BT.shape
-  positions_BT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-  out = target.apply(t_vars, prompt_BT, positions_BT, init_target_caches(target.cfg, b, capacity))
-  last_B1D = jnp.take_along_axis(out.hidden_BTD, (lengths_B - 1)[:, None, None], axis=1)
-  return out.hidden_BTD, last_B1D, out.caches
 
 
 def _append(tokens_BO, new_BW, num_out_B, n_new_B):

@@ -1,0 +1,94 @@
+"""Prompt prefill in chunks: a long prompt runs through the model `chunk` tokens at a time, each
+chunk at its own positions into the same caches, so memory is bounded by the chunk, not the prompt.
+
+A chunk's queries see the slots every earlier chunk wrote (positions < theirs) and their own, as in
+one call over the whole prompt (jax_mtp.cache: slot s holds position s). The prompt is padded to a
+whole number of chunks; padding tokens sit at positions ≥ its length, which the cache contract
+already treats as stale (overwritten before they are read) and writes past the capacity drop.
+
+MLA's form per chunk: with a DSA cache (capacity > index_topk) the sparse absorbed form — each query
+attends over its ≤ index_topk selected entries, as vLLM's sparse FlashMLA prefill does — since the
+naive form would expand kv_b_proj over every slot and score all of them for every chunk; dense
+caches (V3, or capacity ≤ index_topk) keep the naive form. The chunk size comes from
+`cfg.prefill_chunk`, or (0) from `auto_prefill_chunk`: the largest power of two ≤ 4096 whose
+attention intermediates fit PREFILL_CHUNK_BYTES.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jax_mtp.config import MtpConfig
+from jax_mtp.indexer import selects_all
+from jax_mtp.model import TargetModel, init_target_caches
+
+PREFILL_CHUNK_BYTES = 2**30  # one chunk's attention intermediates per device (1 GiB)
+_MIN_CHUNK, _MAX_CHUNK = 16, 4096
+
+
+def prefill_absorb(cfg: MtpConfig, capacity: int) -> bool:
+  """MLA's form for prefill chunks: absorbed (sparse) for DSA caches, naive for dense ones."""
+  return not selects_all(cfg, capacity)
+
+
+def auto_prefill_chunk(cfg: MtpConfig, batch: int, capacity: int, local_heads: int) -> int:
+  """Tokens per row per chunk: the largest power of two in [16, 4096] whose attention
+  intermediates (fp32 scores and probabilities per head and attended slot, plus the gathered
+  entries of the sparse form) fit PREFILL_CHUNK_BYTES for `batch` rows."""
+  if prefill_absorb(cfg, capacity):  # per query: K gathered latent + rope entries, N × K scores
+    k = cfg.index_topk
+    per_token = k * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * 4 + 2 * local_heads * k * 4
+  else:  # per query: N × S scores and probabilities
+    per_token = 2 * local_heads * capacity * 4
+  chunk = _MAX_CHUNK
+  while chunk > _MIN_CHUNK and batch * chunk * per_token > PREFILL_CHUNK_BYTES:
+    chunk //= 2
+  return chunk
+
+
+def prefill_chunk(cfg: MtpConfig, batch: int, capacity: int, local_heads: int) -> int:
+  return cfg.prefill_chunk or auto_prefill_chunk(cfg, batch, capacity, local_heads)
+
+
+def apply_in_chunks(apply_chunk, inputs, caches, chunk: int):
+  """Runs `apply_chunk(inputs_chunk, positions_BC, caches) -> (outputs, caches)` over `inputs` (a
+  pytree of [B, T, ...] arrays at positions 0..T−1) `chunk` tokens at a time, in one scan.
+
+  Returns (outputs concatenated back to [B, T, ...], caches)."""
+  b, t = jax.tree.leaves(inputs)[0].shape[:2]
+  if t <= chunk:
+    return apply_chunk(inputs, jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t)), caches)
+  n = -(-t // chunk)
+
+  def split(x):  # [B, T, ...] → [n, B, chunk, ...], zero-padded to n · chunk tokens
+    x = jnp.pad(x, [(0, 0), (0, n * chunk - t)] + [(0, 0)] * (x.ndim - 2))
+    return x.reshape(b, n, chunk, *x.shape[2:]).swapaxes(0, 1)
+
+  def body(caches, xs):
+    i, inputs_chunk = xs
+    positions_BC = jnp.broadcast_to(i * chunk + jnp.arange(chunk, dtype=jnp.int32), (b, chunk))
+    outputs, caches = apply_chunk(inputs_chunk, positions_BC, caches)
+    return caches, outputs
+
+  caches, outputs = jax.lax.scan(body, caches, (jnp.arange(n, dtype=jnp.int32), jax.tree.map(split, inputs)))
+  join = lambda y: y.swapaxes(0, 1).reshape(b, n * chunk, *y.shape[3:])[:, :t]  # noqa: E731
+  return jax.tree.map(join, outputs), caches
+
+
+def target_prefill(target: TargetModel, t_vars: dict, prompt_BT, lengths_B, capacity: int):
+  """Runs the padded prompts at positions 0..T−1 into fresh caches, in chunks.
+
+  Returns (hidden [B, T, D], hidden of each row's last prompt token [B, 1, D], caches).
+  """
+  cfg, b = target.cfg, prompt_BT.shape[0]
+  chunk = prefill_chunk(cfg, b, capacity, target.tp.local(cfg.num_attention_heads, "num_attention_heads"))
+  absorb = prefill_absorb(cfg, capacity)
+
+  def run(ids_BC, positions_BC, caches):
+    out = target.apply(t_vars, ids_BC, positions_BC, caches, absorb=absorb)
+    return out.hidden_BTD, out.caches
+
+  hidden_BTD, caches = apply_in_chunks(run, prompt_BT, init_target_caches(cfg, b, capacity), chunk)
+  last_B1D = jnp.take_along_axis(hidden_BTD, (lengths_B - 1)[:, None, None], axis=1)
+  return hidden_BTD, last_B1D, caches

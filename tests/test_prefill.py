@@ -1,0 +1,74 @@
+"""Chunked prefill: a prompt run `chunk` tokens at a time gives the hiddens and caches of one call
+over the whole prompt (fp32; dense and DSA caches; a padded last chunk past the capacity), the
+speculator with a small chunk equals plain greedy decoding, and the automatic chunk bounds memory."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_mtp
+from jax_mtp.config import ConfigError
+from jax_mtp.model import TargetModel, init_target_caches
+from jax_mtp.prefill import PREFILL_CHUNK_BYTES, auto_prefill_chunk, prefill_absorb, target_prefill
+from tests.tolerances import assert_close
+
+
+def _one_call(cfg, params, prompt, capacity):
+  """The reference: the whole prompt in one call, in the form the chunks use."""
+  b, t = prompt.shape
+  positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+  out = TargetModel(cfg).apply({"params": params}, prompt, positions, init_target_caches(cfg, b, capacity),
+                               absorb=prefill_absorb(cfg, capacity))
+  return out.hidden_BTD, out.caches
+
+
+@pytest.mark.parametrize("capacity,chunk", [(40, 8), (40, 16), (8, 3)])  # DSA (40 > index_topk 4); dense (8)
+def test_chunks_equal_one_call(capacity, chunk):
+  """T = 37 prompt tokens (or 7 in a cache of 8): the last chunk is padded; with chunk 16 its padding
+  runs to position 47, past the capacity of 40, and those writes are dropped."""
+  cfg = jax_mtp.tiny(prefill_chunk=chunk)
+  params = jax_mtp.init_target_params(cfg, jax.random.key(0))
+  t = min(37, capacity - 1)
+  prompt = jnp.asarray(np.random.default_rng(t).integers(0, cfg.vocab_size, (2, t)), jnp.int32)
+  lengths = jnp.asarray([t, t - 5], jnp.int32)
+  hidden, last, caches = jax.jit(lambda p, x, n: target_prefill(TargetModel(cfg), {"params": p}, x, n, capacity))(
+      params, prompt, lengths)
+  want_hidden, want_caches = _one_call(cfg, params, prompt, capacity)
+  assert_close(hidden, want_hidden, "float32", what=f"hidden, chunk {chunk}")
+  assert_close(last[:, 0], want_hidden[jnp.arange(2), lengths - 1], "float32", what="last prompt hidden")
+  for got, want in zip(jax.tree.leaves(caches), jax.tree.leaves(want_caches), strict=True):
+    # slots ≥ t hold the padding's entries (stale by the cache contract, overwritten before read)
+    assert_close(got[:, :t], want[:, :t], "float32", what=f"caches, chunk {chunk}")
+
+
+def test_speculative_with_chunked_prefill_equals_plain_greedy():
+  """Prompts of 30 and 11 tokens in chunks of 8 (DSA caches), k = 3: the tokens of plain greedy
+  decoding (one-call prefill), exactly."""
+  cfg = jax_mtp.tiny(vocab_size=8)
+  target_params = jax_mtp.init_target_params(cfg, jax.random.key(0))
+  mtp_params = jax_mtp.init_params(cfg, jax.random.key(1))
+  rng = np.random.default_rng(3)
+  prompts = [[int(x) for x in rng.integers(0, 8, n)] for n in (30, 11)]
+  plain = jax_mtp.TargetDecoder(cfg, jax_mtp.make_mesh(1))
+  expected = plain.generate(plain.shard(target_params), prompts, 12, capacity=48)
+  spec = jax_mtp.Speculator(cfg.replace(prefill_chunk=8), jax_mtp.make_mesh(1), 3)
+  result = spec.generate(spec.shard(target_params, mtp_params), prompts, 12, capacity=48)
+  assert result.tokens == expected
+
+
+def test_auto_chunk_fits_the_budget():
+  v32 = jax_mtp.deepseek_v32()
+  chunk = auto_prefill_chunk(v32, 1, 32768, local_heads=128)  # sparse form: K gathered entries per query
+  per_token = v32.index_topk * (v32.kv_lora_rank + v32.qk_rope_head_dim) * 4 + 2 * 128 * v32.index_topk * 4
+  assert chunk * per_token <= PREFILL_CHUNK_BYTES < 2 * chunk * per_token
+  v3 = jax_mtp.deepseek_v32(model_type="deepseek_v3", index_n_heads=0, index_head_dim=0, index_topk=0)  # dense: N × S scores per query
+  assert auto_prefill_chunk(v3, 1, 32768, local_heads=128) == 32
+  assert auto_prefill_chunk(v3, 8, 131072, local_heads=128) == 16  # the floor: 16 tokens per row
+  assert auto_prefill_chunk(jax_mtp.tiny(), 1, 64, local_heads=4) == 4096
+
+
+@pytest.mark.parametrize("bad", [-1, 2.5, True])
+def test_bad_prefill_chunk_is_named(bad):
+  with pytest.raises(ConfigError, match="prefill_chunk"):
+    jax_mtp.tiny(prefill_chunk=bad)
