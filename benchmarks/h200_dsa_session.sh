@@ -1,23 +1,31 @@
 #!/usr/bin/env bash
 # Long-context DSA on one H200 (tokamax wheels in .whl/ as for h200_moe_session.sh):
-#   `bash benchmarks/h200_dsa_session.sh parts`  the DSA parts (scores, top-k, sparse attention) per variant
-#                                                 + the draft step at 4K / 128K, B = 1, 8   (~5 min)
-#   `bash benchmarks/h200_dsa_session.sh full`   the draft step at 4K / 32K / 128K × B = 1 / 8 / 64 (bf16 and
-#                                                 fp8 keys), the verification forward at long S, a 32K prefill
+#   parts:  the DSA parts (scores, top-k, sparse attention) per variant, at CAPS (default 4K 32K 128K)
+#   steps:  the GPU speculative == plain tests past index_topk; the draft step at 4K / 32K / 128K × B = 1 / 8 / 64
+#           (bf16 keys), and at 128K with fp8 keys                                            (~6 min)
+#   long:   the verification forward (2-layer full-width target, k = 3) at 4K / 32K / 128K; a 32K-token
+#           prompt through the speculator (chunked prefill) with its peak memory               (~6 min)
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site || exit 1
 source "$(dirname "$0")/device_env.sh"
-stage="${1:-full}"
+stage="${1:-steps}"
 if [ "$stage" = parts ]; then
   timeout 300 python3 -m benchmarks.dsa_parts --capacity ${CAPS:-4096 32768 131072} --batch 1 8 64 --tokens 1 4 \
     --iters 10 2>&1 | tee "$OUT/dsa_parts.md"
-  [ -n "${PARTS_ONLY:-}" ] || timeout 200 python3 -m benchmarks.mtp_step --preset deepseek_v32 --batch 1 8 --capacity 4096 131072 \
-    --iters 10 2>&1 | tee "$OUT/mtp_step_dsa.md"
 fi
-if [ "$stage" = full ]; then
-  timeout 300 python3 -m benchmarks.mtp_step --preset deepseek_v32 --batch 1 8 64 --capacity 4096 32768 131072 \
+if [ "$stage" = steps ]; then
+  timeout 170 python3 -m pytest -q -p no:cacheprovider -x tests/test_speculative.py -k past_index_topk \
+    >"$OUT/speculative_gpu_tests.txt" 2>&1
+  grep -E "passed|failed|^FAILED|^E  " "$OUT/speculative_gpu_tests.txt" | head -20
+  timeout 240 python3 -m benchmarks.mtp_step --preset deepseek_v32 --batch 1 8 64 --capacity 4096 32768 131072 \
     --iters 10 2>&1 | tee "$OUT/mtp_step_dsa.md"
-  timeout 200 python3 -m benchmarks.mtp_step --preset deepseek_v32 --batch 8 64 --capacity 131072 \
+  timeout 120 python3 -m benchmarks.mtp_step --preset deepseek_v32 --batch 8 64 --capacity 131072 \
     --index-cache-dtype float8_e4m3fn --iters 10 2>&1 | tee "$OUT/mtp_step_dsa_fp8.md"
+fi
+if [ "$stage" = long ]; then
+  timeout 250 python3 -m benchmarks.verify_forward --layers 2 --batch 1 8 64 -k 3 --capacity 4096 32768 131072 \
+    --forms absorbed --moe-impls tokamax_gpu --iters 5 2>&1 | tee "$OUT/verify_forward_dsa.md"
+  timeout 300 python3 -m benchmarks.long_prefill --layers 2 --prompt 32768 --max-new 8 -k 3 \
+    2>&1 | tee "$OUT/long_prefill.md"
 fi

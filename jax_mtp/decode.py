@@ -66,6 +66,8 @@ def _parser() -> argparse.ArgumentParser:
                  help="compute and parameter dtype; auto (default): the checkpoint's torch_dtype, as vLLM")
   p.add_argument("--moe-impl", choices=MOE_IMPLS, default="auto",
                  help="routed experts' implementation (jax_mtp.experts); auto: by platform and size")
+  p.add_argument("--prefill-chunk", type=int, default=0, metavar="TOKENS",
+                 help="prompt tokens per row per prefill call; 0 (default): sized to 1 GiB of attention buffers")
   p.add_argument("--check", action="store_true", help="also decode with the target alone and compare")
   p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
   p.set_defaults(codec=None)  # the checkpoint's tokenizer, set when --prompt is given
@@ -197,10 +199,10 @@ def checkpoint_config(directory: str) -> jax_mtp.MtpConfig:
 
 
 def with_flags(cfg: jax_mtp.MtpConfig, args: argparse.Namespace) -> jax_mtp.MtpConfig:
-  """The model's config with what --dtype (auto: the config's own) and --moe-impl set."""
+  """The model's config with what --dtype (auto: the config's own), --moe-impl and --prefill-chunk set."""
   if args.dtype != "auto":
     cfg = cfg.replace(dtype=args.dtype, param_dtype=args.dtype)
-  return cfg.replace(moe_impl=args.moe_impl)
+  return cfg.replace(moe_impl=args.moe_impl, prefill_chunk=args.prefill_chunk)
 
 
 def load(args: argparse.Namespace, cfg: jax_mtp.MtpConfig) -> Loaded:

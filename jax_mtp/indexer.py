@@ -5,6 +5,7 @@
     w[t, i]  = weights_proj(x[t]) · I^-0.5            (fp32)
     I[t, s]  = Σ_i w[t, i] · ReLU(q[t, i] · k[s]) · J^-0.5        for s ≤ pos(t)
     keep     = top-min(index_topk, S)(I[t, :])                    one selection shared by all MLA heads
+             (a radix select of the k-th score, `topk_selection_radix`, not a sort)
 
 Math is fp32. The official kernel also quantises q and k to FP8 after a Hadamard rotation; the
 rotation is orthogonal, so in fp32 it changes nothing, and the FP8 simulation is not modelled here
@@ -86,7 +87,7 @@ class Indexer(nn.Module):
     scores_BTS = index_scores(q_BTIJ, cache.index_k_BSJ, w_BTI, cfg.index_head_dim**-0.5,
                               chunk=score_chunk(*q_BTIJ.shape[:3], cache.capacity), k_scale_BS=cache.index_k_scale_BS,
                               dot_dtype=cfg.dtype)
-    return topk_selection(scores_BTS, causal_mask(positions_BT, cache.capacity), cfg.index_topk), cache
+    return topk_selection_radix(scores_BTS, causal_mask(positions_BT, cache.capacity), cfg.index_topk), cache
 
   def _rope_first(self, x: jax.Array, rotary: Rotary) -> jax.Array:
     """RoPE on the first R dims (the indexer puts the rotary part first; MLA puts it last)."""
@@ -147,7 +148,9 @@ def index_scores(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, scale: f
 
 
 def topk_selection(scores_BTS: jax.Array, visible_BTS: jax.Array, topk: int) -> Selection:
-  """The `topk` highest-scoring visible slots (all visible ones, and invalid fillers, if fewer)."""
+  """The `topk` highest-scoring visible slots (all visible ones, and invalid fillers, if fewer), by
+  `lax.top_k` (a sort): the reference `topk_selection_radix` is tested against and measured beside
+  (benchmarks.dsa_parts: the radix select is 1.1–3.2× faster at 32K–128K slots on an H200)."""
   k = min(topk, scores_BTS.shape[-1])
   masked = jnp.where(visible_BTS, scores_BTS, -jnp.inf)
   _, slots_BTK = jax.lax.top_k(masked, k)

@@ -9,7 +9,8 @@ import pytest
 
 import jax_mtp
 from jax_mtp.cache import causal_mask
-from jax_mtp.indexer import SCORE_CHUNK_ELEMENTS, index_scores, score_chunk, topk_selection
+from jax_mtp.indexer import (SCORE_CHUNK_ELEMENTS, index_scores, score_chunk, topk_selection,
+                              topk_selection_radix)
 from tests.tolerances import assert_close
 
 
@@ -50,6 +51,20 @@ def test_selection_is_the_top_k_of_visible_slots():
       want = set(seen[np.argsort(-np.asarray(scores[b, t])[seen])[:4]])
       assert set(np.flatnonzero(mask[b, t])) == want, (b, t)
       assert int(np.asarray(selection.valid_BTK[b, t]).sum()) == min(4, len(seen))
+
+
+@pytest.mark.parametrize("b,t,s,k", [(2, 3, 300, 8), (1, 1, 5000, 2048), (3, 2, 40, 64), (2, 2, 1000, 100),
+                                     (1, 4, 129, 1)])
+def test_radix_selection_picks_the_top_k_set(b, t, s, k):
+  """The radix select picks the slots lax.top_k picks — ties (many equal scores) to the lowest slots,
+  invalid fillers where fewer than k are visible (k > S included), negative and -inf scores."""
+  rng = np.random.default_rng(s)
+  scores = jnp.asarray(rng.standard_normal((b, t, s)), jnp.float32)
+  scores = scores.at[:, :, ::7].set(0.5).at[0, 0, :50].set(-3.0)
+  visible = causal_mask(jnp.asarray(rng.integers(0, s, (b, t)), jnp.int32), s)
+  want, got = topk_selection(scores, visible, k), topk_selection_radix(scores, visible, k)
+  np.testing.assert_array_equal(np.sort(np.asarray(got.slots_BTK), -1), np.sort(np.asarray(want.slots_BTK), -1))
+  np.testing.assert_array_equal(np.asarray(got.mask(s)), np.asarray(want.mask(s)))
 
 
 @pytest.mark.parametrize("t", [1, 4])
