@@ -24,8 +24,11 @@ if [ "$stage" = steps ]; then
     --index-cache-dtype float8_e4m3fn --iters 10 2>&1 | tee "$OUT/mtp_step_dsa_fp8.md"
 fi
 if [ "$stage" = long ]; then
-  timeout 250 python3 -m benchmarks.verify_forward --layers 2 --batch 1 8 64 -k 3 --capacity 4096 32768 131072 \
-    --forms absorbed --moe-impls tokamax_gpu --iters 5 2>&1 | tee "$OUT/verify_forward_dsa.md"
-  timeout 300 python3 -m benchmarks.long_prefill --layers 2 --prompt 32768 --max-new 8 -k 3 \
+  timeout 200 python3 -m benchmarks.long_prefill --layers 2 --prompt 32768 --max-new 8 -k 3 \
     2>&1 | tee "$OUT/long_prefill.md"
+  timeout 170 python3 -m benchmarks.verify_forward --layers 2 --batch 1 8 -k 3 --capacity 4096 131072 \
+    --forms absorbed --moe-impls tokamax_gpu --iters 5 2>&1 | tee "$OUT/verify_forward_dsa.md"
+  timeout "${TESTS_S:-120}" python3 -m pytest -q -p no:cacheprovider tests/test_speculative.py \
+    -k "past_index_topk and v32-bfloat16" >"$OUT/speculative_gpu_tests_v32.txt" 2>&1
+  tail -3 "$OUT/speculative_gpu_tests_v32.txt"
 fi
