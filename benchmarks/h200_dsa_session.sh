@@ -32,3 +32,11 @@ if [ "$stage" = long ]; then
     -k "past_index_topk and v32-bfloat16" >"$OUT/speculative_gpu_tests_v32.txt" 2>&1
   tail -3 "$OUT/speculative_gpu_tests_v32.txt"
 fi
+if [ "$stage" = rest ]; then  # what the long stage left: verification at 128K, B = 8; more GPU equality tests
+  timeout 120 python3 -m benchmarks.verify_forward --layers 2 --batch 8 -k 3 --capacity 131072 \
+    --forms absorbed --moe-impls tokamax_gpu --iters 5 2>&1 | tee "$OUT/verify_forward_dsa_b8.md"
+  timeout "${TESTS_S:-150}" python3 -m pytest -q -p no:cacheprovider tests/test_speculative.py \
+    -k "past_index_topk and (v32-bfloat16-4 or v32-float32-4 or v3-bfloat16-4 or v3-float32-4 or glm5-bfloat16-4)" \
+    >"$OUT/speculative_gpu_tests_rest.txt" 2>&1
+  tail -3 "$OUT/speculative_gpu_tests_rest.txt"
+fi
