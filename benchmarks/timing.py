@@ -78,8 +78,9 @@ def time_in_loop(fn, args, iters: int, repeats: int = 3) -> float:
   return statistics.median(runs)
 
 
-def experts_touched(model, params, *args) -> list[int]:
-  """Distinct routed experts each MoE layer's router picked in `model(*args)`, in layer order
-  (from the ids `jax_mtp.moe.MoE` sows; the call is jitted, params passed as an argument)."""
-  _, state = jax.jit(lambda p, *a: model.apply({"params": p}, *a, mutable=["intermediates"]))(params, *args)
+def experts_touched(model, params, *args, **static) -> list[int]:
+  """Distinct routed experts each MoE layer's router picked in `model(*args, **static)`, in layer
+  order (from the ids `jax_mtp.moe.MoE` sows; jitted, params and args passed as arguments, `static`
+  keyword arguments such as absorb= fixed at trace time)."""
+  _, state = jax.jit(lambda p, *a: model.apply({"params": p}, *a, mutable=["intermediates"], **static))(params, *args)
   return [len(np.unique(np.asarray(ids))) for ids in jax.tree.leaves(state)]

@@ -66,7 +66,7 @@ def main(argv=None) -> int:
     ids = jnp.asarray(rng.integers(0, cfg.vocab_size, (batch, w)), jnp.int32)
     positions = jnp.asarray(capacity // 2 + np.arange(w)[None].repeat(batch, 0), jnp.int32)
     caches = init_target_caches(cfg, batch, capacity)
-    touched = experts_touched(TargetModel(cfg), params, ids, positions, caches, True)  # absorbed, as timed
+    touched = experts_touched(TargetModel(cfg), params, ids, positions, caches, absorb=True)  # as timed
     floor = floor_bytes(params, cfg, touched) / bandwidth
     for form in args.forms:
       reference = None
