@@ -276,8 +276,8 @@ def _open(path, cfg: MtpConfig | None, dtype: str | None, mesh: Mesh | None):
 
 
 def _check_same_model(cfg: MtpConfig, from_file: MtpConfig, path: str) -> None:
-  """A config passed in must describe the checkpoint's model; only the dtypes may differ."""
-  ignore = {"dtype", "param_dtype"}
+  """A config passed in must describe the checkpoint's model; only how it runs may differ."""
+  ignore = set(MtpConfig.RUN_SETTINGS)
   names = [f.name for f in dataclasses.fields(cfg) if f.name not in ignore]
   diff = [f"{name}={getattr(cfg, name)!r} (config.json: {getattr(from_file, name)!r})"
           for name in names if getattr(cfg, name) != getattr(from_file, name)]

@@ -100,6 +100,10 @@ class MtpConfig:
   index_cache_dtype: str = "auto"
   # Prompt tokens per row per prefill call (jax_mtp.prefill); 0 = sized to PREFILL_CHUNK_BYTES.
   prefill_chunk: int = 0
+  # The fields above from `dtype` on say how the model runs, not what it is (RUN_SETTINGS): a
+  # checkpoint's config.json may differ from the running config in these only.
+
+  RUN_SETTINGS = ("dtype", "param_dtype", "moe_impl", "index_cache_dtype", "prefill_chunk")
 
   def __post_init__(self):
     _validate(self)
