@@ -47,10 +47,10 @@ class DecoderBlock(nn.Module):
       self.mlp = Mlp(cfg, cfg.intermediate_size, self.tp)
 
   def __call__(self, x_BTD: jax.Array, positions_BT: jax.Array, rotary: Rotary, cache: LayerCache, *,
-               absorb: bool, normed_BTD: jax.Array | None = None) -> BlockOutput:
+               absorb: bool, normed_BTD: jax.Array | None = None, selection=None) -> BlockOutput:
     """`normed_BTD`: input_layernorm(x) when the caller has it already (the target computes it
-    with the previous block's reduce + add, Opt-1); None: computed here."""
+    with the previous block's reduce + add, Opt-1); None: computed here. `selection`: see MLAttention."""
     normed_BTD = self.input_layernorm(x_BTD) if normed_BTD is None else normed_BTD
-    attn_BTD, cache = self.self_attn(normed_BTD, positions_BT, rotary, cache, absorb=absorb)
+    attn_BTD, cache = self.self_attn(normed_BTD, positions_BT, rotary, cache, absorb=absorb, selection=selection)
     residual_BTD = x_BTD + attn_BTD
     return BlockOutput(self.mlp(self.post_attention_layernorm(residual_BTD)), residual_BTD, cache)

@@ -92,6 +92,9 @@ class MtpConfig:
   # (GLM-5's rms_norm_eps is 1e-5, but HF GlmMoeDsa still hard-codes 1e-6 here).
   latent_norm_eps: float = 1e-6
   num_nextn_predict_layers: int = 1
+  # Draft steps after the first reuse step 0's DSA top-k (GLM-5.2's config sets it; vLLM honours it):
+  # jax_mtp.drafter. Needs one MTP layer.
+  index_share_for_mtp_iteration: bool = False
   dtype: str = "bfloat16"  # activations
   param_dtype: str = "bfloat16"
   moe_impl: str = "auto"  # routed experts' implementation, one of MOE_IMPLS (jax_mtp.experts)
@@ -181,6 +184,11 @@ def _validate(cfg: MtpConfig) -> None:
   if cfg.rope.factor < 1.0 or cfg.rope.theta <= 0:
     raise ConfigError(f"rope factor={cfg.rope.factor} must be ≥ 1 and theta={cfg.rope.theta} > 0")
   _validate_indexer(cfg)
+  if not isinstance(cfg.index_share_for_mtp_iteration, bool):
+    raise ConfigError(f"index_share_for_mtp_iteration={cfg.index_share_for_mtp_iteration!r} must be true or false")
+  if cfg.index_share_for_mtp_iteration and cfg.num_nextn_predict_layers != 1:
+    raise ConfigError(f"index_share_for_mtp_iteration needs num_nextn_predict_layers=1, got "
+                      f"{cfg.num_nextn_predict_layers} (each MTP layer has its own indexer)")
   if cfg.index_cache_dtype not in INDEX_CACHE_DTYPES:
     raise ConfigError(f"index_cache_dtype={cfg.index_cache_dtype!r} is not one of {INDEX_CACHE_DTYPES}")
   if cfg.moe_impl not in MOE_IMPLS:
@@ -217,7 +225,7 @@ _INDEXER_KEYS = ("index_n_heads", "index_head_dim", "index_topk")
 _DEFAULTS = {
     "first_k_dense_replace": 0, "n_shared_experts": 1, "n_group": 1, "topk_group": 1,
     "routed_scaling_factor": 1.0, "norm_topk_prob": True, "rms_norm_eps": 1e-6,
-    "num_nextn_predict_layers": 1,
+    "num_nextn_predict_layers": 1, "index_share_for_mtp_iteration": False,
 }
 # Family-level switches the HF configs do not always spell out.
 _FAMILY = {

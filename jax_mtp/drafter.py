@@ -8,6 +8,10 @@ last round, each paired with the token that follows it (vLLM's convention, jax_m
                 output at the last valid entry (hidden at length−1, token t1) gives d1 and h1
     step i ≥ 1: MTP(d_i, position length−1+i, prev_hidden = h_i) → d_{i+1}, h_{i+1}   (recycling)
 
+With `index_share_for_mtp_iteration` (GLM-5.2's config; vLLM honours it) step 0's DSA top-k — that
+of t1's query — is reused by steps 1..k−1 instead of running the indexer over the whole cache
+again; each reusing step also sees the draft slots written since step 0 (`_reused_selection`).
+
 Step i uses MTP layer i % num_nextn_predict_layers (spec_step_idx = i), so k may exceed the number
 of layers. Only layer 0 sees the catch-up window; with several MTP layers the later ones keep the
 entries their own draft steps wrote, as in vLLM. Greedy tokens leave through the drafter class's
@@ -28,10 +32,12 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from flax.traverse_util import flatten_dict
 from jax.sharding import Mesh, NamedSharding
 
 from jax_mtp.config import MtpConfig
 from jax_mtp.draft_path import LOCAL_ARGMAX, greedy_draft_path
+from jax_mtp.indexer import Selection, selects_all
 from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu_chained import workspace_for_chain
 from jax_mtp.mtp import MtpPredictor, init_caches, init_params
 from jax_mtp.sharding import TensorParallel, param_specs
@@ -100,7 +106,12 @@ class MtpDrafter:
 
   def propose(self, variables: dict, window: Window, caches, num_drafts: int):
     """k = num_drafts greedy drafts int32 [B, k] after the window's t1, and the updated caches."""
-    hidden_B1D, caches = self.catch_up(variables, window, caches, absorb=True)
+    share = (self.cfg.index_share_for_mtp_iteration and num_drafts > 1
+             and not selects_all(self.cfg, caches[0].capacity))
+    if share:
+      hidden_B1D, caches, shared = self._catch_up_sharing_topk(variables, window, caches)
+    else:
+      (hidden_B1D, caches), shared = self.catch_up(variables, window, caches, absorb=True), None
     token_B1 = self._greedy(variables, hidden_B1D, 0)
     if num_drafts == 1:
       return token_B1, caches
@@ -110,13 +121,25 @@ class MtpDrafter:
 
     def step(carry, i):  # i % 1 == 0: every step is layer 0, so one scanned step compiles for any k
       token_B1, hidden_B1D, caches = carry
+      selection = None if shared is None else _reused_selection(shared, window.length_B, i, num_drafts)
       out = self.model.apply(variables, token_B1, (window.length_B - 1 + i)[:, None], hidden_B1D, caches,
-                             workspace=workspace)
+                             workspace=workspace, selection=selection)
       token_B1 = self._greedy(variables, out.hidden_BTD, 0)
       return (token_B1, out.next_prev_hidden_BTD, out.caches), token_B1[:, 0]
 
     (_, _, caches), rest_MB = jax.lax.scan(step, (token_B1, hidden_B1D, caches), jnp.arange(1, num_drafts))
     return jnp.concatenate([token_B1, rest_MB.T], axis=1), caches
+
+  def _catch_up_sharing_topk(self, variables: dict, window: Window, caches):
+    """`catch_up` that also returns the DSA selection of its last valid query (t1's, at length − 1):
+    `index_share_for_mtp_iteration`'s step-0 top-k, which the later draft steps reuse."""
+    positions_BW = window.start_B[:, None] + jnp.arange(window.ids_BW.shape[1], dtype=jnp.int32)
+    out, sown = self.model.apply(variables, window.ids_BW, positions_BW, window.hidden_BWD, caches, spec_step_idx=0,
+                                 absorb=True, mutable=["dsa"])
+    (selection,) = flatten_dict(sown["dsa"]).values()  # the MTP layer's one indexer call: a 1-tuple
+    last_B11 = (window.count_B - 1)[:, None, None]
+    shared = Selection(*(jnp.take_along_axis(x, last_B11, axis=1) for x in selection[0]))  # [B, 1, K]
+    return jnp.take_along_axis(out.hidden_BTD, last_B11, axis=1), out.caches, shared
 
   def _step_workspace(self, batch: int, steps: int):
     """The Opt-1 GPU workspace the `steps` draft steps after the first chain their kernel through
@@ -139,6 +162,18 @@ class MtpDrafter:
       return model.apply(variables, hidden_B1D, step, method=model.get_top_tokens)
     logits_B1V = model.apply(variables, hidden_B1D, step, method=model.compute_logits)
     return jnp.argmax(logits_B1V, axis=-1).astype(jnp.int32)
+
+
+def _reused_selection(shared: Selection, length_B: jax.Array, step: jax.Array, num_drafts: int) -> Selection:
+  """Step `step`'s slots under index sharing: step 0's top-k (every slot ≤ length − 1) plus the
+  draft slots written since, length .. length − 2 + k, of which those ≤ the step's own position
+  (length − 1 + step) are visible. K + k − 1 slots; the visible ones are distinct (step 0's invalid
+  fillers may repeat a draft slot, masked)."""
+  offsets = jnp.arange(1, num_drafts, dtype=jnp.int32)
+  drafts_B1M = ((length_B - 1)[:, None] + offsets)[:, None, :]
+  visible_B1M = jnp.broadcast_to(offsets <= step, drafts_B1M.shape)
+  return Selection(jnp.concatenate([shared.slots_BTK, drafts_B1M], axis=-1),
+                   jnp.concatenate([shared.valid_BTK, visible_B1M], axis=-1))
 
 
 def _own(params: dict) -> dict:

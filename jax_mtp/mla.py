@@ -61,8 +61,12 @@ class MLAttention(nn.Module):
       self.indexer = Indexer(cfg)
 
   def __call__(self, x_BTD: jax.Array, positions_BT: jax.Array, rotary: Rotary, cache: LayerCache, *,
-               absorb: bool) -> tuple[jax.Array, LayerCache]:
-    """x [B, T, D] (after input_layernorm) → (o_proj output [B, T, D], updated cache)."""
+               absorb: bool, selection: Selection | None = None) -> tuple[jax.Array, LayerCache]:
+    """x [B, T, D] (after input_layernorm) → (o_proj output [B, T, D], updated cache).
+
+    `selection`: with a DSA cache, attend over these slots instead of running the indexer (the
+    drafter's shared top-k; this call's indexer keys are then not written — the next round's
+    catch-up rewrites those slots). The indexer's own selection is sown as ("dsa", "selection")."""
     cfg = self.cfg
     qr_BTQ = self.q_a_layernorm(self.q_a_proj(x_BTD))
     q_BTNK = self.q_b_proj(qr_BTQ).reshape(*x_BTD.shape[:2], self.num_local_heads, cfg.qk_head_dim)
@@ -79,7 +83,9 @@ class MLAttention(nn.Module):
       o_BTNH = (self._absorbed if absorb else self._naive)(q_nope_BTNP, q_pe_BTNR, cache,
                                                              causal_mask(positions_BT, cache.capacity))
     else:
-      selection, cache = self.indexer(x_BTD, qr_BTQ, positions_BT, rotary, cache)
+      if selection is None:
+        selection, cache = self.indexer(x_BTD, qr_BTQ, positions_BT, rotary, cache)
+        self.sow("dsa", "selection", selection)
       if absorb:  # DSA's point: read the index_topk selected entries, not the cache
         o_BTNH = self._absorbed_sparse(q_nope_BTNP, q_pe_BTNR, cache, selection)
       else:

@@ -62,12 +62,12 @@ class MtpLayer(nn.Module):
     self.shared_head_norm = RMSNorm(d, cfg.rms_norm_eps, cfg.dtype, cfg.param_dtype)
 
   def __call__(self, embeds_BTD: jax.Array, positions_BT: jax.Array, prev_hidden_BTD: jax.Array,
-               cache: LayerCache, *, absorb: bool, workspace=None) -> tuple[jax.Array, LayerCache]:
-    """Returns (post-norm hidden [B, T, D], updated cache). `workspace`: see `MtpPredictor`."""
+               cache: LayerCache, *, absorb: bool, workspace=None, selection=None) -> tuple[jax.Array, LayerCache]:
+    """Returns (post-norm hidden [B, T, D], updated cache). `workspace`, `selection`: see `MtpPredictor`."""
     embeds_BTD = jnp.where(positions_BT[..., None] == 0, 0, embeds_BTD)
     x_BTD = self.eh_proj(jnp.concatenate([self.enorm(embeds_BTD), self.hnorm(prev_hidden_BTD)], axis=-1))
     rotary = rotary_for_positions(self.cfg.rope, self.cfg.qk_rope_head_dim, positions_BT)
-    y_BTD, residual_BTD, cache = self.mtp_block(x_BTD, positions_BT, rotary, cache, absorb=absorb)
+    y_BTD, residual_BTD, cache = self.mtp_block(x_BTD, positions_BT, rotary, cache, absorb=absorb, selection=selection)
     return self._tail(y_BTD, residual_BTD, workspace), cache
 
   def _tail(self, y_BTD: jax.Array, residual_BTD: jax.Array, workspace) -> jax.Array:
@@ -114,8 +114,9 @@ class MtpPredictor(nn.Module):
 
   def __call__(self, input_ids_BT: jax.Array, positions_BT: jax.Array, prev_hidden_BTD: jax.Array,
                caches: tuple[LayerCache, ...], spec_step_idx: int = 0, absorb: bool | None = None,
-               workspace=None) -> MtpOutput:
+               workspace=None, selection=None) -> MtpOutput:
     """One draft step. `absorb` picks MLA's absorbed (decode) form; default: absorbed iff T == 1.
+    `selection` (a `jax_mtp.indexer.Selection`): the DSA slots to attend, instead of the indexer's.
     `workspace` (norm_impl="pallas_gpu", tp ≥ 2): a `gpu_workspace` for [B·T, D] that chains this
     step's Opt-1 kernel with the other steps of the program, without XLA's device barrier."""
     validate_inputs(self.cfg, input_ids_BT, positions_BT, prev_hidden_BTD, caches)
@@ -123,7 +124,7 @@ class MtpPredictor(nn.Module):
     absorb = input_ids_BT.shape[1] == 1 if absorb is None else absorb
     hidden_BTD, cache = self.layers[layer_no](self._embed(input_ids_BT), positions_BT,
                                               prev_hidden_BTD.astype(self.cfg.dtype), caches[layer_no],
-                                              absorb=absorb, workspace=workspace)
+                                              absorb=absorb, workspace=workspace, selection=selection)
     caches = caches[:layer_no] + (cache,) + caches[layer_no + 1:]
     return MtpOutput(hidden_BTD, hidden_BTD, caches)
 

@@ -129,16 +129,16 @@ def test_module_entry_point_json(tmp_path):
   _assert_tokens(result["tokens"], 1, 4)
 
 
-def test_dtype_and_moe_impl_flags(capsys):
-  """--dtype sets compute and parameter dtypes (auto keeps the model's), --moe-impl the experts' impl;
-  speculative decoding still equals plain greedy decoding in bf16 with XLA's grouped matmul."""
-  import argparse  # noqa: PLC0415
+def test_dtype_moe_impl_and_prefill_chunk_flags(capsys):
+  """--dtype sets compute and parameter dtypes (auto keeps the model's), --moe-impl the experts' impl,
+  --prefill-chunk the prompt tokens per prefill call; speculative decoding still equals plain greedy
+  decoding in bf16 with XLA's grouped matmul and a 9-token prompt prefilled 4 tokens at a time."""
   tiny = jax_mtp.tiny()
-  args = argparse.Namespace(dtype="auto", moe_impl="auto")
-  assert decode.with_flags(tiny, args) == tiny
-  args = argparse.Namespace(dtype="bfloat16", moe_impl="ragged_dot")
-  assert decode.with_flags(tiny, args) == tiny.replace(dtype="bfloat16", param_dtype="bfloat16", moe_impl="ragged_dot")
-  out = _json_run(capsys, ["--dtype", "bfloat16", "--moe-impl", "ragged_dot", "--check", "--max-new-tokens", "8",
-                           "--prompt-ids", "1,2,3,4,5,6,7,8,9", "--prompt-ids", "5"])
+  assert decode.with_flags(tiny, decode._parser().parse_args([])) == tiny
+  args = decode._parser().parse_args(["--dtype", "bfloat16", "--moe-impl", "ragged_dot", "--prefill-chunk", "4"])
+  assert decode.with_flags(tiny, args) == tiny.replace(dtype="bfloat16", param_dtype="bfloat16", moe_impl="ragged_dot",
+                                                       prefill_chunk=4)
+  out = _json_run(capsys, ["--dtype", "bfloat16", "--moe-impl", "ragged_dot", "--prefill-chunk", "4", "--check",
+                           "--max-new-tokens", "8", "--prompt-ids", "1,2,3,4,5,6,7,8,9", "--prompt-ids", "5"])
   assert out["matches_target"] is True
   _assert_tokens(out["tokens"], 2, 8)
