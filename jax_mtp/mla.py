@@ -12,8 +12,12 @@
 Both forms give the same numbers up to rounding; prefill expands keys once per token, decode never
 expands the cache. Every decode-time call uses the absorbed form — draft steps (T = 1), the MTP
 catch-up and the target's verification (T = k + 1 window tokens) — so verification rounds as plain
-decoding does; the naive form is for prompt prefill only (its cost O(S·C·N·(P+H)) per row is paid
-once per prompt, where the absorbed form's O(T·S·N·C) would grow with the prompt's T).
+decoding does; the naive form is for the prefill chunks of dense caches only (its cost O(S·C·N·(P+H))
+per row per chunk, where the dense absorbed form's O(T·S·N·C) would grow with the prompt's T). Prefill
+chunks over a DSA cache use the sparse absorbed form (jax_mtp.prefill), as vLLM's sparse prefill does.
+
+With a bf16 model the attention dots take bf16 inputs with fp32 accumulation and fp32 softmax (the
+cache is read in its storage dtype, never up-cast whole); fp32 models compute exactly in fp32.
 
 Scores are masked to slots ≤ the query's position and, with DSA (cache longer than index_topk), to
 the indexer's top-k: the naive form masks the dense scores; the absorbed form gathers the K selected

@@ -35,7 +35,8 @@ Embedding and head are shared: the drafter's params hold only the MTP layers and
 the target's `embed_tokens` / `lm_head` arrays into the predictor's tree (one copy, as vLLM shares).
 Everything runs inside one `shard_map` on the tp mesh; the state is replicated and every device
 computes the same acceptance (the same PRNG key on each, on all-gathered logits).
-Not done: reusing the step-0 DSA top-k across draft steps (`index_share_for_mtp_iteration`).
+The prompt's prefill (target and MTP catch-up) runs in chunks (jax_mtp.prefill). Models whose config
+sets `index_share_for_mtp_iteration` reuse the step-0 DSA top-k across draft steps (jax_mtp.drafter).
 """
 
 from __future__ import annotations
