@@ -121,8 +121,7 @@ def index_scores(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, scale: f
   q and the keys enter the q·k dot in `dot_dtype` with fp32 accumulation: float32 is exact
   (HIGHEST); bfloat16 (a bf16 model's) rounds q as the keys already are, runs on the matrix
   units and never writes an up-cast copy of the keys (the official kernel rounds both to FP8)."""
-  exact = jnp.dtype(dot_dtype) == jnp.float32
-  precision = jax.lax.Precision.HIGHEST if exact else jax.lax.Precision.DEFAULT
+  precision = jax.lax.Precision.HIGHEST if jnp.dtype(dot_dtype) == jnp.float32 else jax.lax.Precision.DEFAULT
   q_BTIJ, w_BTI = q_BTIJ.astype(dot_dtype), w_BTI.astype(jnp.float32)
   b, s, j = k_BSJ.shape
 

@@ -125,15 +125,18 @@ class MLAttention(nn.Module):
     return q_lat_BTNC, w_uv_CNH
 
   def _absorbed(self, q_nope_BTNP, q_pe_BTNR, cache: LayerCache, visible_BTS) -> jax.Array:
+    """The absorbed form over the whole cache under a mask (dense caches), read in its dtype."""
     cfg = self.cfg
+    dot, precision = dot_inputs(cfg.dtype)
     q_lat_BTNC, w_uv_CNH = self._latent_query(q_nope_BTNP)
-    scores_BNTS = (jnp.einsum("btnc,bsc->bnts", q_lat_BTNC, cache.latent_BSC.astype(jnp.float32),
-                              precision=_HIGHEST)
-                   + jnp.einsum("btnr,bsr->bnts", q_pe_BTNR, cache.k_pe_BSR, precision=_HIGHEST,
-                                preferred_element_type=jnp.float32))
+    latent_BSC = cache.latent_BSC.astype(dot)
+    scores_BNTS = (jnp.einsum("btnc,bsc->bnts", q_lat_BTNC.astype(dot), latent_BSC, precision=precision,
+                              preferred_element_type=jnp.float32)
+                   + jnp.einsum("btnr,bsr->bnts", q_pe_BTNR.astype(dot), cache.k_pe_BSR.astype(dot),
+                                precision=precision, preferred_element_type=jnp.float32))
     probs_BNTS = masked_softmax(scores_BNTS * cfg.softmax_scale, visible_BTS)
-    o_lat_BTNC = jnp.einsum("bnts,bsc->btnc", probs_BNTS, cache.latent_BSC.astype(jnp.float32),
-                            precision=_HIGHEST)
+    o_lat_BTNC = jnp.einsum("bnts,bsc->btnc", probs_BNTS.astype(dot), latent_BSC, precision=precision,
+                            preferred_element_type=jnp.float32)
     return _heads_from_latent(o_lat_BTNC, w_uv_CNH)
 
   def _absorbed_sparse(self, q_nope_BTNP, q_pe_BTNR, cache: LayerCache, selection: Selection) -> jax.Array:
@@ -153,8 +156,7 @@ def sparse_latent_attention(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, selecti
   The two dots take their inputs in `dot_dtype` and accumulate in fp32: float32 is exact
   (HIGHEST); bfloat16 (a bf16 model's) rounds the query and the probabilities to bf16 as FlashMLA
   does, and runs on the matrix units. The softmax is fp32 either way."""
-  exact = jnp.dtype(dot_dtype) == jnp.float32
-  precision = _HIGHEST if exact else jax.lax.Precision.DEFAULT
+  dot_dtype, precision = dot_inputs(dot_dtype)
   latent_BTKC = _gather_selected(latent_BSC, selection.slots_BTK).astype(dot_dtype)
   k_pe_BTKR = _gather_selected(k_pe_BSR, selection.slots_BTK).astype(dot_dtype)
   scores_BNTK = (jnp.einsum("btnc,btkc->bntk", q_lat_BTNC.astype(dot_dtype), latent_BTKC, precision=precision,
@@ -164,6 +166,13 @@ def sparse_latent_attention(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, selecti
   probs_BNTK = masked_softmax(scores_BNTK * scale, selection.valid_BTK)
   return jnp.einsum("bntk,btkc->btnc", probs_BNTK.astype(dot_dtype), latent_BTKC, precision=precision,
                     preferred_element_type=jnp.float32)
+
+
+def dot_inputs(dtype) -> tuple[jnp.dtype, jax.lax.Precision]:
+  """(input dtype, precision) of an attention dot in a `dtype` model: fp32 exact (HIGHEST), or
+  16-bit inputs on the matrix units (DEFAULT); callers accumulate in fp32 either way."""
+  dtype = jnp.dtype(dtype)
+  return dtype, (_HIGHEST if dtype == jnp.float32 else jax.lax.Precision.DEFAULT)
 
 
 def _heads_from_latent(o_lat_BTNC: jax.Array, w_uv_CNH: jax.Array) -> jax.Array:
