@@ -22,7 +22,9 @@ import numpy as np
 
 from benchmarks.timing import copy_bandwidth, time_in_loop
 from jax_mtp.cache import causal_mask
-from jax_mtp.indexer import Selection, index_scores, quantize_keys, score_chunk, topk_selection, topk_selection_radix
+from jax_mtp.indexer import (SCORE_BLOCK_SLOTS, Selection, index_scores, quantize_keys, score_chunk, topk_selection,
+                              topk_selection_radix)
+from jax_mtp.kernels.index_scores import index_scores_pallas
 from jax_mtp.mla import sparse_latent_attention
 
 I, J, K_TOP, N, C, R = 64, 128, 2048, 128, 512, 64  # indexer heads / dim, index_topk, MLA heads, latent, rope
@@ -72,6 +74,19 @@ def _rows(s: int, b: int, t: int, iters: int, bandwidth: float):
     nbytes = keys.nbytes + (0 if k_scale is None else k_scale.nbytes)
     yield ("scores", name, f"{seconds * 1e6:,.0f}", f"{floor_us(nbytes):,.1f}", f"{floor_us(nbytes) / seconds / 1e6:.2f}",
            f"rel err {err:.1e}")
+  backend = jax.default_backend()
+  if backend in ("gpu", "tpu") and s % SCORE_BLOCK_SLOTS == 0:  # the fused kernel, against the bf16 XLA row
+    bf16_keys = keys32.astype(jnp.bfloat16)
+    for name, keys, k_scale in [("bf16 keys, fused kernel", bf16_keys, None), ("fp8 keys, fused kernel", keys8, scale)]:
+      fn = jax.jit(lambda q, k, w, ks: index_scores_pallas(q.astype(jnp.bfloat16), k, w, J**-0.5, k_scale_BS=ks,
+                                                           block_slots=SCORE_BLOCK_SLOTS, backend=backend))
+      seconds = time_in_loop(fn, (q, keys, w, k_scale), iters)
+      out = fn(q, keys, w, k_scale)
+      xla = index_scores(q, keys, w, J**-0.5, k_scale_BS=k_scale, dot_dtype=jnp.bfloat16)
+      err = float(jnp.max(jnp.abs(out - xla)) / jnp.max(jnp.abs(xla)))
+      nbytes = keys.nbytes + (0 if k_scale is None else k_scale.nbytes)
+      yield ("scores", name, f"{seconds * 1e6:,.0f}", f"{floor_us(nbytes):,.1f}",
+             f"{floor_us(nbytes) / seconds / 1e6:.2f}", f"rel err vs XLA same keys {err:.1e}")
 
   scores = reference
   visible = causal_mask(positions, s)

@@ -3,6 +3,7 @@
 #   parts:  the DSA parts (scores, top-k, sparse attention) per variant, at CAPS (default 4K 32K 128K)
 #   steps:  the GPU speculative == plain tests past index_topk; the draft step at 4K / 32K / 128K × B = 1 / 8 / 64
 #           (bf16 keys), and at 128K with fp8 keys                                            (~6 min)
+#   kernel: the fused index-scores kernel beside XLA (parts at 32K / 128K) and in the draft step  (~7 min)
 #   long:   the verification forward (2-layer full-width target, k = 3) at 4K / 32K / 128K; a 32K-token
 #           prompt through the speculator (chunked prefill) with its peak memory               (~6 min)
 set -uo pipefail
@@ -31,6 +32,12 @@ if [ "$stage" = long ]; then
   timeout "${TESTS_S:-120}" python3 -m pytest -q -p no:cacheprovider tests/test_speculative.py \
     -k "past_index_topk and v32-bfloat16" >"$OUT/speculative_gpu_tests_v32.txt" 2>&1
   tail -3 "$OUT/speculative_gpu_tests_v32.txt"
+fi
+if [ "$stage" = kernel ]; then  # the fused index-scores kernel: parts (it prints beside XLA's rows) and the step
+  timeout 250 python3 -m benchmarks.dsa_parts --capacity 131072 32768 --batch 1 8 64 --tokens 1 4 --iters 10 \
+    2>&1 | tee "$OUT/dsa_parts_kernel.md"
+  timeout 200 python3 -m benchmarks.mtp_step --preset deepseek_v32 --batch 1 8 64 --capacity 4096 131072 \
+    --index-scores-impl pallas_gpu --iters 10 2>&1 | tee "$OUT/mtp_step_dsa_kernel.md"
 fi
 if [ "$stage" = rest ]; then  # what the long stage left: verification at 128K, B = 8; more GPU equality tests
   timeout 120 python3 -m benchmarks.verify_forward --layers 2 --batch 8 -k 3 --capacity 131072 \

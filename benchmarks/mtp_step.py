@@ -55,12 +55,14 @@ def main(argv=None) -> int:
   parser.add_argument("--impls", nargs="+", default=["xla"])
   parser.add_argument("--moe-impls", nargs="+", default=["auto"], choices=jax_mtp.config.MOE_IMPLS)
   parser.add_argument("--index-cache-dtype", default="auto", choices=jax_mtp.config.INDEX_CACHE_DTYPES)
+  parser.add_argument("--index-scores-impl", default="auto", choices=jax_mtp.config.INDEX_SCORES_IMPLS)
   parser.add_argument("--iters", type=int, default=50)
   args = parser.parse_args(argv)
-  cfg = PRESETS[args.preset](index_cache_dtype=args.index_cache_dtype)
+  cfg = PRESETS[args.preset](index_cache_dtype=args.index_cache_dtype, index_scores_impl=args.index_scores_impl)
   params = jax_mtp.init_params(cfg, jax.random.key(0))
   bandwidth = copy_bandwidth()
-  print(f"{args.preset} MTP draft step on {jax.devices()[0].device_kind}, jax {jax.__version__}, "
+  print(f"{args.preset} MTP draft step (index keys {cfg.index_key_dtype}, index scores {cfg.index_scores_impl}) on "
+        f"{jax.devices()[0].device_kind}, jax {jax.__version__}, "
         f"copy bandwidth {bandwidth / 1e12:.2f} TB/s\n")
   print("| S | B | Opt-1 impl | experts impl | experts touched | cache MB read | µs / step | roofline touched µs "
         "| roofline all µs | touched / measured | tokens match row 1 |")

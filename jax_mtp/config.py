@@ -24,6 +24,7 @@ SUPPORTED_MODEL_TYPES = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa")
 MOE_IMPLS = ("auto", "gather", "ragged_dot", "tokamax_gpu", "tokamax_tpu")
 DTYPES = ("float32", "bfloat16", "float16")  # compute (`dtype`) and parameter (`param_dtype`) dtypes
 INDEX_CACHE_DTYPES = ("auto", *DTYPES, "float8_e4m3fn")
+INDEX_SCORES_IMPLS = ("auto", "xla", "pallas_gpu", "pallas_tpu")
 
 
 class ConfigError(ValueError):
@@ -103,10 +104,13 @@ class MtpConfig:
   index_cache_dtype: str = "auto"
   # Prompt tokens per row per prefill call (jax_mtp.prefill); 0 = sized to PREFILL_CHUNK_BYTES.
   prefill_chunk: int = 0
+  # The DSA indexer's scores: XLA, or the fused Pallas kernel (kernels/index_scores.py); see
+  # jax_mtp.indexer.resolve_index_scores_impl.
+  index_scores_impl: str = "auto"
   # The fields above from `dtype` on say how the model runs, not what it is (RUN_SETTINGS): a
   # checkpoint's config.json may differ from the running config in these only.
 
-  RUN_SETTINGS = ("dtype", "param_dtype", "moe_impl", "index_cache_dtype", "prefill_chunk")
+  RUN_SETTINGS = ("dtype", "param_dtype", "moe_impl", "index_cache_dtype", "prefill_chunk", "index_scores_impl")
 
   def __post_init__(self):
     _validate(self)
@@ -193,6 +197,8 @@ def _validate(cfg: MtpConfig) -> None:
     raise ConfigError(f"index_cache_dtype={cfg.index_cache_dtype!r} is not one of {INDEX_CACHE_DTYPES}")
   if cfg.moe_impl not in MOE_IMPLS:
     raise ConfigError(f"moe_impl={cfg.moe_impl!r} is not one of {MOE_IMPLS}")
+  if cfg.index_scores_impl not in INDEX_SCORES_IMPLS:
+    raise ConfigError(f"index_scores_impl={cfg.index_scores_impl!r} is not one of {INDEX_SCORES_IMPLS}")
   if not isinstance(cfg.prefill_chunk, int) or isinstance(cfg.prefill_chunk, bool) or cfg.prefill_chunk < 0:
     raise ConfigError(f"prefill_chunk={cfg.prefill_chunk!r} must be a whole number of tokens ≥ 1 (0 = auto)")
   for name in ("dtype", "param_dtype"):

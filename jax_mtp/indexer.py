@@ -29,6 +29,7 @@ from typing import NamedTuple
 
 from jax_mtp.cache import LayerCache, causal_mask, write_at_positions
 from jax_mtp.config import MtpConfig
+from jax_mtp.kernels.index_scores import index_scores_pallas
 from jax_mtp.layers import LayerNorm, Rotary, apply_rope, linear
 
 
@@ -84,9 +85,15 @@ class Indexer(nn.Module):
     q_BTIJ = self.wq_b(qr_BTQ).reshape(*qr_BTQ.shape[:2], cfg.index_n_heads, cfg.index_head_dim)
     q_BTIJ = self._rope_first(q_BTIJ.astype(jnp.float32), rotary)
     w_BTI = self.weights_proj(x_BTD.astype(jnp.float32)) * cfg.index_n_heads**-0.5
-    scores_BTS = index_scores(q_BTIJ, cache.index_k_BSJ, w_BTI, cfg.index_head_dim**-0.5,
-                              chunk=score_chunk(*q_BTIJ.shape[:3], cache.capacity), k_scale_BS=cache.index_k_scale_BS,
-                              dot_dtype=cfg.dtype)
+    impl = resolve_index_scores_impl(cfg, jax.default_backend(), cache.capacity)
+    if impl == "xla":
+      scores_BTS = index_scores(q_BTIJ, cache.index_k_BSJ, w_BTI, cfg.index_head_dim**-0.5,
+                                chunk=score_chunk(*q_BTIJ.shape[:3], cache.capacity),
+                                k_scale_BS=cache.index_k_scale_BS, dot_dtype=cfg.dtype)
+    else:
+      scores_BTS = index_scores_pallas(q_BTIJ.astype(cfg.dtype), cache.index_k_BSJ, w_BTI, cfg.index_head_dim**-0.5,
+                                       k_scale_BS=cache.index_k_scale_BS, block_slots=SCORE_BLOCK_SLOTS,
+                                       backend=impl.removeprefix("pallas_"))
     return topk_selection_radix(scores_BTS, causal_mask(positions_BT, cache.capacity), cfg.index_topk), cache
 
   def _rope_first(self, x: jax.Array, rotary: Rotary) -> jax.Array:
@@ -94,6 +101,35 @@ class Indexer(nn.Module):
     r = self.cfg.qk_rope_head_dim
     rotated = apply_rope(x[..., :r], rotary, interleaved=self.cfg.indexer_rope_interleave)
     return jnp.concatenate([rotated, x[..., r:]], axis=-1)
+
+
+SCORE_BLOCK_SLOTS = 256  # slots per program of the fused kernel
+
+
+def resolve_index_scores_impl(cfg: MtpConfig, platform: str, capacity: int) -> str:
+  """"xla" or the fused kernel ("pallas_gpu" / "pallas_tpu") for `cfg.index_scores_impl`.
+
+  "auto" is "xla" on every `platform`: the kernel is correct (interpret-tested against
+  `index_scores`, lowered for CUDA, compiled for v5e / v6e through libtpu) but not yet timed on a
+  GPU or TPU, and `auto` moves to it only once a benchmark shows it ahead. An explicit kernel runs
+  as asked (it may target another platform than this process's, as an AOT compile does) unless it
+  cannot take the model: an fp32 model (the kernel's dot is a 16-bit one), a capacity that is not
+  a multiple of SCORE_BLOCK_SLOTS, or indexer widths that are not multiples of 16."""
+  del platform  # the table has one entry per platform today: xla
+  impl = cfg.index_scores_impl
+  if impl in ("auto", "xla"):
+    return "xla"
+  problems = []
+  if jnp.dtype(cfg.dtype) == jnp.float32:
+    problems.append("the model computes in float32 (the kernel's dot is bf16/fp16)")
+  if capacity % SCORE_BLOCK_SLOTS:
+    problems.append(f"cache capacity {capacity} is not a multiple of {SCORE_BLOCK_SLOTS}")
+  if cfg.index_n_heads % 16 or cfg.index_head_dim % 16:
+    problems.append(f"index_n_heads={cfg.index_n_heads} and index_head_dim={cfg.index_head_dim} must be "
+                    f"multiples of 16")
+  if problems:
+    raise ValueError(f"index_scores_impl={impl!r} cannot run here: {'; '.join(problems)} (use 'xla' or 'auto')")
+  return impl
 
 
 def score_chunk(batch: int, tokens: int, heads: int, capacity: int) -> int:

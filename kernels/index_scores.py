@@ -1,0 +1,88 @@
+"""The DSA indexer's scores in one Pallas kernel: q·k on the matrix units, ReLU, the weighted sum over
+the indexer heads in registers — the [B, T, I, S] logits never reach HBM.
+
+    I[b, t, s] = scale · Σ_i w[b, t, i] · ReLU(q[b, t, i] · k[b, s] · k_scale[b, s])
+
+XLA runs this as a dot that writes fp32 logits and a fusion that reads them back: at 64 heads that is
+64 × 4 bytes per (query, slot) against the 2 bytes of key the step must read, and the scores sit at
+0.12–0.25 of their floor on an H200 at B ≥ 8 (benchmarks/RESULTS.md, "Long-context DSA"). Here each
+program reads one block of `block_slots` keys once and writes T scores per slot.
+
+Grid (B, S / block_slots); q [T·I, J] and w [T·I, 1] of the row stay resident, the keys stream.
+Keys enter the dot in q's dtype (bf16 in a bf16 model; float8 keys are widened through fp32 first,
+which every ptxas can convert) with fp32 accumulation; per-key fp8 scales multiply the fp32 logits.
+`backend`: "gpu" (Pallas' Triton backend, which JAX has deprecated in favour of Mosaic GPU: a port
+is due once this kernel is measured), "tpu" (Mosaic) or "interpret" (any host, for tests). The
+reference is `jax_mtp.indexer.index_scores` (XLA); `MtpConfig.index_scores_impl` picks it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+KERNEL_NAME = "dsa_index_scores"
+BACKENDS = ("gpu", "tpu", "interpret")
+
+
+def index_scores_pallas(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, scale: float, *,
+                        k_scale_BS: jax.Array | None = None, block_slots: int = 256,
+                        backend: str = "gpu") -> jax.Array:
+  """fp32 [B, T, S] index scores; S must be a multiple of `block_slots`."""
+  b, t, i, j = q_BTIJ.shape
+  s = k_BSJ.shape[1]
+  if backend not in BACKENDS:
+    raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")
+  if s % block_slots:
+    raise ValueError(f"cache capacity {s} is not a multiple of block_slots={block_slots}")
+  if k_BSJ.shape != (b, s, j) or w_BTI.shape != (b, t, i):
+    raise ValueError(f"shapes q {q_BTIJ.shape}, k {k_BSJ.shape}, w {w_BTI.shape} do not agree")
+  q = q_BTIJ.reshape(b, t * i, j)
+  w = w_BTI.astype(jnp.float32).reshape(b, t * i, 1)
+  inputs = [q, k_BSJ, w]
+  in_specs = [pl.BlockSpec((None, t * i, j), lambda bi, si: (bi, 0, 0)),
+              pl.BlockSpec((None, block_slots, j), lambda bi, si: (bi, si, 0)),
+              pl.BlockSpec((None, t * i, 1), lambda bi, si: (bi, 0, 0))]
+  if k_scale_BS is not None:
+    inputs.append(k_scale_BS.astype(jnp.float32).reshape(b, 1, s))
+    in_specs.append(pl.BlockSpec((None, 1, block_slots), lambda bi, si: (bi, 0, si)))
+  kernel = functools.partial(_kernel, tokens=t, heads=i, scale=scale, scaled=k_scale_BS is not None)
+  return pl.pallas_call(
+      kernel,
+      grid=(b, s // block_slots),
+      in_specs=in_specs,
+      out_specs=pl.BlockSpec((None, t, block_slots), lambda bi, si: (bi, 0, si)),
+      out_shape=jax.ShapeDtypeStruct((b, t, s), jnp.float32),
+      compiler_params=_compiler_params(backend),
+      interpret=backend == "interpret",
+      name=KERNEL_NAME,
+  )(*inputs)
+
+
+def _kernel(q_ref, k_ref, w_ref, *refs, tokens: int, heads: int, scale: float, scaled: bool):
+  (k_scale_ref, o_ref) = refs if scaled else (None, refs[0])
+  keys = k_ref[...]
+  if jnp.issubdtype(keys.dtype, jnp.floating) and jnp.finfo(keys.dtype).bits == 8:
+    keys = keys.astype(jnp.float32)  # e4m3 → f32 → the dot's dtype: no direct e4m3 → bf16 convert needed
+  keys = keys.astype(q_ref.dtype)
+  precision = jax.lax.Precision.HIGHEST if q_ref.dtype == jnp.float32 else jax.lax.Precision.DEFAULT
+  for t in range(tokens):  # T ≤ k + 1: unrolled, one [I, J] × [J, block] dot per query
+    rows = slice(t * heads, (t + 1) * heads)
+    logits = jax.lax.dot_general(q_ref[rows, :], keys, (((1,), (1,)), ((), ())), precision=precision,
+                                 preferred_element_type=jnp.float32)  # [I, block]
+    if scaled:
+      logits = logits * k_scale_ref[...]
+    o_ref[t:t + 1, :] = jnp.sum(jnp.maximum(logits, 0.0) * w_ref[rows, :], axis=0, keepdims=True) * scale
+
+
+def _compiler_params(backend: str):
+  if backend == "gpu":
+    from jax.experimental.pallas import triton as pl_triton  # noqa: PLC0415 (GPU-only module)
+    return pl_triton.CompilerParams(num_warps=4, num_stages=2)
+  if backend == "tpu":
+    from jax.experimental.pallas import tpu as pltpu  # noqa: PLC0415
+    return pltpu.CompilerParams(dimension_semantics=("parallel", "parallel"))
+  return None

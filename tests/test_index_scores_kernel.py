@@ -1,0 +1,108 @@
+"""The fused DSA index-scores kernel (kernels/index_scores.py): equal to the XLA formulation
+(`jax_mtp.indexer.index_scores`) and to a float64 formula on awkward shapes, fp32 / bf16 / fp8 keys,
+in Pallas interpret mode; in the lowered CUDA and TPU programs of the MTP step when asked for, compiled
+for v5e and v6e through libtpu; refused with the offending values where it cannot run."""
+
+import importlib.util
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import topologies
+from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jax_mtp
+from jax_mtp.indexer import index_scores, quantize_keys, resolve_index_scores_impl
+from jax_mtp.kernels.index_scores import KERNEL_NAME, index_scores_pallas
+from tests.tolerances import assert_close
+
+H200 = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
+
+
+def _inputs(b, t, i, j, s, seed=0):
+  rng = np.random.default_rng(seed)
+  normal = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)  # noqa: E731
+  return normal(b, t, i, j), normal(b, s, j), normal(b, t, i)
+
+
+@pytest.mark.parametrize("b,t,i,j,s,block", [(1, 1, 16, 16, 128, 128), (3, 3, 4, 48, 384, 128),
+                                              (2, 5, 8, 32, 512, 256), (1, 4, 64, 128, 256, 256)])
+@pytest.mark.parametrize("keys", ["float32", "bfloat16", "float8_e4m3fn"])
+def test_kernel_equals_xla_and_the_formula(b, t, i, j, s, block, keys):
+  q, k, w = _inputs(b, t, i, j, s)
+  k_scale, dot = None, jnp.float32
+  if keys == "float8_e4m3fn":
+    k, k_scale = quantize_keys(k, jnp.float8_e4m3fn)
+    dot = jnp.bfloat16
+  elif keys == "bfloat16":
+    k, dot = k.astype(jnp.bfloat16), jnp.bfloat16
+  got = index_scores_pallas(q.astype(dot), k, w, 0.25, k_scale_BS=k_scale, block_slots=block, backend="interpret")
+  xla = index_scores(q, k, w, 0.25, k_scale_BS=k_scale, dot_dtype=dot)
+  assert_close(got, xla, "float32", what=f"kernel vs XLA, {keys} keys")
+  # float64 on the values the dot sees (q rounded to the dot dtype, keys dequantised)
+  q64 = np.asarray(q.astype(dot), np.float64)
+  k64 = np.asarray(k.astype(jnp.float32), np.float64) * (1 if k_scale is None else np.asarray(k_scale)[..., None])
+  formula = np.einsum("btis,bti->bts", np.maximum(np.einsum("btij,bsj->btis", q64, k64), 0) * 0.25, np.asarray(w))
+  assert_close(got, formula, "float32", what=f"kernel vs float64 formula, {keys} keys")
+
+
+def test_kernel_refuses_what_it_cannot_run():
+  q, k, w = _inputs(1, 1, 16, 16, 200)
+  with pytest.raises(ValueError, match="200 is not a multiple of block_slots=128"):
+    index_scores_pallas(q, k, w, 1.0, block_slots=128, backend="interpret")
+  with pytest.raises(ValueError, match="backend='cuda'"):
+    index_scores_pallas(q, k[:, :128], w, 1.0, block_slots=128, backend="cuda")
+  with pytest.raises(ValueError, match="do not agree"):
+    index_scores_pallas(q, k[:, :128, :8], w, 1.0, block_slots=128, backend="interpret")
+
+
+def _kernel_cfg(**overrides):
+  return jax_mtp.tiny(dtype="bfloat16", param_dtype="bfloat16", index_n_heads=16, **overrides)
+
+
+def test_resolution_table():
+  assert resolve_index_scores_impl(_kernel_cfg(), "gpu", 512) == "xla"  # auto: not timed yet
+  assert resolve_index_scores_impl(_kernel_cfg(index_scores_impl="pallas_gpu"), "gpu", 512) == "pallas_gpu"
+  assert resolve_index_scores_impl(_kernel_cfg(index_scores_impl="pallas_tpu"), "cpu", 512) == "pallas_tpu"  # AOT
+  with pytest.raises(ValueError, match="float32.*capacity 500 is not a multiple of 256.*index_n_heads=4"):
+    resolve_index_scores_impl(jax_mtp.tiny(index_scores_impl="pallas_gpu"), "gpu", 500)
+  with pytest.raises(jax_mtp.ConfigError, match="index_scores_impl='triton'"):
+    jax_mtp.tiny(index_scores_impl="triton")
+
+
+def _step_module(impl: str, platform: str) -> str:
+  """The MTP step of a bf16 model (16 indexer heads, a 512-slot cache) lowered for `platform`."""
+  cfg = _kernel_cfg(index_scores_impl=impl)
+  params = jax.eval_shape(lambda key: jax_mtp.init_params(cfg, key), jax.random.key(0))
+  caches = jax.eval_shape(lambda: jax_mtp.init_caches(cfg, 2, 512))
+  ids = jax.ShapeDtypeStruct((2, 1), jnp.int32)
+  hidden = jax.ShapeDtypeStruct((2, 1, cfg.hidden_size), jnp.bfloat16)
+  step = jax.jit(lambda p, i, pos, h, c: jax_mtp.MtpPredictor(cfg).apply({"params": p}, i, pos, h, c).hidden_BTD)
+  checks = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
+  mesh = AbstractMesh((1,), ("tp",), axis_types=(AxisType.Auto,), abstract_device=H200)
+  with jax.sharding.use_abstract_mesh(mesh):
+    exported = jax.export.export(step, platforms=[platform], disabled_checks=checks)
+    return exported(params, ids, ids, hidden, caches).mlir_module()
+
+
+@pytest.mark.parametrize("impl,platform", [("pallas_gpu", "cuda"), ("pallas_tpu", "tpu")])
+def test_the_kernel_is_in_the_lowered_step_when_asked_for(impl, platform):
+  assert KERNEL_NAME in _step_module(impl, platform)
+  assert KERNEL_NAME not in _step_module("auto", platform)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("topology", ["v5e:2x2", "v6e:2x2"])
+def test_kernel_compiles_for_tpu(topology):
+  """V3.2 widths (64 heads × 128, T = 4, S = 4096), bf16 keys and fp8 keys + scales, through libtpu."""
+  assert importlib.util.find_spec("libtpu") is not None, "libtpu missing: install the `tpu` extra"
+  mesh = Mesh(np.array(topologies.get_topology_desc(topology_name=topology, platform="tpu").devices[:1]), ("x",))
+  arg = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, P()))  # noqa: E731
+  b, t, i, j, s = 8, 4, 64, 128, 4096
+  fn = jax.jit(lambda q, k, w, ks: index_scores_pallas(q, k, w, 0.1, k_scale_BS=ks, backend="tpu"))
+  for keys, scales in [(jnp.bfloat16, None), (jnp.float8_e4m3fn, arg((b, s), jnp.float32))]:
+    hlo = fn.lower(arg((b, t, i, j), jnp.bfloat16), arg((b, s, j), keys), arg((b, t, i), jnp.float32),
+                   scales).compile().as_text()
+    assert hlo.count("tpu_custom_call") == 1 and KERNEL_NAME in hlo, keys
