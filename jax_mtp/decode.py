@@ -26,7 +26,7 @@ from typing import NamedTuple
 import jax
 
 import jax_mtp
-from jax_mtp.config import DTYPES, MOE_IMPLS, from_hf_config
+from jax_mtp.config import DTYPES, INDEX_SCORES_IMPLS, MOE_IMPLS, from_hf_config
 from jax_mtp.generate import TargetDecoder
 from jax_mtp.kernels.fused_allreduce_rmsnorm import IMPLS
 from jax_mtp.model import init_target_params
@@ -66,6 +66,8 @@ def _parser() -> argparse.ArgumentParser:
                  help="compute and parameter dtype; auto (default): the checkpoint's torch_dtype, as vLLM")
   p.add_argument("--moe-impl", choices=MOE_IMPLS, default="auto",
                  help="routed experts' implementation (jax_mtp.experts); auto: by platform and size")
+  p.add_argument("--index-scores-impl", choices=INDEX_SCORES_IMPLS, default="auto",
+                 help="DSA indexer scores: xla, or the fused Pallas kernel (pallas_gpu / pallas_tpu); auto = xla")
   p.add_argument("--prefill-chunk", type=int, default=0, metavar="TOKENS",
                  help="prompt tokens per row per prefill call; 0 (default): sized to 1 GiB of attention buffers")
   p.add_argument("--check", action="store_true", help="also decode with the target alone and compare")
@@ -93,11 +95,24 @@ def _validate(args: argparse.Namespace, cfg: jax_mtp.MtpConfig) -> list[list[int
                     f"got {args.temperature}")
   prompts = _prompts(args)
   validate_prompts(cfg, prompts)
-  required_capacity(cfg, prompts, args.max_new_tokens, args.num_speculative_tokens)
+  capacity = required_capacity(cfg, prompts, args.max_new_tokens, args.num_speculative_tokens)
   validate_tp(cfg, args.tp)
   _ensure_devices(args.tp)
   _check_impl(args.impl)
+  _check_index_scores_impl(cfg, capacity)
   return prompts
+
+
+def _check_index_scores_impl(cfg: jax_mtp.MtpConfig, capacity: int) -> None:
+  """An explicit fused index-scores kernel must suit the model, the cache and this machine."""
+  from jax_mtp.indexer import resolve_index_scores_impl, selects_all  # noqa: PLC0415
+  if cfg.index_scores_impl in ("auto", "xla") or selects_all(cfg, capacity):
+    return
+  platform = jax.default_backend()
+  if cfg.index_scores_impl != f"pallas_{platform}":
+    raise _BadInput(f"--index-scores-impl={cfg.index_scores_impl} runs on {cfg.index_scores_impl[7:]}; this "
+                    f"machine's JAX platform is {platform}")
+  resolve_index_scores_impl(cfg, platform, capacity)
 
 
 def _prompts(args: argparse.Namespace) -> list[list[int]]:
@@ -199,10 +214,12 @@ def checkpoint_config(directory: str) -> jax_mtp.MtpConfig:
 
 
 def with_flags(cfg: jax_mtp.MtpConfig, args: argparse.Namespace) -> jax_mtp.MtpConfig:
-  """The model's config with what --dtype (auto: the config's own), --moe-impl and --prefill-chunk set."""
+  """The model's config with what --dtype (auto: the config's own), --moe-impl, --index-scores-impl and
+  --prefill-chunk set."""
   if args.dtype != "auto":
     cfg = cfg.replace(dtype=args.dtype, param_dtype=args.dtype)
-  return cfg.replace(moe_impl=args.moe_impl, prefill_chunk=args.prefill_chunk)
+  return cfg.replace(moe_impl=args.moe_impl, index_scores_impl=args.index_scores_impl,
+                     prefill_chunk=args.prefill_chunk)
 
 
 def load(args: argparse.Namespace, cfg: jax_mtp.MtpConfig) -> Loaded:

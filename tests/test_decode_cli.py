@@ -92,6 +92,8 @@ def test_sampling_is_seeded(capsys):
     (["--no-such-flag"], "--no-such-flag"),
     (["--dtype", "float64"], "'float64'"),
     (["--moe-impl", "dense"], "'dense'"),
+    (["--index-scores-impl", "pallas_tpu"], "--index-scores-impl=pallas_tpu runs on tpu; this machine's JAX platform"),
+    (["--prefill-chunk", "-2"], "prefill_chunk=-2 must be a whole number of tokens"),
 ])
 def test_bad_input_returns_2_with_one_error_line(capsys, argv, named):
   """Bad input returns 2, prints nothing on stdout and one `error: ...` line naming the value."""
