@@ -24,16 +24,17 @@ import time
 from typing import NamedTuple
 
 import jax
+import numpy as np
 
 import jax_mtp
 from jax_mtp.config import DTYPES, INDEX_SCORES_IMPLS, MOE_IMPLS, from_hf_config
 from jax_mtp.generate import TargetDecoder
 from jax_mtp.kernels.fused_allreduce_rmsnorm import IMPLS
 from jax_mtp.model import init_target_params
-from jax_mtp.request import required_capacity, validate_prompts
+from jax_mtp.request import required_capacity, stop_id_array, validate_prompts
 from jax_mtp.sharding import make_mesh, validate_tp
 from jax_mtp.speculative import SpecParams, SpecResult, Speculator
-from jax_mtp.tokenizer import TextCodec
+from jax_mtp.tokenizer import TextCodec, eos_token_ids
 
 DEFAULT_PROMPT = "1,2,3,4,5,6,7,8"
 WEIGHT_SEED = 0  # the embedded model's weights; --seed only drives sampling
@@ -70,6 +71,8 @@ def _parser() -> argparse.ArgumentParser:
                  help="DSA indexer scores: xla, or the fused Pallas kernel (pallas_gpu / pallas_tpu); auto = xla")
   p.add_argument("--prefill-chunk", type=int, default=0, metavar="TOKENS",
                  help="prompt tokens per row per prefill call; 0 (default): sized to 1 GiB of attention buffers")
+  p.add_argument("--ignore-eos", action="store_true",
+                 help="do not stop a row at the checkpoint's EOS ids (benchmarks, as vLLM's flag)")
   p.add_argument("--check", action="store_true", help="also decode with the target alone and compare")
   p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
   p.set_defaults(codec=None)  # the checkpoint's tokenizer, set when --prompt is given
@@ -222,6 +225,16 @@ def with_flags(cfg: jax_mtp.MtpConfig, args: argparse.Namespace) -> jax_mtp.MtpC
                      prefill_chunk=args.prefill_chunk)
 
 
+def stop_ids_for(args: argparse.Namespace, cfg: jax_mtp.MtpConfig) -> tuple[int, ...]:
+  """The ids a row stops at: the checkpoint's EOS ids (generation_config.json, else config.json),
+  none with --ignore-eos or for the embedded model (random weights, no EOS)."""
+  if args.ignore_eos or args.checkpoint is None:
+    return ()
+  ids = eos_token_ids(args.checkpoint)
+  stop_id_array(cfg, ids)  # each must be a vocabulary id
+  return ids
+
+
 def load(args: argparse.Namespace, cfg: jax_mtp.MtpConfig) -> Loaded:
   from jax_mtp.checkpoint import load_hf_checkpoint  # noqa: PLC0415 (see above)
   from jax_mtp.orbax_io import is_orbax_checkpoint, restore_params  # noqa: PLC0415
@@ -239,8 +252,9 @@ def _from_checkpoint(args: argparse.Namespace, cfg: jax_mtp.MtpConfig, loaded: L
 
 
 def run(args: argparse.Namespace, cfg: jax_mtp.MtpConfig, prompts: list[list[int]],
-        loaded: Loaded | None = None) -> tuple[SpecResult, bool | None]:
-  """Decodes the prompts; with --check also with the target alone. Returns (result, outputs match)."""
+        loaded: Loaded | None = None, stop_ids: tuple[int, ...] = ()) -> tuple[SpecResult, bool | None]:
+  """Decodes the prompts, each row stopping after a stop id; with --check also with the target
+  alone. Returns (result, outputs match)."""
   if loaded is None:
     spec, params = _speculator(cfg, args.tp, args.num_speculative_tokens, args.impl)
   else:
@@ -248,7 +262,7 @@ def run(args: argparse.Namespace, cfg: jax_mtp.MtpConfig, prompts: list[list[int
   progress = Progress()
   try:
     result = spec.generate(params, prompts, args.max_new_tokens, temperature=args.temperature, seed=args.seed,
-                           on_progress=progress)
+                           stop_ids=stop_ids, on_progress=progress)
   finally:
     progress.close()
   if not args.check:
@@ -258,7 +272,8 @@ def run(args: argparse.Namespace, cfg: jax_mtp.MtpConfig, prompts: list[list[int
   else:
     plain, target_params = TargetDecoder(cfg, spec.mesh, norm_impl=args.impl), loaded.target
   capacity = required_capacity(cfg, prompts, args.max_new_tokens, args.num_speculative_tokens)  # same shapes
-  return result, plain.generate(target_params, prompts, args.max_new_tokens, capacity=capacity) == result.tokens
+  expected = plain.generate(target_params, prompts, args.max_new_tokens, capacity=capacity, stop_ids=stop_ids)
+  return result, expected == result.tokens
 
 
 def _print_text(args: argparse.Namespace, cfg: jax_mtp.MtpConfig, prompts: list[list[int]], result: SpecResult,
@@ -270,7 +285,8 @@ def _print_text(args: argparse.Namespace, cfg: jax_mtp.MtpConfig, prompts: list[
   print(f"{model} on {jax.devices()[0].platform}, tp={args.tp}, k={args.num_speculative_tokens}, {mode}")
   codec = args.codec
   for i, (prompt, tokens) in enumerate(zip(prompts, result.tokens)):
-    print(f"prompt {i} {prompt} → {tokens}")
+    stop = " (stopped at EOS)" if bool(result.state.stopped_B[i]) else ""
+    print(f"prompt {i} {prompt} → {tokens}{stop}")
     if codec is not None:
       print(f"  {args.prompt[i]!r} → {codec.decode(tokens)!r}")
   if m.rounds:
@@ -289,13 +305,16 @@ def main(argv: list[str] | None = None) -> int:
     _ensure_devices(args.tp)  # before reading a checkpoint starts JAX
     cfg = with_flags(jax_mtp.tiny() if args.checkpoint is None else checkpoint_config(args.checkpoint), args)
     prompts = _validate(args, cfg)
+    stop_ids = stop_ids_for(args, cfg)
     loaded = None if args.checkpoint is None else load(args, cfg)
   except ValueError as e:  # bad flags, and bad checkpoints (CheckpointError lists every problem)
     print(f"error: {e}", file=sys.stderr)
     return 2
-  result, matches = run(args, cfg, prompts, loaded)
+  result, matches = run(args, cfg, prompts, loaded, stop_ids)
   if args.json:
-    out = {"tokens": result.tokens, **result.metrics.as_dict()}
+    stopped = np.asarray(result.state.stopped_B).tolist()
+    out = {"tokens": result.tokens, "finish_reasons": ["stop" if s else "length" for s in stopped],
+           **result.metrics.as_dict()}
     if args.codec is not None:
       out["text"] = [args.codec.decode(tokens) for tokens in result.tokens]
     if matches is not None:

@@ -18,7 +18,7 @@ from jax.sharding import Mesh
 from jax_mtp.config import MtpConfig
 from jax_mtp.model import TargetModel
 from jax_mtp.parallel import check_impl_runtime, jit_per_shard
-from jax_mtp.request import pack_prompts, required_capacity, validate_positive, validate_prompts
+from jax_mtp.request import pack_prompts, required_capacity, stop_id_array, validate_positive, validate_prompts
 from jax_mtp.sharding import TP_AXIS, replicated, shard_params, tensor_parallel, validate_tp
 from jax_mtp.prefill import target_prefill
 from jax_mtp.speculative import target_param_specs
@@ -41,9 +41,12 @@ class TargetDecoder:
     return shard_params(target_params, self.cfg, self.mesh)
 
   def generate(self, params: dict, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
-               capacity: int | None = None) -> list[list[int]]:
-    """`max_new_tokens` greedy tokens after each prompt. Give the speculator's `capacity` to compare
-    with it under identical cache shapes (the default is the minimum, longest prompt + max_new)."""
+               capacity: int | None = None, stop_ids: Sequence[int] = ()) -> list[list[int]]:
+    """`max_new_tokens` greedy tokens after each prompt, each row cut just after its first stop id
+    (a row's greedy tokens do not depend on the others', so cutting afterwards is exact). Give the
+    speculator's `capacity` to compare with it under identical cache shapes (the default is the
+    minimum, longest prompt + max_new)."""
+    stops = set(int(i) for i in stop_id_array(self.cfg, stop_ids))
     validate_prompts(self.cfg, prompts)
     validate_positive("max_new_tokens", max_new_tokens)
     capacity = required_capacity(self.cfg, prompts, max_new_tokens, 0, capacity)
@@ -51,7 +54,7 @@ class TargetDecoder:
     tokens_BO, length_B, next_B, caches = self._prefill(capacity)(params, prompt_BT, lengths_B)
     for i in range(1, max_new_tokens):
       tokens_BO, length_B, next_B, caches = self._step(params, np.int32(i), length_B, next_B, caches, tokens_BO)
-    return [row[:max_new_tokens].tolist() for row in np.asarray(tokens_BO)]
+    return [_cut_after_stop(row[:max_new_tokens].tolist(), stops) for row in np.asarray(tokens_BO)]
 
   @functools.lru_cache(maxsize=None)
   def _prefill(self, capacity: int):
@@ -71,3 +74,10 @@ class TargetDecoder:
     out = self.target.apply(t_vars, next_B[:, None], length_B[:, None], caches)
     token_B = self.target.apply(t_vars, out.hidden_BTD, method=TargetModel.get_top_tokens)[:, 0]
     return tokens_BO.at[:, i].set(token_B), length_B + 1, token_B, out.caches
+
+
+def _cut_after_stop(tokens: list[int], stops: set[int]) -> list[int]:
+  for i, token in enumerate(tokens):
+    if token in stops:
+      return tokens[:i + 1]
+  return tokens

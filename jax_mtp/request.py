@@ -65,3 +65,12 @@ def pack_prompts(prompts: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarr
   for b, prompt in enumerate(prompts):
     prompt_BT[b, :len(prompt)] = prompt
   return prompt_BT, lengths_B
+
+
+def stop_id_array(cfg: MtpConfig, stop_ids: Sequence[int]) -> np.ndarray:
+  """int32 [max(1, n)]: the stop ids, padded with −1 (no token); each must be a vocabulary id."""
+  stop_ids = [int(i) for i in stop_ids]
+  bad = [i for i in stop_ids if not 0 <= i < cfg.vocab_size]
+  if bad:
+    raise ValueError(f"stop id {bad[0]} is outside [0, {cfg.vocab_size}) (vocab_size={cfg.vocab_size})")
+  return np.asarray(sorted(set(stop_ids)) or [-1], np.int32)

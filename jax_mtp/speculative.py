@@ -60,7 +60,7 @@ from jax_mtp.model import TargetModel, init_target_params
 from jax_mtp.mtp import MtpPredictor
 from jax_mtp.parallel import check_impl_runtime, jit_per_shard
 from jax_mtp.prefill import apply_in_chunks, prefill_absorb, prefill_chunk, target_prefill
-from jax_mtp.request import (pack_prompts, required_capacity, validate_positive, validate_prompts,
+from jax_mtp.request import (pack_prompts, required_capacity, stop_id_array, validate_positive, validate_prompts,
                              validate_temperature)
 from jax_mtp.sharding import TP_AXIS, param_specs, replicated, shard_params, tensor_parallel, validate_tp
 
@@ -83,6 +83,7 @@ class DecodeState(NamedTuple):
   window: Window  # the drafter's catch-up input for the next round
   tokens_BO: jax.Array  # int32: emitted tokens, the first num_out valid
   num_out_B: jax.Array  # int32
+  stopped_B: jax.Array  # bool: the row emitted a stop id (EOS) and takes no further part
   target_caches: tuple
   drafter_caches: tuple
   stats: RoundStats
@@ -91,7 +92,7 @@ class DecodeState(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class SpecResult:
-  tokens: list[list[int]]  # max_new_tokens generated tokens per prompt
+  tokens: list[list[int]]  # generated tokens per prompt: max_new_tokens, or fewer ending in a stop id
   metrics: SpecMetrics
   state: DecodeState  # the final state (lengths, caches), for inspection
 
@@ -122,34 +123,37 @@ class Speculator:
 
   def generate(self, params: SpecParams, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
                temperature: float = 0.0, seed: int = 0, capacity: int | None = None,
+               stop_ids: Sequence[int] = (),
                on_progress: Callable[[int, int], None] | None = None) -> SpecResult:
     """`max_new_tokens` tokens after each prompt: greedy at temperature 0, else sampled (`seed`).
-    `capacity` (cache positions) defaults to the minimum; a larger fixed one lets calls with other
-    lengths share the compiled functions. `on_progress(tokens_done, tokens_total)` is called after
-    the prefill and after every round."""
+    A row that emits one of `stop_ids` (the checkpoint's EOS ids) stops there, the stop id its last
+    token; the others go on. `capacity` (cache positions) defaults to the minimum; a larger fixed one
+    lets calls with other lengths share the compiled functions. `on_progress(tokens_done,
+    tokens_total)` is called after the prefill and after every round (a stopped row counts as done)."""
     validate_prompts(self.cfg, prompts)
     validate_positive("max_new_tokens", max_new_tokens)
     validate_temperature(temperature)
+    stop_N = stop_id_array(self.cfg, stop_ids)
     capacity = required_capacity(self.cfg, prompts, max_new_tokens, self.k, capacity)
     prompt_BT, lengths_B = pack_prompts(prompts)
     sampled, temperature, max_new = temperature > 0, np.float32(temperature), np.int32(max_new_tokens)
-    prefill_args = (*params, prompt_BT, lengths_B, jax.random.key(seed), temperature)
+    prefill_args = (*params, prompt_BT, lengths_B, jax.random.key(seed), temperature, stop_N)
     prefill = self._compile("prefill", capacity, sampled, prefill_args)
-    one_round = self._compile("round", capacity, sampled, (*params, prefill.out_info, max_new, temperature))
+    one_round = self._compile("round", capacity, sampled, (*params, prefill.out_info, max_new, temperature, stop_N))
 
     start = time.perf_counter()
     state = prefill(*prefill_args)
     total = max_new_tokens * len(prompts)
-    while (done := int(np.minimum(np.asarray(state.num_out_B), max_new_tokens).sum())) < total:
+    while (done := _tokens_done(state, max_new_tokens)) < total:
       if on_progress is not None:
         on_progress(done, total)
-      state = one_round(*params, state, max_new, temperature)
-    tokens_BO = np.asarray(state.tokens_BO)  # waits for the last round
+      state = one_round(*params, state, max_new, temperature, stop_N)
+    tokens_BO, num_out_B = np.asarray(state.tokens_BO), np.asarray(state.num_out_B)  # waits for the last round
     seconds = time.perf_counter() - start
     if on_progress is not None:
       on_progress(total, total)
-    return SpecResult([row[:max_new_tokens].tolist() for row in tokens_BO], self._metrics(state, total, seconds),
-                      state)
+    tokens = [row[:min(n, max_new_tokens)].tolist() for row, n in zip(tokens_BO, num_out_B)]
+    return SpecResult(tokens, self._metrics(state, sum(map(len, tokens)), seconds), state)
 
   def _metrics(self, state: DecodeState, tokens: int, seconds: float) -> SpecMetrics:
     stats = jax.tree.map(np.asarray, state.stats)
@@ -165,16 +169,16 @@ class Speculator:
       rep = replicated()
       if name == "prefill":
         fn = functools.partial(self._prefill_per_shard, capacity=capacity, sampled=sampled)
-        jitted = jit_per_shard(fn, self.mesh, (*self._param_specs, rep, rep, rep, rep))
+        jitted = jit_per_shard(fn, self.mesh, (*self._param_specs, rep, rep, rep, rep, rep))
       else:
         fn = functools.partial(self._round_per_shard, sampled=sampled)
-        jitted = jit_per_shard(fn, self.mesh, (*self._param_specs, rep, rep, rep), donate_argnums=(2,))
+        jitted = jit_per_shard(fn, self.mesh, (*self._param_specs, rep, rep, rep, rep), donate_argnums=(2,))
       self._compiled[key] = jitted.lower(*args).compile()
     return self._compiled[key]
 
   # --- per-shard functions (inside shard_map; every array but the params is replicated) ----------
 
-  def _prefill_per_shard(self, target_params, drafter_params, prompt_BT, lengths_B, key, temperature, *,
+  def _prefill_per_shard(self, target_params, drafter_params, prompt_BT, lengths_B, key, temperature, stop_N, *,
                          capacity: int, sampled: bool) -> DecodeState:
     """Target prefill, the first token, the drafter's catch-up over the prompt."""
     b, t = prompt_BT.shape
@@ -194,7 +198,8 @@ class Speculator:
                     lengths_B - 1, zeros_B + 1)
     tokens_BO = jnp.zeros((b, capacity), jnp.int32).at[:, 0].set(first_B)
     stats = RoundStats(zeros_B, jnp.zeros((self.k,), jnp.int32))
-    return DecodeState(lengths_B, first_B, window, tokens_BO, zeros_B + 1, caches, d_caches, stats, key)
+    return DecodeState(lengths_B, first_B, window, tokens_BO, zeros_B + 1, _is_stop(first_B, stop_N), caches, d_caches,
+                       stats, key)
 
   def _drafter_prefill(self, d_vars, ids_BT, hidden_BTD, capacity: int):
     """The drafter's catch-up over the prompt's (hidden at p, token at p + 1) pairs, in prefill
@@ -212,9 +217,9 @@ class Speculator:
 
     return apply_in_chunks(run, (ids_BT, hidden_BTD), self.drafter.init_caches(b, capacity), chunk)[1]
 
-  def _round_per_shard(self, target_params, drafter_params, state: DecodeState, max_new, temperature, *,
+  def _round_per_shard(self, target_params, drafter_params, state: DecodeState, max_new, temperature, stop_N, *,
                        sampled: bool) -> DecodeState:
-    """propose → verify → accept → commit for every row; rows with max_new tokens stay frozen."""
+    """propose → verify → accept → commit for every row; rows with max_new tokens, or stopped, stay frozen."""
     t_vars = {"params": target_params}
     d_vars = self.drafter.variables(drafter_params, target_params)
     key, verify_key = jax.random.split(state.key)
@@ -224,17 +229,22 @@ class Speculator:
     out = self.target.apply(t_vars, ids_BW, positions_BW, state.target_caches, absorb=True)  # decode-time: absorbed
     a_B, emitted_BW = self._verify(t_vars, out.hidden_BTD, drafts_BM, verify_key, temperature if sampled else None)
 
-    active_B = state.num_out_B < max_new
-    n_new_B = jnp.where(active_B, jnp.minimum(a_B + 1, max_new - state.num_out_B), 0)
+    active_B = (state.num_out_B < max_new) & ~state.stopped_B
+    # emit the a + 1 tokens, cut at max_new and just after the first stop id among them
+    j_W = jnp.arange(self.k + 1)
+    stop_BW = _is_stop(emitted_BW, stop_N) & (j_W <= a_B[:, None])
+    first_stop_B = jnp.where(stop_BW.any(axis=1), jnp.argmax(stop_BW, axis=1), self.k + 1)
+    n_new_B = jnp.where(active_B, jnp.minimum(jnp.minimum(a_B + 1, max_new - state.num_out_B), first_stop_B + 1), 0)
+    stopped_B = state.stopped_B | (active_B & (first_stop_B < n_new_B))
     tokens_BO = _append(state.tokens_BO, emitted_BW, state.num_out_B, n_new_B)
     last_B = jnp.take_along_axis(emitted_BW, jnp.maximum(n_new_B - 1, 0)[:, None], axis=1)[:, 0]
     window = _where_rows(active_B, Window(emitted_BW, out.hidden_BTD, state.length_B, n_new_B), state.window)
     # Frozen rows keep their state; their caches change only at positions ≥ length (and the
     # window's slots, recomputed from the same inputs), so what they committed stays intact.
-    accepted_BM = active_B[:, None] & (jnp.arange(self.k) < a_B[:, None])
+    accepted_BM = active_B[:, None] & (jnp.arange(self.k) < jnp.minimum(a_B, n_new_B)[:, None])  # emitted drafts
     stats = RoundStats(state.stats.rounds_B + active_B, state.stats.accepted_at_M + accepted_BM.sum(0))
     return DecodeState(state.length_B + n_new_B, jnp.where(active_B, last_B, state.next_token_B), window,
-                       tokens_BO, state.num_out_B + n_new_B, out.caches, d_caches, stats, key)
+                       tokens_BO, state.num_out_B + n_new_B, stopped_B, out.caches, d_caches, stats, key)
 
   def _verify(self, t_vars, hidden_BWD, drafts_BM, key, temperature):
     """(accepted count a_B, emitted_BW): greedy when `temperature` is None, else rejection sampling."""
@@ -253,6 +263,16 @@ class Speculator:
 def target_param_specs(cfg: MtpConfig) -> dict:
   abstract = jax.eval_shape(lambda key: init_target_params(cfg, key), jax.random.key(0))
   return param_specs(abstract)
+
+
+def _is_stop(tokens: jax.Array, stop_N: jax.Array) -> jax.Array:
+  return (tokens[..., None] == stop_N).any(axis=-1)
+
+
+def _tokens_done(state: DecodeState, max_new_tokens: int) -> int:
+  """Tokens toward the total: a row's emitted ones, or all of its max_new_tokens once it stopped."""
+  num_out_B, stopped_B = np.asarray(state.num_out_B), np.asarray(state.stopped_B)
+  return int(np.where(stopped_B, max_new_tokens, np.minimum(num_out_B, max_new_tokens)).sum())
 
 
 def _append(tokens_BO, new_BW, num_out_B, n_new_B):

@@ -61,3 +61,25 @@ def _bos_to_add(directory: str, tok) -> int | None:
   if bos_id is None:
     raise TokenizerError(f"{path!r} sets add_bos_token but its bos_token {bos!r} is not in tokenizer.json")
   return bos_id
+
+
+def eos_token_ids(directory: str) -> tuple[int, ...]:
+  """The checkpoint's end-of-sequence ids: `generation_config.json`'s `eos_token_id` (an id or a
+  list, as HF writes it), else `config.json`'s; () when neither names one (or for an orbax
+  checkpoint, which stores neither file). A malformed value is an error naming the file."""
+  for name in ("generation_config.json", "config.json"):
+    path = os.path.join(directory, name)
+    if not os.path.isfile(path):
+      continue
+    try:
+      with open(path, encoding="utf-8") as f:
+        value = json.load(f).get("eos_token_id")
+    except (OSError, ValueError) as e:
+      raise TokenizerError(f"cannot read {path!r}: {e}") from e
+    if value is None:
+      continue
+    ids = value if isinstance(value, list) else [value]
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+      raise TokenizerError(f"{path!r}: eos_token_id={value!r} must be a token id or a list of them")
+    return tuple(ids)
+  return ()

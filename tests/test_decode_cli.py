@@ -48,7 +48,7 @@ def test_default_run_prints_tokens_and_metrics(capsys):
 def test_json_batch_with_check(capsys):
   """A batch of two prompts of different lengths; `--check` adds `matches_target`, which is true."""
   result = _json_run(capsys, ["--prompt-ids", "1,2,3", "--prompt-ids", " 200", "--max-new-tokens", "6", "--check"])
-  assert set(result) == METRIC_KEYS | {"tokens", "matches_target"}
+  assert set(result) == METRIC_KEYS | {"tokens", "finish_reasons", "matches_target"}
   _assert_tokens(result["tokens"], 2, 6)
   assert result["matches_target"] is True
   assert len(result["acceptance_rate_per_position"]) == 3
@@ -67,7 +67,7 @@ def test_sampling_is_seeded(capsys):
   `matches_target`."""
   argv = ["--temperature", "0.8", "--seed", "3", "--max-new-tokens", "8"]
   first = _json_run(capsys, argv)
-  assert set(first) == METRIC_KEYS | {"tokens"}
+  assert set(first) == METRIC_KEYS | {"tokens", "finish_reasons"}
   _assert_tokens(first["tokens"], 1, 8)
   assert _json_run(capsys, argv)["tokens"] == first["tokens"]
 
@@ -127,7 +127,7 @@ def test_module_entry_point_json(tmp_path):
                         text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr
   result = json.loads(proc.stdout)
-  assert set(result) == METRIC_KEYS | {"tokens"}
+  assert set(result) == METRIC_KEYS | {"tokens", "finish_reasons"}
   _assert_tokens(result["tokens"], 1, 4)
 
 

@@ -78,15 +78,21 @@ class _IndexScoresSpy:
     torch.Tensor.topk = self._topk
 
 
-def test_cli_greedy_output_equals_hf_generate(checkpoint, capsys):
+@pytest.mark.parametrize("ignore_eos", [False, True])
+def test_cli_greedy_output_equals_hf_generate(checkpoint, capsys, ignore_eos):
+  """Stopping at the checkpoint's EOS (id 1, from generation_config.json) as HF's generate does, or
+  --ignore-eos against HF without an EOS."""
   directory, model = checkpoint
   prompt = np.random.default_rng(2).integers(2, model.config.vocab_size, PROMPT).tolist()
-  model.generation_config.eos_token_id = None  # we do not stop at EOS yet (issue 13): compare all NEW
+  eos = model.generation_config.eos_token_id
+  assert eos == 1
   with torch.no_grad():
-    hf = model.generate(torch.as_tensor([prompt]), max_new_tokens=NEW, do_sample=False, pad_token_id=0)
+    hf = model.generate(torch.as_tensor([prompt]), max_new_tokens=NEW, do_sample=False, pad_token_id=0,
+                        eos_token_id=None if ignore_eos else eos)
   expected = hf[0, PROMPT:].tolist()
   argv = ["--checkpoint", directory, "--dtype", "float32", "--json", "--check", "--max-new-tokens", str(NEW),
           "--num-speculative-tokens", "3", "--prompt-ids", ",".join(map(str, prompt))]
-  assert decode.main(argv) == 0
+  assert decode.main(argv + (["--ignore-eos"] if ignore_eos else [])) == 0
   out = json.loads(capsys.readouterr().out)
   assert out["tokens"] == [expected] and out["matches_target"] is True
+  assert out["finish_reasons"] == ["stop" if eos in expected and not ignore_eos else "length"]

@@ -338,3 +338,34 @@ def test_speculative_equals_plain_past_index_topk(family, dtype, k):
   spec = jax_mtp.Speculator(cfg, jax_mtp.make_mesh(1), k)
   result = spec.generate(spec.shard(target_params, mtp_params), prompts, 16, capacity=2 * CAPACITY)
   assert result.tokens == plain
+
+
+def _cut(tokens, stops):
+  """`tokens` up to and including the first of `stops` (all of them if none occurs)."""
+  ends = [i for i, token in enumerate(tokens) if token in stops]
+  return tokens[:ends[0] + 1] if ends else tokens
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_rows_stop_at_their_first_stop_id(k):
+  """A stop id (EOS) ends its row just after its first occurrence — the row's plain greedy tokens
+  cut there — while the others go on; row 1's first token is a stop id too (it stops in the
+  prefill). Metrics count only emitted tokens; plain decoding cuts the same way."""
+  spec, params = _speculator(SMALL_VOCAB, 1, k)
+  plain = _plain(SMALL_VOCAB)
+  stops = [plain[0][5], plain[1][0]]
+  result = spec.generate(params, _prompts(SMALL_VOCAB), MAX_NEW, capacity=CAPACITY, stop_ids=stops)
+  expected = [_cut(row, stops) for row in plain]
+  assert result.tokens == expected and len(result.tokens[1]) == 1 and len(result.tokens[0]) <= 6
+  assert result.metrics.tokens_generated == sum(map(len, expected))
+  full = spec.generate(params, _prompts(SMALL_VOCAB), MAX_NEW, capacity=CAPACITY)
+  assert result.metrics.rounds < full.metrics.rounds
+  decoder = jax_mtp.TargetDecoder(_weights(SMALL_VOCAB)[0], jax_mtp.make_mesh(1))
+  assert decoder.generate(decoder.shard(_weights(SMALL_VOCAB)[1]), _prompts(SMALL_VOCAB), MAX_NEW,
+                          capacity=CAPACITY, stop_ids=stops) == expected
+
+
+def test_stop_id_outside_the_vocabulary_is_named():
+  spec, params = _speculator(SMALL_VOCAB, 1, 1)
+  with pytest.raises(ValueError, match="stop id 8 is outside"):
+    spec.generate(params, _prompts(SMALL_VOCAB), 4, stop_ids=[8])
