@@ -5,10 +5,12 @@ position), loaded through the CLI's path with `--dtype float32`.
   * teacher-forced logits at every position of a 48-token sequence: within the fp32 tolerance of
     HF's forward (our prefill runs it in chunks of 16, the sparse absorbed form);
   * greedy generation: `python -m jax_mtp.decode --check` (speculative, k = 3, and plain) emits the
-    tokens HF's `generate` emits (greedy, its own KV cache, 24 new tokens), token for token.
+    tokens HF's `generate` emits (greedy, its own KV cache, 24 new tokens), token for token, and
+    stops where it stops at the checkpoint's EOS.
 """
 
 import json
+import os
 
 import jax.numpy as jnp
 import numpy as np
@@ -78,21 +80,31 @@ class _IndexScoresSpy:
     torch.Tensor.topk = self._topk
 
 
-@pytest.mark.parametrize("ignore_eos", [False, True])
-def test_cli_greedy_output_equals_hf_generate(checkpoint, capsys, ignore_eos):
-  """Stopping at the checkpoint's EOS (id 1, from generation_config.json) as HF's generate does, or
-  --ignore-eos against HF without an EOS."""
+def test_cli_greedy_output_equals_hf_generate(checkpoint, capsys):
+  """`--ignore-eos` against HF's generate without an EOS; then, with a token that greedy decoding
+  emits mid-way made the checkpoint's EOS (generation_config.json), both stop just after it."""
   directory, model = checkpoint
   prompt = np.random.default_rng(2).integers(2, model.config.vocab_size, PROMPT).tolist()
-  eos = model.generation_config.eos_token_id
-  assert eos == 1
-  with torch.no_grad():
-    hf = model.generate(torch.as_tensor([prompt]), max_new_tokens=NEW, do_sample=False, pad_token_id=0,
-                        eos_token_id=None if ignore_eos else eos)
-  expected = hf[0, PROMPT:].tolist()
-  argv = ["--checkpoint", directory, "--dtype", "float32", "--json", "--check", "--max-new-tokens", str(NEW),
-          "--num-speculative-tokens", "3", "--prompt-ids", ",".join(map(str, prompt))]
-  assert decode.main(argv + (["--ignore-eos"] if ignore_eos else [])) == 0
-  out = json.loads(capsys.readouterr().out)
-  assert out["tokens"] == [expected] and out["matches_target"] is True
-  assert out["finish_reasons"] == ["stop" if eos in expected and not ignore_eos else "length"]
+
+  def hf_generate(eos):
+    with torch.no_grad():
+      out = model.generate(torch.as_tensor([prompt]), max_new_tokens=NEW, do_sample=False, pad_token_id=0,
+                           eos_token_id=eos)
+    return out[0, PROMPT:].tolist()
+
+  def cli(*flags):
+    argv = ["--checkpoint", directory, "--dtype", "float32", "--json", "--check", "--max-new-tokens", str(NEW),
+            "--num-speculative-tokens", "3", "--prompt-ids", ",".join(map(str, prompt)), *flags]
+    assert decode.main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+  full = hf_generate(None)
+  out = cli("--ignore-eos")
+  assert out["tokens"] == [full] and out["matches_target"] is True and out["finish_reasons"] == ["length"]
+  eos = full[NEW // 2]
+  with open(os.path.join(directory, "generation_config.json"), "w", encoding="utf-8") as f:
+    json.dump({"eos_token_id": [eos, 0]}, f)  # a list, as recent HF configs write it
+  expected = hf_generate([eos, 0])
+  assert expected[-1] == eos and len(expected) <= NEW // 2 + 1
+  out = cli()
+  assert out["tokens"] == [expected] and out["matches_target"] is True and out["finish_reasons"] == ["stop"]
