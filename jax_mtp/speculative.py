@@ -14,8 +14,10 @@ position and a query at position p reads slots ≤ p (jax_mtp.cache), so prompt 
 drafts and window padding — all written at positions ≥ length — are overwritten before any query
 can read them. Rollback is therefore just `length`: no cache copy, for the target, MTP and DSA
 indexer-K caches alike (the indexer's top-k is taken over visible slots only).
-A row that has its max_new_tokens freezes (its state stops changing) while the others go on; it
+A row that has its max_new_tokens, or has emitted a stop id (the checkpoint's EOS; the round cuts
+its emitted tokens just after it), freezes (its state stops changing) while the others go on; it
 still computes (static shapes), at positions ≥ its length, so its committed cache stays intact.
+Metrics count emitted tokens only.
 
 The MTP cache after acceptance: slot p must hold the MTP layer's KV of (target hidden at p, token
 at p + 1). Draft steps write slots from their own (draft) hiddens, so the round's verify output
