@@ -16,8 +16,8 @@ decoding does; the naive form is for the prefill chunks of dense caches only (it
 per row per chunk, where the dense absorbed form's O(T·S·N·C) would grow with the prompt's T). Prefill
 chunks over a DSA cache use the sparse absorbed form (jax_mtp.prefill), as vLLM's sparse prefill does.
 
-With a bf16 model the attention dots take bf16 inputs with fp32 accumulation and fp32 softmax (the
-cache is read in its storage dtype, never up-cast whole); fp32 models compute exactly in fp32.
+With a bf16 model the sparse form's dots take bf16 inputs with fp32 accumulation and fp32 softmax (the
+gathered entries are read in the cache's dtype); fp32 models, and the dense absorbed form, compute in fp32.
 
 Scores are masked to slots ≤ the query's position and, with DSA (cache longer than index_topk), to
 the indexer's top-k: the naive form masks the dense scores; the absorbed form gathers the K selected
@@ -125,18 +125,18 @@ class MLAttention(nn.Module):
     return q_lat_BTNC, w_uv_CNH
 
   def _absorbed(self, q_nope_BTNP, q_pe_BTNR, cache: LayerCache, visible_BTS) -> jax.Array:
-    """The absorbed form over the whole cache under a mask (dense caches), read in its dtype."""
+    """The absorbed form over the whole cache under a mask (dense caches), in fp32: with bf16 dots
+    and bf16 probabilities a V3 model's speculative output left plain greedy decoding's on CPU (a
+    verification call of T = k + 1 rounds its reductions differently from T = 1), so the dense path
+    keeps the exact form until a bf16 one is shown to keep that equality."""
     cfg = self.cfg
-    dot, precision = dot_inputs(cfg.dtype)
     q_lat_BTNC, w_uv_CNH = self._latent_query(q_nope_BTNP)
-    latent_BSC = cache.latent_BSC.astype(dot)
-    scores_BNTS = (jnp.einsum("btnc,bsc->bnts", q_lat_BTNC.astype(dot), latent_BSC, precision=precision,
-                              preferred_element_type=jnp.float32)
-                   + jnp.einsum("btnr,bsr->bnts", q_pe_BTNR.astype(dot), cache.k_pe_BSR.astype(dot),
-                                precision=precision, preferred_element_type=jnp.float32))
+    latent_BSC = cache.latent_BSC.astype(jnp.float32)
+    scores_BNTS = (jnp.einsum("btnc,bsc->bnts", q_lat_BTNC, latent_BSC, precision=_HIGHEST)
+                   + jnp.einsum("btnr,bsr->bnts", q_pe_BTNR, cache.k_pe_BSR, precision=_HIGHEST,
+                                preferred_element_type=jnp.float32))
     probs_BNTS = masked_softmax(scores_BNTS * cfg.softmax_scale, visible_BTS)
-    o_lat_BTNC = jnp.einsum("bnts,bsc->btnc", probs_BNTS.astype(dot), latent_BSC, precision=precision,
-                            preferred_element_type=jnp.float32)
+    o_lat_BTNC = jnp.einsum("bnts,bsc->btnc", probs_BNTS, latent_BSC, precision=_HIGHEST)
     return _heads_from_latent(o_lat_BTNC, w_uv_CNH)
 
   def _absorbed_sparse(self, q_nope_BTNP, q_pe_BTNR, cache: LayerCache, selection: Selection) -> jax.Array:
