@@ -4,6 +4,7 @@
 #   steps:  the GPU speculative == plain tests past index_topk; the draft step at 4K / 32K / 128K × B = 1 / 8 / 64
 #           (bf16 keys), and at 128K with fp8 keys                                            (~6 min)
 #   kernel: the fused index-scores kernel beside XLA (parts at 32K / 128K) and in the draft step  (~7 min)
+#   finish: the 10 GPU equality cases left; verification at 32K (B = 1 / 8 / 64) and at 4K / 128K, B = 64 (~10 min)
 #   long:   the verification forward (2-layer full-width target, k = 3) at 4K / 32K / 128K; a 32K-token
 #           prompt through the speculator (chunked prefill) with its peak memory               (~6 min)
 set -uo pipefail
@@ -46,4 +47,14 @@ if [ "$stage" = rest ]; then  # what the long stage left: verification at 128K, 
     -k "past_index_topk and (v32-bfloat16-4 or v32-float32-4 or v3-bfloat16-4 or v3-float32-4 or glm5-bfloat16-4)" \
     >"$OUT/speculative_gpu_tests_rest.txt" 2>&1
   tail -3 "$OUT/speculative_gpu_tests_rest.txt"
+fi
+if [ "$stage" = finish ]; then  # the 10 equality cases no earlier session reached; verification at 32K and B = 64
+  timeout "${TESTS_S:-330}" python3 -m pytest -q -p no:cacheprovider tests/test_speculative.py -k "past_index_topk and \
+(glm5-bfloat16-3 or v32-float32-1 or v32-float32-2 or v32-float32-3 or v3-float32-1 or v3-float32-2 or v3-float32-3 \
+or v3-bfloat16-1 or v3-bfloat16-2 or v3-bfloat16-3)" >"$OUT/speculative_gpu_tests_finish.txt" 2>&1
+  tail -3 "$OUT/speculative_gpu_tests_finish.txt"
+  timeout 200 python3 -m benchmarks.verify_forward --layers 2 --batch 1 8 64 -k 3 --capacity 32768 \
+    --forms absorbed --moe-impls tokamax_gpu --iters 5 2>&1 | tee "$OUT/verify_forward_dsa_32k.md"
+  timeout 150 python3 -m benchmarks.verify_forward --layers 2 --batch 64 -k 3 --capacity 4096 131072 \
+    --forms absorbed --moe-impls tokamax_gpu --iters 5 2>&1 | tee "$OUT/verify_forward_dsa_b64.md"
 fi
