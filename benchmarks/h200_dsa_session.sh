@@ -49,12 +49,12 @@ if [ "$stage" = rest ]; then  # what the long stage left: verification at 128K, 
   tail -3 "$OUT/speculative_gpu_tests_rest.txt"
 fi
 if [ "$stage" = finish ]; then  # the 10 equality cases no earlier session reached; verification at 32K and B = 64
-  timeout "${TESTS_S:-330}" python3 -m pytest -q -p no:cacheprovider tests/test_speculative.py -k "past_index_topk and \
+  timeout "${TESTS_S:-280}" python3 -m pytest -q -p no:cacheprovider tests/test_speculative.py -k "past_index_topk and \
 (glm5-bfloat16-3 or v32-float32-1 or v32-float32-2 or v32-float32-3 or v3-float32-1 or v3-float32-2 or v3-float32-3 \
 or v3-bfloat16-1 or v3-bfloat16-2 or v3-bfloat16-3)" >"$OUT/speculative_gpu_tests_finish.txt" 2>&1
   tail -3 "$OUT/speculative_gpu_tests_finish.txt"
-  timeout 200 python3 -m benchmarks.verify_forward --layers 2 --batch 1 8 64 -k 3 --capacity 32768 \
+  timeout 160 python3 -m benchmarks.verify_forward --layers 2 --batch 1 8 64 -k 3 --capacity 32768 \
     --forms absorbed --moe-impls tokamax_gpu --iters 5 2>&1 | tee "$OUT/verify_forward_dsa_32k.md"
-  timeout 150 python3 -m benchmarks.verify_forward --layers 2 --batch 64 -k 3 --capacity 4096 131072 \
+  timeout 120 python3 -m benchmarks.verify_forward --layers 2 --batch 64 -k 3 --capacity 4096 131072 \
     --forms absorbed --moe-impls tokamax_gpu --iters 5 2>&1 | tee "$OUT/verify_forward_dsa_b64.md"
 fi
