@@ -1,16 +1,17 @@
 """`python -m jax_mtp.decode`: speculative decoding with MTP drafts, end to end.
 
-With no arguments it runs the embedded tiny DeepSeek-V3.2-shaped model — target and MTP layer with
-random weights from a fixed seed — on the available devices (CPU in seconds), and prints the
-generated tokens and the speculative-decoding metrics. `--checkpoint DIR` runs a real model instead:
-a HF checkpoint directory (config.json + safetensors, FP8 or not; jax_mtp.checkpoint) or an orbax
-directory written by `jax_mtp.orbax_io.save_params`, placed straight onto the `--tp` mesh. With a
-checkpoint, `--prompt TEXT` is encoded by its `tokenizer.json` (jax_mtp.tokenizer) and the output is
-decoded back to text.
-Random weights draft badly, so acceptance is low; `--check` also decodes with the target alone and
-reports whether the outputs match token for token (they must: speculative decoding never changes
-greedy output). Exit 0 on success, 2 on bad input (a bad checkpoint included) with an `error: ...`
-message on stderr and nothing on stdout.
+With no arguments it runs the embedded default — a 7M-parameter DeepSeek-V3.2-architecture target
+(MLA, DSA indexer, MoE) and its MTP layer, trained on the Python standard library's sources
+(`jax_mtp/default_model/`, README "The embedded default") — on a code prompt, streaming the text as
+rounds commit, then the speculative-decoding metrics. `--prompt TEXT` gives your own prompt.
+`--checkpoint DIR` runs a real model instead: a HF checkpoint directory (config.json + safetensors,
+FP8 or not; jax_mtp.checkpoint) or an orbax directory written by `jax_mtp.orbax_io.save_params`,
+placed straight onto the `--tp` mesh; `--prompt` is encoded by its `tokenizer.json`
+(jax_mtp.tokenizer). `--random-tiny` runs a tiny model with random weights instead (token ids only;
+any tp up to 8). Rows stop at the model's EOS ids unless `--ignore-eos`. `--check` also decodes with
+the target alone and reports whether the outputs match token for token (they must: speculative
+decoding never changes greedy output). Exit 0 on success, 2 on bad input (a bad checkpoint
+included) with an `error: ...` message on stderr and nothing on stdout.
 """
 
 from __future__ import annotations
@@ -36,8 +37,10 @@ from jax_mtp.sharding import make_mesh, validate_tp
 from jax_mtp.speculative import SpecParams, SpecResult, Speculator
 from jax_mtp.tokenizer import TextCodec, eos_token_ids
 
-DEFAULT_PROMPT = "1,2,3,4,5,6,7,8"
-WEIGHT_SEED = 0  # the embedded model's weights; --seed only drives sampling
+DEFAULT_PROMPT = "1,2,3,4,5,6,7,8"  # token ids, for --random-tiny and checkpoints
+DEFAULT_TEXT = "def fibonacci(n):\n"  # the embedded default's prompt
+DEFAULT_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "default_model")
+WEIGHT_SEED = 0  # --random-tiny's weights; --seed only drives sampling
 
 
 class _BadInput(ValueError):
@@ -53,10 +56,14 @@ def _parser() -> argparse.ArgumentParser:
   p = _Parser(prog="python -m jax_mtp.decode", description=__doc__.splitlines()[0])
   p.add_argument("--checkpoint", metavar="DIR",
                  help="HF checkpoint directory (config.json + *.safetensors) or a jax_mtp orbax directory")
+  p.add_argument("--random-tiny", action="store_true",
+                 help="a tiny DeepSeek-V3.2-shaped model with random weights instead of the embedded default")
   p.add_argument("--prompt", action="append", metavar="TEXT",
-                 help="text prompt, encoded with the checkpoint's tokenizer.json; repeat for a batch")
+                 help=f"text prompt, encoded with the model's tokenizer.json; repeat for a batch (default, for "
+                      f"the embedded model: {DEFAULT_TEXT!r})")
   p.add_argument("--prompt-ids", action="append", metavar="IDS",
-                 help=f"comma-separated token ids; repeat for a batch (default {DEFAULT_PROMPT})")
+                 help=f"comma-separated token ids; repeat for a batch (default with --random-tiny or a "
+                      f"checkpoint: {DEFAULT_PROMPT})")
   p.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate per prompt (default 32)")
   p.add_argument("--num-speculative-tokens", type=int, default=3, help="draft tokens k per round, ≥ 1 (default 3)")
   p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 = rejection sampling")
@@ -68,14 +75,15 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--moe-impl", choices=MOE_IMPLS, default="auto",
                  help="routed experts' implementation (jax_mtp.experts); auto: by platform and size")
   p.add_argument("--index-scores-impl", choices=INDEX_SCORES_IMPLS, default="auto",
-                 help="DSA indexer scores: xla, or the fused Pallas kernel (pallas_gpu / pallas_tpu); auto = xla")
+                 help="DSA indexer scores: xla, or the fused Pallas kernel (pallas_gpu / pallas_tpu); auto: "
+                      "the kernel on GPUs where it takes the model, else xla")
   p.add_argument("--prefill-chunk", type=int, default=0, metavar="TOKENS",
                  help="prompt tokens per row per prefill call; 0 (default): sized to 1 GiB of attention buffers")
   p.add_argument("--ignore-eos", action="store_true",
                  help="do not stop a row at the checkpoint's EOS ids (benchmarks, as vLLM's flag)")
   p.add_argument("--check", action="store_true", help="also decode with the target alone and compare")
   p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-  p.set_defaults(codec=None)  # the checkpoint's tokenizer, set when --prompt is given
+  p.set_defaults(codec=None, model_dir=None, streamed=False)  # set by main and run
   return p
 
 
@@ -119,14 +127,16 @@ def _check_index_scores_impl(cfg: jax_mtp.MtpConfig, capacity: int) -> None:
 
 
 def _prompts(args: argparse.Namespace) -> list[list[int]]:
-  """Token ids from --prompt-ids, or from --prompt through the checkpoint's tokenizer."""
-  if args.prompt is None:
-    return [_parse_ids(text) for text in (args.prompt_ids or [DEFAULT_PROMPT])]
-  if args.prompt_ids is not None:
+  """Token ids from --prompt-ids, or from --prompt through the model's tokenizer (the embedded
+  default's prompt is DEFAULT_TEXT)."""
+  if args.prompt is not None and args.prompt_ids is not None:
     raise _BadInput("give --prompt or --prompt-ids, not both")
-  if args.checkpoint is None:
-    raise _BadInput("--prompt needs --checkpoint: the embedded tiny model has no tokenizer; use --prompt-ids")
-  args.codec = TextCodec(args.checkpoint)
+  if args.prompt is None and (args.prompt_ids is not None or args.checkpoint is not None or args.random_tiny):
+    return [_parse_ids(text) for text in (args.prompt_ids or [DEFAULT_PROMPT])]
+  if args.model_dir is None:
+    raise _BadInput("--prompt needs a tokenizer, and --random-tiny has none; use --prompt-ids")
+  args.prompt = args.prompt or [DEFAULT_TEXT]
+  args.codec = TextCodec(args.model_dir)
   return [args.codec.encode(text) for text in args.prompt]
 
 
@@ -152,9 +162,9 @@ def _check_impl(impl: str) -> None:
 class Progress:
   """A one-line progress bar on `stream`, shown only on a terminal (or with `force`), at most 10 Hz."""
 
-  def __init__(self, stream=None, force: bool = False):
+  def __init__(self, stream=None, force: bool = False, enabled: bool = True):
     stream = sys.stderr if stream is None else stream  # looked up per call: sys.stderr may be swapped
-    self.stream, self.enabled = stream, force or stream.isatty()
+    self.stream, self.enabled = stream, enabled and (force or stream.isatty())
     self.shown, self.last = False, 0.0
 
   def __call__(self, done: int, total: int) -> None:
@@ -177,21 +187,26 @@ class Progress:
 
 
 @functools.cache
-def _embedded_weights(cfg: jax_mtp.MtpConfig) -> tuple[dict, dict]:
-  return (init_target_params(cfg, jax.random.key(WEIGHT_SEED)),
-          jax_mtp.init_params(cfg, jax.random.key(WEIGHT_SEED + 1)))
+def _embedded_weights(cfg: jax_mtp.MtpConfig, random_tiny: bool) -> tuple[dict, dict]:
+  """(target, MTP) params of the embedded model: the trained default's, or --random-tiny's."""
+  if random_tiny:
+    return (init_target_params(cfg, jax.random.key(WEIGHT_SEED)),
+            jax_mtp.init_params(cfg, jax.random.key(WEIGHT_SEED + 1)))
+  from jax_mtp.checkpoint import load_hf_checkpoint  # noqa: PLC0415 (see below)
+  _, target, mtp = load_hf_checkpoint(DEFAULT_MODEL, cfg=cfg, progress=False)
+  return target, mtp
 
 
 @functools.cache
-def _speculator(cfg: jax_mtp.MtpConfig, tp: int, k: int, impl: str):
+def _speculator(cfg: jax_mtp.MtpConfig, tp: int, k: int, impl: str, random_tiny: bool):
   spec = Speculator(cfg, make_mesh(tp), k, norm_impl=impl)
-  return spec, spec.shard(*_embedded_weights(cfg))
+  return spec, spec.shard(*_embedded_weights(cfg, random_tiny))
 
 
 @functools.cache
-def _plain_decoder(cfg: jax_mtp.MtpConfig, tp: int, impl: str):
+def _plain_decoder(cfg: jax_mtp.MtpConfig, tp: int, impl: str, random_tiny: bool):
   decoder = TargetDecoder(cfg, make_mesh(tp), norm_impl=impl)
-  return decoder, decoder.shard(_embedded_weights(cfg)[0])
+  return decoder, decoder.shard(_embedded_weights(cfg, random_tiny)[0])
 
 
 class Loaded(NamedTuple):
@@ -226,11 +241,11 @@ def with_flags(cfg: jax_mtp.MtpConfig, args: argparse.Namespace) -> jax_mtp.MtpC
 
 
 def stop_ids_for(args: argparse.Namespace, cfg: jax_mtp.MtpConfig) -> tuple[int, ...]:
-  """The ids a row stops at: the checkpoint's EOS ids (generation_config.json, else config.json),
-  none with --ignore-eos or for the embedded model (random weights, no EOS)."""
-  if args.ignore_eos or args.checkpoint is None:
+  """The ids a row stops at: the model's EOS ids (generation_config.json, else config.json), none
+  with --ignore-eos or --random-tiny (random weights, no EOS)."""
+  if args.ignore_eos or args.model_dir is None:
     return ()
-  ids = eos_token_ids(args.checkpoint)
+  ids = eos_token_ids(args.model_dir)
   stop_id_array(cfg, ids)  # each must be a vocabulary id
   return ids
 
@@ -256,19 +271,24 @@ def run(args: argparse.Namespace, cfg: jax_mtp.MtpConfig, prompts: list[list[int
   """Decodes the prompts, each row stopping after a stop id; with --check also with the target
   alone. Returns (result, outputs match)."""
   if loaded is None:
-    spec, params = _speculator(cfg, args.tp, args.num_speculative_tokens, args.impl)
+    spec, params = _speculator(cfg, args.tp, args.num_speculative_tokens, args.impl, args.random_tiny)
   else:
     spec, params = _from_checkpoint(args, cfg, loaded)
-  progress = Progress()
+  stream = TextStream(args.codec) if args.codec is not None and len(prompts) == 1 and not args.json else None
+  progress = Progress(enabled=stream is None)  # streamed text shows the progress itself
   try:
+    if stream is not None:
+      print(_model_line(args, cfg))
+      print(args.prompt[0], end="", flush=True)
     result = spec.generate(params, prompts, args.max_new_tokens, temperature=args.temperature, seed=args.seed,
-                           stop_ids=stop_ids, on_progress=progress)
+                           stop_ids=stop_ids, on_progress=progress, on_tokens=stream)
   finally:
     progress.close()
+  args.streamed = stream is not None
   if not args.check:
     return result, None
   if loaded is None:
-    plain, target_params = _plain_decoder(cfg, args.tp, args.impl)
+    plain, target_params = _plain_decoder(cfg, args.tp, args.impl, args.random_tiny)
   else:
     plain, target_params = TargetDecoder(cfg, spec.mesh, norm_impl=args.impl), loaded.target
   capacity = required_capacity(cfg, prompts, args.max_new_tokens, args.num_speculative_tokens)  # same shapes
@@ -276,18 +296,43 @@ def run(args: argparse.Namespace, cfg: jax_mtp.MtpConfig, prompts: list[list[int
   return result, expected == result.tokens
 
 
+class TextStream:
+  """`on_tokens` for one row: prints the decoded text that is new since the last call. Text that
+  ends inside a multi-byte character (a trailing U+FFFD) is held back until its bytes arrive."""
+
+  def __init__(self, codec: TextCodec, out=None):
+    self.codec, self.out, self.shown = codec, out, ""
+
+  def __call__(self, tokens: list[list[int]]) -> None:
+    text = self.codec.decode(tokens[0]).rstrip("\ufffd")
+    if text.startswith(self.shown) and len(text) > len(self.shown):
+      print(text[len(self.shown):], end="", flush=True, file=self.out or sys.stdout)
+      self.shown = text
+
+
+def _model_line(args: argparse.Namespace, cfg: jax_mtp.MtpConfig) -> str:
+  mode = "greedy" if args.temperature == 0 else f"temperature {args.temperature}, seed {args.seed}"
+  if args.random_tiny:
+    model = "tiny DeepSeek-V3.2 target + MTP layer (random weights)"
+  elif args.checkpoint is None:
+    model = "the embedded default (a 7M DeepSeek-V3.2-architecture target + MTP layer trained on Python's stdlib)"
+  else:
+    model = f"{args.checkpoint} ({cfg.model_type})"
+  return f"{model} on {jax.devices()[0].platform}, tp={args.tp}, k={args.num_speculative_tokens}, {mode}"
+
+
 def _print_text(args: argparse.Namespace, cfg: jax_mtp.MtpConfig, prompts: list[list[int]], result: SpecResult,
                 matches: bool | None):
   m = result.metrics
-  mode = "greedy" if args.temperature == 0 else f"temperature {args.temperature}, seed {args.seed}"
-  model = ("tiny DeepSeek-V3.2 target + MTP layer (random weights)" if args.checkpoint is None
-           else f"{args.checkpoint} ({cfg.model_type})")
-  print(f"{model} on {jax.devices()[0].platform}, tp={args.tp}, k={args.num_speculative_tokens}, {mode}")
+  if args.streamed:
+    print("\n" + "─" * 40)
+  else:
+    print(_model_line(args, cfg))
   codec = args.codec
   for i, (prompt, tokens) in enumerate(zip(prompts, result.tokens)):
     stop = " (stopped at EOS)" if bool(result.state.stopped_B[i]) else ""
     print(f"prompt {i} {prompt} → {tokens}{stop}")
-    if codec is not None:
+    if codec is not None and not args.streamed:
       print(f"  {args.prompt[i]!r} → {codec.decode(tokens)!r}")
   if m.rounds:
     print(f"acceptance length {m.acceptance_length_mean:.2f} · per position "
@@ -303,7 +348,13 @@ def main(argv: list[str] | None = None) -> int:
   try:
     args = _parser().parse_args(argv)
     _ensure_devices(args.tp)  # before reading a checkpoint starts JAX
-    cfg = with_flags(jax_mtp.tiny() if args.checkpoint is None else checkpoint_config(args.checkpoint), args)
+    args.model_dir = args.checkpoint or (None if args.random_tiny else DEFAULT_MODEL)
+    if args.random_tiny and args.checkpoint is not None:
+      raise _BadInput("give --checkpoint or --random-tiny, not both")
+    if args.model_dir == DEFAULT_MODEL and not os.path.isfile(os.path.join(DEFAULT_MODEL, "config.json")):
+      raise _BadInput(f"the embedded default model is missing from this installation ({DEFAULT_MODEL}); "
+                      f"reinstall jax_mtp, or use --checkpoint or --random-tiny")
+    cfg = with_flags(jax_mtp.tiny() if args.model_dir is None else checkpoint_config(args.model_dir), args)
     prompts = _validate(args, cfg)
     stop_ids = stop_ids_for(args, cfg)
     loaded = None if args.checkpoint is None else load(args, cfg)

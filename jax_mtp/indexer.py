@@ -74,6 +74,9 @@ class Indexer(nn.Module):
                cache: LayerCache) -> tuple[Selection, LayerCache]:
     """Returns (the top-k selection among visible slots, updated cache)."""
     cfg = self.cfg
+    # The indexer learns only from its own loss (DeepSeek-V3.2 detaches its inputs); the top-k
+    # passes no gradient either, so this changes nothing at inference.
+    x_BTD, qr_BTQ = jax.lax.stop_gradient(x_BTD), jax.lax.stop_gradient(qr_BTQ)
     k_BTJ = self._rope_first(self.k_norm(self.wk(x_BTD)), rotary)
     if cache.index_k_scale_BS is None:
       cache = cache._replace(index_k_BSJ=write_at_positions(cache.index_k_BSJ, k_BTJ, positions_BT))
@@ -94,6 +97,8 @@ class Indexer(nn.Module):
       scores_BTS = index_scores_pallas(q_BTIJ.astype(cfg.dtype), cache.index_k_BSJ, w_BTI, cfg.index_head_dim**-0.5,
                                        k_scale_BS=cache.index_k_scale_BS, block_slots=SCORE_BLOCK_SLOTS,
                                        backend=impl.removeprefix("pallas_"))
+    if self.is_mutable_collection("indexer_training"):  # jax_mtp.mla.INDEXER_TRAINING (mla imports this module)
+      self.sow("indexer_training", "scores_BTS", scores_BTS)
     return topk_selection_radix(scores_BTS, causal_mask(positions_BT, cache.capacity), cfg.index_topk), cache
 
   def _rope_first(self, x: jax.Array, rotary: Rotary) -> jax.Array:
@@ -109,16 +114,25 @@ SCORE_BLOCK_SLOTS = 256  # slots per program of the fused kernel
 def resolve_index_scores_impl(cfg: MtpConfig, platform: str, capacity: int) -> str:
   """"xla" or the fused kernel ("pallas_gpu" / "pallas_tpu") for `cfg.index_scores_impl`.
 
-  "auto" is "xla" on every `platform`: the kernel is correct (interpret-tested against
-  `index_scores`, lowered for CUDA, compiled for v5e / v6e through libtpu) but not yet timed on a
-  GPU or TPU, and `auto` moves to it only once a benchmark shows it ahead. An explicit kernel runs
-  as asked (it may target another platform than this process's, as an AOT compile does) unless it
-  cannot take the model: an fp32 model (the kernel's dot is a 16-bit one), a capacity that is not
-  a multiple of SCORE_BLOCK_SLOTS, or indexer widths that are not multiples of 16."""
-  del platform  # the table has one entry per platform today: xla
+  "auto" (measured on one H200, benchmarks/RESULTS.md "The fused index-scores kernel"):
+    gpu  pallas_gpu wherever the kernel takes the model: 1.4× (B = 1) to 4× (B = 64) faster than
+         XLA's bf16 scores at 128K, the B = 64 draft step 1.41× faster; xla otherwise
+    tpu, cpu  xla (the kernel is compiled for v5e / v6e through libtpu but not timed on a TPU)
+  An explicit kernel runs as asked (it may target another platform than this process's, as an AOT
+  compile does) unless it cannot take the model (`_kernel_problems`): then a ValueError names why."""
   impl = cfg.index_scores_impl
-  if impl in ("auto", "xla"):
+  if impl == "xla":
     return "xla"
+  if impl == "auto":
+    return "pallas_gpu" if platform == "gpu" and not _kernel_problems(cfg, capacity) else "xla"
+  problems = _kernel_problems(cfg, capacity)
+  if problems:
+    raise ValueError(f"index_scores_impl={impl!r} cannot run here: {'; '.join(problems)} (use 'xla' or 'auto')")
+  return impl
+
+
+def _kernel_problems(cfg: MtpConfig, capacity: int) -> list[str]:
+  """Why the fused kernel cannot take this model and cache (none: it can)."""
   problems = []
   if jnp.dtype(cfg.dtype) == jnp.float32:
     problems.append("the model computes in float32 (the kernel's dot is bf16/fp16)")
@@ -127,9 +141,7 @@ def resolve_index_scores_impl(cfg: MtpConfig, platform: str, capacity: int) -> s
   if cfg.index_n_heads % 16 or cfg.index_head_dim % 16:
     problems.append(f"index_n_heads={cfg.index_n_heads} and index_head_dim={cfg.index_head_dim} must be "
                     f"multiples of 16")
-  if problems:
-    raise ValueError(f"index_scores_impl={impl!r} cannot run here: {'; '.join(problems)} (use 'xla' or 'auto')")
-  return impl
+  return problems
 
 
 def score_chunk(batch: int, tokens: int, heads: int, capacity: int) -> int:

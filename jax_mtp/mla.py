@@ -39,6 +39,11 @@ from jax_mtp.sharding import TensorParallel
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 
+# A mutable collection that only training asks for (jax_mtp.training): the naive form then sows each
+# call's mean attention over heads and the slots it could see, the indexer its scores, for
+# DeepSeek-V3.2's indexer loss KL(attention ‖ softmax(indexer scores)).
+INDEXER_TRAINING = "indexer_training"
+
 
 class MLAttention(nn.Module):
   """MLA (+ DSA indexer when the config has one). Output is o_proj's, before the residual add,
@@ -84,12 +89,17 @@ class MLAttention(nn.Module):
                            k_pe_BSR=write_at_positions(cache.k_pe_BSR, k_pe_BTR, positions_BT))
 
     if selects_all(cfg, cache.capacity):
-      o_BTNH = (self._absorbed if absorb else self._naive)(q_nope_BTNP, q_pe_BTNR, cache,
-                                                             causal_mask(positions_BT, cache.capacity))
+      visible_BTS = causal_mask(positions_BT, cache.capacity)
+      if cfg.has_indexer and self.is_mutable_collection(INDEXER_TRAINING):  # the indexer learns in dense training too
+        self.indexer(x_BTD, qr_BTQ, positions_BT, rotary, cache)
+        self.sow(INDEXER_TRAINING, "visible_BTS", visible_BTS)
+      o_BTNH = (self._absorbed if absorb else self._naive)(q_nope_BTNP, q_pe_BTNR, cache, visible_BTS)
     else:
       if selection is None:
         selection, cache = self.indexer(x_BTD, qr_BTQ, positions_BT, rotary, cache)
         self.sow("dsa", "selection", selection)
+      if self.is_mutable_collection(INDEXER_TRAINING):
+        self.sow(INDEXER_TRAINING, "visible_BTS", selection.mask(cache.capacity))
       if absorb:  # DSA's point: read the index_topk selected entries, not the cache
         o_BTNH = self._absorbed_sparse(q_nope_BTNP, q_pe_BTNR, cache, selection)
       else:
@@ -114,6 +124,8 @@ class MLAttention(nn.Module):
                    + jnp.einsum("btnr,bsr->bnts", q_pe_BTNR, cache.k_pe_BSR, precision=_HIGHEST,
                                 preferred_element_type=jnp.float32))
     probs_BNTS = masked_softmax(scores_BNTS * cfg.softmax_scale, visible_BTS)
+    if self.is_mutable_collection(INDEXER_TRAINING):  # the indexer's target: the heads' mean attention
+      self.sow(INDEXER_TRAINING, "attention_BTS", jax.lax.stop_gradient(probs_BNTS.mean(axis=1)))
     return jnp.einsum("bnts,bsnh->btnh", probs_BNTS.astype(v_BSNH.dtype), v_BSNH, precision=_HIGHEST,
                       preferred_element_type=jnp.float32)
 

@@ -24,6 +24,9 @@ from jax_mtp.layers import dtype_of, linear
 from jax_mtp.sharding import TensorParallel
 
 _HIGHEST = jax.lax.Precision.HIGHEST
+# A mutable collection only training asks for: each router sows its tokens per expert, from which
+# DeepSeek-V3's auxiliary-loss-free balancing moves `e_score_correction_bias` (jax_mtp.training).
+EXPERT_LOAD = "expert_load"
 
 
 class Mlp(nn.Module):
@@ -67,6 +70,8 @@ class Router(nn.Module):
     biased_TE = scores_TE + self.e_score_correction_bias
     allowed_TE = _kept_groups_mask(biased_TE, cfg.n_group, cfg.topk_group)
     _, ids_TK = jax.lax.top_k(jnp.where(allowed_TE, biased_TE, -jnp.inf), cfg.num_experts_per_tok)
+    if self.is_mutable_collection(EXPERT_LOAD):  # training balances the load through the bias (jax_mtp.training)
+      self.sow(EXPERT_LOAD, "tokens_E", jnp.zeros(cfg.n_routed_experts, jnp.float32).at[ids_TK].add(1.0))
     weights_TK = jnp.take_along_axis(scores_TE, ids_TK, axis=-1)
     if cfg.norm_topk_prob:
       weights_TK = weights_TK / (jnp.sum(weights_TK, axis=-1, keepdims=True) + 1e-20)

@@ -37,6 +37,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jax_mtp.config import MtpConfig
 
 TP_AXIS = "tp"
+DATA_AXIS = "data"  # training splits its batches over it (jax_mtp.training)
 
 
 @dataclasses.dataclass(frozen=True)

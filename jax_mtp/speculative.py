@@ -126,12 +126,14 @@ class Speculator:
   def generate(self, params: SpecParams, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
                temperature: float = 0.0, seed: int = 0, capacity: int | None = None,
                stop_ids: Sequence[int] = (),
-               on_progress: Callable[[int, int], None] | None = None) -> SpecResult:
+               on_progress: Callable[[int, int], None] | None = None,
+               on_tokens: Callable[[list[list[int]]], None] | None = None) -> SpecResult:
     """`max_new_tokens` tokens after each prompt: greedy at temperature 0, else sampled (`seed`).
     A row that emits one of `stop_ids` (the checkpoint's EOS ids) stops there, the stop id its last
     token; the others go on. `capacity` (cache positions) defaults to the minimum; a larger fixed one
     lets calls with other lengths share the compiled functions. `on_progress(tokens_done,
-    tokens_total)` is called after the prefill and after every round (a stopped row counts as done)."""
+    tokens_total)` is called after the prefill and after every round (a stopped row counts as done);
+    `on_tokens(tokens)` too, with each row's tokens committed so far (streaming output)."""
     validate_prompts(self.cfg, prompts)
     validate_positive("max_new_tokens", max_new_tokens)
     validate_temperature(temperature)
@@ -149,12 +151,16 @@ class Speculator:
     while (done := _tokens_done(state, max_new_tokens)) < total:
       if on_progress is not None:
         on_progress(done, total)
+      if on_tokens is not None:
+        on_tokens(_committed(state, max_new_tokens))
       state = one_round(*params, state, max_new, temperature, stop_N)
-    tokens_BO, num_out_B = np.asarray(state.tokens_BO), np.asarray(state.num_out_B)  # waits for the last round
+    np.asarray(state.num_out_B)  # waits for the last round
     seconds = time.perf_counter() - start
     if on_progress is not None:
       on_progress(total, total)
-    tokens = [row[:min(n, max_new_tokens)].tolist() for row, n in zip(tokens_BO, num_out_B)]
+    tokens = _committed(state, max_new_tokens)
+    if on_tokens is not None:
+      on_tokens(tokens)
     return SpecResult(tokens, self._metrics(state, sum(map(len, tokens)), seconds), state)
 
   def _metrics(self, state: DecodeState, tokens: int, seconds: float) -> SpecMetrics:
@@ -290,3 +296,9 @@ def _where_rows(rows_B, new, old):
   def pick(x, y):
     return jnp.where(rows_B.reshape((-1,) + (1,) * (x.ndim - 1)), x, y)
   return jax.tree.map(pick, new, old)
+
+
+def _committed(state: DecodeState, max_new_tokens: int) -> list[list[int]]:
+  """Each row's tokens committed so far (at most max_new_tokens)."""
+  tokens_BO, num_out_B = np.asarray(state.tokens_BO), np.asarray(state.num_out_B)
+  return [row[:min(n, max_new_tokens)].tolist() for row, n in zip(tokens_BO, num_out_B)]

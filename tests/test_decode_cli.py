@@ -19,7 +19,8 @@ METRIC_KEYS = {"acceptance_length_mean", "acceptance_rate_per_position", "draft_
 
 
 def _json_run(capsys, argv: list[str]) -> dict:
-  assert decode.main(["--json", *argv]) == 0
+  """A --json run of the tiny random model (the embedded default's tests are test_default_model.py's)."""
+  assert decode.main(["--json", "--random-tiny", *argv]) == 0
   out, err = capsys.readouterr()
   lines = out.splitlines()
   assert len(lines) == 1, out  # one JSON object, nothing else on stdout
@@ -33,9 +34,9 @@ def _assert_tokens(tokens, rows: int, n: int) -> None:
     assert len(row) == n and all(type(t) is int and 0 <= t < VOCAB for t in row), row
 
 
-def test_default_run_prints_tokens_and_metrics(capsys):
-  """No arguments: the embedded tiny model decodes the default prompt (32 tokens, k = 3, greedy)."""
-  assert decode.main([]) == 0
+def test_random_tiny_run_prints_tokens_and_metrics(capsys):
+  """--random-tiny alone: the tiny random model decodes the default ids (32 tokens, k = 3, greedy)."""
+  assert decode.main(["--random-tiny"]) == 0
   out, err = capsys.readouterr()
   assert err == ""
   match = re.search(r"prompt 0 \[1, 2, 3, 4, 5, 6, 7, 8\] → \[([0-9, ]*)\]", out)
@@ -87,7 +88,7 @@ def test_sampling_is_seeded(capsys):
     (["--impl", "nope"], "'nope'"),
     (["--impl", "pallas_tpu"], "--impl=pallas_tpu needs TPU devices, found cpu"),
     (["--checkpoint", "/no/such/dir"], "--checkpoint '/no/such/dir' is neither a HF checkpoint directory"),
-    (["--prompt", "hello"], "--prompt needs --checkpoint: the embedded tiny model has no tokenizer"),
+    (["--prompt", "hello"], "--prompt needs a tokenizer, and --random-tiny has none"),
     (["--prompt", "hello", "--prompt-ids", "1"], "give --prompt or --prompt-ids, not both"),
     (["--no-such-flag"], "--no-such-flag"),
     (["--dtype", "float64"], "'float64'"),
@@ -96,8 +97,9 @@ def test_sampling_is_seeded(capsys):
     (["--prefill-chunk", "-2"], "prefill_chunk=-2 must be a whole number of tokens"),
 ])
 def test_bad_input_returns_2_with_one_error_line(capsys, argv, named):
-  """Bad input returns 2, prints nothing on stdout and one `error: ...` line naming the value."""
-  assert decode.main(argv) == 2
+  """Bad input returns 2, prints nothing on stdout and one `error: ...` line naming the value (of the
+  tiny random model's flags; the checkpoint's errors are test_checkpoint.py's)."""
+  assert decode.main(argv if "--checkpoint" in argv else ["--random-tiny", *argv]) == 2
   out, err = capsys.readouterr()
   assert out == ""
   lines = err.splitlines()
@@ -122,7 +124,7 @@ def test_module_entry_point_json(tmp_path):
   """`python -m jax_mtp.decode --json`, run from outside the repo, exits 0 with one JSON object
   holding exactly the issue's keys."""
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-  argv = ["--json", "--max-new-tokens", "4", "--num-speculative-tokens", "1"]
+  argv = ["--json", "--random-tiny", "--max-new-tokens", "4", "--num-speculative-tokens", "1"]
   proc = subprocess.run([sys.executable, "-m", "jax_mtp.decode", *argv], cwd=tmp_path, env=env, capture_output=True,
                         text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr

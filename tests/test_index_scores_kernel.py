@@ -63,7 +63,10 @@ def _kernel_cfg(**overrides):
 
 
 def test_resolution_table():
-  assert resolve_index_scores_impl(_kernel_cfg(), "gpu", 512) == "xla"  # auto: not timed yet
+  assert resolve_index_scores_impl(_kernel_cfg(), "gpu", 512) == "pallas_gpu"  # auto: measured ahead on an H200
+  assert resolve_index_scores_impl(_kernel_cfg(), "gpu", 500) == "xla"  # auto: a capacity the kernel cannot take
+  assert resolve_index_scores_impl(_kernel_cfg(), "tpu", 512) == "xla"  # auto: not timed on a TPU
+  assert resolve_index_scores_impl(_kernel_cfg(), "cpu", 512) == "xla"
   assert resolve_index_scores_impl(_kernel_cfg(index_scores_impl="pallas_gpu"), "gpu", 512) == "pallas_gpu"
   assert resolve_index_scores_impl(_kernel_cfg(index_scores_impl="pallas_tpu"), "cpu", 512) == "pallas_tpu"  # AOT
   with pytest.raises(ValueError, match="float32.*capacity 500 is not a multiple of 256.*index_n_heads=4"):

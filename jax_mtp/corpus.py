@@ -1,0 +1,131 @@
+"""Training text: files → a byte-level BPE (the `tokenizers` library) → one token stream → batches.
+
+    files = corpus_files(["notes/", "book.txt"])         # or default_corpus(): the Python stdlib's sources
+    tok = train_bpe(files, vocab_size=4096)             # or the checkpoint's own tokenizer.json
+    data = TokenData.build(files, tok, held_out=0.05)   # documents joined with the EOS token
+    batch = data.train_batch(step, batch=32, length=256, seed=0)    # int32 [32, 256], a pure function of step
+
+Documents are split into train and held-out by a hash of their path, so the split does not move when
+files are added. A batch is `batch` windows at offsets drawn from (seed, step) alone: a resumed run
+reads exactly the batches an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import sysconfig
+
+import numpy as np
+
+EOS = "<|endoftext|>"  # separates documents; the trained model's end-of-sequence id
+TEXT_SUFFIXES = (".py", ".txt", ".md", ".rst")
+
+
+class CorpusError(ValueError):
+  """A corpus path that holds no text, or an unreadable file; the message names it."""
+
+
+def default_corpus() -> list[str]:
+  """The Python standard library's own source files (every machine with Python has them), without
+  its test suites and vendored packages; sorted, so a run is reproducible on one Python version."""
+  root = sysconfig.get_paths()["stdlib"]
+  skip = ("test", "tests", "idle_test", "site-packages", "__pycache__", "lib2to3")
+  files = []
+  for directory, subdirs, names in os.walk(root):
+    subdirs[:] = sorted(d for d in subdirs if d not in skip)
+    files += [os.path.join(directory, n) for n in sorted(names) if n.endswith(".py")]
+  if not files:
+    raise CorpusError(f"no Python sources under {root!r} (this Python ships without its standard library's "
+                      f"sources); give --data")
+  return files
+
+
+def corpus_files(paths: list[str]) -> list[str]:
+  """Text files named by `paths`: files as given, directories walked for TEXT_SUFFIXES (sorted)."""
+  files = []
+  for path in paths:
+    if os.path.isfile(path):
+      files.append(path)
+    elif os.path.isdir(path):
+      found = sorted(os.path.join(d, n) for d, _, names in os.walk(path) for n in names if n.endswith(TEXT_SUFFIXES))
+      if not found:
+        raise CorpusError(f"--data {path!r} holds no {'/'.join(TEXT_SUFFIXES)} files")
+      files += found
+    else:
+      raise CorpusError(f"--data {path!r} is neither a file nor a directory")
+  return files
+
+
+def read_text(path: str) -> str:
+  try:
+    with open(path, encoding="utf-8", errors="replace") as f:
+      return f.read()
+  except OSError as e:
+    raise CorpusError(f"cannot read {path!r}: {e}") from None
+
+
+def train_bpe(files: list[str], vocab_size: int):
+  """A byte-level BPE over `files` with EOS as its one special token (id 0). Deterministic for the
+  same files."""
+  import tokenizers  # noqa: PLC0415
+  from tokenizers import decoders, models, pre_tokenizers, trainers  # noqa: PLC0415
+
+  tok = tokenizers.Tokenizer(models.BPE())
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS], show_progress=False,
+                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+  tok.train_from_iterator((read_text(f) for f in files), trainer=trainer)
+  return tok
+
+
+def is_held_out(path: str, fraction: float) -> bool:
+  """Whether `path`'s document is held out: a hash of its name, stable across runs and machines."""
+  digest = hashlib.sha256(os.path.basename(path).encode() + os.path.dirname(path)[-40:].encode()).digest()
+  return int.from_bytes(digest[:4], "little") / 2**32 < fraction
+
+
+class TokenData:
+  """Train and held-out token streams (documents joined by EOS)."""
+
+  def __init__(self, train: np.ndarray, held_out: np.ndarray):
+    self.train, self.held_out = train, held_out
+
+  @classmethod
+  def build(cls, files: list[str], tok, held_out: float = 0.05) -> "TokenData":
+    eos = tok.token_to_id(EOS)
+    if eos is None:
+      raise CorpusError(f"the tokenizer has no {EOS!r} token to separate documents")
+    streams: dict[bool, list[int]] = {True: [], False: []}
+    texts = [read_text(f) for f in files]
+    for path, encoding in zip(files, tok.encode_batch(texts)):
+      streams[is_held_out(path, held_out)] += encoding.ids + [eos]
+    train, test = (np.asarray(streams[k], np.int32) for k in (False, True))
+    if not test.size:  # a one-file corpus: hold out its tail
+      cut = int(len(train) * (1 - held_out))
+      train, test = train[:cut], train[cut:]
+    return cls(train, test)
+
+  def train_batch(self, step: int, batch: int, length: int, seed: int) -> np.ndarray:
+    """int32 [batch, length] windows of the train stream, drawn from (seed, step) only."""
+    return _windows(self.train, np.random.default_rng([seed, step]), batch, length)
+
+  def held_out_batches(self, count: int, batch: int, length: int) -> list[np.ndarray]:
+    """`count` fixed held-out batches (the same every call)."""
+    rng = np.random.default_rng(12345)
+    return [_windows(self.held_out, rng, batch, length) for _ in range(count)]
+
+
+def _windows(stream: np.ndarray, rng: np.random.Generator, batch: int, length: int) -> np.ndarray:
+  if len(stream) <= length:
+    raise CorpusError(f"the corpus split has {len(stream)} tokens, fewer than one window of {length + 1}; "
+                      f"give more text or a shorter --seq-len")
+  starts = rng.integers(0, len(stream) - length, batch)
+  return np.stack([stream[s:s + length] for s in starts])
+
+
+def print_stats(data: TokenData, tok, stream=sys.stderr) -> None:
+  print(f"corpus: {len(data.train):,} train + {len(data.held_out):,} held-out tokens, vocab "
+        f"{tok.get_vocab_size():,}", file=stream)

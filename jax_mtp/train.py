@@ -1,0 +1,239 @@
+"""`python -m jax_mtp.train`: train a small target and its MTP layer, or distil an MTP layer for a target.
+
+    # from scratch, DeepSeek-V3's joint objective, on the Python stdlib's sources (the embedded default):
+    python -m jax_mtp.train --preset demo --steps 3000 --out runs/demo --export runs/demo/model
+    # an MTP layer for an existing checkpoint's frozen target, on your text:
+    python -m jax_mtp.train --mode distill --checkpoint CKPT --data notes/ --steps 500 --out runs/mtp
+
+Data: `--data` files or directories (default: the Python standard library's sources), through the
+checkpoint's tokenizer.json, or a byte-level BPE trained on the data (`--vocab-size`) when training
+from scratch. Batches are split over all devices (data parallel). Every `--save-every` steps the
+params, optimizer state and step go to an orbax checkpoint under `--out`; run the same command again
+and it resumes from the latest one, reading the batches an uninterrupted run would (the same loss
+curve). A line per `--log-every` steps reports the losses, tokens/s and, every `--eval-every`, the
+held-out teacher-forced draft acceptance. `--export DIR` writes a HF checkpoint (config.json,
+safetensors, tokenizer.json, generation_config.json) that `python -m jax_mtp.decode --checkpoint`
+runs. Exit 0 on success, 2 on bad input with an `error: ...` line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import jax
+import numpy as np
+
+import jax_mtp
+from jax_mtp import corpus, training
+from jax_mtp.config import demo, tiny
+
+PRESETS = {"demo": demo, "tiny": tiny}
+RUN_KEYS = ("mode", "preset", "checkpoint", "vocab_size", "seq_len", "batch", "seed", "steps", "lr", "warmup",
+            "dense_steps", "mtp_weight", "distill_targets", "fresh_mtp")  # what a resumed run must repeat
+
+
+class _BadInput(ValueError):
+  pass
+
+
+class _Parser(argparse.ArgumentParser):
+  def error(self, message):
+    raise _BadInput(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+  p = _Parser(prog="python -m jax_mtp.train", description=__doc__.splitlines()[0])
+  p.add_argument("--mode", choices=training.MODES, default="joint",
+                 help="joint: target + MTP layer from scratch; distill: the MTP layer for --checkpoint's target")
+  p.add_argument("--preset", choices=sorted(PRESETS), default="demo", help="architecture for joint training")
+  p.add_argument("--checkpoint", metavar="DIR", help="distill: the HF or orbax checkpoint whose target teaches")
+  p.add_argument("--fresh-mtp", action="store_true", help="distill: start the MTP layer from random weights")
+  p.add_argument("--data", action="append", metavar="PATH", help="text files / directories (default: Python stdlib)")
+  p.add_argument("--vocab-size", type=int, default=4096, help="BPE vocabulary when training from scratch")
+  p.add_argument("--steps", type=int, default=3000)
+  p.add_argument("--batch", type=int, default=64, help="sequences per step (all devices together)")
+  p.add_argument("--seq-len", type=int, default=256)
+  p.add_argument("--lr", type=float, default=3e-3)
+  p.add_argument("--warmup", type=int, default=100)
+  p.add_argument("--dense-steps", type=int, default=-1,
+                 help="DSA warm-up steps with every slot kept (default: a quarter of --steps)")
+  p.add_argument("--mtp-weight", type=float, default=0.3, help="λ of the joint MTP loss")
+  p.add_argument("--distill-targets", choices=training.DISTILL_TARGETS, default="logits")
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--out", required=True, metavar="DIR", help="run directory: orbax checkpoints, tokenizer, log")
+  p.add_argument("--save-every", type=int, default=500)
+  p.add_argument("--log-every", type=int, default=50)
+  p.add_argument("--eval-every", type=int, default=250)
+  p.add_argument("--eval-batches", type=int, default=4)
+  p.add_argument("--export", metavar="DIR", help="write a HF checkpoint here at the end")
+  p.add_argument("--export-only", action="store_true",
+                 help="export the run's latest checkpoint without training (an interrupted run, say)")
+  p.add_argument("--export-dtype", choices=("float32", "bfloat16"), default="float32")
+  return p
+
+
+def _validate(args: argparse.Namespace) -> None:
+  for flag in ("steps", "batch", "seq_len", "save_every", "log_every", "eval_every", "eval_batches"):
+    if getattr(args, flag) < 1:
+      raise _BadInput(f"--{flag.replace('_', '-')}={getattr(args, flag)} must be ≥ 1")
+  if args.seq_len < 3:
+    raise _BadInput(f"--seq-len={args.seq_len} must be ≥ 3 (the MTP loss predicts two tokens ahead)")
+  if args.batch % jax.device_count():
+    raise _BadInput(f"--batch={args.batch} must be a multiple of the {jax.device_count()} devices (data parallel)")
+  if (args.mode == "distill") != (args.checkpoint is not None):
+    raise _BadInput("--mode distill needs --checkpoint (the target), and only distill takes one")
+  if args.export and os.path.exists(args.export):
+    raise _BadInput(f"--export {args.export!r} exists; give a new directory")
+  if args.dense_steps < 0:
+    args.dense_steps = args.steps // 4
+
+
+def _model(args: argparse.Namespace, tok_vocab: int):
+  """(cfg, params {"target", "mtp"}) to start from: a preset at random, or the checkpoint's."""
+  if args.checkpoint is None:
+    cfg = PRESETS[args.preset](vocab_size=tok_vocab)
+    key = jax.random.key(args.seed)
+    return cfg, training.split_params(jax_mtp.init_target_params(cfg, jax.random.fold_in(key, 0)),
+                                      jax_mtp.init_params(cfg, jax.random.fold_in(key, 1)))
+  from jax_mtp.decode import checkpoint_config  # noqa: PLC0415
+  from jax_mtp.orbax_io import is_orbax_checkpoint, restore_params  # noqa: PLC0415
+  from jax_mtp.checkpoint import load_hf_checkpoint  # noqa: PLC0415
+  cfg = checkpoint_config(args.checkpoint).replace(dtype="float32", param_dtype="float32")
+  if is_orbax_checkpoint(args.checkpoint):
+    _, target, mtp = restore_params(args.checkpoint, cfg)
+  else:
+    _, target, mtp = load_hf_checkpoint(args.checkpoint, cfg=cfg)
+  if args.fresh_mtp:
+    mtp = jax_mtp.init_params(cfg, jax.random.key(args.seed))
+  return cfg, training.split_params(target, mtp)
+
+
+def _tokenizer(args: argparse.Namespace, files: list[str]):
+  """The checkpoint's tokenizer.json, the run's saved one (resume), or a new BPE saved in the run."""
+  import tokenizers  # noqa: PLC0415
+  saved = os.path.join(args.out, "tokenizer.json")
+  source = os.path.join(args.checkpoint, "tokenizer.json") if args.checkpoint else saved
+  if os.path.isfile(source):
+    return tokenizers.Tokenizer.from_file(source)
+  if args.checkpoint:
+    raise _BadInput(f"--checkpoint {args.checkpoint!r} has no tokenizer.json to read --data with")
+  tok = corpus.train_bpe(files, args.vocab_size)
+  _atomic_write(saved, tok.to_str())
+  return tok
+
+
+def _atomic_write(path: str, text: str) -> None:
+  tmp = f"{path}.tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    f.write(text)
+  os.replace(tmp, path)
+
+
+def _check_same_run(args: argparse.Namespace) -> None:
+  """A run directory remembers its flags; resuming with different ones would mix two runs."""
+  path, run = os.path.join(args.out, "run.json"), {k: getattr(args, k) for k in RUN_KEYS}
+  if os.path.isfile(path):
+    with open(path, encoding="utf-8") as f:
+      saved = json.load(f)
+    diff = [f"--{k.replace('_', '-')}={run[k]!r} (the run has {saved.get(k)!r})" for k in RUN_KEYS
+            if saved.get(k) != run[k]]
+    if diff:
+      raise _BadInput(f"--out {args.out!r} holds another run: {', '.join(diff)}; give a new --out")
+  else:
+    _atomic_write(path, json.dumps(run, indent=2) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+  try:
+    args = _parser().parse_args(argv)
+    _validate(args)
+    os.makedirs(args.out, exist_ok=True)
+    _check_same_run(args)
+    files = corpus.default_corpus() if args.data is None else corpus.corpus_files(args.data)
+    tok = _tokenizer(args, files)
+    data = corpus.TokenData.build(files, tok)
+    cfg, params = _model(args, tok.get_vocab_size())
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  corpus.print_stats(data, tok)
+  try:
+    params = _run(args, cfg, params, data)
+  except _BadInput as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  if args.export:
+    from jax_mtp.export import save_hf_checkpoint  # noqa: PLC0415
+    mtp = training.mtp_with_shared(params)
+    save_hf_checkpoint(args.export, cfg, params["target"], mtp, tokenizer=tok,
+                       eos_ids=(tok.token_to_id(corpus.EOS),), storage_dtype=args.export_dtype)
+    print(f"exported {args.export}", file=sys.stderr)
+  return 0
+
+
+def _run(args: argparse.Namespace, cfg, params: dict, data: corpus.TokenData) -> dict:
+  """The training loop: resume, steps, logs, evals, saves. Returns the final params."""
+  from jax_mtp.train_state import StateCheckpoints  # noqa: PLC0415
+  mesh = training.data_mesh()
+  opt = training.optimizer(args.lr, args.steps, args.warmup)
+  objectives = {dense: training.Objective(args.mode, args.mtp_weight, distill_targets=args.distill_targets,
+                                          dense=dense) for dense in (True, False)}
+  opt_state = opt.init(training.trainable(objectives[False], params))
+  saves = StateCheckpoints(os.path.join(args.out, "state"))
+  start, params, opt_state = saves.restore_latest(params, opt_state)
+  if args.export_only:
+    if not start:
+      raise _BadInput(f"--export-only: {args.out!r} holds no checkpoint to export")
+    print(f"exporting step {start}", file=sys.stderr)
+    return params
+  if start:
+    print(f"resuming from step {start}", file=sys.stderr)
+  steps = {dense: training.make_train_step(cfg, objectives[dense], opt, args.seq_len, mesh) for dense in (True, False)}
+  evaluate = training.make_eval(cfg, args.seq_len, mesh)
+  held_out = data.held_out_batches(args.eval_batches, args.batch, args.seq_len)
+  log = open(os.path.join(args.out, "log.jsonl"), "a", encoding="utf-8")
+  def held_out_scores(step: int) -> dict:
+    scores = [training.scalars(evaluate(params, b)) for b in held_out]
+    return {"step": step} | {f"held_out_{k}": float(np.mean([s[k] for s in scores])) for k in scores[0]}
+
+  if start == 0:  # the untrained baseline
+    _report(held_out_scores(0), args.steps, log)
+  t0, tokens_since = time.perf_counter(), 0
+  for step in range(start, args.steps):
+    batch = data.train_batch(step, args.batch, args.seq_len, args.seed)
+    params, opt_state, metrics = steps[step < args.dense_steps](params, opt_state, batch)
+    tokens_since += batch.size
+    done = step + 1
+    record = None
+    if done % args.log_every == 0 or done == args.steps:
+      record = {"step": done, **training.scalars(metrics)}
+      record["tokens_per_s"] = tokens_since / (time.perf_counter() - t0)
+      t0, tokens_since = time.perf_counter(), 0
+    if done % args.eval_every == 0 or done == args.steps:
+      record = (record or {}) | held_out_scores(done)
+    if record is not None:
+      _report(record, args.steps, log)
+    if done % args.save_every == 0 or done == args.steps:
+      saves.save(done, params, opt_state)
+  log.close()
+  return params
+
+
+def _report(record: dict, total: int, log) -> None:
+  log.write(json.dumps(record) + "\n")
+  log.flush()
+  parts = [f"step {record['step']}/{total}"]
+  if "loss" in record:
+    parts.append(f"loss {record['loss']:.3f} (lm {record['lm_loss']:.3f}, mtp {record['mtp_loss']:.3f}, "
+                 f"indexer {record['indexer_kl']:.3f}) · {record['tokens_per_s']:,.0f} tokens/s")
+  if "held_out_acceptance" in record:
+    parts.append(f"held-out lm {record['held_out_lm_loss']:.3f} · draft acceptance {record['held_out_acceptance']:.3f}")
+  print(" · ".join(parts), file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+  sys.exit(main())

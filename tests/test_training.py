@@ -1,0 +1,186 @@
+"""Training (jax_mtp.training, python -m jax_mtp.train): the losses against independent formulas,
+the expert-load bias, distillation's frozen target, a short run whose loss falls and held-out draft
+acceptance rises, resuming from orbax on the same curve, and the export read back by the loader."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_mtp
+from jax_mtp import corpus, training
+from jax_mtp.checkpoint import load_hf_checkpoint
+from jax_mtp.config import from_hf_config
+from jax_mtp.export import save_hf_checkpoint, to_hf_config
+from jax_mtp.train import main as train_main
+from tests.tolerances import assert_close
+
+CFG = jax_mtp.tiny(vocab_size=64, index_topk=8)
+
+
+def _params(cfg=CFG):
+  return training.split_params(jax_mtp.init_target_params(cfg, jax.random.key(0)), jax_mtp.init_params(cfg, jax.random.key(1)))
+
+
+def test_indexer_kl_matches_the_formula():
+  rng = np.random.default_rng(0)
+  attention = rng.random((2, 3, 5)).astype(np.float32)
+  visible = rng.random((2, 3, 5)) < 0.7
+  visible[..., 0] = True
+  attention = np.where(visible, attention, 0)
+  scores = rng.normal(size=(2, 3, 5)).astype(np.float32)
+  sown = {"layer": {"attention_BTS": (attention,), "visible_BTS": (visible,), "indexer": {"scores_BTS": (scores,)}}}
+  (kl,) = training.indexer_kls(sown)
+  expected = []
+  for b in range(2):
+    for t in range(3):
+      v = visible[b, t]
+      p = attention[b, t][v] / attention[b, t][v].sum()
+      q = np.exp(scores[b, t][v] - scores[b, t][v].max())
+      q /= q.sum()
+      expected.append(np.sum(np.where(p > 0, p * np.log(np.where(p > 0, p, 1) / q), 0)))
+  assert_close(kl, np.mean(expected), what="indexer KL")
+
+
+def test_cross_entropy_hard_and_soft_labels():
+  logits = jnp.asarray(np.random.default_rng(1).normal(size=(2, 3, 7)), jnp.float32)
+  labels = jnp.asarray([[0, 6, 3], [1, 1, 2]])
+  log_p = np.log(np.exp(np.asarray(logits, np.float64)) / np.exp(np.asarray(logits, np.float64)).sum(-1, keepdims=True))
+  hard = -np.mean(np.take_along_axis(log_p, np.asarray(labels)[..., None], -1))
+  assert_close(training.cross_entropy(logits, labels), hard, what="hard CE")
+  assert_close(training.cross_entropy(logits, jax.nn.one_hot(labels, 7)), hard, what="soft CE of one-hot labels")
+
+
+def test_expert_bias_moves_towards_balance():
+  params = _params()
+  path = ("target", "layers_1", "mlp", "gate")
+  load = {path: jnp.asarray([5.0, 0, 0, 3, 0, 0, 0, 0])}  # mean 1: experts 0 and 3 over, the rest under
+  out = training.balance_experts(params, load, training.Objective(bias_rate=0.01))
+  bias = np.asarray(out["target"]["layers_1"]["mlp"]["gate"]["e_score_correction_bias"])
+  np.testing.assert_array_equal(bias, np.float32([-0.01, 0.01, 0.01, -0.01, 0.01, 0.01, 0.01, 0.01]))
+  frozen = training.balance_experts(params, load, training.Objective(mode="distill", bias_rate=0.01))
+  assert not np.any(np.asarray(frozen["target"]["layers_1"]["mlp"]["gate"]["e_score_correction_bias"]))
+
+
+@pytest.mark.parametrize("dense", [True, False], ids=["dense-warm-up", "sparse"])
+def test_distill_step_trains_the_mtp_layer_only(dense):
+  """A distillation step leaves every target param bit-identical and moves the MTP layer; the
+  sparse step (index_topk 8 < L = 16) runs the indexer's selection and its loss."""
+  params = _params()
+  objective = training.Objective(mode="distill", dense=dense)
+  opt = training.optimizer(1e-2, 10, 1)
+  step = training.make_train_step(CFG, objective, opt, 16, training.data_mesh(jax.devices()[:1]))
+  tokens = np.asarray(np.random.default_rng(2).integers(0, 64, (2, 16)), np.int32)
+  before = jax.tree.map(np.asarray, params)
+  after, _, metrics = step(jax.tree.map(jnp.asarray, params), opt.init(params["mtp"]), tokens)
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(after["target"]), before["target"])
+  moved = jax.tree.leaves(jax.tree.map(lambda a, b: bool(np.any(np.asarray(a) != b)), after["mtp"], before["mtp"]))
+  assert sum(moved) > len(moved) // 2
+  assert np.isfinite(float(metrics["loss"])) and float(metrics["indexer_kl"]) >= 0
+
+
+def test_export_reads_back_through_the_loader(tmp_path):
+  cfg = CFG.replace(num_nextn_predict_layers=1)
+  target, mtp = jax_mtp.init_target_params(cfg, jax.random.key(3)), jax_mtp.init_params(cfg, jax.random.key(4))
+  save_hf_checkpoint(tmp_path / "fp32", cfg, target, mtp, eos_ids=(7,))
+  assert from_hf_config(tmp_path / "fp32") == cfg
+  loaded_cfg, loaded_target, loaded_mtp = load_hf_checkpoint(tmp_path / "fp32", progress=False)
+  assert loaded_cfg == cfg
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(loaded_target), jax.device_get(target))
+  shared = {k: target[k] for k in ("embed_tokens", "lm_head")}
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(loaded_mtp), jax.device_get({**mtp, **shared}))
+  assert json.load(open(tmp_path / "fp32" / "generation_config.json"))["eos_token_id"] == 7
+  save_hf_checkpoint(tmp_path / "bf16", cfg, target, mtp, storage_dtype="bfloat16")
+  _, bf16_target, _ = load_hf_checkpoint(tmp_path / "bf16", progress=False)
+  rounded = jax.tree.map(lambda x: np.asarray(jnp.asarray(x).astype(jnp.bfloat16).astype(jnp.float32)), target)
+  rounded["layers_1"]["mlp"]["gate"] = target["layers_1"]["mlp"]["gate"]  # the router stays fp32
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(bf16_target), jax.device_get(rounded))
+  with pytest.raises(FileExistsError):
+    save_hf_checkpoint(tmp_path / "bf16", cfg, target, mtp)
+  assert to_hf_config(cfg)["torch_dtype"] == "float32"
+
+
+def _corpus(directory) -> str:
+  """A small corpus of regular code-like text (learnable in a few dozen steps)."""
+  os.makedirs(directory, exist_ok=True)
+  for f in range(12):
+    lines = [f"x{i % 7} = y{(i * f) % 5} + {i % 3}\n" for i in range(300)]
+    with open(os.path.join(directory, f"m{f}.py"), "w") as out:
+      out.write("".join(lines))
+  return str(directory)
+
+
+def _log(out) -> dict[int, dict]:
+  records = {}
+  for line in open(os.path.join(out, "log.jsonl")):
+    record = json.loads(line)
+    records.setdefault(record["step"], {}).update(record)
+  return records
+
+
+def test_training_learns_resumes_on_the_same_curve_and_exports(tmp_path, capsys):
+  """joint training of the tiny preset for 24 steps (8 dense, then sparse): the loss falls and
+  held-out draft acceptance rises; a run resumed from its step-16 checkpoint logs the same
+  numbers at steps 20 and 24 as the uninterrupted run; the export decodes through the CLI."""
+  data, out = _corpus(tmp_path / "data"), tmp_path / "run"
+  argv = ["--preset", "tiny", "--data", data, "--vocab-size", "300", "--steps", "24", "--batch", "8", "--seq-len", "32",
+          "--lr", "1e-2", "--warmup", "4", "--dense-steps", "8", "--log-every", "4", "--eval-every", "8",
+          "--save-every", "8", "--out", str(out)]
+  assert train_main([*argv, "--export", str(tmp_path / "model")]) == 0
+  first = _log(out)
+  assert first[24]["loss"] < 0.6 * first[4]["loss"]
+  assert first[24]["held_out_acceptance"] > first[0]["held_out_acceptance"] + 0.3  # 0: before any step
+  assert first[24]["held_out_lm_loss"] < 0.5 * first[0]["held_out_lm_loss"]
+
+  shutil.rmtree(out / "state" / "24")  # as if killed after step 16's save
+  os.remove(out / "log.jsonl")
+  assert train_main(argv) == 0
+  assert "resuming from step 16" in capsys.readouterr().err
+  resumed = _log(out)
+  assert min(resumed) == 20
+  for step in (20, 24):
+    for key in ("loss", "lm_loss", "mtp_loss", "held_out_acceptance"):
+      if key in first[step]:
+        assert resumed[step][key] == first[step][key], (step, key)
+
+  from jax_mtp.decode import main as decode_main  # noqa: PLC0415
+  assert decode_main(["--checkpoint", str(tmp_path / "model"), "--prompt", "x1 = y", "--max-new-tokens", "6",
+                      "--check", "--json"]) == 0
+  result = json.loads(capsys.readouterr().out)
+  assert result["matches_target"]
+  assert re.match(r"\d \+ \d\n", result["text"][0]), result["text"]  # "x1 = y" continues as the corpus's lines do
+
+
+def test_bad_input_is_refused(tmp_path, capsys):
+  def refused(*argv, out="run"):
+    assert train_main([*argv, "--out", str(tmp_path / out)]) == 2
+    return capsys.readouterr().err
+
+  assert "--mode distill needs --checkpoint" in refused("--mode", "distill")
+  assert "is neither a file nor a directory" in refused("--data", str(tmp_path / "missing"), out="a")
+  assert "--seq-len=2 must be ≥ 3" in refused("--seq-len", "2")
+  assert "fewer than one window" in refused("--preset", "tiny", "--data", _corpus(tmp_path / "d"), "--vocab-size",
+                                            "300", "--steps", "1", "--batch", "2", "--seq-len", "100000", out="b")
+  assert "holds another run" in refused("--preset", "tiny", "--steps", "2", out="a")  # a's run.json: other flags
+
+
+def test_corpus_split_and_batches_are_deterministic(tmp_path):
+  files = corpus.corpus_files([_corpus(tmp_path / "c")])
+  assert files == sorted(files) and len(files) == 12
+  tok = corpus.train_bpe(files, 300)
+  assert tok.token_to_id(corpus.EOS) == 0 and tok.decode(tok.encode("x1 = y2 + 0\n").ids) == "x1 = y2 + 0\n"
+  data = corpus.TokenData.build(files, tok, held_out=0.25)
+  again = corpus.TokenData.build(files, tok, held_out=0.25)
+  np.testing.assert_array_equal(data.train, again.train)
+  np.testing.assert_array_equal(data.train_batch(5, 3, 16, 0), again.train_batch(5, 3, 16, 0))
+  assert not np.array_equal(data.train_batch(5, 3, 16, 0), data.train_batch(6, 3, 16, 0))
+  assert data.held_out.size and data.train.size
+  held = [f for f in files if corpus.is_held_out(f, 0.25)]
+  assert 0 < len(held) < len(files)
