@@ -15,6 +15,6 @@ timeout "${TRAIN_S:-330}" python3 -m jax_mtp.train "${ARGS[@]}" 2>&1 | grep -v -
 echo "training wall time $(( $(date +%s) - start )) s" | tee -a "$OUT/train.log"
 python3 -m jax_mtp.train "${ARGS[@]}" --export-only --export "$OUT/default_model" 2>&1 | tail -2 | tee -a "$OUT/train.log"
 cp /tmp/run/log.jsonl "$OUT/train_log.jsonl"
-timeout "${BENCH_S:-150}" python3 -m benchmarks.spec_vs_plain --checkpoint "$OUT/default_model" \
-  ${BENCH_ARGS:---k 1 2 3 4 5 --prompts 4 --max-new 128 --repeats 2} 2>&1 | grep -v -E "TPU|libtpu|Source Location|InitGoogle|E0000" \
+timeout "${BENCH_S:-150}" python3 -m benchmarks.spec_vs_plain --checkpoint "$OUT/default_model" --k 1 2 3 4 5 \
+  --prompts 4 --max-new 128 --repeats 2 2>&1 | grep -v -E "TPU|libtpu|Source Location|InitGoogle|E0000" \
   | tee "$OUT/spec_vs_plain_h200.md"

@@ -379,13 +379,11 @@ def glm5(**overrides: Any) -> MtpConfig:
 def demo(**overrides: Any) -> MtpConfig:
   """The embedded default's architecture (`python -m jax_mtp.train --preset demo`): DeepSeek-V3.2's
   (MLA, a DSA indexer that selects 64 of a longer context, noaux_tc MoE after one dense layer, one
-  MTP layer) at ~7.5M parameters, 15 MB in bf16; fp32 compute for laptop CPUs. Deep and narrow (12
-  layers of 192) so that, as in the real model (61 layers, 1 MTP layer), a draft step costs a
-  fraction of a target step."""
+  MTP layer) at ~7M parameters, 14 MB in bf16; fp32 compute for laptop CPUs."""
   fields = dict(
-      model_type="deepseek_v32", vocab_size=4096, hidden_size=192, intermediate_size=512,
-      moe_intermediate_size=64, num_hidden_layers=12, first_k_dense_replace=1, num_attention_heads=4,
-      q_lora_rank=96, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
+      model_type="deepseek_v32", vocab_size=4096, hidden_size=256, intermediate_size=768,
+      moe_intermediate_size=128, num_hidden_layers=4, first_k_dense_replace=1, num_attention_heads=4,
+      q_lora_rank=128, kv_lora_rank=64, qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32,
       n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=1, topk_group=1,
       routed_scaling_factor=1.0, norm_topk_prob=True, rms_norm_eps=1e-6, max_position_embeddings=2048,
       rope=RopeConfig(theta=10000.0), index_n_heads=4, index_head_dim=32, index_topk=64,
