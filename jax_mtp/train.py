@@ -70,6 +70,8 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--eval-every", type=int, default=250)
   p.add_argument("--eval-batches", type=int, default=4)
   p.add_argument("--export", metavar="DIR", help="write a HF checkpoint here at the end")
+  p.add_argument("--stop-after", type=int, metavar="STEP",
+                 help="stop (saved) after this step, the schedule still that of --steps (a run cut short, reproducibly)")
   p.add_argument("--export-only", action="store_true",
                  help="export the run's latest checkpoint without training (an interrupted run, say)")
   p.add_argument("--export-dtype", choices=("float32", "bfloat16"), default="float32")
@@ -88,6 +90,8 @@ def _validate(args: argparse.Namespace) -> None:
     raise _BadInput("--mode distill needs --checkpoint (the target), and only distill takes one")
   if args.export and os.path.exists(args.export):
     raise _BadInput(f"--export {args.export!r} exists; give a new directory")
+  if args.stop_after is not None and not 1 <= args.stop_after <= args.steps:
+    raise _BadInput(f"--stop-after={args.stop_after} must be in [1, --steps={args.steps}]")
   if args.dense_steps < 0:
     args.dense_steps = args.steps // 4
 
@@ -203,7 +207,7 @@ def _run(args: argparse.Namespace, cfg, params: dict, data: corpus.TokenData) ->
   if start == 0:  # the untrained baseline
     _report(held_out_scores(0), args.steps, log)
   t0, tokens_since = time.perf_counter(), 0
-  for step in range(start, args.steps):
+  for step in range(start, min(args.steps, args.stop_after or args.steps)):
     batch = data.train_batch(step, args.batch, args.seq_len, args.seed)
     params, opt_state, metrics = steps[step < args.dense_steps](params, opt_state, batch)
     tokens_since += batch.size
@@ -213,11 +217,11 @@ def _run(args: argparse.Namespace, cfg, params: dict, data: corpus.TokenData) ->
       record = {"step": done, **training.scalars(metrics)}
       record["tokens_per_s"] = tokens_since / (time.perf_counter() - t0)
       t0, tokens_since = time.perf_counter(), 0
-    if done % args.eval_every == 0 or done == args.steps:
+    if done % args.eval_every == 0 or done in (args.steps, args.stop_after):
       record = (record or {}) | held_out_scores(done)
     if record is not None:
       _report(record, args.steps, log)
-    if done % args.save_every == 0 or done == args.steps:
+    if done % args.save_every == 0 or done in (args.steps, args.stop_after):
       saves.save(done, params, opt_state)
   log.close()
   return params
