@@ -108,6 +108,11 @@ class TokenData:
       train, test = train[:cut], train[cut:]
     return cls(train, test)
 
+  def check_windows(self, length: int) -> None:
+    """Both splits hold a window of `length` tokens (else a CorpusError naming the shortfall)."""
+    for stream in (self.train, self.held_out):
+      _windows(stream, np.random.default_rng(0), 0, length)
+
   def train_batch(self, step: int, batch: int, length: int, seed: int) -> np.ndarray:
     """int32 [batch, length] windows of the train stream, drawn from (seed, step) only."""
     return _windows(self.train, np.random.default_rng([seed, step]), batch, length)

@@ -121,7 +121,7 @@ def _check_index_scores_impl(cfg: jax_mtp.MtpConfig, capacity: int) -> None:
     return
   platform = jax.default_backend()
   if cfg.index_scores_impl != f"pallas_{platform}":
-    raise _BadInput(f"--index-scores-impl={cfg.index_scores_impl} runs on {cfg.index_scores_impl[7:]}; this "
+    raise _BadInput(f"--index-scores-impl={cfg.index_scores_impl} runs on {cfg.index_scores_impl.removeprefix('pallas_')}; this "
                     f"machine's JAX platform is {platform}")
   resolve_index_scores_impl(cfg, platform, capacity)
 

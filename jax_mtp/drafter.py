@@ -98,20 +98,27 @@ class MtpDrafter:
   def catch_up(self, variables: dict, window: Window, caches, *, absorb: bool):
     """MTP step 0 over the window. Returns (hidden at the last valid entry [B, 1, D], caches).
     `absorb`: MLA's absorbed form (a round's k + 1 window) or the naive one (the prompt's prefill)."""
+    hidden_B1D, caches, _ = self._catch_up(variables, window, caches, absorb=absorb, keep_selection=False)
+    return hidden_B1D, caches
+
+  def _catch_up(self, variables: dict, window: Window, caches, *, absorb: bool, keep_selection: bool):
+    """`catch_up`, and with `keep_selection` also the DSA selection of its last valid query (t1's, at
+    length − 1): `index_share_for_mtp_iteration`'s step-0 top-k, which the later draft steps reuse."""
     positions_BW = window.start_B[:, None] + jnp.arange(window.ids_BW.shape[1], dtype=jnp.int32)
-    out = self.model.apply(variables, window.ids_BW, positions_BW, window.hidden_BWD, caches, spec_step_idx=0,
-                           absorb=absorb)
+    out, sown = self.model.apply(variables, window.ids_BW, positions_BW, window.hidden_BWD, caches, spec_step_idx=0,
+                                 absorb=absorb, mutable=["dsa"] if keep_selection else [])
     last_B11 = (window.count_B - 1)[:, None, None]
-    return jnp.take_along_axis(out.hidden_BTD, last_B11, axis=1), out.caches
+    shared = None
+    if keep_selection:
+      (selection,) = flatten_dict(sown["dsa"]).values()  # the MTP layer's one indexer call: a 1-tuple
+      shared = Selection(*(jnp.take_along_axis(x, last_B11, axis=1) for x in selection[0]))  # [B, 1, K]
+    return jnp.take_along_axis(out.hidden_BTD, last_B11, axis=1), out.caches, shared
 
   def propose(self, variables: dict, window: Window, caches, num_drafts: int):
     """k = num_drafts greedy drafts int32 [B, k] after the window's t1, and the updated caches."""
     share = (self.cfg.index_share_for_mtp_iteration and num_drafts > 1
              and not selects_all(self.cfg, caches[0].capacity))
-    if share:
-      hidden_B1D, caches, shared = self._catch_up_sharing_topk(variables, window, caches)
-    else:
-      (hidden_B1D, caches), shared = self.catch_up(variables, window, caches, absorb=True), None
+    hidden_B1D, caches, shared = self._catch_up(variables, window, caches, absorb=True, keep_selection=share)
     token_B1 = self._greedy(variables, hidden_B1D, 0)
     if num_drafts == 1:
       return token_B1, caches
@@ -129,17 +136,6 @@ class MtpDrafter:
 
     (_, _, caches), rest_MB = jax.lax.scan(step, (token_B1, hidden_B1D, caches), jnp.arange(1, num_drafts))
     return jnp.concatenate([token_B1, rest_MB.T], axis=1), caches
-
-  def _catch_up_sharing_topk(self, variables: dict, window: Window, caches):
-    """`catch_up` that also returns the DSA selection of its last valid query (t1's, at length − 1):
-    `index_share_for_mtp_iteration`'s step-0 top-k, which the later draft steps reuse."""
-    positions_BW = window.start_B[:, None] + jnp.arange(window.ids_BW.shape[1], dtype=jnp.int32)
-    out, sown = self.model.apply(variables, window.ids_BW, positions_BW, window.hidden_BWD, caches, spec_step_idx=0,
-                                 absorb=True, mutable=["dsa"])
-    (selection,) = flatten_dict(sown["dsa"]).values()  # the MTP layer's one indexer call: a 1-tuple
-    last_B11 = (window.count_B - 1)[:, None, None]
-    shared = Selection(*(jnp.take_along_axis(x, last_B11, axis=1) for x in selection[0]))  # [B, 1, K]
-    return jnp.take_along_axis(out.hidden_BTD, last_B11, axis=1), out.caches, shared
 
   def _step_workspace(self, batch: int, steps: int):
     """The Opt-1 GPU workspace the `steps` draft steps after the first chain their kernel through

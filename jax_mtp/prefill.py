@@ -51,6 +51,13 @@ def prefill_chunk(cfg: MtpConfig, batch: int, capacity: int, local_heads: int) -
   return cfg.prefill_chunk or auto_prefill_chunk(cfg, batch, capacity, local_heads)
 
 
+def prefill_plan(cfg: MtpConfig, batch: int, capacity: int, tp) -> tuple[int, bool]:
+  """(tokens per chunk, MLA's absorbed form?) of a prompt prefill — the target's and the drafter's
+  (the MTP layer has the target's heads) — under the `TensorParallel` `tp`."""
+  heads = tp.local(cfg.num_attention_heads, "num_attention_heads")
+  return prefill_chunk(cfg, batch, capacity, heads), prefill_absorb(cfg, capacity)
+
+
 def apply_in_chunks(apply_chunk, inputs, caches, chunk: int):
   """Runs `apply_chunk(inputs_chunk, positions_BC, caches) -> (outputs, caches)` over `inputs` (a
   pytree of [B, T, ...] arrays at positions 0..T−1) `chunk` tokens at a time, in one scan.
@@ -82,8 +89,7 @@ def target_prefill(target: TargetModel, t_vars: dict, prompt_BT, lengths_B, capa
   Returns (hidden [B, T, D], hidden of each row's last prompt token [B, 1, D], caches).
   """
   cfg, b = target.cfg, prompt_BT.shape[0]
-  chunk = prefill_chunk(cfg, b, capacity, target.tp.local(cfg.num_attention_heads, "num_attention_heads"))
-  absorb = prefill_absorb(cfg, capacity)
+  chunk, absorb = prefill_plan(cfg, b, capacity, target.tp)
 
   def run(ids_BC, positions_BC, caches):
     out = target.apply(t_vars, ids_BC, positions_BC, caches, absorb=absorb)

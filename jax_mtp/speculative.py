@@ -61,7 +61,7 @@ from jax_mtp.metrics import SpecMetrics
 from jax_mtp.model import TargetModel, init_target_params
 from jax_mtp.mtp import MtpPredictor
 from jax_mtp.parallel import check_impl_runtime, jit_per_shard
-from jax_mtp.prefill import apply_in_chunks, prefill_absorb, prefill_chunk, target_prefill
+from jax_mtp.prefill import apply_in_chunks, prefill_plan, target_prefill
 from jax_mtp.request import (pack_prompts, required_capacity, stop_id_array, validate_positive, validate_prompts,
                              validate_temperature)
 from jax_mtp.sharding import TP_AXIS, param_specs, replicated, shard_params, tensor_parallel, validate_tp
@@ -212,9 +212,8 @@ class Speculator:
   def _drafter_prefill(self, d_vars, ids_BT, hidden_BTD, capacity: int):
     """The drafter's catch-up over the prompt's (hidden at p, token at p + 1) pairs, in prefill
     chunks (jax_mtp.prefill); entries past a row's length are stale by the cache contract."""
-    b, cfg = ids_BT.shape[0], self.cfg
-    heads = self.target.tp.local(cfg.num_attention_heads, "num_attention_heads")  # the MTP layer's too
-    chunk, absorb = prefill_chunk(cfg, b, capacity, heads), prefill_absorb(cfg, capacity)
+    b = ids_BT.shape[0]
+    chunk, absorb = prefill_plan(self.cfg, b, capacity, self.target.tp)
 
     def run(inputs, positions_BC, caches):
       ids_BC, hidden_BCD = inputs

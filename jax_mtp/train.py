@@ -19,6 +19,7 @@ runs. Exit 0 on success, 2 on bad input with an `error: ...` line.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -160,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     files = corpus.default_corpus() if args.data is None else corpus.corpus_files(args.data)
     tok = _tokenizer(args, files)
     data = corpus.TokenData.build(files, tok)
+    data.check_windows(args.seq_len)
     cfg, params = _model(args, tok.get_vocab_size())
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
@@ -183,10 +185,9 @@ def _run(args: argparse.Namespace, cfg, params: dict, data: corpus.TokenData) ->
   """The training loop: resume, steps, logs, evals, saves. Returns the final params."""
   from jax_mtp.train_state import StateCheckpoints  # noqa: PLC0415
   mesh = training.data_mesh()
-  opt = training.optimizer(args.lr, args.steps, args.warmup)
-  objectives = {dense: training.Objective(args.mode, args.mtp_weight, distill_targets=args.distill_targets,
-                                          dense=dense) for dense in (True, False)}
-  opt_state = opt.init(training.trainable(objectives[False], params))
+  opt, steps, evaluate = _compiled(cfg, args.mode, args.mtp_weight, args.distill_targets, args.lr, args.steps,
+                                   args.warmup, args.seq_len, mesh)
+  opt_state = opt.init(training.trainable(training.Objective(args.mode), params))
   saves = StateCheckpoints(os.path.join(args.out, "state"))
   start, params, opt_state = saves.restore_latest(params, opt_state)
   if args.export_only:
@@ -196,8 +197,6 @@ def _run(args: argparse.Namespace, cfg, params: dict, data: corpus.TokenData) ->
     return params
   if start:
     print(f"resuming from step {start}", file=sys.stderr)
-  steps = {dense: training.make_train_step(cfg, objectives[dense], opt, args.seq_len, mesh) for dense in (True, False)}
-  evaluate = training.make_eval(cfg, args.seq_len, mesh)
   held_out = data.held_out_batches(args.eval_batches, args.batch, args.seq_len)
   log = open(os.path.join(args.out, "log.jsonl"), "a", encoding="utf-8")
   def held_out_scores(step: int) -> dict:
@@ -225,6 +224,18 @@ def _run(args: argparse.Namespace, cfg, params: dict, data: corpus.TokenData) ->
       saves.save(done, params, opt_state)
   log.close()
   return params
+
+
+@functools.cache
+def _compiled(cfg, mode: str, mtp_weight: float, distill_targets: str, lr: float, steps: int, warmup: int, length: int,
+              mesh):
+  """(optimizer, {dense?: train step}, eval) for a run's settings; cached, so a run resumed in the same
+  process (a notebook, the tests) reuses the compiled programs."""
+  opt = training.optimizer(lr, steps, warmup)
+  step_fns = {dense: training.make_train_step(cfg, training.Objective(mode, mtp_weight, distill_targets=distill_targets,
+                                                                      dense=dense), opt, length, mesh)
+              for dense in (True, False)}
+  return opt, step_fns, training.make_eval(cfg, length, mesh)
 
 
 def _report(record: dict, total: int, log) -> None:

@@ -142,3 +142,81 @@ print("logits:", logits_BTV.shape, logits_BTV.dtype)
 print("argmax(logits):", np.asarray(jnp.argmax(logits_BTV, -1))[0].tolist())
 print("get_top_tokens:", np.asarray(top_BT)[0].tolist())
 np.testing.assert_array_equal(jnp.argmax(logits_BTV, axis=-1), top_BT)
+
+# %% [markdown]
+# ## A real prompt: what DSA selects and where the MoE routes
+#
+# The trained default (`jax_mtp/default_model/`, a 4-layer DeepSeek-V3.2-architecture target trained on
+# Python's stdlib) reads a real snippet. Its DSA indexer keeps `index_topk` = 64 slots per query, so
+# past 64 tokens each query attends to the 64 its indexer scores highest, not to everything before it.
+# MLA sows each indexer call's selection into the `"dsa"` collection, and each router its tokens per
+# expert into `jax_mtp.moe.EXPERT_LOAD` (the counts training balances): asking for those collections
+# as mutable returns them beside the output.
+
+# %%
+import matplotlib.pyplot as plt
+
+from jax_mtp.checkpoint import load_hf_checkpoint
+from jax_mtp.decode import DEFAULT_MODEL
+from jax_mtp.moe import EXPERT_LOAD
+from jax_mtp.tokenizer import TextCodec
+
+d_cfg, d_target, _ = load_hf_checkpoint(DEFAULT_MODEL)
+codec = TextCodec(DEFAULT_MODEL)
+snippet = '''def read_config(path):
+    """Read a JSON config file and return it as a dict."""
+    import json
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path!r} does not hold a JSON object")
+    for key, value in data.items():
+        if value is None:
+            raise ValueError(f"{path!r}: {key} is null")
+    return data
+
+
+def write_config(path, data):
+    """Write `data` as JSON to `path`."""
+    import json
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2)
+'''
+ids = np.asarray(codec.encode(snippet))
+t = len(ids)
+target = jax_mtp.TargetModel(d_cfg)
+positions = np.arange(t)[None]
+out, sown = target.apply({"params": d_target}, ids[None], positions, jax_mtp.init_target_caches(d_cfg, 1, t),
+                         mutable=["dsa", EXPERT_LOAD])
+print(f"{t} tokens; index_topk = {d_cfg.index_topk}")
+assert t > d_cfg.index_topk
+
+# %%
+fig, axes = plt.subplots(1, d_cfg.num_hidden_layers, figsize=(3.2 * d_cfg.num_hidden_layers, 3.4))
+for layer, ax in enumerate(axes):
+  (selection,) = sown["dsa"][f"layers_{layer}"]["self_attn"]["selection"]
+  chosen = np.zeros((t, t), bool)
+  for q in range(t):
+    slots = np.asarray(selection.slots_BTK)[0, q][np.asarray(selection.valid_BTK)[0, q]]
+    chosen[q, slots] = True
+  assert chosen.sum(axis=1).max() == d_cfg.index_topk and not np.triu(chosen, 1).any()  # ≤ 64, never the future
+  ax.imshow(chosen, cmap="Greys", interpolation="nearest")
+  ax.set(title=f"layer {layer}: slots attended", xlabel="key slot", ylabel="query" if layer == 0 else None)
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# Up to query 63 every earlier slot is kept (the triangle); from then on each row keeps 64 of them —
+# typically the first tokens, the most recent ones, and scattered earlier ones its indexer chose.
+
+# %%
+moe_layers = [name for name in sorted(sown[EXPERT_LOAD]) if "mlp" in sown[EXPERT_LOAD][name]]
+load = np.stack([np.asarray(sown[EXPERT_LOAD][name]["mlp"]["gate"]["tokens_E"][0]) for name in moe_layers])
+assert (load.sum(axis=1) == t * d_cfg.num_experts_per_tok).all()  # every token picks num_experts_per_tok experts
+fig, ax = plt.subplots(figsize=(6, 2.4))
+image = ax.imshow(load, cmap="viridis")
+ax.set(xlabel="routed expert", yticks=range(len(moe_layers)), yticklabels=moe_layers,
+       title=f"tokens per expert ({t} tokens × top-{d_cfg.num_experts_per_tok})")
+fig.colorbar(image)
+plt.show()
+print(load.astype(int))

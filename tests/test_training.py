@@ -166,8 +166,9 @@ def test_bad_input_is_refused(tmp_path, capsys):
   assert "--mode distill needs --checkpoint" in refused("--mode", "distill")
   assert "is neither a file nor a directory" in refused("--data", str(tmp_path / "missing"), out="a")
   assert "--seq-len=2 must be ≥ 3" in refused("--seq-len", "2")
+  assert "--batch=4 must be a multiple of the 8 devices" in refused("--batch", "4")
   assert "fewer than one window" in refused("--preset", "tiny", "--data", _corpus(tmp_path / "d"), "--vocab-size",
-                                            "300", "--steps", "1", "--batch", "2", "--seq-len", "100000", out="b")
+                                            "300", "--steps", "1", "--batch", "8", "--seq-len", "100000", out="b")
   assert "holds another run" in refused("--preset", "tiny", "--steps", "2", out="a")  # a's run.json: other flags
 
 
