@@ -111,7 +111,7 @@ class TokenData:
   def check_windows(self, length: int) -> None:
     """Both splits hold a window of `length` tokens (else a CorpusError naming the shortfall)."""
     for stream in (self.train, self.held_out):
-      _windows(stream, np.random.default_rng(0), 0, length)
+      _windows(stream, np.random.default_rng(0), 1, length)
 
   def train_batch(self, step: int, batch: int, length: int, seed: int) -> np.ndarray:
     """int32 [batch, length] windows of the train stream, drawn from (seed, step) only."""

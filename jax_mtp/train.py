@@ -241,7 +241,8 @@ def _compiled(cfg, mode: str, mtp_weight: float, distill_targets: str, lr: float
 def _report(record: dict, total: int, log) -> None:
   log.write(json.dumps(record) + "\n")
   log.flush()
-  parts = [f"step {record['step']}/{total}"]
+  filled = 20 * record["step"] // max(total, 1)
+  parts = [f"[{'#' * filled}{'.' * (20 - filled)}] step {record['step']}/{total}"]
   if "loss" in record:
     parts.append(f"loss {record['loss']:.3f} (lm {record['lm_loss']:.3f}, mtp {record['mtp_loss']:.3f}, "
                  f"indexer {record['indexer_kl']:.3f}) · {record['tokens_per_s']:,.0f} tokens/s")
