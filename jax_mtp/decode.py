@@ -32,7 +32,7 @@ from jax_mtp.config import DTYPES, INDEX_SCORES_IMPLS, MOE_IMPLS, from_hf_config
 from jax_mtp.generate import TargetDecoder
 from jax_mtp.kernels.fused_allreduce_rmsnorm import IMPLS
 from jax_mtp.model import init_target_params
-from jax_mtp.request import required_capacity, stop_id_array, validate_prompts
+from jax_mtp.request import MIN_TEMPERATURE, required_capacity, stop_id_array, validate_prompts
 from jax_mtp.sharding import make_mesh, validate_tp
 from jax_mtp.speculative import SpecParams, SpecResult, Speculator
 from jax_mtp.tokenizer import TextCodec, eos_token_ids
@@ -101,6 +101,9 @@ def _validate(args: argparse.Namespace, cfg: jax_mtp.MtpConfig) -> list[list[int
       raise _BadInput(f"--{flag.replace('_', '-')}={getattr(args, flag)} must be ≥ 1")
   if not args.temperature >= 0 or args.temperature == float("inf"):
     raise _BadInput(f"--temperature={args.temperature} must be a finite number ≥ 0")
+  if 0 < args.temperature < MIN_TEMPERATURE:
+    raise _BadInput(f"--temperature={args.temperature} is below {MIN_TEMPERATURE} (the logits would overflow); "
+                    f"use 0 for greedy decoding")
   if args.check and args.temperature > 0:
     raise _BadInput(f"--check compares greedy outputs token for token; it needs --temperature 0, "
                     f"got {args.temperature}")
@@ -360,6 +363,9 @@ def main(argv: list[str] | None = None) -> int:
     loaded = None if args.checkpoint is None else load(args, cfg)
   except ValueError as e:  # bad flags, and bad checkpoints (CheckpointError lists every problem)
     print(f"error: {e}", file=sys.stderr)
+    return 2
+  except OSError as e:  # a checkpoint file that cannot be read (permissions, vanished): its path and why
+    print(f"error: cannot read {e.filename or 'a checkpoint file'!r}: {e.strerror or e}", file=sys.stderr)
     return 2
   result, matches = run(args, cfg, prompts, loaded, stop_ids)
   if args.json:

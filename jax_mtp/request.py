@@ -18,9 +18,17 @@ def validate_positive(name: str, value) -> None:
     raise ValueError(f"{name}={value!r} must be an integer ≥ 1")
 
 
+# The smallest positive sampling temperature: fp32 logits divided by less can overflow to inf (and
+# the probabilities to NaN); below it, greedy decoding (0) is what a user means.
+MIN_TEMPERATURE = 1e-4
+
+
 def validate_temperature(temperature) -> None:
   if not isinstance(temperature, (int, float)) or not math.isfinite(temperature) or temperature < 0:
     raise ValueError(f"temperature={temperature!r} must be a finite number ≥ 0")
+  if 0 < temperature < MIN_TEMPERATURE:
+    raise ValueError(f"temperature={temperature!r} is below {MIN_TEMPERATURE} (the logits would overflow); "
+                     f"use 0 for greedy decoding")
 
 
 def validate_prompts(cfg: MtpConfig, prompts: Sequence[Sequence[int]]) -> None:

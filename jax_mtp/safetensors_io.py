@@ -101,13 +101,24 @@ class SafetensorsCheckpoint:
     index = tuple(slice(*s.indices(n)[:2]) for s, n in zip(index, info.shape))
     values = _memmap(info)[index]
     if info.dtype != FP8_DTYPE:
-      return values.astype(np.float32)
+      return _finite(values.astype(np.float32), name, info.file)
     scale = self.tensors[scale_name(name)]
-    return dequantize_block(values, _memmap(scale), self.block, index)
+    return _finite(dequantize_block(values, _memmap(scale), self.block, index, name), name, info.file)
+
+
+def _finite(values: np.ndarray, name: str, file: str) -> np.ndarray:
+  """`values`, or a CheckpointError naming the tensor and its first non-finite element: a NaN or
+  inf weight would turn every logit it reaches into NaN, and greedy decoding into token 0."""
+  bad = ~np.isfinite(values)
+  if bad.any():
+    where = tuple(int(i) for i in np.argwhere(bad)[0])
+    raise CheckpointError(f"tensor {name} in {file} holds {np.count_nonzero(bad)} non-finite value(s) in the slice "
+                          f"read (the first at {where}: {values[where]}); the checkpoint is corrupt")
+  return values
 
 
 def dequantize_block(w_fp8: np.ndarray, scale_inv: np.ndarray, block: tuple[int, int],
-                     index: tuple[slice, slice]) -> np.ndarray:
+                     index: tuple[slice, slice], name: str = "the tensor") -> np.ndarray:
   """`w_fp8 = W_fp8[index]` times the scale of each element's block, in float32.
 
   `scale_inv` is the whole [ceil(rows / B0), ceil(cols / B1)] scale tensor (tiny) or a memmap of it;
@@ -117,10 +128,17 @@ def dequantize_block(w_fp8: np.ndarray, scale_inv: np.ndarray, block: tuple[int,
   (r0, r1), (c0, c1) = ((s.start, s.stop) for s in index)
   (b0, b1) = block
   s = np.asarray(scale_inv[r0 // b0: -(-r1 // b0), c0 // b1: -(-c1 // b1)], np.float32)
+  if not (np.isfinite(s).all() and (s >= 0).all()):
+    raise CheckpointError(f"{scale_name(name)} holds a scale that is not a finite number ≥ 0 "
+                          f"({s[~(np.isfinite(s) & (s >= 0))][0]}); the checkpoint is corrupt")
   s = np.repeat(np.repeat(s, b0, axis=0), b1, axis=1)
   row_off, col_off = r0 % b0, c0 % b1  # where the slice starts inside its first block
   s = s[row_off: row_off + r1 - r0, col_off: col_off + c1 - c0]
-  return w_fp8.astype(np.float32) * s
+  w = w_fp8.astype(np.float32)
+  if ((s == 0) & (w != 0)).any():  # a zero scale would silently zero codes the quantiser wrote
+    raise CheckpointError(f"{scale_name(name)} has a zero scale for a block of {name} whose codes are not all "
+                          f"zero; the checkpoint is corrupt")
+  return w * s
 
 
 def _memmap(info: TensorInfo) -> np.ndarray:

@@ -133,24 +133,29 @@ CFG2 = jax_mtp.tiny(max_position_embeddings=8, num_nextn_predict_layers=2)
 
 
 def test_second_layer_cache_batch_is_checked():
-  """With two MTP layers, step 1 reads caches[1]: its batch must match the input's too.
-
-  BUG (jax_mtp/mtp.py `validate_inputs`): only caches[0] is checked. A batch-1 caches[1] passes,
-  and `model.apply(..., spec_step_idx=1)` then runs without error, broadcasting the one cached row
-  over both sequences and dropping the writes of sequence 1 (hidden off by ~7e-2 on tiny()).
-  """
+  """With two MTP layers, step 1 reads caches[1]: its batch must match the input's too (unchecked,
+  `model.apply(..., spec_step_idx=1)` would broadcast the one cached row over both sequences and
+  drop sequence 1's writes); `validate_inputs` checks every cache."""
   step = _step(caches=(init_layer_cache(CFG2, B, CAPACITY), init_layer_cache(CFG2, 1, CAPACITY)))
   with pytest.raises(ValueError, match=re.escape("cache batch 1 != input batch 2")):
     validate_inputs(CFG2, *step.values())
 
 
 def test_second_layer_cache_capacity_is_checked():
-  """With two MTP layers, positions must fit the smallest cache, not just caches[0].
-
-  BUG (same place): capacity is read from caches[0] only; a 4-slot caches[1] accepts positions
-  5..7, whose keys are never written (an out-of-bounds scatter is dropped), so those queries attend
-  to slots 0..3 without themselves.
-  """
+  """With two MTP layers, positions must fit the smallest cache, not just caches[0] (a 4-slot
+  caches[1] would drop the writes of positions 5..7, whose queries would then attend without
+  themselves); `validate_inputs` takes the smallest capacity."""
   step = _step(caches=(init_layer_cache(CFG2, B, CAPACITY), init_layer_cache(CFG2, B, 4)))
   with pytest.raises(ValueError, match=re.escape("positions value 5 is outside [0, 4) (cache capacity=4)")):
     validate_inputs(CFG2, *step.values())
+
+
+def test_a_temperature_below_the_floor_is_refused():
+  """A positive temperature below MIN_TEMPERATURE would overflow fp32 logits to inf and sample
+  NaN probabilities (token 0); it is refused, as a negative one is. The floor itself samples."""
+  from jax_mtp.request import MIN_TEMPERATURE, validate_temperature  # noqa: PLC0415
+  validate_temperature(MIN_TEMPERATURE)
+  validate_temperature(0.0)
+  for bad in (1e-30, MIN_TEMPERATURE / 2, -1.0, float("nan")):
+    with pytest.raises(ValueError, match=re.escape(f"temperature={bad!r}")):
+      validate_temperature(bad)

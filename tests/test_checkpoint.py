@@ -491,3 +491,50 @@ def test_cli_text_prompts_go_through_the_checkpoints_tokenizer(params, tmp_path,
   _write_tokenizer(hf, CFG.vocab_size, bos=False)
   codec = decode.TextCodec(hf)
   assert codec.encode("w5 w9") == [5, 9] and codec.bos_id is None
+
+
+# --- numbers and files the loader refuses (issue 16) -----------------------------------------------
+
+FP8_NAME = "model.layers.0.self_attn.q_a_proj.weight"
+
+
+def _set_first(name: str, value):
+  def edit(tensors):
+    tensors[name] = np.array(tensors[name])
+    tensors[name][(0,) * tensors[name].ndim] = value
+  return edit
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("model.layers.1.post_attention_layernorm.weight", np.nan,
+     r"tensor model\.layers\.1\.post_attention_layernorm\.weight in .* holds 1 non-finite value\(s\)"),
+    ("model.norm.weight", np.inf, r"tensor model\.norm\.weight in .* holds 1 non-finite value\(s\)"),
+    (FP8_NAME, np.nan, rf"tensor {re.escape(FP8_NAME)} in .* holds \d+ non-finite"),  # e4m3's NaN code
+    (FP8_NAME + "_scale_inv", np.inf, r"_scale_inv holds a scale that is not a finite number ≥ 0 \(inf\)"),
+    (FP8_NAME + "_scale_inv", 0.0, r"has a zero scale for a block of .* whose codes are not all zero"),
+], ids=["nan-bf16", "inf-norm", "nan-fp8-code", "inf-scale", "zero-scale"])
+def test_non_finite_weights_and_bad_scales_are_refused_by_name(written, tmp_path, name, value, message):
+  """A NaN or inf weight (stored, or an FP8 NaN code), a non-finite scale or a zero scale over
+  non-zero codes is a load error naming the tensor: never weights that decode junk silently."""
+  directory = _copy(written, tmp_path)
+  _rewrite(directory, name, _set_first(name, value))
+  with pytest.raises(CheckpointError, match=message):
+    load_hf_checkpoint(directory, progress=False)
+
+
+def test_a_file_that_vanishes_mid_load_is_exit_2_with_its_path(params, tmp_path, capsys, monkeypatch):
+  """A shard deleted after its header was read (or unreadable): `decode` exits 2 naming the file."""
+  from jax_mtp import decode, safetensors_io  # noqa: PLC0415
+  hf = str(tmp_path / "hf")
+  write_checkpoint(hf, CFG, *params, block=(16, 24))
+  real_memmap = safetensors_io._memmap
+
+  def vanishing(info):  # the file goes away just before its data is mapped
+    if os.path.exists(info.file):
+      os.remove(info.file)
+    return real_memmap(info)
+
+  monkeypatch.setattr(safetensors_io, "_memmap", vanishing)
+  assert decode.main(["--checkpoint", hf, "--prompt-ids", "1,2", "--max-new-tokens", "2"]) == 2
+  out, err = capsys.readouterr()
+  assert out == "" and re.fullmatch(r"error: cannot read '.*\.safetensors': No such file or directory\n", err), err

@@ -82,6 +82,7 @@ def test_sampling_is_seeded(capsys):
     (["--max-new-tokens", "1000"], "max_new_tokens=1000 needs a cache of 1011 positions"),
     (["--max-new-tokens", "x"], "'x'"),
     (["--temperature", "-1"], "--temperature=-1.0"),
+    (["--temperature", "1e-30"], "--temperature=1e-30 is below 0.0001 (the logits would overflow); use 0"),
     (["--check", "--temperature", "0.5"], "needs --temperature 0, got 0.5"),
     (["--tp", "3"], "tp=3 does not divide num_attention_heads=8"),
     (["--tp", "0"], "--tp=0 must be ≥ 1"),
