@@ -5,7 +5,7 @@
     return y, residual          # un-added: the caller fuses `y + residual` with the next norm
 
 Returning the tail un-added is what lets the MTP layer fold the tensor-parallel reduction of `y`,
-the residual add and `shared_head.norm` into one kernel (DESIGN §2, Opt-1).
+the residual add and `shared_head.norm` into one kernel (docs/design.md §2, Opt-1).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""How greedy draft tokens leave a drafter: the explicit capability protocol (DESIGN §2, Opt-2).
+"""How greedy draft tokens leave a drafter: the explicit capability protocol (docs/design.md §2, Opt-2).
 
 A drafter class that sets `supports_local_argmax = True` promises a `get_top_tokens(hidden,
 spec_step_idx=0)` that reduces (value, index) pairs across vocab shards; otherwise the speculator

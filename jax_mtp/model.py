@@ -13,7 +13,7 @@ impl=`norm_impl` (reduce = psum over tp; identity at tp = 1), as vLLM fuses its 
 With norm_impl="pallas_gpu" at tp ≥ 2 the L calls of a decode-sized forward share one workspace
 and skip XLA's per-kernel barrier (`workspace_for_chain`).
 
-`hidden` is the **post-final-norm** hidden state the MTP layer consumes as `prev_hidden` (DESIGN §1).
+`hidden` is the **post-final-norm** hidden state the MTP layer consumes as `prev_hidden` (docs/design.md §1).
 By default a call with T > 1 tokens uses MLA's naive form (prefill), T = 1 the absorbed form
 (decode); the speculator's verification passes `absorb=True` (jax_mtp.mla: every decode-time call
 is absorbed). Both forms write every token's latent at its position (jax_mtp.cache), so the same call serves

@@ -100,7 +100,7 @@ class MtpPredictor(nn.Module):
   norm_impl: str = "xla"
   sequence_parallel: bool = False
 
-  # Draft-path capability (DESIGN §2): greedy drafts come from `get_top_tokens`, a local argmax.
+  # Draft-path capability (docs/design.md §2): greedy drafts come from `get_top_tokens`, a local argmax.
   supports_local_argmax = True
 
   def setup(self):

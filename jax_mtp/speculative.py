@@ -1,4 +1,4 @@
-"""Speculative decoding with MTP drafts (DESIGN §1): prefill, then rounds of propose → verify → accept.
+"""Speculative decoding with MTP drafts (docs/design.md §1): prefill, then rounds of propose → verify → accept.
 
 Round (per row, all rows at once):
     propose   the drafter catches up on the target hiddens committed last round and drafts d1..dk
