@@ -30,9 +30,19 @@ from jax_mtp.config import MOE_IMPLS as EXPERT_IMPLS
 _HIGHEST = jax.lax.Precision.HIGHEST
 
 
-def uses_gathered_experts(tokens: int, experts_per_token: int, num_experts: int) -> bool:
-  """Decode sizes on CPU: T·K ≤ E/4 assignments read at most a quarter of the experts."""
-  return tokens * experts_per_token * 4 <= num_experts
+# Gathered expert weights (T·K copies) up to which gathering also pays above E/4 assignments on CPU:
+# the embedded default (E = 8, K = 2, D = 256, F = 128, fp32; 0.4 MB an expert) runs a target forward
+# in 2.3 / 6.7 / 8.8 / 11.8 ms at T = 1 / 2 / 4 / 8 with gather vs 7.1 / 9.3 / 9.5 / 13.2 with
+# ragged_dot, and 24.9 vs 19.1 at T = 32 (benchmarks/RESULTS.md, "The embedded default").
+GATHER_BYTES = 2**23
+
+
+def uses_gathered_experts(tokens: int, experts_per_token: int, num_experts: int, expert_bytes: int = 0) -> bool:
+  """Decode sizes: T·K ≤ E/4 assignments read at most a quarter of the experts; or, for small
+  experts, T·K ≤ 2E assignments whose gathered copies stay within GATHER_BYTES."""
+  assignments = tokens * experts_per_token
+  return assignments * 4 <= num_experts or (assignments <= 2 * num_experts
+                                            and assignments * expert_bytes <= GATHER_BYTES)
 
 
 def tokamax_gpu_takes(w_gate_EDF) -> bool:
@@ -60,7 +70,8 @@ def resolve_expert_impl(impl: str, platform: str, tokens: int, experts_per_token
          than gather already at T = 1, 3-11× ragged_dot above it; other weights as on cpu
     tpu  tokamax_tpu at every T where it takes the weights (`tokamax_tpu_takes`), else as on cpu
          (AOT-compiled for v5e and v5p, tools/tpu_aot_compile.py; not timed on a TPU)
-    cpu  gather at decode sizes (T·K ≤ E/4), ragged_dot above (XLA CPU's ragged_dot is grouped)
+    cpu  gather at decode sizes (`uses_gathered_experts`: T·K ≤ E/4, or ≤ 2E small experts within
+         GATHER_BYTES), ragged_dot above (XLA CPU's ragged_dot is grouped)
   """
   if impl not in EXPERT_IMPLS:
     raise ValueError(f"moe_impl={impl!r} is not one of {EXPERT_IMPLS}")
@@ -71,7 +82,9 @@ def resolve_expert_impl(impl: str, platform: str, tokens: int, experts_per_token
   if platform == "tpu" and tokamax_tpu_takes(w_gate_EDF):
     return "tokamax_tpu"
   if platform in ("cpu", "gpu", "tpu"):
-    return "gather" if uses_gathered_experts(tokens, experts_per_token, w_gate_EDF.shape[0]) else "ragged_dot"
+    e, d, f = w_gate_EDF.shape
+    expert_bytes = 3 * d * f * jnp.dtype(w_gate_EDF.dtype).itemsize  # gate, up, down
+    return "gather" if uses_gathered_experts(tokens, experts_per_token, e, expert_bytes) else "ragged_dot"
   raise ValueError(f"moe_impl='auto' has no entry for platform {platform!r}; choose one of {EXPERT_IMPLS[1:]}")
 
 

@@ -94,6 +94,13 @@ def test_auto_on_gpu_keeps_fp32_weights_off_the_kernel(tokens, expected):
   assert resolve_expert_impl("auto", "gpu", tokens, 8, jax.ShapeDtypeStruct((256, 64, 32), jnp.float32)) == expected
 
 
+def test_auto_on_cpu_gathers_small_experts_up_to_2e_assignments():
+  """The embedded default's experts (E = 8, K = 2, 256 × 128 fp32): gathered up to T = 8 (measured
+  faster on CPU than ragged_dot there), ragged_dot above; V3.2's (test_auto_table) from T·K > E/4."""
+  w = jax.ShapeDtypeStruct((8, 256, 128), jnp.float32)
+  assert [resolve_expert_impl("auto", "cpu", t, 2, w) for t in (1, 4, 8, 9)] == ["gather"] * 3 + ["ragged_dot"]
+
+
 def test_auto_on_tpu_keeps_small_dims_off_the_kernel():
   small = jax.ShapeDtypeStruct((8, 64, 32), jnp.bfloat16)  # tokamax's TPU kernel wants D, F ≥ 128
   assert resolve_expert_impl("auto", "tpu", 1, 2, small) == "gather"
@@ -108,6 +115,8 @@ def test_explicit_impl_is_what_runs(impl):
 
 def test_bad_impls_are_refused_by_name():
   assert uses_gathered_experts(1, 2, 8) and not uses_gathered_experts(12, 2, 8)
+  assert uses_gathered_experts(8, 2, 8, expert_bytes=2**18) and not uses_gathered_experts(9, 2, 8, expert_bytes=2**18)
+  assert not uses_gathered_experts(8, 2, 8, expert_bytes=2**20)  # 16 copies of 1 MiB: over GATHER_BYTES
   w16 = jax.ShapeDtypeStruct((256, 64, 32), jnp.bfloat16)
   with pytest.raises(ValueError, match="moe_impl='dense' is not one of"):
     resolve_expert_impl("dense", "cpu", 1, 8, w16)
