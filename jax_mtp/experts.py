@@ -30,10 +30,12 @@ from jax_mtp.config import MOE_IMPLS as EXPERT_IMPLS
 _HIGHEST = jax.lax.Precision.HIGHEST
 
 
-# Gathered expert weights (T·K copies) up to which gathering also pays above E/4 assignments on CPU:
-# the embedded default (E = 8, K = 2, D = 256, F = 128, fp32; 0.4 MB an expert) runs a target forward
-# in 2.3 / 6.7 / 8.8 / 11.8 ms at T = 1 / 2 / 4 / 8 with gather vs 7.1 / 9.3 / 9.5 / 13.2 with
-# ragged_dot, and 24.9 vs 19.1 at T = 32 (benchmarks/RESULTS.md, "The embedded default").
+# Gathered expert weights (T·K copies) up to which gathering also pays above E/4 assignments: the
+# embedded default (E = 8, K = 2, D = 256, F = 128, fp32; 0.4 MB an expert) runs a target forward on
+# CPU in 2.5 / 4.1 / 6.4 ms at T = 1 / 2 / 4 with gather vs 4.7 / 6.3 / 9.1 with ragged_dot; at
+# T = 5 / 6 / 8 two runs disagree by more than the difference (±20% noise on this 2-core box), and
+# speculative decoding at k = 4, 5 (verification T = 5, 6) ran 1.4× faster with gather
+# (benchmarks/RESULTS.md, "The embedded default"). ragged_dot wins from T = 32 (17.5 vs 26.8 ms).
 GATHER_BYTES = 2**23
 
 
