@@ -32,7 +32,7 @@ from jax_mtp.config import DTYPES, INDEX_SCORES_IMPLS, MOE_IMPLS, from_hf_config
 from jax_mtp.generate import TargetDecoder
 from jax_mtp.kernels.fused_allreduce_rmsnorm import IMPLS
 from jax_mtp.model import init_target_params
-from jax_mtp.request import MIN_TEMPERATURE, required_capacity, stop_id_array, validate_prompts
+from jax_mtp.request import required_capacity, stop_id_array, validate_prompts, validate_temperature
 from jax_mtp.sharding import make_mesh, validate_tp
 from jax_mtp.speculative import SpecParams, SpecResult, Speculator
 from jax_mtp.tokenizer import TextCodec, eos_token_ids
@@ -99,11 +99,10 @@ def _validate(args: argparse.Namespace, cfg: jax_mtp.MtpConfig) -> list[list[int
   for flag in ("max_new_tokens", "num_speculative_tokens", "tp"):
     if getattr(args, flag) < 1:
       raise _BadInput(f"--{flag.replace('_', '-')}={getattr(args, flag)} must be ≥ 1")
-  if not args.temperature >= 0 or args.temperature == float("inf"):
-    raise _BadInput(f"--temperature={args.temperature} must be a finite number ≥ 0")
-  if 0 < args.temperature < MIN_TEMPERATURE:
-    raise _BadInput(f"--temperature={args.temperature} is below {MIN_TEMPERATURE} (the logits would overflow); "
-                    f"use 0 for greedy decoding")
+  try:
+    validate_temperature(args.temperature)
+  except ValueError as e:  # "temperature=… must …", said of the flag
+    raise _BadInput(f"--{e}") from None
   if args.check and args.temperature > 0:
     raise _BadInput(f"--check compares greedy outputs token for token; it needs --temperature 0, "
                     f"got {args.temperature}")

@@ -46,8 +46,13 @@ def to_hf_config(cfg: MtpConfig, eos_ids: tuple[int, ...] = ()) -> dict:
     d["rope_scaling"] = dict(type="yarn", factor=r.factor, original_max_position_embeddings=r.original_max_position_embeddings,
                              beta_fast=r.beta_fast, beta_slow=r.beta_slow, mscale=r.mscale, mscale_all_dim=r.mscale_all_dim)
   if eos_ids:
-    d["eos_token_id"] = list(eos_ids) if len(eos_ids) > 1 else eos_ids[0]
+    d["eos_token_id"] = _eos_value(eos_ids)
   return d
+
+
+def _eos_value(eos_ids: tuple[int, ...]):
+  """`eos_token_id` as HF writes it: one id, or a list of several."""
+  return list(eos_ids) if len(eos_ids) > 1 else eos_ids[0]
 
 
 def hf_tensors(cfg: MtpConfig, target_params: dict, mtp_params: dict, storage_dtype: str = "float32") -> dict:
@@ -91,8 +96,7 @@ def save_hf_checkpoint(directory: str | os.PathLike, cfg: MtpConfig, target_para
               metadata={"format": "pt"})
     _write_json(os.path.join(staging, "config.json"), to_hf_config(cfg, eos_ids))
     if eos_ids:
-      _write_json(os.path.join(staging, "generation_config.json"),
-                  {"eos_token_id": list(eos_ids) if len(eos_ids) > 1 else eos_ids[0]})
+      _write_json(os.path.join(staging, "generation_config.json"), {"eos_token_id": _eos_value(eos_ids)})
     if tokenizer is not None:
       tokenizer.save(os.path.join(staging, "tokenizer.json"))
     for name, text in (extra_files or {}).items():

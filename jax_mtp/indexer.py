@@ -33,6 +33,11 @@ from jax_mtp.kernels.index_scores import index_scores_pallas
 from jax_mtp.layers import LayerNorm, Rotary, apply_rope, linear
 
 
+# A mutable collection that only training asks for (jax_mtp.training): the naive MLA form then sows
+# each call's mean attention over heads and the slots it could see, the indexer its scores, for
+# DeepSeek-V3.2's indexer loss KL(attention ‖ softmax(indexer scores)).
+INDEXER_TRAINING = "indexer_training"
+
 # Elements of one chunk's fp32 logits [B, T, I, chunk] (256 MiB): decode-sized calls take the whole
 # cache in a few chunks; a long prefill's T shrinks its chunks to whole multiples of 128 slots.
 SCORE_CHUNK_ELEMENTS = 2**26
@@ -97,8 +102,8 @@ class Indexer(nn.Module):
       scores_BTS = index_scores_pallas(q_BTIJ.astype(cfg.dtype), cache.index_k_BSJ, w_BTI, cfg.index_head_dim**-0.5,
                                        k_scale_BS=cache.index_k_scale_BS, block_slots=SCORE_BLOCK_SLOTS,
                                        backend=impl.removeprefix("pallas_"))
-    if self.is_mutable_collection("indexer_training"):  # jax_mtp.mla.INDEXER_TRAINING (mla imports this module)
-      self.sow("indexer_training", "scores_BTS", scores_BTS)
+    if self.is_mutable_collection(INDEXER_TRAINING):
+      self.sow(INDEXER_TRAINING, "scores_BTS", scores_BTS)
     return topk_selection_radix(scores_BTS, causal_mask(positions_BT, cache.capacity), cfg.index_topk), cache
 
   def _rope_first(self, x: jax.Array, rotary: Rotary) -> jax.Array:

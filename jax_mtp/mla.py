@@ -33,16 +33,11 @@ import jax.numpy as jnp
 
 from jax_mtp.cache import LayerCache, causal_mask, write_at_positions
 from jax_mtp.config import MtpConfig
-from jax_mtp.indexer import Indexer, Selection, selects_all
+from jax_mtp.indexer import INDEXER_TRAINING, Indexer, Selection, selects_all
 from jax_mtp.layers import RMSNorm, Rotary, apply_rope, linear
 from jax_mtp.sharding import TensorParallel
 
 _HIGHEST = jax.lax.Precision.HIGHEST
-
-# A mutable collection that only training asks for (jax_mtp.training): the naive form then sows each
-# call's mean attention over heads and the slots it could see, the indexer its scores, for
-# DeepSeek-V3.2's indexer loss KL(attention ‖ softmax(indexer scores)).
-INDEXER_TRAINING = "indexer_training"
 
 
 class MLAttention(nn.Module):

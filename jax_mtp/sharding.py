@@ -66,6 +66,18 @@ def make_mesh(tp: int, devices=None) -> Mesh:
   return Mesh(np.asarray(devices[:tp]), (TP_AXIS,))
 
 
+def make_data_mesh(devices=None) -> Mesh:
+  """A 1-D mesh over all devices on the data axis (training is data parallel)."""
+  devices = jax.devices() if devices is None else devices
+  return Mesh(np.asarray(devices), (DATA_AXIS,))
+
+
+def data_parallel_shardings(mesh: Mesh) -> tuple[NamedSharding, NamedSharding]:
+  """(replicated, split over the batch) on a `make_data_mesh` mesh: params and optimizer state
+  are replicated, [B, ...] batches split along B."""
+  return NamedSharding(mesh, PartitionSpec()), NamedSharding(mesh, PartitionSpec(DATA_AXIS))
+
+
 def padded_vocab(cfg: MtpConfig, tp: int) -> int:
   return -(-cfg.vocab_size // tp) * tp
 

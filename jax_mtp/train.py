@@ -31,6 +31,7 @@ import numpy as np
 import jax_mtp
 from jax_mtp import corpus, training
 from jax_mtp.config import demo, tiny
+from jax_mtp.sharding import make_data_mesh
 
 PRESETS = {"demo": demo, "tiny": tiny}
 RUN_KEYS = ("mode", "preset", "checkpoint", "vocab_size", "seq_len", "batch", "seed", "steps", "lr", "warmup",
@@ -184,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace, cfg, params: dict, data: corpus.TokenData) -> dict:
   """The training loop: resume, steps, logs, evals, saves. Returns the final params."""
   from jax_mtp.train_state import StateCheckpoints  # noqa: PLC0415
-  mesh = training.data_mesh()
+  mesh = make_data_mesh()
   opt, steps, evaluate = _compiled(cfg, args.mode, args.mtp_weight, args.distill_targets, args.lr, args.steps,
                                    args.warmup, args.seq_len, mesh)
   opt_state = opt.init(training.trainable(training.Objective(args.mode), params))

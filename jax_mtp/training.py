@@ -29,15 +29,15 @@ import flax.traverse_util as traverse
 import jax
 import jax.numpy as jnp
 import optax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh
 
 from jax_mtp.checkpoint import SHARED
 from jax_mtp.config import MtpConfig
-from jax_mtp.mla import INDEXER_TRAINING
+from jax_mtp.indexer import INDEXER_TRAINING
 from jax_mtp.model import TargetModel, init_target_caches
 from jax_mtp.moe import EXPERT_LOAD
 from jax_mtp.mtp import MtpPredictor, init_caches
-from jax_mtp.sharding import DATA_AXIS
+from jax_mtp.sharding import data_parallel_shardings
 
 MODES = ("joint", "distill")
 DISTILL_TARGETS = ("logits", "greedy")
@@ -192,7 +192,7 @@ def make_train_step(cfg: MtpConfig, objective: Objective, opt: optax.GradientTra
     metrics["grad_norm"] = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))
     return params, opt_state, metrics
 
-  replicated, batch = NamedSharding(mesh, PartitionSpec()), NamedSharding(mesh, PartitionSpec(DATA_AXIS))
+  replicated, batch = data_parallel_shardings(mesh)
   return jax.jit(step, in_shardings=(replicated, replicated, batch), out_shardings=replicated, donate_argnums=(0, 1))
 
 
@@ -219,15 +219,8 @@ def make_eval(cfg: MtpConfig, length: int, mesh: Mesh, dense: bool = False):
             "mtp_loss": cross_entropy(f.mtp_logits[:, :-1], tokens_BL[:, 2:]),
             "acceptance": draft_agreement(f)}
 
-  replicated, batch = NamedSharding(mesh, PartitionSpec()), NamedSharding(mesh, PartitionSpec(DATA_AXIS))
+  replicated, batch = data_parallel_shardings(mesh)
   return jax.jit(evaluate, in_shardings=(replicated, batch), out_shardings=replicated)
-
-
-def data_mesh(devices=None) -> Mesh:
-  """A 1-D mesh over all devices on the data axis (training is data-parallel)."""
-  import numpy as np  # noqa: PLC0415
-  devices = jax.devices() if devices is None else devices
-  return Mesh(np.asarray(devices), (DATA_AXIS,))
 
 
 def scalars(metrics: dict[str, Any]) -> dict[str, float]:

@@ -19,6 +19,7 @@ from jax_mtp import corpus, training
 from jax_mtp.checkpoint import load_hf_checkpoint
 from jax_mtp.config import from_hf_config
 from jax_mtp.export import save_hf_checkpoint, to_hf_config
+from jax_mtp.sharding import make_data_mesh
 from jax_mtp.train import main as train_main
 from tests.tolerances import assert_close
 
@@ -76,7 +77,7 @@ def test_distill_step_trains_the_mtp_layer_only(dense):
   params = _params()
   objective = training.Objective(mode="distill", dense=dense)
   opt = training.optimizer(1e-2, 10, 1)
-  step = training.make_train_step(CFG, objective, opt, 16, training.data_mesh(jax.devices()[:1]))
+  step = training.make_train_step(CFG, objective, opt, 16, make_data_mesh(jax.devices()[:1]))
   tokens = np.asarray(np.random.default_rng(2).integers(0, 64, (2, 16)), np.int32)
   before = jax.tree.map(np.asarray, params)
   after, _, metrics = step(jax.tree.map(jnp.asarray, params), opt.init(params["mtp"]), tokens)
