@@ -391,3 +391,6 @@ def demo(**overrides: Any) -> MtpConfig:
   )
   fields.update(overrides)
   return MtpConfig(**fields)
+
+
+PRESETS = {"demo": demo, "tiny": tiny}  # the small architectures `python -m jax_mtp.train --preset` builds

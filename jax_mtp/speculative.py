@@ -145,19 +145,30 @@ class Speculator:
     prefill = self._compile("prefill", capacity, sampled, prefill_args)
     one_round = self._compile("round", capacity, sampled, (*params, prefill.out_info, max_new, temperature, stop_N))
 
+    total = max_new_tokens * len(prompts)
     start = time.perf_counter()
     state = prefill(*prefill_args)
-    total = max_new_tokens * len(prompts)
-    while (done := _tokens_done(state, max_new_tokens)) < total:
+    owed_B = np.asarray(_owed(state.num_out_B, state.stopped_B, max_new_tokens))  # what each row still owes
+
+    def report(owed_B):
       if on_progress is not None:
-        on_progress(done, total)
+        on_progress(total - int(owed_B.sum()), total)
+
+    while owed_B.max() > 0:
+      report(owed_B)
       if on_tokens is not None:
         on_tokens(_committed(state, max_new_tokens))
-      state = one_round(*params, state, max_new, temperature, stop_N)
-    np.asarray(state.num_out_B)  # waits for the last round
+      state, owed_dev_B = one_round(*params, state, max_new, temperature, stop_N)
+      # A row emits at most k + 1 tokens a round, so one owing more before the round just queued still
+      # owes after it: queue the next round before waiting for this one's count, and the device never
+      # idles on the host's check (streaming reads every round's tokens, so it waits instead).
+      while on_tokens is None and owed_B.max() > self.k + 1:
+        state, owed_next_B = one_round(*params, state, max_new, temperature, stop_N)
+        owed_B, owed_dev_B = np.asarray(owed_dev_B), owed_next_B
+        report(owed_B)
+      owed_B = np.asarray(owed_dev_B)
     seconds = time.perf_counter() - start
-    if on_progress is not None:
-      on_progress(total, total)
+    report(owed_B)
     tokens = _committed(state, max_new_tokens)
     if on_tokens is not None:
       on_tokens(tokens)
@@ -225,8 +236,10 @@ class Speculator:
     return apply_in_chunks(run, (ids_BT, hidden_BTD), self.drafter.init_caches(b, capacity), chunk)[1]
 
   def _round_per_shard(self, target_params, drafter_params, state: DecodeState, max_new, temperature, stop_N, *,
-                       sampled: bool) -> DecodeState:
-    """propose → verify → accept → commit for every row; rows with max_new tokens, or stopped, stay frozen."""
+                       sampled: bool) -> tuple[DecodeState, jax.Array]:
+    """propose → verify → accept → commit for every row; rows with max_new tokens, or stopped, stay frozen.
+    Returns the new state and the tokens each row still owes (int32 [B]; 0 once stopped), a separate
+    output the host reads while the next round, which takes the donated state, runs."""
     t_vars = {"params": target_params}
     d_vars = self.drafter.variables(drafter_params, target_params)
     key, verify_key = jax.random.split(state.key)
@@ -250,8 +263,10 @@ class Speculator:
     # window's slots, recomputed from the same inputs), so what they committed stays intact.
     accepted_BM = active_B[:, None] & (jnp.arange(self.k) < jnp.minimum(a_B, n_new_B)[:, None])  # emitted drafts
     stats = RoundStats(state.stats.rounds_B + active_B, state.stats.accepted_at_M + accepted_BM.sum(0))
-    return DecodeState(state.length_B + n_new_B, jnp.where(active_B, last_B, state.next_token_B), window,
-                       tokens_BO, state.num_out_B + n_new_B, stopped_B, out.caches, d_caches, stats, key)
+    num_out_B = state.num_out_B + n_new_B
+    new_state = DecodeState(state.length_B + n_new_B, jnp.where(active_B, last_B, state.next_token_B), window,
+                            tokens_BO, num_out_B, stopped_B, out.caches, d_caches, stats, key)
+    return new_state, _owed(num_out_B, stopped_B, max_new)
 
   def _verify(self, t_vars, hidden_BWD, drafts_BM, key, temperature):
     """(accepted count a_B, emitted_BW): greedy when `temperature` is None, else rejection sampling."""
@@ -276,10 +291,9 @@ def _is_stop(tokens: jax.Array, stop_N: jax.Array) -> jax.Array:
   return (tokens[..., None] == stop_N).any(axis=-1)
 
 
-def _tokens_done(state: DecodeState, max_new_tokens: int) -> int:
-  """Tokens toward the total: a row's emitted ones, or all of its max_new_tokens once it stopped."""
-  num_out_B, stopped_B = np.asarray(state.num_out_B), np.asarray(state.stopped_B)
-  return int(np.where(stopped_B, max_new_tokens, np.minimum(num_out_B, max_new_tokens)).sum())
+def _owed(num_out_B, stopped_B, max_new_tokens):
+  """Tokens each row still owes: max_new_tokens − emitted, 0 once stopped; int32 [B]."""
+  return jnp.where(stopped_B, 0, jnp.maximum(max_new_tokens - num_out_B, 0)).astype(jnp.int32)
 
 
 def _append(tokens_BO, new_BW, num_out_B, n_new_B):

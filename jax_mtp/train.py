@@ -30,10 +30,9 @@ import numpy as np
 
 import jax_mtp
 from jax_mtp import corpus, training
-from jax_mtp.config import demo, tiny
+from jax_mtp.config import PRESETS
 from jax_mtp.sharding import make_data_mesh
 
-PRESETS = {"demo": demo, "tiny": tiny}
 RUN_KEYS = ("mode", "preset", "checkpoint", "vocab_size", "seq_len", "batch", "seed", "steps", "lr", "warmup",
             "dense_steps", "mtp_weight", "distill_targets", "fresh_mtp")  # what a resumed run must repeat
 

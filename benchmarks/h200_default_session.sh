@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The embedded default's speed on one H200 (issue 13), one stage per call (each inside one 600 s call):
+#   cost   what a speculative round costs against a plain step per target depth (random weights), and how
+#          long a deeper preset's training programs take to compile (XLA's autotuning on and off)
+set -uo pipefail
+source "$(dirname "$0")/device_env.sh"
+QUIET="TPU|libtpu|Source Location|InitGoogle|E0000|learning/"
+case "${1:?stage}" in
+  cost)
+    timeout 330 python3 -m benchmarks.round_cost --layers 4 8 12 --k 1 2 3 --repeats 2 2>&1 | grep -v -E "$QUIET" \
+      | tee "$OUT/round_cost.md"
+    timeout 110 python3 -m benchmarks.train_compile --layers 12 --moe-intermediate 64 2>&1 | grep -v -E "$QUIET" \
+      | tee "$OUT/train_compile.txt"
+    XLA_FLAGS=--xla_gpu_autotune_level=0 timeout 110 python3 -m benchmarks.train_compile --layers 12 \
+      --moe-intermediate 64 2>&1 | grep -v -E "$QUIET" | sed 's/^/autotune 0: /' | tee -a "$OUT/train_compile.txt"
+    ;;
+  *) echo "unknown stage $1"; exit 2 ;;
+esac
