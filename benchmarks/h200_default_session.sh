@@ -2,6 +2,7 @@
 # The embedded default's speed on one H200 (issue 13), one stage per call (each inside one 600 s call):
 #   cost   what a speculative round costs against a plain step per target depth (random weights), and how
 #          long a deeper preset's training programs take to compile (XLA's autotuning on and off)
+#   bench  speculative vs plain tokens/s of the embedded default, k = 1..5, and `decode --check` on the GPU
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 QUIET="TPU|libtpu|Source Location|InitGoogle|E0000|learning/"
@@ -13,6 +14,11 @@ case "${1:?stage}" in
       | tee "$OUT/train_compile.txt"
     XLA_FLAGS=--xla_gpu_autotune_level=0 timeout 110 python3 -m benchmarks.train_compile --layers 12 \
       --moe-intermediate 64 2>&1 | grep -v -E "$QUIET" | sed 's/^/autotune 0: /' | tee -a "$OUT/train_compile.txt"
+    ;;
+  bench)
+    timeout 300 python3 -m benchmarks.spec_vs_plain --checkpoint jax_mtp/default_model --k 1 2 3 4 5 --prompts 4 \
+      --max-new 128 --repeats 2 2>&1 | grep -v -E "$QUIET" | tee "$OUT/spec_vs_plain_h200.md"
+    timeout 120 python3 -m jax_mtp.decode --check 2>&1 | grep -v -E "$QUIET" | tee "$OUT/decode_check.txt"
     ;;
   *) echo "unknown stage $1"; exit 2 ;;
 esac
