@@ -2,6 +2,7 @@
 # The embedded default's speed on one H200 (issue 13), one stage per call (each inside one 600 s call):
 #   cost   what a speculative round costs against a plain step per target depth (random weights), and how
 #          long a deeper preset's training programs take to compile (XLA's autotuning on and off)
+#   fp8    FP8 weights kept on the device vs the same weights in bf16: V3.2's MTP layer memory and draft step
 #   bench  speculative vs plain tokens/s of the embedded default, k = 1..5, and `decode --check` on the GPU
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
@@ -19,6 +20,10 @@ case "${1:?stage}" in
     timeout 300 python3 -m benchmarks.spec_vs_plain --checkpoint jax_mtp/default_model --k 1 2 3 4 5 --prompts 4 \
       --max-new 128 --repeats 2 2>&1 | grep -v -E "$QUIET" | tee "$OUT/spec_vs_plain_h200.md"
     timeout 120 python3 -m jax_mtp.decode --check 2>&1 | grep -v -E "$QUIET" | tee "$OUT/decode_check.txt"
+    ;;
+  fp8)
+    timeout 540 python3 -m benchmarks.fp8_step --preset deepseek_v32 --batch 64 1 8 2>&1 | grep -v -E "$QUIET" \
+      | tee "$OUT/fp8_step.md"
     ;;
   *) echo "unknown stage $1"; exit 2 ;;
 esac

@@ -38,6 +38,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from tqdm import tqdm
 
+from jax_mtp import fp8
 from jax_mtp.config import MtpConfig, from_hf_config
 from jax_mtp.model import init_target_params
 from jax_mtp.mtp import init_params
@@ -47,6 +48,7 @@ from jax_mtp.sharding import TP_AXIS, padded_vocab, param_spec, validate_tp
 
 TARGET, MTP = "target", "mtp"
 COPY, LINEAR, EXPERTS, CHECK = "copy", "linear", "experts", "check"
+VALUES, CODES, SCALES = "values", "codes", "scales"
 
 # One decoder block: checkpoint suffix, our path under the block, transform.
 _BLOCK = (
@@ -104,6 +106,7 @@ class Param:
   transform: str
   shape: tuple[int, ...]  # ours, vocab unpadded
   dtype: np.dtype
+  role: str = VALUES  # VALUES (dequantised to dtype), CODES (FP8 as stored) or SCALES (their block scales)
 
   def source_shape(self) -> tuple[int, ...]:
     """The shape each checkpoint tensor must have."""
@@ -221,7 +224,8 @@ def _check_scale(ckpt: SafetensorsCheckpoint, name: str, shape: tuple[int, ...],
 
 
 def load_hf_checkpoint(path: str | os.PathLike, *, cfg: MtpConfig | None = None, mesh: Mesh | None = None,
-                       dtype: str | None = None, progress: bool | None = None) -> tuple[MtpConfig, dict, dict]:
+                       dtype: str | None = None, progress: bool | None = None,
+                       fp8_weights: bool = False) -> tuple[MtpConfig, dict, dict]:
   """Loads a HF DeepSeek-V3.2 / GLM-5 checkpoint directory. Returns (cfg, target_params, mtp_params).
 
   `cfg` defaults to the directory's config.json (a given one must agree with it but for dtypes);
@@ -229,19 +233,21 @@ def load_hf_checkpoint(path: str | os.PathLike, *, cfg: MtpConfig | None = None,
   `init_params` trees on the default device. With a mesh they are placed as `shard_params` places
   them (vocab rows padded to a multiple of tp), each device's shard read on its own. `mtp_params`
   holds the target's `embed_tokens` / `lm_head` arrays (the same arrays, not copies).
-  `progress`: a tqdm bar on stderr (None: only on a terminal).
+  `progress`: a tqdm bar on stderr (None: only on a terminal). `fp8_weights`: keep the weights the
+  checkpoint stores in FP8 as their codes + block scales (jax_mtp.fp8) instead of dequantising them.
   """
   cfg, ckpt = _open(path, cfg, dtype, mesh)
   params, checks = plan(cfg)
   check_tensors(ckpt, cfg, params, checks)
   _check_copies(ckpt, checks)
-  trees = _build(ckpt, cfg, params, mesh, progress)
+  trees = _build(ckpt, cfg, keep_fp8(ckpt, params) if fp8_weights else params, mesh, progress)
   trees[MTP].update({name: trees[TARGET][name] for name in SHARED})
   return cfg, trees[TARGET], trees[MTP]
 
 
 def load_mtp_only(path: str | os.PathLike, *, cfg: MtpConfig | None = None, mesh: Mesh | None = None,
-                  dtype: str | None = None, progress: bool | None = None) -> tuple[MtpConfig, dict]:
+                  dtype: str | None = None, progress: bool | None = None,
+                  fp8_weights: bool = False) -> tuple[MtpConfig, dict]:
   """The drafter alone: the MTP layers plus the target's `embed_tokens` / `lm_head` (an
   `init_params` tree). The target layers and final norm are skipped unread; the rest is as strict
   as `load_hf_checkpoint`."""
@@ -256,7 +262,7 @@ def load_mtp_only(path: str | os.PathLike, *, cfg: MtpConfig | None = None, mesh
 
   check_tensors(ckpt, cfg, params, checks, ignored)
   _check_copies(ckpt, checks)
-  trees = _build(ckpt, cfg, params, mesh, progress)
+  trees = _build(ckpt, cfg, keep_fp8(ckpt, params) if fp8_weights else params, mesh, progress)
   return cfg, {**trees[MTP], **trees[TARGET]}
 
 
@@ -285,10 +291,21 @@ def _check_same_model(cfg: MtpConfig, from_file: MtpConfig, path: str) -> None:
     raise CheckpointError(f"the config does not match {os.path.join(path, 'config.json')!r}: {', '.join(diff)}")
 
 
-def _block_size(path: str) -> tuple[int, int]:
+def quantization(path: str) -> dict:
+  """config.json's `quantization_config` ({} for none); only DeepSeek's block-scaled FP8 (e4m3) is read."""
   with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
     quant = json.load(f).get("quantization_config") or {}
-  block = quant.get("weight_block_size", DEFAULT_BLOCK)
+  if not isinstance(quant, dict):
+    raise CheckpointError(f"quantization_config={quant!r} in {path!r} must be an object")
+  method, fmt = quant.get("quant_method", "fp8"), quant.get("fmt", "e4m3")
+  if method != "fp8" or fmt != "e4m3":
+    raise CheckpointError(f"quantization_config quant_method={method!r}, fmt={fmt!r} in {path!r}: only DeepSeek's "
+                          f"block-scaled FP8 (quant_method 'fp8', fmt 'e4m3') is supported")
+  return quant
+
+
+def _block_size(path: str) -> tuple[int, int]:
+  block = quantization(path).get("weight_block_size", DEFAULT_BLOCK)
   if (not isinstance(block, (list, tuple)) or len(block) != 2
       or not all(isinstance(b, int) and b > 0 for b in block)):
     raise CheckpointError(f"quantization_config.weight_block_size={block!r} must be two positive integers")
@@ -345,13 +362,35 @@ def _place(ckpt: SafetensorsCheckpoint, cfg: MtpConfig, p: Param, mesh: Mesh | N
   return jax.make_array_from_single_device_arrays(shape, sharding, arrays)
 
 
+def keep_fp8(ckpt: SafetensorsCheckpoint, params: list[Param]) -> list[Param]:
+  """`params` with every linear / expert weight the checkpoint stores in FP8 kept as its codes plus a
+  `<name>_scale_inv` param of its block scales (jax_mtp.fp8), instead of dequantised."""
+  kept = []
+  for p in params:
+    stored = {ckpt.tensors[name].dtype == FP8_DTYPE for name in p.sources}
+    if p.transform not in (LINEAR, EXPERTS) or stored == {False}:
+      kept.append(p)
+      continue
+    if stored != {True}:
+      raise CheckpointError(f"{p.sources[0]} ...: some of the {len(p.sources)} experts of one param are FP8 and "
+                            f"some are not; FP8 weights can be kept only when all are")
+    kept.append(dataclasses.replace(p, dtype=np.dtype(fp8.FP8), role=CODES))
+    kept.append(dataclasses.replace(p, path=p.path[:-1] + (fp8.scale_name(p.path[-1]),),
+                                    shape=fp8.scale_shape(p.shape, ckpt.block), dtype=np.dtype(np.float32),
+                                    role=SCALES))
+  if len(kept) == len(params):
+    raise CheckpointError(f"checkpoint {ckpt.directory!r} stores no FP8 weights to keep (its linear and expert "
+                          f"weights are {sorted({ckpt.tensors[p.sources[0]].dtype for p in params})})")
+  return kept
+
+
 def read_param(ckpt: SafetensorsCheckpoint, p: Param, index: tuple[slice, ...]) -> np.ndarray:
   """`param[index]` in our layout and dtype; rows past the checkpoint's (vocab padding) are zero."""
   clipped = tuple(slice(s.start, min(s.stop, n)) for s, n in zip(index, p.shape))
   if p.transform == COPY:
     values = ckpt.read(p.sources[0], clipped).astype(p.dtype)
   elif p.transform == LINEAR:
-    values = ckpt.read(p.sources[0], clipped[::-1]).T.astype(p.dtype)
+    values = _read_matrix(ckpt, p, p.sources[0], clipped)
   else:
     values = _read_experts(ckpt, p, clipped)
   pad = [(0, (s.stop - s.start) - (c.stop - c.start)) for s, c in zip(index, clipped)]
@@ -370,8 +409,17 @@ def _read_experts(ckpt: SafetensorsCheckpoint, p: Param, clipped: tuple[slice, .
   values = np.empty((experts.stop - experts.start, *(s.stop - s.start for s in rest)), p.dtype)
 
   def fill(i: int) -> None:
-    values[i] = ckpt.read(p.sources[experts.start + i], rest[::-1]).T.astype(p.dtype)
+    values[i] = _read_matrix(ckpt, p, p.sources[experts.start + i], rest)
 
   with ThreadPoolExecutor(_EXPERT_THREADS) as pool:
     list(pool.map(fill, range(len(values))))  # list(): re-raises the first error
   return values
+
+
+def _read_matrix(ckpt: SafetensorsCheckpoint, p: Param, name: str, index: tuple[slice, slice]) -> np.ndarray:
+  """One [out, in] checkpoint matrix's `index` in our [in, out] layout: values, FP8 codes or scales."""
+  if p.role == CODES:
+    return ckpt.read_codes(name, index[::-1]).T
+  if p.role == SCALES:
+    return ckpt.read_scales(name, index[::-1]).T
+  return ckpt.read(name, index[::-1]).T.astype(p.dtype)

@@ -5,7 +5,8 @@ With no arguments it runs the embedded default — a 7M-parameter DeepSeek-V3.2-
 (`jax_mtp/default_model/`, README "The embedded default") — on a code prompt, streaming the text as
 rounds commit, then the speculative-decoding metrics. `--prompt TEXT` gives your own prompt.
 `--checkpoint DIR` runs a real model instead: a HF checkpoint directory (config.json + safetensors,
-FP8 or not; jax_mtp.checkpoint) or an orbax directory written by `jax_mtp.orbax_io.save_params`,
+FP8 or not; jax_mtp.checkpoint; `--weights` keeps FP8 weights FP8 on the device, jax_mtp.fp8) or an
+orbax directory written by `jax_mtp.orbax_io.save_params`,
 placed straight onto the `--tp` mesh; `--prompt` is encoded by its `tokenizer.json`
 (jax_mtp.tokenizer). `--random-tiny` runs a tiny model with random weights instead (token ids only;
 any tp up to 8). Rows stop at the model's EOS ids unless `--ignore-eos`. `--check` also decodes with
@@ -72,6 +73,10 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--impl", choices=IMPLS, default=IMPLS[0], help="fused all-reduce + RMSNorm implementation")
   p.add_argument("--dtype", choices=("auto",) + DTYPES, default="auto",
                  help="compute and parameter dtype; auto (default): the checkpoint's torch_dtype, as vLLM")
+  p.add_argument("--weights", choices=("auto", "fp8", "bf16"), default="auto",
+                 help="FP8 checkpoints: fp8 keeps the weights as stored (codes + block scales, dequantised inside "
+                      "each matmul's program), bf16 dequantises them on load (to --dtype's); auto (default): as "
+                      "the checkpoint stores them")
   p.add_argument("--moe-impl", choices=MOE_IMPLS, default="auto",
                  help="routed experts' implementation (jax_mtp.experts); auto: by platform and size")
   p.add_argument("--index-scores-impl", choices=INDEX_SCORES_IMPLS, default="auto",
@@ -253,13 +258,17 @@ def stop_ids_for(args: argparse.Namespace, cfg: jax_mtp.MtpConfig) -> tuple[int,
 
 
 def load(args: argparse.Namespace, cfg: jax_mtp.MtpConfig) -> Loaded:
-  from jax_mtp.checkpoint import load_hf_checkpoint  # noqa: PLC0415 (see above)
+  from jax_mtp.checkpoint import load_hf_checkpoint, quantization  # noqa: PLC0415 (see above)
   from jax_mtp.orbax_io import is_orbax_checkpoint, restore_params  # noqa: PLC0415
   mesh = make_mesh(args.tp)
   if is_orbax_checkpoint(args.checkpoint):
+    if args.weights == "fp8":
+      raise _BadInput(f"--weights fp8: {args.checkpoint!r} is an orbax checkpoint, whose weights are stored "
+                      f"dequantised; FP8 weights load from HF safetensors checkpoints")
     _, target, mtp = restore_params(args.checkpoint, cfg, mesh)
   else:
-    _, target, mtp = load_hf_checkpoint(args.checkpoint, cfg=cfg, mesh=mesh)
+    fp8_weights = args.weights == "fp8" or (args.weights == "auto" and bool(quantization(args.checkpoint)))
+    _, target, mtp = load_hf_checkpoint(args.checkpoint, cfg=cfg, mesh=mesh, fp8_weights=fp8_weights)
   return Loaded(target, mtp)
 
 
@@ -353,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     args.model_dir = args.checkpoint or (None if args.random_tiny else DEFAULT_MODEL)
     if args.random_tiny and args.checkpoint is not None:
       raise _BadInput("give --checkpoint or --random-tiny, not both")
+    if args.weights != "auto" and args.checkpoint is None:
+      raise _BadInput(f"--weights {args.weights} is for --checkpoint's weights; the embedded models are not FP8")
     if args.model_dir == DEFAULT_MODEL and not os.path.isfile(os.path.join(DEFAULT_MODEL, "config.json")):
       raise _BadInput(f"the embedded default model is missing from this installation ({DEFAULT_MODEL}); "
                       f"reinstall jax_mtp, or use --checkpoint or --random-tiny")

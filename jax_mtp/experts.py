@@ -25,6 +25,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jax_mtp import fp8
 from jax_mtp.config import MOE_IMPLS as EXPERT_IMPLS
 
 _HIGHEST = jax.lax.Precision.HIGHEST
@@ -62,7 +63,8 @@ def tokamax_tpu_takes(w_gate_EDF) -> bool:
   return d >= 128 and f >= 128
 
 
-def resolve_expert_impl(impl: str, platform: str, tokens: int, experts_per_token: int, w_gate_EDF) -> str:
+def resolve_expert_impl(impl: str, platform: str, tokens: int, experts_per_token: int, w_gate_EDF, *,
+                        fp8_codes: bool = False) -> str:
   """The implementation that runs for `impl` on `platform` ('cpu', 'gpu', 'tpu') at T = `tokens`.
 
   `w_gate_EDF`: the local gate weights, or anything with their .shape and .dtype. An explicit impl
@@ -74,11 +76,17 @@ def resolve_expert_impl(impl: str, platform: str, tokens: int, experts_per_token
          (AOT-compiled for v5e and v5p, tools/tpu_aot_compile.py; not timed on a TPU)
     cpu  gather at decode sizes (`uses_gathered_experts`: T·K ≤ E/4, or ≤ 2E small experts within
          GATHER_BYTES), ragged_dot above (XLA CPU's ragged_dot is grouped)
+  `fp8_codes` (FP8 weights kept as stored; `w_gate_EDF` then describes the dequantised weights): on
+  gpu and tpu, gather while T·K ≤ E — it dequantises only the picked experts, where a grouped impl
+  dequantises every local expert first (no grouped kernel takes the codes yet; issue 14) — else as
+  above. On cpu the table above, so FP8 and dequantised weights run the same impl there.
   """
   if impl not in EXPERT_IMPLS:
     raise ValueError(f"moe_impl={impl!r} is not one of {EXPERT_IMPLS}")
   if impl != "auto":
     return impl
+  if fp8_codes and platform in ("gpu", "tpu") and tokens * experts_per_token <= w_gate_EDF.shape[0]:
+    return "gather"
   if platform == "gpu" and tokamax_gpu_takes(w_gate_EDF):
     return "tokamax_gpu"
   if platform == "tpu" and tokamax_tpu_takes(w_gate_EDF):
@@ -90,11 +98,21 @@ def resolve_expert_impl(impl: str, platform: str, tokens: int, experts_per_token
   raise ValueError(f"moe_impl='auto' has no entry for platform {platform!r}; choose one of {EXPERT_IMPLS[1:]}")
 
 
-def routed_experts(impl: str, x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD) -> jax.Array:
+def routed_experts(impl: str, x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD, *,
+                   fp8_scales=None, dtype=None) -> jax.Array:
   """Σ_k weights[t, k] · expert_{ids[t, k]}(x[t]) by the resolved `impl`; fp32 [T, D].
 
   ids ∈ [0, E] where E = w_gate_EDF.shape[0]; id E (another device's expert) has weight 0.
+  `fp8_scales` (gate, up, down block scales): the weights are FP8 codes (jax_mtp.fp8), dequantised to
+  `dtype` in the program — "gather" only the T·K picked experts, the grouped impls every local expert
+  (a `dtype` copy of the weights per call, until a grouped matmul takes the codes: issue 14).
   """
+  if fp8_scales is not None:
+    if impl == "gather":
+      return gathered_experts(x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD, fp8_scales=fp8_scales,
+                              dtype=dtype)
+    w_gate_EDF, w_up_EDF, w_down_EFD = (fp8.dequantize(w, s, dtype) for w, s in
+                                        zip((w_gate_EDF, w_up_EDF, w_down_EFD), fp8_scales))
   if impl == "gather":
     return gathered_experts(x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD)
   if impl not in ("ragged_dot", "tokamax_gpu", "tokamax_tpu"):
@@ -114,19 +132,24 @@ def _precision(dtype) -> jax.lax.Precision:
   return _HIGHEST if dtype == jnp.float32 else jax.lax.Precision.DEFAULT
 
 
-def gathered_experts(x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD) -> jax.Array:
-  """The "gather" impl: each assignment's weights gathered; fp32 out. Ids ≥ E are clipped (weight 0)."""
-  dtype = w_gate_EDF.dtype
+def gathered_experts(x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD, *, fp8_scales=None,
+                     dtype=None) -> jax.Array:
+  """The "gather" impl: each assignment's weights gathered; fp32 out. Ids ≥ E are clipped (weight 0).
+  With `fp8_scales` the gathered FP8 codes are dequantised to `dtype` (else the weights' dtype)."""
+  dtype = w_gate_EDF.dtype if fp8_scales is None else dtype
   ids_TK = jnp.minimum(ids_TK, w_gate_EDF.shape[0] - 1)
   x_TD = x_TD.astype(dtype)
+
+  def picked(i, w):
+    return w[ids_TK] if fp8_scales is None else fp8.dequantize(w[ids_TK], fp8_scales[i][ids_TK], dtype)
 
   def project(eq, lhs, weights):
     return jnp.einsum(eq, lhs.astype(dtype), weights, precision=_precision(dtype),
                       preferred_element_type=jnp.float32)
 
-  hidden_TKF = (jax.nn.silu(project("td,tkdf->tkf", x_TD, w_gate_EDF[ids_TK]))
-                * project("td,tkdf->tkf", x_TD, w_up_EDF[ids_TK]))
-  y_TKD = project("tkf,tkfd->tkd", hidden_TKF, w_down_EFD[ids_TK])
+  hidden_TKF = (jax.nn.silu(project("td,tkdf->tkf", x_TD, picked(0, w_gate_EDF)))
+                * project("td,tkdf->tkf", x_TD, picked(1, w_up_EDF)))
+  y_TKD = project("tkf,tkfd->tkd", hidden_TKF, picked(2, w_down_EFD))
   return jnp.einsum("tkd,tk->td", y_TKD, weights_TK.astype(jnp.float32))
 
 

@@ -19,9 +19,8 @@ from jax_mtp.config import MtpConfig
 from jax_mtp.model import TargetModel
 from jax_mtp.parallel import check_impl_runtime, jit_per_shard
 from jax_mtp.request import pack_prompts, required_capacity, stop_id_array, validate_positive, validate_prompts
-from jax_mtp.sharding import TP_AXIS, replicated, shard_params, tensor_parallel, validate_tp
+from jax_mtp.sharding import TP_AXIS, param_specs_for, replicated, shard_params, tensor_parallel, validate_tp
 from jax_mtp.prefill import target_prefill
-from jax_mtp.speculative import target_param_specs
 
 
 class TargetDecoder:
@@ -33,9 +32,6 @@ class TargetDecoder:
     check_impl_runtime(norm_impl, mesh)
     self.cfg, self.mesh = cfg, mesh
     self.target = TargetModel(cfg, tensor_parallel(tp), norm_impl)
-    rep, specs = replicated(), target_param_specs(cfg)
-    self._step = jit_per_shard(self._step_per_shard, mesh, (specs, rep, rep, rep, rep, rep), donate_argnums=(4,))
-    self._prefill_specs = (specs, rep, rep)
 
   def shard(self, target_params: dict) -> dict:
     return shard_params(target_params, self.cfg, self.mesh)
@@ -51,15 +47,23 @@ class TargetDecoder:
     validate_positive("max_new_tokens", max_new_tokens)
     capacity = required_capacity(self.cfg, prompts, max_new_tokens, 0, capacity)
     prompt_BT, lengths_B = pack_prompts(prompts)
-    tokens_BO, length_B, next_B, caches = self._prefill(capacity)(params, prompt_BT, lengths_B)
+    structure = jax.tree.structure(params)  # the params' specs follow their tree (FP8: jax_mtp.fp8)
+    tokens_BO, length_B, next_B, caches = self._prefill(capacity, structure)(params, prompt_BT, lengths_B)
+    step = self._step(structure)
     for i in range(1, max_new_tokens):
-      tokens_BO, length_B, next_B, caches = self._step(params, np.int32(i), length_B, next_B, caches, tokens_BO)
+      tokens_BO, length_B, next_B, caches = step(params, np.int32(i), length_B, next_B, caches, tokens_BO)
     return [_cut_after_stop(row[:max_new_tokens].tolist(), stops) for row in np.asarray(tokens_BO)]
 
   @functools.lru_cache(maxsize=None)
-  def _prefill(self, capacity: int):
+  def _prefill(self, capacity: int, structure):
     fn = functools.partial(self._prefill_per_shard, capacity=capacity)
-    return jit_per_shard(fn, self.mesh, self._prefill_specs)
+    return jit_per_shard(fn, self.mesh, (param_specs_for(structure), replicated(), replicated()))
+
+  @functools.lru_cache(maxsize=None)
+  def _step(self, structure):
+    rep = replicated()
+    return jit_per_shard(self._step_per_shard, self.mesh, (param_specs_for(structure), rep, rep, rep, rep, rep),
+                         donate_argnums=(4,))
 
   def _prefill_per_shard(self, params, prompt_BT, lengths_B, *, capacity: int):
     t_vars = {"params": params}

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_mtp import fp8
 from jax_mtp.config import MtpConfig, RopeConfig, yarn_mscale
 
 
@@ -66,7 +67,8 @@ class Linear(nn.Module):
   """Bias-free projection `x @ kernel`, kernel [in, out] (checkpoints store [out, in]).
 
   The kernel is declared in `setup` so it can be read without a call (MLA's absorbed decode
-  reads kv_b_proj's kernel).
+  reads kv_b_proj's `weight()`). A `kernel_scale_inv` param beside it makes `kernel` FP8 codes
+  (jax_mtp.fp8), dequantised inside the program.
   """
 
   in_features: int
@@ -77,10 +79,19 @@ class Linear(nn.Module):
   def setup(self):
     self.kernel = self.param("kernel", nn.initializers.normal(0.02), (self.in_features, self.out_features),
                              dtype_of(self.param_dtype))
+    # FP8 kept as stored (jax_mtp.fp8): the codes are `kernel`, their block scales beside them
+    scales = fp8.scale_name("kernel")
+    self.kernel_scale_inv = self.get_variable("params", scales) if self.has_variable("params", scales) else None
+
+  def weight(self) -> jax.Array:
+    """The kernel [in, out] in `param_dtype`: as stored, or dequantised from FP8 codes in the program."""
+    if self.kernel_scale_inv is None:
+      return self.kernel
+    return fp8.dequantize(self.kernel, self.kernel_scale_inv, dtype_of(self.param_dtype))
 
   def __call__(self, x: jax.Array) -> jax.Array:
     x = x.astype(self.dtype)
-    return jnp.einsum("...i,io->...o", x, self.kernel.astype(self.dtype), precision=jax.lax.Precision.HIGHEST,
+    return jnp.einsum("...i,io->...o", x, self.weight().astype(self.dtype), precision=jax.lax.Precision.HIGHEST,
                       preferred_element_type=jnp.float32).astype(self.dtype)
 
 

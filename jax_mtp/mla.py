@@ -107,7 +107,7 @@ class MLAttention(nn.Module):
   def _kv_b_weights(self) -> tuple[jax.Array, jax.Array]:
     """kv_b_proj's kernel [C, N·(P+H)] split into W_UK [C, N, P] and W_UV [C, N, H]."""
     cfg = self.cfg
-    kernel_CNK = self.kv_b_proj.kernel.reshape(cfg.kv_lora_rank, self.num_local_heads, -1)
+    kernel_CNK = self.kv_b_proj.weight().reshape(cfg.kv_lora_rank, self.num_local_heads, -1)
     return kernel_CNK[..., :cfg.qk_nope_head_dim], kernel_CNK[..., cfg.qk_nope_head_dim:]
 
   def _naive(self, q_nope_BTNP, q_pe_BTNR, cache: LayerCache, visible_BTS) -> jax.Array:

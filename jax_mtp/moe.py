@@ -18,6 +18,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jax_mtp import fp8
 from jax_mtp.config import MtpConfig
 from jax_mtp.experts import resolve_expert_impl, routed_experts
 from jax_mtp.layers import dtype_of, linear
@@ -107,6 +108,10 @@ class MoE(nn.Module):
     self.w_gate_EDF = self.param("w_gate_EDF", init, (e, d, f), pdt)
     self.w_up_EDF = self.param("w_up_EDF", init, (e, d, f), pdt)
     self.w_down_EFD = self.param("w_down_EFD", init, (e, f, d), pdt)
+    # FP8 kept as stored (jax_mtp.fp8): each weight's block scales beside it
+    names = [fp8.scale_name(n) for n in ("w_gate_EDF", "w_up_EDF", "w_down_EFD")]
+    self.fp8_scales = (tuple(self.get_variable("params", n) for n in names)
+                       if self.has_variable("params", names[0]) else None)
     if cfg.n_shared_experts:
       self.shared_experts = Mlp(cfg, cfg.moe_intermediate_size * cfg.n_shared_experts, self.tp)
 
@@ -118,8 +123,13 @@ class MoE(nn.Module):
     if self.tp.axis is not None:  # this device's experts are [first, first + E/tp)
       first = jax.lax.axis_index(self.tp.axis) * self.w_gate_EDF.shape[0]
       ids_TK, weights_TK = local_assignments(ids_TK - first, weights_TK, self.w_gate_EDF.shape[0])
-    impl = resolve_expert_impl(cfg.moe_impl, jax.default_backend(), *ids_TK.shape, self.w_gate_EDF)
-    y_TD = routed_experts(impl, x_TD, ids_TK, weights_TK, self.w_gate_EDF, self.w_up_EDF, self.w_down_EFD)
+    # FP8 codes run as the weights they dequantise to: the same impl as a dequantised checkpoint's
+    dtype = self.w_gate_EDF.dtype if self.fp8_scales is None else dtype_of(cfg.param_dtype)
+    weights = jax.ShapeDtypeStruct(self.w_gate_EDF.shape, dtype)
+    impl = resolve_expert_impl(cfg.moe_impl, jax.default_backend(), *ids_TK.shape, weights,
+                               fp8_codes=self.fp8_scales is not None)
+    y_TD = routed_experts(impl, x_TD, ids_TK, weights_TK, self.w_gate_EDF, self.w_up_EDF, self.w_down_EFD,
+                          fp8_scales=self.fp8_scales, dtype=dtype)
     y_BTD = y_TD.reshape(x_BTD.shape).astype(x_BTD.dtype)
     if cfg.n_shared_experts:
       y_BTD = y_BTD + self.shared_experts(x_BTD)

@@ -20,7 +20,8 @@ from jax_mtp.config import MtpConfig
 from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu import check_gpu_runtime
 from jax_mtp.draft_path import FULL_LOGITS, LOCAL_ARGMAX, greedy_draft_path
 from jax_mtp.mtp import MtpPredictor, init_params, validate_inputs
-from jax_mtp.sharding import TP_AXIS, param_specs, replicated, shard_params, tensor_parallel, validate_tp
+from jax_mtp.sharding import (TP_AXIS, param_specs, param_specs_for, replicated, shard_params, tensor_parallel,
+                              validate_tp)
 
 DRAFT_PATHS = (LOCAL_ARGMAX, FULL_LOGITS)
 
@@ -58,12 +59,14 @@ class ShardedMtp:
     if path not in DRAFT_PATHS:
       raise ValueError(f"path={path!r} is not one of {DRAFT_PATHS}")
     validate_inputs(self.cfg, input_ids_BT, positions_BT, prev_hidden_BTD, caches)
-    step = self.compiled_step(spec_step_idx % self.cfg.num_nextn_predict_layers, absorb, path)
+    step = self.compiled_step(spec_step_idx % self.cfg.num_nextn_predict_layers, absorb, path,
+                              jax.tree.structure(params))
     return step(params, input_ids_BT, positions_BT, prev_hidden_BTD, caches)
 
   @functools.lru_cache(maxsize=None)
-  def compiled_step(self, spec_step_idx: int, absorb: bool | None, path: str):
-    """The jitted shard_map'd step for one (spec_step_idx, absorb, path)."""
+  def compiled_step(self, spec_step_idx: int, absorb: bool | None, path: str, structure=None):
+    """The jitted shard_map'd step for one (spec_step_idx, absorb, path) and params tree structure
+    (None: `init_params`'s; an FP8 tree has its scale leaves, jax_mtp.fp8)."""
     model = self.model
 
     def per_shard(params, ids, positions, prev_hidden, caches):
@@ -77,7 +80,8 @@ class ShardedMtp:
       return DraftStep(out.hidden_BTD, out.caches, None, logits)
 
     rep = replicated()
-    return jit_per_shard(per_shard, self.mesh, (self._param_specs, rep, rep, rep, rep))
+    specs = self._param_specs if structure is None else param_specs_for(structure)
+    return jit_per_shard(per_shard, self.mesh, (specs, rep, rep, rep, rep))
 
 
 def check_impl_runtime(norm_impl: str, mesh) -> None:

@@ -106,6 +106,25 @@ class SafetensorsCheckpoint:
     return _finite(dequantize_block(values, _memmap(scale), self.block, index, name), name, info.file)
 
 
+  def read_codes(self, name: str, index: tuple[slice, slice]) -> np.ndarray:
+    """The FP8 codes `tensor[index]` as stored (float8_e4m3fn), checked as `read` checks them; the
+    slice must consist of whole blocks (a last partial block at the tensor's end included), so that
+    its scales are whole rows and columns of `weight_scale_inv`."""
+    info = self.tensors[name]
+    index = tuple(slice(*s.indices(n)[:2]) for s, n in zip(index, info.shape))
+    for s, n, b in zip(index, info.shape, self.block):
+      if s.start % b or (s.stop % b and s.stop != n):
+        raise CheckpointError(f"{name}: the slice [{s.start}:{s.stop}] of a dim of {n} does not fall on its FP8 "
+                              f"blocks of {b}; keeping FP8 weights needs each device's share in whole blocks "
+                              f"(dequantise them instead, or use another tp)")
+    self.read(name, index)  # validates codes and scales (non-finite, zero scales) exactly as the dequantising path
+    return np.asarray(_memmap(info)[index])
+
+  def read_scales(self, name: str, block_index: tuple[slice, slice]) -> np.ndarray:
+    """Rows and columns `block_index` of `name`'s `weight_scale_inv` (fp32); `read_codes` checks them."""
+    return np.asarray(_memmap(self.tensors[scale_name(name)])[block_index], np.float32)
+
+
 def _finite(values: np.ndarray, name: str, file: str) -> np.ndarray:
   """`values`, or a CheckpointError naming the tensor and its first non-finite element: a NaN or
   inf weight would turn every logit it reaches into NaN, and greedy decoding into token 0."""

@@ -35,6 +35,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jax_mtp.config import MtpConfig
+from jax_mtp.fp8 import SCALE_SUFFIX
 
 TP_AXIS = "tp"
 DATA_AXIS = "data"  # training splits its batches over it (jax_mtp.training)
@@ -110,6 +111,8 @@ _RULES: tuple[tuple[tuple[str, ...], PartitionSpec], ...] = (
 
 
 def param_spec(path: tuple[str, ...]) -> PartitionSpec:
+  if path and path[-1].endswith(SCALE_SUFFIX):  # FP8 block scales split as their weight (jax_mtp.fp8)
+    path = path[:-1] + (path[-1][:-len(SCALE_SUFFIX)],)
   for suffix, spec in _RULES:
     if path[-len(suffix):] == suffix:
       return spec
@@ -119,6 +122,12 @@ def param_spec(path: tuple[str, ...]) -> PartitionSpec:
 def param_specs(params) -> dict:
   """The PartitionSpec tree for a params tree (from `init_params`)."""
   return jax.tree_util.tree_map_with_path(lambda p, _: param_spec(tuple(k.key for k in p)), params)
+
+
+def param_specs_for(structure) -> dict:
+  """The PartitionSpec tree of params with this tree structure (a jitted function's in_specs before
+  it sees the arrays; an FP8 tree has scale leaves an `init_params` tree lacks, jax_mtp.fp8)."""
+  return param_specs(jax.tree.unflatten(structure, [0] * structure.num_leaves))
 
 
 def replicated() -> PartitionSpec:

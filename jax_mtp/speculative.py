@@ -116,7 +116,6 @@ class Speculator:
     check_impl_runtime(norm_impl, mesh)
     self.target = TargetModel(cfg, tensor_parallel(tp), norm_impl)
     self.drafter = MtpDrafter(cfg, tensor_parallel(tp), norm_impl, drafter_cls) if drafter is None else drafter
-    self._param_specs = (target_param_specs(cfg), self.drafter.param_specs())
     self._compiled = {}
 
   def shard(self, target_params: dict, mtp_params: dict) -> SpecParams:
@@ -185,13 +184,14 @@ class Speculator:
     shapes = tuple((jnp.shape(x), jnp.result_type(x)) for x in jax.tree.leaves(args))
     key = (name, capacity, sampled, jax.tree.structure(args), shapes)
     if key not in self._compiled:
-      rep = replicated()
+      # the params' specs follow their tree (a FP8 tree has scale leaves, jax_mtp.fp8)
+      rep, specs = replicated(), (param_specs(args[0]), param_specs(args[1]))
       if name == "prefill":
         fn = functools.partial(self._prefill_per_shard, capacity=capacity, sampled=sampled)
-        jitted = jit_per_shard(fn, self.mesh, (*self._param_specs, rep, rep, rep, rep, rep))
+        jitted = jit_per_shard(fn, self.mesh, (*specs, rep, rep, rep, rep, rep))
       else:
         fn = functools.partial(self._round_per_shard, sampled=sampled)
-        jitted = jit_per_shard(fn, self.mesh, (*self._param_specs, rep, rep, rep, rep), donate_argnums=(2,))
+        jitted = jit_per_shard(fn, self.mesh, (*specs, rep, rep, rep, rep), donate_argnums=(2,))
       self._compiled[key] = jitted.lower(*args).compile()
     return self._compiled[key]
 

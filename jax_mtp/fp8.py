@@ -1,0 +1,54 @@
+"""Block-scaled FP8 weights kept as stored (DeepSeek-V3's format), and their use in a matmul.
+
+A checkpoint stores a linear's weight as e4m3 codes `W_fp8` [out, in] with one fp32 `weight_scale_inv`
+per block of B0 × B1 elements (128 × 128): W[i, j] = W_fp8[i, j] · scale_inv[i // B0, j // B1]
+(`jax_mtp.safetensors_io`). Kept on the device, a param holds the codes in our layout with the
+scales beside it, transposed the same way:
+
+    kernel            float8_e4m3fn [in, out]                      (a Linear)
+    kernel_scale_inv  float32 [ceil(in / B1), ceil(out / B0)]
+    w_gate_EDF        float8_e4m3fn [E, D, F]                      (routed experts, stacked)
+    w_gate_EDF_scale_inv float32 [E, ceil(D / B1), ceil(F / B0)]
+
+A param is FP8 exactly when its `<name>_scale_inv` sibling exists (`scale_name`); modules test for
+it, so the same model code runs a tree loaded `--weights fp8` or dequantised. `dequantize` is the
+weight the dequantising loader would have built — bf16(fp32(code) · scale) — computed inside the
+jitted program from the 1-byte codes, so a matmul reads half the bytes of a bf16 weight where XLA
+fuses the conversion into its consumer (docs/design.md §"FP8 weights").
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+FP8 = jnp.float8_e4m3fn
+SCALE_SUFFIX = "_scale_inv"
+
+
+def scale_name(param_name: str) -> str:
+  """`kernel` → `kernel_scale_inv`: the block scales of an FP8 param."""
+  return param_name + SCALE_SUFFIX
+
+
+def is_scale(param_name: str) -> bool:
+  return param_name.endswith(SCALE_SUFFIX)
+
+
+def scale_shape(shape: tuple[int, ...], block: tuple[int, int]) -> tuple[int, ...]:
+  """Block-scale shape of a weight in our layout (…, in, out): blocks are (B1 over in, B0 over out),
+  the checkpoint's [B0 over out, B1 over in] transposed."""
+  *lead, rows, cols = shape
+  return (*lead, -(-rows // block[1]), -(-cols // block[0]))
+
+
+def dequantize(codes: jax.Array, scale_inv: jax.Array, dtype) -> jax.Array:
+  """`codes` (…, in, out) · each element's block scale, in fp32, cast to `dtype`: the values the
+  dequantising loader stores. Blocks are inferred from the shapes (ceil division, a partial last block)."""
+  *_, rows, cols = codes.shape
+  *_, row_blocks, col_blocks = scale_inv.shape
+  block_r, block_c = -(-rows // row_blocks), -(-cols // col_blocks)
+  expanded = jnp.repeat(jnp.repeat(scale_inv.astype(jnp.float32), block_r, axis=-2)[..., :rows, :], block_c,
+                        axis=-1)[..., :cols]
+  return (codes.astype(jnp.float32) * expanded).astype(dtype)
+

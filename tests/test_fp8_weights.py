@@ -1,0 +1,164 @@
+"""FP8 weights kept on the device (jax_mtp.fp8, `load_hf_checkpoint(fp8_weights=True)`, `--weights`).
+
+A tiny random model is written as a multi-shard FP8 checkpoint by tests/hf_checkpoint.py (DeepSeek's
+block quantiser, partial edge blocks). Kept as codes + block scales, every matmul dequantises in its
+program to exactly the value the dequantising loader stores, so the two trees must give bit-identical
+logits and identical tokens, on one device and under tp; and the FP8 tree must hold its linear and
+expert weights in one byte.
+"""
+
+import json
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+import jax_mtp
+from jax_mtp import fp8
+from jax_mtp.checkpoint import load_hf_checkpoint, load_mtp_only
+from jax_mtp.generate import TargetDecoder
+from jax_mtp.model import TargetModel, init_target_caches
+from jax_mtp.safetensors_io import CheckpointError
+from jax_mtp.sharding import make_mesh
+from jax_mtp.speculative import Speculator
+from tests.hf_checkpoint import write_checkpoint
+
+CFG = jax_mtp.tiny(vocab_size=250)
+PROMPTS = [[5, 17, 3, 99, 4, 8, 1], [42, 7]]
+
+
+@pytest.fixture(scope="module", params=[(16, 24), (8, 8)], ids=lambda b: f"block{b[0]}x{b[1]}")
+def written(request, tmp_path_factory):
+  """(directory, block): a 3-shard FP8 checkpoint of a random tiny model."""
+  directory = str(tmp_path_factory.mktemp("fp8"))
+  params = jax_mtp.init_target_params(CFG, jax.random.key(0)), jax_mtp.init_params(CFG, jax.random.key(1))
+  write_checkpoint(directory, CFG, *params, block=request.param, num_files=3)
+  return directory, request.param
+
+
+def _leaves(tree):
+  return {jax.tree_util.keystr(path): x for path, x in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def test_fp8_tree_holds_codes_and_block_scales_beside_each_fp8_weight(written):
+  directory, block = written
+  _, target, mtp = load_hf_checkpoint(directory, fp8_weights=True)
+  _, dequantised, _ = load_hf_checkpoint(directory)
+  leaves, reference = _leaves(target), _leaves(dequantised)
+  codes = {name: x for name, x in leaves.items() if x.dtype == jnp.float8_e4m3fn}
+  assert any("w_gate_EDF" in name for name in codes) and any("q_b_proj" in name for name in codes)
+  for name, x in codes.items():
+    scale_key = name[:-2] + fp8.SCALE_SUFFIX + "']"
+    assert leaves[scale_key].dtype == jnp.float32, name
+    assert leaves[scale_key].shape == fp8.scale_shape(x.shape, block), name
+    # the codes times their scales are exactly what the dequantising loader stores
+    np.testing.assert_array_equal(np.asarray(fp8.dequantize(x, leaves[scale_key], jnp.float32)),
+                                  np.asarray(reference[name]), err_msg=name)
+  # not FP8 in a V3.2 checkpoint: norms, router, embedding / head, eh_proj, the indexer's weights_proj
+  assert not any(k in name for name in codes for k in ("norm", "gate']['weight", "embed", "lm_head", "eh_proj",
+                                                        "weights_proj"))
+  assert _leaves(mtp).keys() >= {n for n in _leaves(mtp) if "eh_proj" in n}
+  fp8_bytes = sum(x.nbytes for name, x in leaves.items() if name in codes)
+  assert fp8_bytes * 4 == sum(reference[name].nbytes for name in codes)  # 1 byte each vs fp32
+
+
+def test_fp8_logits_are_bit_identical_to_the_dequantised_checkpoint(written):
+  directory, _ = written
+  _, fp8_target, _ = load_hf_checkpoint(directory, fp8_weights=True)
+  _, target, _ = load_hf_checkpoint(directory)
+  ids = jnp.asarray([PROMPTS[0]], jnp.int32)
+  positions = jnp.arange(ids.shape[1])[None]
+  model = TargetModel(CFG)
+
+  def logits(params, absorb):
+    out = model.apply({"params": params}, ids, positions, init_target_caches(CFG, 1, 16), absorb=absorb)
+    return model.apply({"params": params}, out.hidden_BTD, method=TargetModel.compute_logits)
+
+  for absorb in (False, True):  # prefill's naive MLA and decode's absorbed MLA (kv_b_proj read directly)
+    np.testing.assert_array_equal(np.asarray(jax.jit(logits, static_argnums=1)(fp8_target, absorb)),
+                                  np.asarray(jax.jit(logits, static_argnums=1)(target, absorb)))
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_fp8_speculative_and_plain_tokens_equal_the_dequantised_checkpoints(written, tp):
+  directory, block = written
+  if tp > 1 and block != (8, 8):
+    pytest.skip("the (16, 24) blocks do not split over tp = 2 (tested below)")
+  mesh = make_mesh(tp)
+  results = []
+  for fp8_weights in (True, False):
+    _, target, mtp = load_hf_checkpoint(directory, mesh=mesh, fp8_weights=fp8_weights)
+    spec = Speculator(CFG, mesh, 2)
+    params = jax_mtp.SpecParams(target, spec.drafter.shard(mtp, mesh))
+    out = spec.generate(params, PROMPTS, 10)
+    plain = TargetDecoder(CFG, mesh).generate(target, PROMPTS, 10)
+    results.append((out.tokens, out.metrics.draft_tokens_accepted, plain))
+  assert results[0] == results[1]
+  assert results[0][0] == results[0][2]  # and speculative == plain greedy
+
+
+def test_mtp_only_load_keeps_fp8_too(written):
+  directory, _ = written
+  _, mtp = load_mtp_only(directory, fp8_weights=True)
+  assert any(x.dtype == jnp.float8_e4m3fn for x in jax.tree.leaves(mtp))
+
+
+def test_blocks_that_do_not_split_over_tp_are_one_clear_error(written):
+  directory, block = written
+  if block != (16, 24):
+    pytest.skip("(8, 8) blocks split over tp = 4")
+  with pytest.raises(CheckpointError, match=r"o_proj.weight: the slice \[0:32\] .* FP8 blocks of 24"):
+    load_hf_checkpoint(directory, mesh=make_mesh(4), fp8_weights=True)
+
+
+def test_a_checkpoint_without_fp8_weights_refuses_to_keep_them():
+  with pytest.raises(CheckpointError, match="stores no FP8 weights"):
+    load_hf_checkpoint("jax_mtp/default_model", fp8_weights=True)
+
+
+def test_a_nan_code_in_a_kept_weight_is_a_load_error(written, tmp_path):
+  import shutil  # noqa: PLC0415
+  directory = str(tmp_path / "ckpt")
+  shutil.copytree(written[0], directory)
+  with open(f"{directory}/model.safetensors.index.json") as f:
+    name = "model.layers.1.mlp.experts.3.up_proj.weight"
+    file = f"{directory}/{json.load(f)['weight_map'][name]}"
+  raw = open(file, "rb").read()
+  header_len = int.from_bytes(raw[:8], "little")
+  info = json.loads(raw[8:8 + header_len])[name]
+  data = bytearray(raw)
+  data[8 + header_len + info["data_offsets"][0] + 5] = 0x7F  # e4m3fn NaN
+  open(file, "wb").write(bytes(data))
+  assert np.isnan(np.float32(np.frombuffer(b"\x7f", ml_dtypes.float8_e4m3fn)[0]))
+  with pytest.raises(CheckpointError, match=f"{name}.*non-finite"):
+    load_hf_checkpoint(directory, fp8_weights=True)
+
+
+def test_unsupported_quantization_is_named(written, tmp_path):
+  import shutil  # noqa: PLC0415
+  directory = str(tmp_path / "ckpt")
+  shutil.copytree(written[0], directory)
+  config = json.load(open(f"{directory}/config.json"))
+  config["quantization_config"]["quant_method"] = "awq"
+  json.dump(config, open(f"{directory}/config.json", "w"))
+  with pytest.raises(CheckpointError, match="quant_method='awq'"):
+    load_hf_checkpoint(directory)
+
+
+def test_cli_weights_flag(written):
+  directory, _ = written
+  outputs = {}
+  for weights in ("fp8", "bf16", "auto"):
+    proc = subprocess.run([sys.executable, "-m", "jax_mtp.decode", "--checkpoint", directory, "--prompt-ids",
+                           "5,17,3", "--max-new-tokens", "6", "--weights", weights, "--ignore-eos", "--json"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    outputs[weights] = json.loads(proc.stdout)["tokens"]
+  assert outputs["fp8"] == outputs["bf16"] == outputs["auto"]
+  proc = subprocess.run([sys.executable, "-m", "jax_mtp.decode", "--weights", "fp8"], capture_output=True, text=True,
+                        timeout=300)
+  assert proc.returncode == 2 and proc.stderr.startswith("error: --weights fp8 is for --checkpoint"), proc.stderr
