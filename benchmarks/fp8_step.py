@@ -72,7 +72,7 @@ def dequantize_tree(params: dict, dtype) -> dict:
     if isinstance(value, dict):
       out[name] = dequantize_tree(value, dtype)
     else:
-      out[name] = value if scale is None else jax.jit(fp8.dequantize, static_argnums=2)(value, scale, dtype)
+      out[name] = value if scale is None else jax.jit(fp8.dequantize, static_argnums=(2, 3))(value, scale, dtype, (128, 128))
   return out
 
 

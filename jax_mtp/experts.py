@@ -99,19 +99,19 @@ def resolve_expert_impl(impl: str, platform: str, tokens: int, experts_per_token
 
 
 def routed_experts(impl: str, x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD, *,
-                   fp8_scales=None, dtype=None) -> jax.Array:
+                   fp8_scales=None, fp8_block=(128, 128), dtype=None) -> jax.Array:
   """Σ_k weights[t, k] · expert_{ids[t, k]}(x[t]) by the resolved `impl`; fp32 [T, D].
 
   ids ∈ [0, E] where E = w_gate_EDF.shape[0]; id E (another device's expert) has weight 0.
-  `fp8_scales` (gate, up, down block scales): the weights are FP8 codes (jax_mtp.fp8), dequantised to
+  `fp8_scales` (gate, up, down block scales, by `fp8_block`): the weights are FP8 codes (jax_mtp.fp8), dequantised to
   `dtype` in the program — "gather" only the T·K picked experts, the grouped impls every local expert
   (a `dtype` copy of the weights per call, until a grouped matmul takes the codes: issue 14).
   """
   if fp8_scales is not None:
     if impl == "gather":
       return gathered_experts(x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD, fp8_scales=fp8_scales,
-                              dtype=dtype)
-    w_gate_EDF, w_up_EDF, w_down_EFD = (fp8.dequantize(w, s, dtype) for w, s in
+                              fp8_block=fp8_block, dtype=dtype)
+    w_gate_EDF, w_up_EDF, w_down_EFD = (fp8.dequantize(w, s, dtype, fp8_block) for w, s in
                                         zip((w_gate_EDF, w_up_EDF, w_down_EFD), fp8_scales))
   if impl == "gather":
     return gathered_experts(x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD)
@@ -133,7 +133,7 @@ def _precision(dtype) -> jax.lax.Precision:
 
 
 def gathered_experts(x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD, *, fp8_scales=None,
-                     dtype=None) -> jax.Array:
+                     fp8_block=(128, 128), dtype=None) -> jax.Array:
   """The "gather" impl: each assignment's weights gathered; fp32 out. Ids ≥ E are clipped (weight 0).
   With `fp8_scales` the gathered FP8 codes are dequantised to `dtype` (else the weights' dtype)."""
   dtype = w_gate_EDF.dtype if fp8_scales is None else dtype
@@ -141,7 +141,7 @@ def gathered_experts(x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD,
   x_TD = x_TD.astype(dtype)
 
   def picked(i, w):
-    return w[ids_TK] if fp8_scales is None else fp8.dequantize(w[ids_TK], fp8_scales[i][ids_TK], dtype)
+    return w[ids_TK] if fp8_scales is None else fp8.dequantize(w[ids_TK], fp8_scales[i][ids_TK], dtype, fp8_block)
 
   def project(eq, lhs, weights):
     return jnp.einsum(eq, lhs.astype(dtype), weights, precision=_precision(dtype),

@@ -42,13 +42,15 @@ def scale_shape(shape: tuple[int, ...], block: tuple[int, int]) -> tuple[int, ..
   return (*lead, -(-rows // block[1]), -(-cols // block[0]))
 
 
-def dequantize(codes: jax.Array, scale_inv: jax.Array, dtype) -> jax.Array:
+def dequantize(codes: jax.Array, scale_inv: jax.Array, dtype, block: tuple[int, int]) -> jax.Array:
   """`codes` (…, in, out) · each element's block scale, in fp32, cast to `dtype`: the values the
-  dequantising loader stores. Blocks are inferred from the shapes (ceil division, a partial last block)."""
+  dequantising loader stores. `block` is the checkpoint's (B0 over out, B1 over in); a slice of a
+  weight (a device's shard) starts on a block boundary, its last block may be partial."""
   *_, rows, cols = codes.shape
-  *_, row_blocks, col_blocks = scale_inv.shape
-  block_r, block_c = -(-rows // row_blocks), -(-cols // col_blocks)
-  expanded = jnp.repeat(jnp.repeat(scale_inv.astype(jnp.float32), block_r, axis=-2)[..., :rows, :], block_c,
+  expected = (-(-rows // block[1]), -(-cols // block[0]))
+  if tuple(scale_inv.shape[-2:]) != expected:
+    raise ValueError(f"FP8 codes {codes.shape} with blocks {block} need scales [..., {expected[0]}, {expected[1]}], got "
+                     f"{scale_inv.shape}: the config's fp8_block is not the checkpoint's weight_block_size")
+  expanded = jnp.repeat(jnp.repeat(scale_inv.astype(jnp.float32), block[1], axis=-2)[..., :rows, :], block[0],
                         axis=-1)[..., :cols]
   return (codes.astype(jnp.float32) * expanded).astype(dtype)
-

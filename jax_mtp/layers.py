@@ -75,6 +75,7 @@ class Linear(nn.Module):
   out_features: int
   dtype: str = "float32"
   param_dtype: str = "float32"
+  fp8_block: tuple[int, int] = (128, 128)  # the checkpoint's FP8 blocks, when the kernel is FP8 codes
 
   def setup(self):
     self.kernel = self.param("kernel", nn.initializers.normal(0.02), (self.in_features, self.out_features),
@@ -87,7 +88,7 @@ class Linear(nn.Module):
     """The kernel [in, out] in `param_dtype`: as stored, or dequantised from FP8 codes in the program."""
     if self.kernel_scale_inv is None:
       return self.kernel
-    return fp8.dequantize(self.kernel, self.kernel_scale_inv, dtype_of(self.param_dtype))
+    return fp8.dequantize(self.kernel, self.kernel_scale_inv, dtype_of(self.param_dtype), self.fp8_block)
 
   def __call__(self, x: jax.Array) -> jax.Array:
     x = x.astype(self.dtype)
@@ -99,7 +100,7 @@ def linear(in_features: int, out_features: int, cfg: MtpConfig, *, fp32: bool = 
   """A projection in the config's dtypes, or fully fp32 (router, indexer weights_proj)."""
   if fp32:
     return Linear(in_features, out_features, "float32", "float32")
-  return Linear(in_features, out_features, cfg.dtype, cfg.param_dtype)
+  return Linear(in_features, out_features, cfg.dtype, cfg.param_dtype, cfg.fp8_block)
 
 
 # --- RoPE ----------------------------------------------------------------------------------------

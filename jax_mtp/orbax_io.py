@@ -111,7 +111,10 @@ def restore_params(directory: str | os.PathLike, cfg: MtpConfig | None = None,
 
 
 def _config_from_json(data: dict) -> MtpConfig:
-  return MtpConfig(**{**data, "rope": RopeConfig(**data["rope"])})
+  fields = {**data, "rope": RopeConfig(**data["rope"])}
+  if "fp8_block" in fields:  # JSON has lists, the config a tuple
+    fields["fp8_block"] = tuple(fields["fp8_block"])
+  return MtpConfig(**fields)
 
 
 def _abstract_targets(cfg: MtpConfig, mesh: Mesh | None) -> dict:
