@@ -62,20 +62,6 @@ def quantize_tree(params: dict) -> dict:
   return out
 
 
-def dequantize_tree(params: dict, dtype) -> dict:
-  """The FP8 tree's exact dequantisation (what `load_hf_checkpoint` builds from the same checkpoint)."""
-  out = {}
-  for name, value in params.items():
-    if fp8.is_scale(name):
-      continue
-    scale = params.get(fp8.scale_name(name))
-    if isinstance(value, dict):
-      out[name] = dequantize_tree(value, dtype)
-    else:
-      out[name] = value if scale is None else jax.jit(fp8.dequantize, static_argnums=(2, 3))(value, scale, dtype, (128, 128))
-  return out
-
-
 def tree_bytes(tree) -> int:
   return sum(x.nbytes for x in jax.tree.leaves(tree))
 
@@ -105,7 +91,7 @@ def main() -> None:
   base = in_use()
   fp8_params = quantize_tree(jax_mtp.init_params(cfg, jax.random.key(0)))
   fp8_in_use = in_use() - base
-  bf16_params = dequantize_tree(fp8_params, jnp.dtype(cfg.param_dtype))
+  bf16_params = fp8.dequantize_params(fp8_params, cfg.param_dtype, cfg.fp8_block)
   both_in_use = in_use() - base
   bandwidth = copy_bandwidth()
   print(f"{args.preset} MTP layer + head on {jax.devices()[0].device_kind}, jax {jax.__version__}, copy bandwidth "

@@ -74,9 +74,9 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--dtype", choices=("auto",) + DTYPES, default="auto",
                  help="compute and parameter dtype; auto (default): the checkpoint's torch_dtype, as vLLM")
   p.add_argument("--weights", choices=("auto", "fp8", "bf16"), default="auto",
-                 help="FP8 checkpoints: fp8 keeps the weights as stored (codes + block scales, dequantised inside "
-                      "each matmul's program), bf16 dequantises them on load (to --dtype's); auto (default): as "
-                      "the checkpoint stores them")
+                 help="FP8 checkpoints (HF or orbax): fp8 keeps the weights as stored (codes + block scales, "
+                      "dequantised inside each matmul's program), bf16 dequantises them on load (to --dtype's); "
+                      "auto (default): as the checkpoint stores them")
   p.add_argument("--moe-impl", choices=MOE_IMPLS, default="auto",
                  help="routed experts' implementation (jax_mtp.experts); auto: by platform and size")
   p.add_argument("--index-scores-impl", choices=INDEX_SCORES_IMPLS, default="auto",
@@ -258,14 +258,18 @@ def stop_ids_for(args: argparse.Namespace, cfg: jax_mtp.MtpConfig) -> tuple[int,
 
 
 def load(args: argparse.Namespace, cfg: jax_mtp.MtpConfig) -> Loaded:
+  from jax_mtp import fp8  # noqa: PLC0415
   from jax_mtp.checkpoint import load_hf_checkpoint, quantization  # noqa: PLC0415 (see above)
   from jax_mtp.orbax_io import is_orbax_checkpoint, restore_params  # noqa: PLC0415
   mesh = make_mesh(args.tp)
   if is_orbax_checkpoint(args.checkpoint):
-    if args.weights == "fp8":
-      raise _BadInput(f"--weights fp8: {args.checkpoint!r} is an orbax checkpoint, whose weights are stored "
-                      f"dequantised; FP8 weights load from HF safetensors checkpoints")
-    _, target, mtp = restore_params(args.checkpoint, cfg, mesh)
+    _, target, mtp = restore_params(args.checkpoint, cfg, mesh)  # as saved: FP8 weights stay FP8
+    stored_fp8 = bool(fp8.fp8_paths(target) or fp8.fp8_paths(mtp))
+    if args.weights == "fp8" and not stored_fp8:
+      raise _BadInput(f"--weights fp8: the orbax checkpoint {args.checkpoint!r} stores no FP8 weights")
+    if args.weights == "bf16" and stored_fp8:
+      target, mtp = (fp8.dequantize_params(tree, cfg.param_dtype, cfg.fp8_block) for tree in (target, mtp))
+      mtp.update({name: target[name] for name in ("embed_tokens", "lm_head")})  # one shared copy
   else:
     fp8_weights = args.weights == "fp8" or (args.weights == "auto" and bool(quantization(args.checkpoint)))
     _, target, mtp = load_hf_checkpoint(args.checkpoint, cfg=cfg, mesh=mesh, fp8_weights=fp8_weights)

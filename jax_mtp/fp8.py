@@ -54,3 +54,30 @@ def dequantize(codes: jax.Array, scale_inv: jax.Array, dtype, block: tuple[int, 
   expanded = jnp.repeat(jnp.repeat(scale_inv.astype(jnp.float32), block[1], axis=-2)[..., :rows, :], block[0],
                         axis=-1)[..., :cols]
   return (codes.astype(jnp.float32) * expanded).astype(dtype)
+
+
+def fp8_paths(params: dict, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+  """The paths of a params tree's FP8 weights (those with a scale sibling)."""
+  paths = []
+  for name, value in params.items():
+    if isinstance(value, dict):
+      paths += fp8_paths(value, prefix + (name,))
+    elif scale_name(name) in params:
+      paths.append(prefix + (name,))
+  return paths
+
+
+def dequantize_params(params: dict, dtype, block: tuple[int, int]) -> dict:
+  """The tree with every FP8 weight replaced by its dequantisation (scales dropped); other leaves as they are."""
+  out = {}
+  for name, value in params.items():
+    if is_scale(name):
+      continue
+    if isinstance(value, dict):
+      out[name] = dequantize_params(value, dtype, block)
+    elif scale_name(name) in params:
+      out[name] = jax.jit(dequantize, static_argnums=(2, 3))(value, params[scale_name(name)], jnp.dtype(dtype),
+                                                             tuple(block))
+    else:
+      out[name] = value
+  return out

@@ -5,7 +5,8 @@
 
 The directory is an orbax `CheckpointManager` root. A step holds two items: `params`
 {"target": ..., "mtp": ...} (vocab rows unpadded, so any tp can restore it; the MTP tree without the
-shared embedding / head) and `config` (the MtpConfig as JSON). Orbax writes a step into a temporary
+shared embedding / head), `config` (the MtpConfig as JSON) and `fp8` (the paths of FP8 weights kept as
+codes + block scales, jax_mtp.fp8, restored in that form). Orbax writes a step into a temporary
 directory and renames it into place when complete, so a save killed midway leaves no step behind and
 every earlier step readable; `restore_params` reads the latest complete step.
 
@@ -20,15 +21,17 @@ import dataclasses
 import os
 
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 
+from jax_mtp import fp8
 from jax_mtp.checkpoint import MTP, SHARED, TARGET, abstract_params
 from jax_mtp.config import MtpConfig, RopeConfig
 from jax_mtp.safetensors_io import CheckpointError
 from jax_mtp.sharding import TP_AXIS, padded_vocab, param_spec, validate_tp
 
-PARAMS, CONFIG = "params", "config"
+PARAMS, CONFIG, FP8_ITEM = "params", "config", "fp8"
 
 
 def is_orbax_checkpoint(directory: str | os.PathLike) -> bool:
@@ -66,9 +69,11 @@ def save_params(directory: str | os.PathLike, cfg: MtpConfig, target_params: dic
                             f"steps; save into an empty or new directory")
   trees = {TARGET: _unpadded(target_params, cfg),
            MTP: {k: v for k, v in _unpadded(mtp_params, cfg).items() if k not in SHARED}}
+  kept = ["/".join(path) for path in fp8.fp8_paths(trees)]  # FP8 weights stay FP8 (jax_mtp.fp8)
   with _manager(directory, create=True) as manager:
     manager.save(step, args=ocp.args.Composite(**{
-        PARAMS: ocp.args.StandardSave(trees), CONFIG: ocp.args.JsonSave(dataclasses.asdict(cfg))}))
+        PARAMS: ocp.args.StandardSave(trees), CONFIG: ocp.args.JsonSave(dataclasses.asdict(cfg)),
+        FP8_ITEM: ocp.args.JsonSave({"paths": kept})}))
     manager.wait_until_finished()
 
 
@@ -103,7 +108,10 @@ def restore_params(directory: str | os.PathLike, cfg: MtpConfig | None = None,
       raise CheckpointError(f"the config does not match the one saved in {directory!r} step {step}: {', '.join(diff)}")
     if mesh is not None:
       validate_tp(saved, mesh.shape[TP_AXIS])
-    targets = _abstract_targets(saved, mesh)
+    kept = []
+    if os.path.isdir(os.path.join(directory, str(step), FP8_ITEM)):  # steps saved before FP8 trees have none
+      kept = manager.restore(step, args=ocp.args.Composite(**{FP8_ITEM: ocp.args.JsonRestore()}))[FP8_ITEM]["paths"]
+    targets = _abstract_targets(saved, mesh, kept)
     restore = ocp.args.StandardRestore(targets, strict=False)  # strict=False: pad the vocab rows
     trees = manager.restore(step, args=ocp.args.Composite(**{PARAMS: restore}))[PARAMS]
   target = trees[TARGET]
@@ -117,8 +125,9 @@ def _config_from_json(data: dict) -> MtpConfig:
   return MtpConfig(**fields)
 
 
-def _abstract_targets(cfg: MtpConfig, mesh: Mesh | None) -> dict:
-  """ShapeDtypeStructs with the sharding each param is restored with."""
+def _abstract_targets(cfg: MtpConfig, mesh: Mesh | None, fp8_kept: list[str]) -> dict:
+  """ShapeDtypeStructs with the sharding each param is restored with; the `fp8_kept` paths as FP8
+  codes with their block scales beside them."""
   def target(path, leaf):
     keys = tuple(k.key for k in path[1:])  # drop "target" / "mtp"
     if mesh is None:
@@ -127,5 +136,14 @@ def _abstract_targets(cfg: MtpConfig, mesh: Mesh | None) -> dict:
     if keys[-1] in SHARED:  # orbax pads the saved rows with zeros (strict=False)
       shape = (padded_vocab(cfg, mesh.shape[TP_AXIS]),) + shape[1:]
     return jax.ShapeDtypeStruct(shape, leaf.dtype, sharding=NamedSharding(mesh, param_spec(keys)))
-  return jax.tree_util.tree_map_with_path(target, abstract_params(cfg))
+  abstract = abstract_params(cfg)
+  for path in fp8_kept:
+    *parents, name = path.split("/")
+    node = abstract
+    for key in parents:
+      node = node[key]
+    leaf = node[name]
+    node[name] = jax.ShapeDtypeStruct(leaf.shape, fp8.FP8)
+    node[fp8.scale_name(name)] = jax.ShapeDtypeStruct(fp8.scale_shape(leaf.shape, cfg.fp8_block), jnp.float32)
+  return jax.tree_util.tree_map_with_path(target, abstract)
 

@@ -152,18 +152,40 @@ def test_unsupported_quantization_is_named(written, tmp_path):
     load_hf_checkpoint(directory)
 
 
-def test_cli_weights_flag(written):
+def test_cli_weights_flag(written, tmp_path):
+  from jax_mtp.orbax_io import save_params  # noqa: PLC0415
   directory, block = written
   if block != (8, 8):
     pytest.skip("the flag's wiring needs one checkpoint (the (8, 8) one)")
+  orbax = str(tmp_path / "orbax")
+  save_params(orbax, *load_hf_checkpoint(directory, fp8_weights=True))
   outputs = {}
-  for weights in ("fp8", "bf16", "auto"):
-    proc = subprocess.run([sys.executable, "-m", "jax_mtp.decode", "--checkpoint", directory, "--prompt-ids",
+  for checkpoint, weights in ((directory, "fp8"), (directory, "bf16"), (directory, "auto"), (orbax, "auto"),
+                              (orbax, "bf16")):
+    proc = subprocess.run([sys.executable, "-m", "jax_mtp.decode", "--checkpoint", checkpoint, "--prompt-ids",
                            "5,17,3", "--max-new-tokens", "6", "--weights", weights, "--ignore-eos", "--json"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    outputs[weights] = json.loads(proc.stdout)["tokens"]
-  assert outputs["fp8"] == outputs["bf16"] == outputs["auto"]
+    outputs[checkpoint, weights] = json.loads(proc.stdout)["tokens"]
+  assert len({json.dumps(tokens) for tokens in outputs.values()}) == 1, outputs
   proc = subprocess.run([sys.executable, "-m", "jax_mtp.decode", "--weights", "fp8"], capture_output=True, text=True,
                         timeout=300)
   assert proc.returncode == 2 and proc.stderr.startswith("error: --weights fp8 is for --checkpoint"), proc.stderr
+
+
+def test_orbax_keeps_fp8_weights_fp8(written, tmp_path):
+  from jax_mtp.orbax_io import restore_params, save_params  # noqa: PLC0415
+  directory, _ = written
+  cfg, target, mtp = load_hf_checkpoint(directory, fp8_weights=True)
+  save_params(str(tmp_path / "orbax"), cfg, target, mtp)
+  restored_cfg, restored_target, restored_mtp = restore_params(str(tmp_path / "orbax"))
+  assert restored_cfg == cfg
+  for got, expected in ((restored_target, target), (restored_mtp, mtp)):
+    got, expected = _leaves(got), _leaves(expected)
+    assert got.keys() == expected.keys()
+    for name, x in expected.items():
+      assert got[name].dtype == x.dtype and np.array_equal(np.asarray(got[name]), np.asarray(x)), name
+  _, dequantised_target, _ = load_hf_checkpoint(directory)
+  back = fp8.dequantize_params(restored_target, cfg.param_dtype, cfg.fp8_block)
+  for name, x in _leaves(dequantised_target).items():
+    assert np.array_equal(np.asarray(_leaves(back)[name]), np.asarray(x)), name
