@@ -16,6 +16,7 @@ temporary buffer size (a dequantised copy of a weight would show there).
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import time
 
@@ -28,38 +29,18 @@ from benchmarks.mtp_step import PRESETS, cache_bytes_read
 from benchmarks.timing import copy_bandwidth, experts_touched
 from jax_mtp import fp8
 
-FP8_LINEARS = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "wq_b", "wk", "gate_proj",
-               "up_proj", "down_proj")
-FP8_EXPERTS = ("w_gate_EDF", "w_up_EDF", "w_down_EFD")
-
-
-@jax.jit
-def _quantize(w):
-  """(codes, scale_inv) of w (..., in, out) in 128 × 128 blocks, partial edge blocks included."""
+@functools.partial(jax.jit, static_argnums=1)
+def _quantize(w, block):
+  """(codes, scale_inv) of w (..., in, out) by DeepSeek's block quantiser (block = (B0 over out, B1
+  over in), scale = amax / 448), partial edge blocks included."""
   *lead, rows, cols = w.shape
-  padded = jnp.pad(w.astype(jnp.float32), [(0, 0)] * len(lead) + [(0, -rows % 128), (0, -cols % 128)])
-  blocks = padded.reshape(*lead, padded.shape[-2] // 128, 128, padded.shape[-1] // 128, 128)
+  b_in, b_out = block[1], block[0]
+  padded = jnp.pad(w.astype(jnp.float32), [(0, 0)] * len(lead) + [(0, -rows % b_in), (0, -cols % b_out)])
+  blocks = padded.reshape(*lead, padded.shape[-2] // b_in, b_in, padded.shape[-1] // b_out, b_out)
   amax = jnp.max(jnp.abs(blocks), axis=(-3, -1))
   scale = jnp.where(amax > 0, amax / float(jnp.finfo(fp8.FP8).max), 1.0)
   codes = (blocks / scale[..., :, None, :, None]).astype(fp8.FP8).reshape(padded.shape)
   return codes[..., :rows, :cols], scale
-
-
-def quantize_tree(params: dict) -> dict:
-  """The params with V3.2's FP8 tensors replaced by codes + `<name>_scale_inv` (jax_mtp.fp8)."""
-  out = {}
-  for name, value in params.items():
-    if isinstance(value, dict):
-      if name in FP8_LINEARS and "kernel" in value:
-        codes, scale = _quantize(value["kernel"])
-        out[name] = {"kernel": codes, fp8.scale_name("kernel"): scale}
-      else:
-        out[name] = quantize_tree(value)
-    elif name in FP8_EXPERTS:
-      out[name], out[fp8.scale_name(name)] = _quantize(value)
-    else:
-      out[name] = value
-  return out
 
 
 def tree_bytes(tree) -> int:
@@ -89,7 +70,7 @@ def main() -> None:
   args = p.parse_args()
   cfg = PRESETS[args.preset]()
   base = in_use()
-  fp8_params = quantize_tree(jax_mtp.init_params(cfg, jax.random.key(0)))
+  fp8_params = fp8.as_checkpoint_fp8(jax_mtp.init_params(cfg, jax.random.key(0)), cfg.fp8_block, _quantize)
   fp8_in_use = in_use() - base
   bf16_params = fp8.dequantize_params(fp8_params, cfg.param_dtype, cfg.fp8_block)
   both_in_use = in_use() - base

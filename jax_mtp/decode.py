@@ -12,7 +12,9 @@ placed straight onto the `--tp` mesh; `--prompt` is encoded by its `tokenizer.js
 any tp up to 8). Rows stop at the model's EOS ids unless `--ignore-eos`. `--check` also decodes with
 the target alone and reports whether the outputs match token for token (they must: speculative
 decoding never changes greedy output). Exit 0 on success, 2 on bad input (a bad checkpoint
-included) with an `error: ...` message on stderr and nothing on stdout.
+included) with an `error: ...` message on stderr and nothing on stdout, 1 when a row stopped because
+the target's logits became non-finite (its tokens up to there are printed, JSON `finish_reasons`
+"error" and `errors`; one `error: prompt i: ...` line on stderr per such row; the others go on).
 """
 
 from __future__ import annotations
@@ -345,7 +347,7 @@ def _print_text(args: argparse.Namespace, cfg: jax_mtp.MtpConfig, prompts: list[
     print(_model_line(args, cfg))
   codec = args.codec
   for i, (prompt, tokens) in enumerate(zip(prompts, result.tokens)):
-    stop = " (stopped at EOS)" if bool(result.state.stopped_B[i]) else ""
+    stop = " (stopped at EOS)" if bool(result.state.stopped_B[i]) and i not in result.failed_rows else ""
     print(f"prompt {i} {prompt} → {tokens}{stop}")
     if codec is not None and not args.streamed:
       print(f"  {args.prompt[i]!r} → {codec.decode(tokens)!r}")
@@ -382,10 +384,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"error: cannot read {e.filename or 'a checkpoint file'!r}: {e.strerror or e}", file=sys.stderr)
     return 2
   result, matches = run(args, cfg, prompts, loaded, stop_ids)
+  failed = result.failed_rows
   if args.json:
     stopped = np.asarray(result.state.stopped_B).tolist()
-    out = {"tokens": result.tokens, "finish_reasons": ["stop" if s else "length" for s in stopped],
-           **result.metrics.as_dict()}
+    reasons = ["error" if i in failed else "stop" if s else "length" for i, s in enumerate(stopped)]
+    out = {"tokens": result.tokens, "finish_reasons": reasons, **result.metrics.as_dict()}
+    if failed:
+      out["errors"] = {str(i): _failure(result, i) for i in failed}
     if args.codec is not None:
       out["text"] = [args.codec.decode(tokens) for tokens in result.tokens]
     if matches is not None:
@@ -393,7 +398,14 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(out))
   else:
     _print_text(args, cfg, prompts, result, matches)
-  return 0
+  for i in failed:
+    print(f"error: prompt {i}: {_failure(result, i)}", file=sys.stderr)
+  return 1 if failed else 0
+
+
+def _failure(result: SpecResult, row: int) -> str:
+  return (f"the target's logits became non-finite (NaN or inf) after {len(result.tokens[row])} token(s); the row "
+          f"stopped there, the other rows went on")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ A param is FP8 exactly when its `<name>_scale_inv` sibling exists (`scale_name`)
 it, so the same model code runs a tree loaded `--weights fp8` or dequantised. `dequantize` is the
 weight the dequantising loader would have built — bf16(fp32(code) · scale) — computed inside the
 jitted program from the 1-byte codes, so a matmul reads half the bytes of a bf16 weight where XLA
-fuses the conversion into its consumer (docs/design.md §"FP8 weights").
+fuses the conversion into its consumer (docs/design.md §8, "FP8 weights").
 """
 
 from __future__ import annotations
@@ -81,3 +81,34 @@ def dequantize_params(params: dict, dtype, block: tuple[int, int]) -> dict:
     else:
       out[name] = value
   return out
+
+
+# Our param names of the weights a DeepSeek-V3.2 / GLM-5 checkpoint stores in FP8: every linear but
+# eh_proj, the indexer's weights_proj and the router; the routed experts.
+CHECKPOINT_FP8_LINEARS = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "wq_b", "wk",
+                          "gate_proj", "up_proj", "down_proj")
+CHECKPOINT_FP8_EXPERTS = ("w_gate_EDF", "w_up_EDF", "w_down_EFD")
+
+
+def as_checkpoint_fp8(params: dict, block: tuple[int, int], convert) -> dict:
+  """`params` with the weights a V3.2 checkpoint stores in FP8 replaced by `convert(weight) ->
+  (codes, scale_inv)` (a quantiser on arrays; `abstract_fp8` on shapes) — the tree `--weights fp8` loads."""
+  out = {}
+  for name, value in params.items():
+    if isinstance(value, dict):
+      if name in CHECKPOINT_FP8_LINEARS and "kernel" in value:
+        codes, scale = convert(value["kernel"], block)
+        out[name] = {"kernel": codes, scale_name("kernel"): scale}
+      else:
+        out[name] = as_checkpoint_fp8(value, block, convert)
+    elif name in CHECKPOINT_FP8_EXPERTS:
+      out[name], out[scale_name(name)] = convert(value, block)
+    else:
+      out[name] = value
+  return out
+
+
+def abstract_fp8(weight: jax.ShapeDtypeStruct, block: tuple[int, int]):
+  """(codes, scales) ShapeDtypeStructs of a weight kept in FP8 (for AOT compiles and memory reports)."""
+  return (jax.ShapeDtypeStruct(weight.shape, FP8),
+          jax.ShapeDtypeStruct(scale_shape(weight.shape, block), jnp.float32))

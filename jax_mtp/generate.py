@@ -39,7 +39,8 @@ class TargetDecoder:
   def generate(self, params: dict, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
                capacity: int | None = None, stop_ids: Sequence[int] = ()) -> list[list[int]]:
     """`max_new_tokens` greedy tokens after each prompt, each row cut just after its first stop id
-    (a row's greedy tokens do not depend on the others', so cutting afterwards is exact). Give the
+    (a row's greedy tokens do not depend on the others', so cutting afterwards is exact), or before
+    its first token from a non-finite hidden (as `Speculator` stops such a row). Give the
     speculator's `capacity` to compare with it under identical cache shapes (the default is the
     minimum, longest prompt + max_new)."""
     stops = set(int(i) for i in stop_id_array(self.cfg, stop_ids))
@@ -48,11 +49,13 @@ class TargetDecoder:
     capacity = required_capacity(self.cfg, prompts, max_new_tokens, 0, capacity)
     prompt_BT, lengths_B = pack_prompts(prompts)
     structure = jax.tree.structure(params)  # the params' specs follow their tree (FP8: jax_mtp.fp8)
-    tokens_BO, length_B, next_B, caches = self._prefill(capacity, structure)(params, prompt_BT, lengths_B)
+    tokens_BO, length_B, next_B, caches, valid_B = self._prefill(capacity, structure)(params, prompt_BT, lengths_B)
     step = self._step(structure)
     for i in range(1, max_new_tokens):
-      tokens_BO, length_B, next_B, caches = step(params, np.int32(i), length_B, next_B, caches, tokens_BO)
-    return [_cut_after_stop(row[:max_new_tokens].tolist(), stops) for row in np.asarray(tokens_BO)]
+      tokens_BO, length_B, next_B, caches, valid_B = step(params, np.int32(i), length_B, next_B, caches, tokens_BO,
+                                                          valid_B)
+    return [_cut_after_stop(row[:min(max_new_tokens, n)].tolist(), stops)
+            for row, n in zip(np.asarray(tokens_BO), np.asarray(valid_B))]
 
   @functools.lru_cache(maxsize=None)
   def _prefill(self, capacity: int, structure):
@@ -62,7 +65,7 @@ class TargetDecoder:
   @functools.lru_cache(maxsize=None)
   def _step(self, structure):
     rep = replicated()
-    return jit_per_shard(self._step_per_shard, self.mesh, (param_specs_for(structure), rep, rep, rep, rep, rep),
+    return jit_per_shard(self._step_per_shard, self.mesh, (param_specs_for(structure),) + (rep,) * 6,
                          donate_argnums=(4,))
 
   def _prefill_per_shard(self, params, prompt_BT, lengths_B, *, capacity: int):
@@ -70,14 +73,17 @@ class TargetDecoder:
     _, last_B1D, caches = target_prefill(self.target, t_vars, prompt_BT, lengths_B, capacity)
     first_B = self.target.apply(t_vars, last_B1D, method=TargetModel.get_top_tokens)[:, 0]
     tokens_BO = jnp.zeros((prompt_BT.shape[0], capacity), jnp.int32).at[:, 0].set(first_B)
-    return tokens_BO, lengths_B, first_B, caches
+    valid_B = jnp.where(jnp.isfinite(last_B1D).all(axis=(1, 2)), capacity, 0)
+    return tokens_BO, lengths_B, first_B, caches, valid_B
 
-  def _step_per_shard(self, params, i, length_B, next_B, caches, tokens_BO):
-    """Token i of every row: the target at (next token, its position), greedy."""
+  def _step_per_shard(self, params, i, length_B, next_B, caches, tokens_BO, valid_B):
+    """Token i of every row: the target at (next token, its position), greedy. `valid_B`: tokens
+    before the row's first non-finite hidden (capacity while there is none), as the speculator cuts."""
     t_vars = {"params": params}
     out = self.target.apply(t_vars, next_B[:, None], length_B[:, None], caches)
     token_B = self.target.apply(t_vars, out.hidden_BTD, method=TargetModel.get_top_tokens)[:, 0]
-    return tokens_BO.at[:, i].set(token_B), length_B + 1, token_B, out.caches
+    valid_B = jnp.where(jnp.isfinite(out.hidden_BTD).all(axis=(1, 2)), valid_B, jnp.minimum(valid_B, i))
+    return tokens_BO.at[:, i].set(token_B), length_B + 1, token_B, out.caches, valid_B
 
 
 def _cut_after_stop(tokens: list[int], stops: set[int]) -> list[int]:

@@ -85,7 +85,9 @@ class DecodeState(NamedTuple):
   window: Window  # the drafter's catch-up input for the next round
   tokens_BO: jax.Array  # int32: emitted tokens, the first num_out valid
   num_out_B: jax.Array  # int32
-  stopped_B: jax.Array  # bool: the row emitted a stop id (EOS) and takes no further part
+  stopped_B: jax.Array  # bool: the row emitted a stop id (EOS), or failed, and takes no further part
+  failed_B: jax.Array  # bool: the target's hidden for the row's next token was not finite (NaN / inf): the
+  # row stopped before that token, with every token before it emitted (`SpecResult.failed_rows`)
   target_caches: tuple
   drafter_caches: tuple
   stats: RoundStats
@@ -97,6 +99,11 @@ class SpecResult:
   tokens: list[list[int]]  # generated tokens per prompt: max_new_tokens, or fewer ending in a stop id
   metrics: SpecMetrics
   state: DecodeState  # the final state (lengths, caches), for inspection
+
+  @property
+  def failed_rows(self) -> list[int]:
+    """Rows stopped because the target's logits for their next token were not finite."""
+    return [int(i) for i in np.flatnonzero(np.asarray(self.state.failed_B))]
 
 
 class Speculator:
@@ -215,10 +222,11 @@ class Speculator:
     window = Window(jnp.zeros((b, w), jnp.int32).at[:, 0].set(first_B),
                     jnp.zeros((b, w, self.cfg.hidden_size), hidden_BTD.dtype).at[:, 0].set(last_B1D[:, 0]),
                     lengths_B - 1, zeros_B + 1)
+    failed_B = ~_finite_rows(last_B1D)  # no first token from a non-finite hidden: the row emits nothing
     tokens_BO = jnp.zeros((b, capacity), jnp.int32).at[:, 0].set(first_B)
     stats = RoundStats(zeros_B, jnp.zeros((self.k,), jnp.int32))
-    return DecodeState(lengths_B, first_B, window, tokens_BO, zeros_B + 1, _is_stop(first_B, stop_N), caches, d_caches,
-                       stats, key)
+    return DecodeState(lengths_B, first_B, window, tokens_BO, jnp.where(failed_B, 0, 1),
+                       _is_stop(first_B, stop_N) | failed_B, failed_B, caches, d_caches, stats, key)
 
   def _drafter_prefill(self, d_vars, ids_BT, hidden_BTD, capacity: int):
     """The drafter's catch-up over the prompt's (hidden at p, token at p + 1) pairs, in prefill
@@ -254,8 +262,14 @@ class Speculator:
     j_W = jnp.arange(self.k + 1)
     stop_BW = _is_stop(emitted_BW, stop_N) & (j_W <= a_B[:, None])
     first_stop_B = jnp.where(stop_BW.any(axis=1), jnp.argmax(stop_BW, axis=1), self.k + 1)
-    n_new_B = jnp.where(active_B, jnp.minimum(jnp.minimum(a_B + 1, max_new - state.num_out_B), first_stop_B + 1), 0)
-    stopped_B = state.stopped_B | (active_B & (first_stop_B < n_new_B))
+    # token j comes from hidden j: a non-finite hidden among the emitted ones cuts the row before it
+    bad_BW = ~_finite_rows(out.hidden_BTD, keep_axis=True) & (j_W <= a_B[:, None])
+    first_bad_B = jnp.where(bad_BW.any(axis=1), jnp.argmax(bad_BW, axis=1), self.k + 1)
+    n_new_B = jnp.where(active_B, jnp.minimum(jnp.minimum(a_B + 1, max_new - state.num_out_B),
+                                              jnp.minimum(first_stop_B + 1, first_bad_B)), 0)
+    failed_B = state.failed_B | (active_B & (first_bad_B <= jnp.minimum(a_B, max_new - state.num_out_B - 1))
+                                 & (first_bad_B <= first_stop_B))
+    stopped_B = state.stopped_B | (active_B & (first_stop_B < n_new_B)) | failed_B
     tokens_BO = _append(state.tokens_BO, emitted_BW, state.num_out_B, n_new_B)
     last_B = jnp.take_along_axis(emitted_BW, jnp.maximum(n_new_B - 1, 0)[:, None], axis=1)[:, 0]
     window = _where_rows(active_B, Window(emitted_BW, out.hidden_BTD, state.length_B, n_new_B), state.window)
@@ -265,7 +279,7 @@ class Speculator:
     stats = RoundStats(state.stats.rounds_B + active_B, state.stats.accepted_at_M + accepted_BM.sum(0))
     num_out_B = state.num_out_B + n_new_B
     new_state = DecodeState(state.length_B + n_new_B, jnp.where(active_B, last_B, state.next_token_B), window,
-                            tokens_BO, num_out_B, stopped_B, out.caches, d_caches, stats, key)
+                            tokens_BO, num_out_B, stopped_B, failed_B, out.caches, d_caches, stats, key)
     return new_state, _owed(num_out_B, stopped_B, max_new)
 
   def _verify(self, t_vars, hidden_BWD, drafts_BM, key, temperature):
@@ -285,6 +299,12 @@ class Speculator:
 def target_param_specs(cfg: MtpConfig) -> dict:
   abstract = jax.eval_shape(lambda key: init_target_params(cfg, key), jax.random.key(0))
   return param_specs(abstract)
+
+
+def _finite_rows(hidden_BTD: jax.Array, keep_axis: bool = False) -> jax.Array:
+  """Per row (and token, with keep_axis) whether the hidden is finite: NaN / inf logits would make
+  greedy decoding emit token 0 forever, so such a row stops instead (`DecodeState.failed_B`)."""
+  return jnp.isfinite(hidden_BTD).all(axis=-1) if keep_axis else jnp.isfinite(hidden_BTD).all(axis=(1, 2))
 
 
 def _is_stop(tokens: jax.Array, stop_N: jax.Array) -> jax.Array:

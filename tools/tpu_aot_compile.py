@@ -6,6 +6,7 @@ Needs libtpu (`pip install "jax[tpu]"`), no TPU. Mosaic really compiles the Pall
     python tools/tpu_aot_compile.py --topology v5e:2x2 --preset tiny
     python tools/tpu_aot_compile.py --topology v5e:2x4 --preset deepseek_v32 --batch 64
     python tools/tpu_aot_compile.py --topology v5p:2x2x1 --preset deepseek_v32 --moe-impl tokamax_tpu
+    python tools/tpu_aot_compile.py --topology v6e:2x4 --preset deepseek_v32 --weights fp8
 
 Prints, per norm impl, the compile time, per-device HBM (arguments / temporaries), the collectives
 left in the optimised HLO, whether the named Mosaic kernel is in it, and the count of Mosaic kernels
@@ -29,6 +30,7 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import jax_mtp  # noqa: E402
+from jax_mtp import fp8  # noqa: E402
 from jax_mtp.experts import resolve_expert_impl  # noqa: E402
 from jax_mtp.kernels.fused_allreduce_rmsnorm_tpu import KERNEL_NAME  # noqa: E402
 from jax_mtp.parallel import ShardedMtp  # noqa: E402
@@ -37,9 +39,11 @@ from jax_mtp.sharding import make_mesh, padded_vocab, param_specs  # noqa: E402
 PRESETS = {"tiny": jax_mtp.tiny, "deepseek_v32": jax_mtp.deepseek_v32, "glm5": jax_mtp.glm5}
 
 
-def abstract_args(cfg, mesh, batch: int, capacity: int):
+def abstract_args(cfg, mesh, batch: int, capacity: int, weights: str = "bf16"):
   tp = mesh.shape["tp"]
   params = jax.eval_shape(lambda key: jax_mtp.init_params(cfg, key), jax.random.key(0))
+  if weights == "fp8":  # as `--weights fp8` loads a V3.2 checkpoint: codes + block scales (jax_mtp.fp8)
+    params = fp8.as_checkpoint_fp8(params, cfg.fp8_block, fp8.abstract_fp8)
   vocab = padded_vocab(cfg, tp)
   params = dict(params, embed_tokens=jax.ShapeDtypeStruct((vocab, cfg.hidden_size), params["embed_tokens"].dtype),
                 lm_head=jax.ShapeDtypeStruct((vocab, cfg.hidden_size), params["lm_head"].dtype))
@@ -61,6 +65,8 @@ def main(argv=None) -> int:
   parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
   parser.add_argument("--batch", type=int, default=8, help="draft batch (tokens per step)")
   parser.add_argument("--capacity", type=int, default=4096, help="cache positions")
+  parser.add_argument("--weights", default="bf16", choices=("bf16", "fp8"),
+                      help="fp8: the weights a V3.2 checkpoint stores in FP8 kept as codes + block scales")
   parser.add_argument("--moe-impl", default="auto", choices=jax_mtp.config.MOE_IMPLS,
                       help="routed experts; 'auto' resolves for platform tpu (not this CPU host)")
   args = parser.parse_args(argv)
@@ -70,16 +76,20 @@ def main(argv=None) -> int:
   cfg = PRESETS[args.preset]()
   local_gate = jax.ShapeDtypeStruct((cfg.n_routed_experts // len(devices), cfg.hidden_size, cfg.moe_intermediate_size),
                                     jnp.dtype(cfg.param_dtype))
-  cfg = cfg.replace(moe_impl=resolve_expert_impl(args.moe_impl, "tpu", args.batch, cfg.num_experts_per_tok, local_gate))
+  cfg = cfg.replace(moe_impl=resolve_expert_impl(args.moe_impl, "tpu", args.batch, cfg.num_experts_per_tok, local_gate,
+                                                 fp8_codes=args.weights == "fp8"))
   mesh = make_mesh(len(devices), devices=devices)
-  print(f"{args.topology}: {len(devices)} x {devices[0].device_kind}; {args.preset}; batch {args.batch}; "
+  print(f"{args.topology}: {len(devices)} x {devices[0].device_kind}; {args.preset}; {args.weights} weights; "
+        f"batch {args.batch}; "
         f"cache {args.capacity}; experts {cfg.moe_impl}; jax {jax.__version__}")
   for impl in ("xla", "pallas_tpu"):
-    step = ShardedMtp(cfg, mesh, norm_impl=impl).compiled_step(0, None, "top_tokens")
+    step_args = abstract_args(cfg, mesh, args.batch, args.capacity, args.weights)
+    step = ShardedMtp(cfg, mesh, norm_impl=impl).compiled_step(0, None, "top_tokens",
+                                                                jax.tree.structure(step_args[0]))
     start = time.perf_counter()
     # tokamax's TPU kernels read the chip generation from the mesh in context (no TPU in this process)
     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-      lowered = step.lower(*abstract_args(cfg, mesh, args.batch, args.capacity))
+      lowered = step.lower(*step_args)
     compiled = lowered.compile()
     seconds = time.perf_counter() - start
     hlo, mem = compiled.as_text(), compiled.memory_analysis()

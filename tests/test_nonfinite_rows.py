@@ -1,0 +1,75 @@
+"""A row whose target logits become non-finite stops there with an error; the other rows go on.
+
+Without this a NaN hidden makes the vocab argmax pick index 0, and the row silently emits token 0
+forever. The poisoned models are real ones with one embedding row set to NaN (the loader refuses
+non-finite weights, so at run time this stands for an overflow): a row reading that token gets NaN
+hiddens from then on.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_mtp
+from jax_mtp.generate import TargetDecoder
+from jax_mtp.sharding import make_mesh
+from jax_mtp.speculative import Speculator
+
+CFG = jax_mtp.tiny(vocab_size=128)
+PROMPTS = [[5, 17, 3, 99, 4], [42, 7, 8]]
+NEW = 12
+
+
+@pytest.fixture(scope="module")
+def clean():
+  target, mtp = jax_mtp.init_target_params(CFG, jax.random.key(3)), jax_mtp.init_params(CFG, jax.random.key(4))
+  plain = TargetDecoder(CFG, make_mesh(1)).generate(target, PROMPTS, NEW)
+  return target, mtp, plain
+
+
+def _poisoned(target, mtp, token: int):
+  embed = target["embed_tokens"].at[token].set(jnp.nan)
+  return {**target, "embed_tokens": embed}, {**mtp, "embed_tokens": embed}
+
+
+def _spec(target, mtp, prompts, k=3, **kwargs):
+  spec = Speculator(CFG, make_mesh(1), k)
+  return spec.generate(spec.shard(target, mtp), prompts, NEW, **kwargs)
+
+
+def test_a_nan_in_the_prompt_fails_that_row_before_its_first_token(clean):
+  target, mtp, plain = clean
+  bad = 100
+  assert bad not in PROMPTS[1] + plain[1]
+  target, mtp = _poisoned(target, mtp, bad)
+  prompts = [PROMPTS[0][:2] + [bad] + PROMPTS[0][2:], PROMPTS[1]]
+  result = _spec(target, mtp, prompts)
+  assert result.failed_rows == [0]
+  assert result.tokens == [[], plain[1]]
+  assert TargetDecoder(CFG, make_mesh(1)).generate(target, prompts, NEW) == [[], plain[1]]
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_a_row_that_emits_a_poisoned_token_stops_just_after_it(clean, k):
+  target, mtp, plain = clean
+  # the third token row 0 emits, which nothing else reads (prompts, row 1, row 0 before it)
+  j = next(j for j in range(2, NEW - 1) if plain[0][j] not in PROMPTS[0] + PROMPTS[1] + plain[1] + plain[0][:j])
+  target, mtp = _poisoned(target, mtp, plain[0][j])
+  result = _spec(target, mtp, PROMPTS, k=k)
+  assert result.failed_rows == [0]
+  assert result.tokens == [plain[0][:j + 1], plain[1]]  # emitted up to the poisoned token, whose successor is NaN
+  assert TargetDecoder(CFG, make_mesh(1)).generate(target, PROMPTS, NEW) == result.tokens
+  assert np.asarray(result.state.stopped_B).tolist() == [True, False]
+  # sampling: a row stops exactly when it has emitted the poisoned token, whose successor would be NaN
+  sampled = _spec(target, mtp, PROMPTS, k=k, temperature=1.0, seed=1)
+  for row, tokens in enumerate(sampled.tokens):
+    poisoned = plain[0][j] in tokens
+    assert (row in sampled.failed_rows) == (poisoned and len(tokens) < NEW), (row, tokens)
+    assert not poisoned or tokens.index(plain[0][j]) == len(tokens) - 1, tokens
+
+
+def test_clean_rows_never_fail(clean):
+  target, mtp, plain = clean
+  result = _spec(target, mtp, PROMPTS)
+  assert result.failed_rows == [] and result.tokens == plain
