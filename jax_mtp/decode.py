@@ -33,9 +33,10 @@ import numpy as np
 import jax_mtp
 from jax_mtp.config import DTYPES, INDEX_SCORES_IMPLS, MOE_IMPLS, from_hf_config
 from jax_mtp.generate import TargetDecoder
-from jax_mtp.kernels.fused_allreduce_rmsnorm import IMPLS
+from jax_mtp.kernels.fused_allreduce_rmsnorm import IMPLS, gpu_kernels
 from jax_mtp.model import init_target_params
-from jax_mtp.request import required_capacity, stop_id_array, validate_prompts, validate_temperature
+from jax_mtp.request import (check_caches_fit, required_capacity, stop_id_array, validate_prompts,
+                             validate_temperature)
 from jax_mtp.sharding import make_mesh, validate_tp
 from jax_mtp.speculative import SpecParams, SpecResult, Speculator
 from jax_mtp.tokenizer import TextCodec, eos_token_ids
@@ -118,6 +119,7 @@ def _validate(args: argparse.Namespace, cfg: jax_mtp.MtpConfig) -> list[list[int
   capacity = required_capacity(cfg, prompts, args.max_new_tokens, args.num_speculative_tokens)
   validate_tp(cfg, args.tp)
   _ensure_devices(args.tp)
+  check_caches_fit(cfg, len(prompts), capacity, jax.devices()[0])  # before any weight is read
   _check_impl(args.impl)
   _check_index_scores_impl(cfg, capacity)
   return prompts
@@ -166,6 +168,11 @@ def _check_impl(impl: str) -> None:
   needed = {"pallas_tpu": "tpu", "pallas_gpu": "gpu"}.get(impl)
   if needed is not None and platform != needed:
     raise _BadInput(f"--impl={impl} needs {needed.upper()} devices, found {platform}")
+  if impl == "pallas_gpu":
+    try:
+      gpu_kernels()  # the kernels' JAX internals, imported only for this impl
+    except ImportError as e:
+      raise _BadInput(f"--impl=pallas_gpu: {e}") from None
 
 
 class Progress:

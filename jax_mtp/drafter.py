@@ -38,8 +38,8 @@ from jax.sharding import Mesh, NamedSharding
 from jax_mtp.config import MtpConfig
 from jax_mtp.draft_path import LOCAL_ARGMAX, greedy_draft_path
 from jax_mtp.indexer import Selection, selects_all
-from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu_chained import workspace_for_chain
 from jax_mtp.mtp import MtpPredictor, init_caches, init_params
+from jax_mtp.kernels.fused_allreduce_rmsnorm import workspace_for_chain
 from jax_mtp.sharding import TensorParallel, param_specs
 
 SHARED_WITH_TARGET = ("embed_tokens", "lm_head")

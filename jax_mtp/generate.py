@@ -18,7 +18,8 @@ from jax.sharding import Mesh
 from jax_mtp.config import MtpConfig
 from jax_mtp.model import TargetModel
 from jax_mtp.parallel import check_impl_runtime, jit_per_shard
-from jax_mtp.request import pack_prompts, required_capacity, stop_id_array, validate_positive, validate_prompts
+from jax_mtp.request import (check_caches_fit, pack_prompts, required_capacity, stop_id_array, validate_positive,
+                             validate_prompts)
 from jax_mtp.sharding import TP_AXIS, param_specs_for, replicated, shard_params, tensor_parallel, validate_tp
 from jax_mtp.prefill import target_prefill
 
@@ -47,6 +48,7 @@ class TargetDecoder:
     validate_prompts(self.cfg, prompts)
     validate_positive("max_new_tokens", max_new_tokens)
     capacity = required_capacity(self.cfg, prompts, max_new_tokens, 0, capacity)
+    check_caches_fit(self.cfg, len(prompts), capacity, self.mesh.devices.flat[0])
     prompt_BT, lengths_B = pack_prompts(prompts)
     structure = jax.tree.structure(params)  # the params' specs follow their tree (FP8: jax_mtp.fp8)
     tokens_BO, length_B, next_B, caches, valid_B = self._prefill(capacity, structure)(params, prompt_BT, lengths_B)

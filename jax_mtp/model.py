@@ -34,8 +34,7 @@ import jax.numpy as jnp
 from jax_mtp.block import DecoderBlock
 from jax_mtp.cache import LayerCache, init_layer_cache
 from jax_mtp.config import MtpConfig
-from jax_mtp.kernels.fused_allreduce_rmsnorm import fused_allreduce_rmsnorm
-from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu_chained import workspace_for_chain
+from jax_mtp.kernels.fused_allreduce_rmsnorm import fused_allreduce_rmsnorm, workspace_for_chain
 from jax_mtp.layers import RMSNorm, dtype_of, rotary_for_positions
 from jax_mtp.sharding import TensorParallel, padded_vocab
 from jax_mtp.vocab import embed_lookup, head_logits, head_top_tokens

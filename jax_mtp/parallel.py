@@ -17,7 +17,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jax_mtp.cache import LayerCache
 from jax_mtp.config import MtpConfig
-from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu import check_gpu_runtime
+from jax_mtp.kernels.fused_allreduce_rmsnorm import gpu_kernels
 from jax_mtp.draft_path import FULL_LOGITS, LOCAL_ARGMAX, greedy_draft_path
 from jax_mtp.mtp import MtpPredictor, init_params, validate_inputs
 from jax_mtp.sharding import (TP_AXIS, param_specs, param_specs_for, replicated, shard_params, tensor_parallel,
@@ -89,7 +89,7 @@ def check_impl_runtime(norm_impl: str, mesh) -> None:
   (lowering/export only) is not checked; "pallas_tpu" is not either, because TPU interpret mode
   (`pltpu.force_tpu_interpret_mode`) runs it on CPU devices."""
   if norm_impl == "pallas_gpu" and isinstance(mesh, Mesh):
-    check_gpu_runtime(mesh.devices.flat)
+    gpu_kernels()[0].check_gpu_runtime(mesh.devices.flat)
 
 
 def jit_per_shard(per_shard, mesh: Mesh, in_specs: tuple, *, donate_argnums: tuple[int, ...] = ()):

@@ -6,8 +6,10 @@ Shared by the speculator and the plain target decoder; the CLI turns these Value
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 
+import jax
 import numpy as np
 
 from jax_mtp.config import MtpConfig
@@ -82,3 +84,36 @@ def stop_id_array(cfg: MtpConfig, stop_ids: Sequence[int]) -> np.ndarray:
   if bad:
     raise ValueError(f"stop id {bad[0]} is outside [0, {cfg.vocab_size}) (vocab_size={cfg.vocab_size})")
   return np.asarray(sorted(set(stop_ids)) or [-1], np.int32)
+
+
+def cache_bytes(cfg: MtpConfig, batch: int, capacity: int) -> int:
+  """Bytes of the decode caches one device holds (they are replicated over tp): every target and MTP
+  layer's latent, rope key and indexer key (+ its scale) per row and position, and the output slots."""
+  from jax_mtp.cache import init_layer_cache  # noqa: PLC0415 (cache imports jax.numpy users of this module)
+  layer = jax.eval_shape(lambda: init_layer_cache(cfg, batch, capacity))
+  per_layer = sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(layer))
+  return (cfg.num_hidden_layers + cfg.num_nextn_predict_layers) * per_layer + batch * capacity * 4
+
+
+def device_free_bytes(device) -> int | None:
+  """Memory `device` can still allocate: its allocator's limit less what is in use (GPU, TPU), or the
+  host's available memory for a CPU device; None where neither is known."""
+  stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+  if stats and "bytes_limit" in stats:
+    return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+  if device.platform == "cpu" and hasattr(os, "sysconf"):
+    try:
+      return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+      return None
+  return None
+
+
+def check_caches_fit(cfg: MtpConfig, batch: int, capacity: int, device) -> None:
+  """A clear error, before anything is allocated, when the caches alone cannot fit `device`'s memory."""
+  need, free = cache_bytes(cfg, batch, capacity), device_free_bytes(device)
+  if free is not None and need > free:
+    raise ValueError(f"the decode caches for {batch} row(s) × {capacity:,} positions need {need / 2**30:.2f} GiB "
+                     f"per device ({cfg.num_hidden_layers} target + {cfg.num_nextn_predict_layers} MTP layers, "
+                     f"replicated over tp), more than the {free / 2**30:.2f} GiB free on {device}; use fewer "
+                     f"prompts, fewer new tokens, or a smaller capacity")

@@ -62,8 +62,8 @@ from jax_mtp.model import TargetModel, init_target_params
 from jax_mtp.mtp import MtpPredictor
 from jax_mtp.parallel import check_impl_runtime, jit_per_shard
 from jax_mtp.prefill import apply_in_chunks, prefill_plan, target_prefill
-from jax_mtp.request import (pack_prompts, required_capacity, stop_id_array, validate_positive, validate_prompts,
-                             validate_temperature)
+from jax_mtp.request import (check_caches_fit, pack_prompts, required_capacity, stop_id_array, validate_positive,
+                             validate_prompts, validate_temperature)
 from jax_mtp.sharding import TP_AXIS, param_specs, replicated, shard_params, tensor_parallel, validate_tp
 
 
@@ -145,6 +145,7 @@ class Speculator:
     validate_temperature(temperature)
     stop_N = stop_id_array(self.cfg, stop_ids)
     capacity = required_capacity(self.cfg, prompts, max_new_tokens, self.k, capacity)
+    check_caches_fit(self.cfg, len(prompts), capacity, self.mesh.devices.flat[0])
     prompt_BT, lengths_B = pack_prompts(prompts)
     sampled, temperature, max_new = temperature > 0, np.float32(temperature), np.int32(max_new_tokens)
     prefill_args = (*params, prompt_BT, lengths_B, jax.random.key(seed), temperature, stop_N)

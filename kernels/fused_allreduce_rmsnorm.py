@@ -23,11 +23,33 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu import fused_allreduce_rmsnorm_gpu
-from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu_chained import fused_allreduce_rmsnorm_gpu_chained
 from jax_mtp.kernels.fused_allreduce_rmsnorm_tpu import fused_allreduce_rmsnorm_tpu
 
 IMPLS = ("xla", "pallas_tpu", "pallas_gpu")
+# The GPU kernels use Mosaic GPU internals (jax._src.lib.mlir dialects, mosaic_gpu utils) that move
+# between JAX releases: they are imported only when impl="pallas_gpu" runs, so a JAX that moved them
+# breaks that impl alone, with this message, never `import jax_mtp`.
+GPU_KERNEL_JAX_VERSIONS = "0.11.2 and 0.12.0.1"
+
+
+def gpu_kernels():
+  """The GPU kernel modules (standalone, chained), or an ImportError naming the supported JAX versions."""
+  try:
+    from jax_mtp.kernels import fused_allreduce_rmsnorm_gpu as standalone  # noqa: PLC0415
+    from jax_mtp.kernels import fused_allreduce_rmsnorm_gpu_chained as chained  # noqa: PLC0415
+  except ImportError as e:
+    raise ImportError(f"impl='pallas_gpu' needs the Mosaic GPU internals of jax {GPU_KERNEL_JAX_VERSIONS} (the "
+                      f"versions it is tested with); this jax {jax.__version__} does not have them ({e}). Use "
+                      f"impl='xla', or a supported jax.") from e
+  return standalone, chained
+
+
+def workspace_for_chain(impl: str, axis_name: str | None, axis_size: int, calls: int, rows: int, cols: int, dtype):
+  """The shared workspace of `calls` chained "pallas_gpu" calls (`fused_allreduce_rmsnorm_gpu_chained.
+  workspace_for_chain`), None for every other impl (which then imports no GPU kernel)."""
+  if impl != "pallas_gpu":
+    return None
+  return gpu_kernels()[1].workspace_for_chain(impl, axis_name, axis_size, calls, rows, cols, dtype)
 TPU_ALGORITHMS = ("auto", "one_shot", "two_shot")
 _ONE_SHOT_MAX_ROWS = 256  # decode: T = 1–256 rows
 
@@ -91,11 +113,11 @@ def fused_allreduce_rmsnorm(x_partial_TD, residual_TD, weight_D, eps: float, *, 
       raise ValueError(f"interpret={interpret!r} applies to a Pallas impl, not impl='xla'")
     return fused_allreduce_rmsnorm_reference(x_partial_TD, residual_TD, weight_D, eps, axis_name=axis_name)
   if workspace is not None:
-    return fused_allreduce_rmsnorm_gpu_chained(x_partial_TD, residual_TD, weight_D, eps, axis_name=axis_name,
-                                               workspace=workspace)
+    return gpu_kernels()[1].fused_allreduce_rmsnorm_gpu_chained(x_partial_TD, residual_TD, weight_D, eps,
+                                                                axis_name=axis_name, workspace=workspace)
   if impl == "pallas_gpu":
-    return fused_allreduce_rmsnorm_gpu(x_partial_TD, residual_TD, weight_D, eps, axis_name=axis_name,
-                                       interpret=interpret)
+    return gpu_kernels()[0].fused_allreduce_rmsnorm_gpu(x_partial_TD, residual_TD, weight_D, eps, axis_name=axis_name,
+                                                        interpret=interpret)
   if tpu_algorithm == "auto":
     n = 1 if axis_name is None else lax.axis_size(axis_name)
     tpu_algorithm = choose_tpu_algorithm(x_partial_TD.shape[0], n)

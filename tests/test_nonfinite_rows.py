@@ -73,3 +73,22 @@ def test_clean_rows_never_fail(clean):
   target, mtp, plain = clean
   result = _spec(target, mtp, PROMPTS)
   assert result.failed_rows == [] and result.tokens == plain
+
+
+def test_caches_that_cannot_fit_are_refused_before_allocating(clean):
+  """The estimate covers every layer's caches; a request past the device's free memory is one clear
+  error naming the sizes (here a CPU device: the host's available memory)."""
+  from jax_mtp.request import cache_bytes, check_caches_fit, device_free_bytes  # noqa: PLC0415
+  layers = CFG.num_hidden_layers + CFG.num_nextn_predict_layers
+  cache = jax.eval_shape(lambda: jax_mtp.init_caches(CFG, 3, 50))
+  assert cache_bytes(CFG, 3, 50) == layers * sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(cache[0])) + 3 * 50 * 4
+  free = device_free_bytes(jax.devices()[0])
+  assert free is not None and free > 0
+  rows = free // cache_bytes(CFG, 1, CFG.max_position_embeddings) + 1  # one row more than fits
+  with pytest.raises(ValueError, match=rf"caches for {rows} row\(s\) × {CFG.max_position_embeddings:,} positions need "
+                                       r"[\d.]+ GiB per device .* more than the [\d.]+ GiB free"):
+    check_caches_fit(CFG, rows, CFG.max_position_embeddings, jax.devices()[0])
+  target, mtp, _ = clean
+  spec = Speculator(CFG, make_mesh(1), 2)
+  with pytest.raises(ValueError, match="GiB free"):
+    spec.generate(spec.shard(target, mtp), [[1]] * rows, 4, capacity=CFG.max_position_embeddings)

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import textwrap
 import zipfile
 from pathlib import Path
 
@@ -116,3 +117,25 @@ def test_import_from_an_uninstalled_checkout(tmp_path):
   assert Path(found["jax_mtp"]) == REPO / "jax_mtp" / "__init__.py", found
   assert Path(found["kernels"]) == REPO / "kernels" / "__init__.py", found
   assert not any("Editable" in name for name in found["meta_path"]), found["meta_path"]
+
+
+def test_import_does_not_load_the_gpu_kernels_and_a_jax_without_their_internals_fails_clearly():
+  """The GPU kernels use Mosaic GPU internals that move between JAX releases: `import jax_mtp` must not
+  load them, and when they are missing only impl='pallas_gpu' fails, with the supported versions."""
+  code = textwrap.dedent("""
+      import sys
+      sys.modules["jax.experimental.pallas.mosaic_gpu"] = None  # a JAX that moved it: importing it fails
+      import jax_mtp
+      from jax_mtp.kernels.fused_allreduce_rmsnorm import gpu_kernels
+      assert not [m for m in sys.modules if m.startswith("jax_mtp.kernels.fused_allreduce_rmsnorm_gpu")]
+      cfg = jax_mtp.tiny()
+      spec = jax_mtp.Speculator(cfg, jax_mtp.make_mesh(1), 2)  # impl xla: no GPU kernel needed
+      try:
+        gpu_kernels()
+      except ImportError as e:
+        print("ERROR", e)
+  """)
+  run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert run.returncode == 0, run.stderr[-2000:]
+  assert "ERROR impl='pallas_gpu' needs the Mosaic GPU internals of jax 0.11.2 and 0.12.0.1" in run.stdout, run.stdout
