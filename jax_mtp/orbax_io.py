@@ -67,6 +67,12 @@ def save_params(directory: str | os.PathLike, cfg: MtpConfig, target_params: dic
     if strangers:
       raise CheckpointError(f"{directory!r} holds {sorted(strangers)[:3]}, which are not orbax checkpoint "
                             f"steps; save into an empty or new directory")
+  try:  # an unwritable target fails here, before orbax starts, naming the path
+    os.makedirs(directory, exist_ok=True)
+    if not os.access(directory, os.W_OK):
+      raise PermissionError(13, "Permission denied", directory)
+  except OSError as e:
+    raise CheckpointError(f"cannot write the checkpoint to {directory!r}: {e.strerror or e}; nothing written") from None
   trees = {TARGET: _unpadded(target_params, cfg),
            MTP: {k: v for k, v in _unpadded(mtp_params, cfg).items() if k not in SHARED}}
   kept = ["/".join(path) for path in fp8.fp8_paths(trees)]  # FP8 weights stay FP8 (jax_mtp.fp8)

@@ -166,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
+  except OSError as e:  # an unwritable --out, an unreadable --data file: its path and why
+    print(f"error: cannot use {e.filename or 'a file'!r}: {e.strerror or e}", file=sys.stderr)
+    return 2
   corpus.print_stats(data, tok)
   try:
     params = _run(args, cfg, params, data)

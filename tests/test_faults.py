@@ -1,9 +1,11 @@
-"""A row whose target logits become non-finite stops there with an error; the other rows go on.
+"""Faults at run time (issue 16): non-finite logits, caches that cannot fit, unwritable targets.
 
-Without this a NaN hidden makes the vocab argmax pick index 0, and the row silently emits token 0
-forever. The poisoned models are real ones with one embedding row set to NaN (the loader refuses
-non-finite weights, so at run time this stands for an overflow): a row reading that token gets NaN
-hiddens from then on.
+A row whose target logits become non-finite stops there with an error; the other rows go on. Without
+this a NaN hidden makes the vocab argmax pick index 0, and the row silently emits token 0 forever.
+The poisoned models are real ones with one embedding row set to NaN (the loader refuses non-finite
+weights, so at run time this stands for an overflow): a row reading that token gets NaN hiddens from
+then on. Caches that cannot fit the device, and checkpoint / run directories that cannot be
+written, are one clear error before any work.
 """
 
 import jax
@@ -92,3 +94,19 @@ def test_caches_that_cannot_fit_are_refused_before_allocating(clean):
   spec = Speculator(CFG, make_mesh(1), 2)
   with pytest.raises(ValueError, match="GiB free"):
     spec.generate(spec.shard(target, mtp), [[1]] * rows, 4, capacity=CFG.max_position_embeddings)
+
+
+def test_unwritable_targets_are_one_clear_error_and_nothing_is_written(clean, tmp_path):
+  import subprocess  # noqa: PLC0415
+  import sys  # noqa: PLC0415
+  from jax_mtp.orbax_io import save_params  # noqa: PLC0415
+  from jax_mtp.safetensors_io import CheckpointError  # noqa: PLC0415
+  blocker = tmp_path / "a_file"
+  blocker.write_text("")
+  target, mtp, _ = clean
+  with pytest.raises(CheckpointError, match=r"cannot write the checkpoint to '.*a_file/ckpt': .*nothing written"):
+    save_params(str(blocker / "ckpt"), CFG, target, mtp)
+  run = subprocess.run([sys.executable, "-m", "jax_mtp.train", "--preset", "tiny", "--out", str(blocker / "run"),
+                        "--steps", "1"], capture_output=True, text=True, timeout=300)
+  assert run.returncode == 2 and run.stderr.strip().splitlines()[-1].startswith("error: cannot use"), run.stderr[-800:]
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
