@@ -22,7 +22,9 @@ case "${1:?stage}" in
     timeout 120 python3 -m jax_mtp.decode --check 2>&1 | grep -v -E "$QUIET" | tee "$OUT/decode_check.txt"
     ;;
   fp8)
-    timeout 540 python3 -m benchmarks.fp8_step --preset deepseek_v32 --batch 64 1 8 2>&1 | grep -v -E "$QUIET" \
+    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_fp8_weights.py -k "matvec or bit_identical" 2>&1 \
+      | grep -v -E "$QUIET" | tail -15 | tee "$OUT/fp8_tests.txt"
+    timeout 400 python3 -m benchmarks.fp8_step --preset deepseek_v32 --batch 1 8 64 2>&1 | grep -v -E "$QUIET" \
       | tee "$OUT/fp8_step.md"
     ;;
   *) echo "unknown stage $1"; exit 2 ;;

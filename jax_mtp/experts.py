@@ -10,6 +10,10 @@ Which implementation runs is explicit (`MtpConfig.moe_impl`), never a silent fal
   "tokamax_gpu"  `tokamax.ragged_dot`, its Mosaic-GPU (Hopper) grouped GEMM;       the picked experts once
                  empty groups get no work
   "tokamax_tpu"  `tokamax.ragged_dot`, its Mosaic-TPU grouped matmul               the picked experts once
+  "fp8_matvec_gpu" FP8 weights only: kernels/fp8_expert_matvec.py, a Pallas (Triton) the picked experts' codes,
+                 matrix-vector product per assignment straight from the e4m3     once per assignment
+                 codes and block scales (no dequantised copy; decode sizes; on
+                 CPU it runs in Pallas interpret mode, for tests)
   "auto"         `resolve_expert_impl`'s table, per platform, weight dtype and dims, and token count
 
 The grouped paths sort the T·K assignments by expert (A = T·K rows, padded to whole row tiles of
@@ -76,17 +80,18 @@ def resolve_expert_impl(impl: str, platform: str, tokens: int, experts_per_token
          (AOT-compiled for v5e and v5p, tools/tpu_aot_compile.py; not timed on a TPU)
     cpu  gather at decode sizes (`uses_gathered_experts`: T·K ≤ E/4, or ≤ 2E small experts within
          GATHER_BYTES), ragged_dot above (XLA CPU's ragged_dot is grouped)
-  `fp8_codes` (FP8 weights kept as stored; `w_gate_EDF` then describes the dequantised weights): on
-  gpu and tpu, gather while T·K ≤ E — it dequantises only the picked experts, where a grouped impl
-  dequantises every local expert first (no grouped kernel takes the codes yet; issue 14) — else as
-  above. On cpu the table above, so FP8 and dequantised weights run the same impl there.
+  `fp8_codes` (FP8 weights kept as stored; `w_gate_EDF` then describes the dequantised weights): while
+  T·K ≤ E, on gpu fp8_matvec_gpu (reads each picked expert's codes, writes no dequantised copy) where
+  it takes the dims, on tpu gather (dequantises only the picked experts, where a grouped impl
+  dequantises every local expert first: no grouped kernel takes the codes yet, issue 14); above, as
+  the table. On cpu the table, so FP8 and dequantised weights run the same impl there.
   """
   if impl not in EXPERT_IMPLS:
     raise ValueError(f"moe_impl={impl!r} is not one of {EXPERT_IMPLS}")
   if impl != "auto":
     return impl
   if fp8_codes and platform in ("gpu", "tpu") and tokens * experts_per_token <= w_gate_EDF.shape[0]:
-    return "gather"
+    return "fp8_matvec_gpu" if platform == "gpu" and fp8_matvec_takes(w_gate_EDF) else "gather"
   if platform == "gpu" and tokamax_gpu_takes(w_gate_EDF):
     return "tokamax_gpu"
   if platform == "tpu" and tokamax_tpu_takes(w_gate_EDF):
@@ -107,6 +112,9 @@ def routed_experts(impl: str, x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_
   `dtype` in the program — "gather" only the T·K picked experts, the grouped impls every local expert
   (a `dtype` copy of the weights per call, until a grouped matmul takes the codes: issue 14).
   """
+  if impl == "fp8_matvec_gpu":
+    return fp8_matvec_experts(x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD, fp8_scales=fp8_scales,
+                              fp8_block=fp8_block, dtype=dtype)
   if fp8_scales is not None:
     if impl == "gather":
       return gathered_experts(x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD, fp8_scales=fp8_scales,
@@ -151,6 +159,32 @@ def gathered_experts(x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD,
                 * project("td,tkdf->tkf", x_TD, picked(1, w_up_EDF)))
   y_TKD = project("tkf,tkfd->tkd", hidden_TKF, picked(2, w_down_EFD))
   return jnp.einsum("tkd,tk->td", y_TKD, weights_TK.astype(jnp.float32))
+
+
+def fp8_matvec_takes(w_gate_EDF) -> bool:
+  """Whether kernels/fp8_expert_matvec.py takes these expert dims: D and F multiples of its 128 blocks."""
+  _, d, f = w_gate_EDF.shape
+  return d % 128 == 0 and f % 128 == 0
+
+
+def fp8_matvec_experts(x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD, *, fp8_scales, fp8_block,
+                       dtype) -> jax.Array:
+  """The "fp8_matvec_gpu" impl: each assignment's row through its expert's FP8 codes by the Pallas
+  kernel (gate, up, then down), the hidden in `dtype` between them as the gather impl has it."""
+  from jax_mtp.kernels.fp8_expert_matvec import fp8_expert_matvec  # noqa: PLC0415 (Pallas: only where used)
+  if fp8_scales is None or tuple(fp8_block) != (128, 128) or not fp8_matvec_takes(w_gate_EDF):
+    raise ValueError(f"moe_impl='fp8_matvec_gpu' takes FP8 expert weights (--weights fp8) in 128 × 128 blocks with "
+                     f"dims multiples of 128, got {'no FP8 scales' if fp8_scales is None else 'blocks ' + str(fp8_block)}"
+                     f" and weights {w_gate_EDF.shape} (use 'gather' or 'auto')")
+  t, k = ids_TK.shape
+  ids_A = jnp.minimum(ids_TK, w_gate_EDF.shape[0] - 1).reshape(-1)  # ids ≥ E have weight 0
+  x_AD = jnp.repeat(x_TD.astype(dtype), k, axis=0)  # assignment a is token a // k
+  backend = "interpret" if jax.default_backend() == "cpu" else "gpu"
+  gate_s, up_s, down_s = fp8_scales
+  hidden_AF = (jax.nn.silu(fp8_expert_matvec(x_AD, w_gate_EDF, gate_s, ids_A, backend=backend))
+               * fp8_expert_matvec(x_AD, w_up_EDF, up_s, ids_A, backend=backend))
+  y_AD = fp8_expert_matvec(hidden_AF.astype(dtype), w_down_EFD, down_s, ids_A, backend=backend)
+  return jnp.einsum("tkd,tk->td", y_AD.reshape(t, k, -1), weights_TK.astype(jnp.float32), precision=_HIGHEST)
 
 
 def grouped_experts(matmul, x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD, *,

@@ -189,3 +189,70 @@ def test_orbax_keeps_fp8_weights_fp8(written, tmp_path):
   back = fp8.dequantize_params(restored_target, cfg.param_dtype, cfg.fp8_block)
   for name, x in _leaves(dequantised_target).items():
     assert np.array_equal(np.asarray(_leaves(back)[name]), np.asarray(x)), name
+
+
+# --- the FP8 expert kernel (kernels/fp8_expert_matvec.py) ----------------------------------------
+
+
+@pytest.mark.parametrize("e,k,n,a", [(5, 256, 384, 6), (3, 128, 128, 1), (8, 384, 256, 13)])
+def test_fp8_expert_matvec_equals_its_formula_and_the_dequantised_product(e, k, n, a):
+  from jax_mtp.kernels.fp8_expert_matvec import fp8_expert_matvec, reference  # noqa: PLC0415
+  rng = np.random.default_rng(e + a)
+  codes = jnp.asarray(rng.standard_normal((e, k, n)) * 20, jnp.float8_e4m3fn)
+  scale = jnp.asarray(rng.uniform(1e-3, 1e-2, (e, k // 128, n // 128)), jnp.float32)
+  x = jnp.asarray(rng.standard_normal((a, k)), jnp.bfloat16)
+  ids = jnp.asarray(rng.integers(0, e, a), jnp.int32)
+  got = np.asarray(fp8_expert_matvec(x, codes, scale, ids, backend="interpret"))
+  np.testing.assert_allclose(got, np.asarray(reference(x, codes, scale, ids)), rtol=1e-6, atol=1e-6)
+  weights = fp8.dequantize(codes, scale, jnp.float32, (128, 128))  # fp32: the exact dequantised weights
+  exact = np.einsum("ak,akn->an", np.asarray(x, np.float32), np.asarray(weights)[np.asarray(ids)])
+  np.testing.assert_allclose(got, exact, rtol=1e-5, atol=1e-5)
+
+
+def test_fp8_expert_matvec_refuses_what_it_cannot_take():
+  from jax_mtp.kernels.fp8_expert_matvec import fp8_expert_matvec  # noqa: PLC0415
+  x, codes = jnp.zeros((2, 128)), jnp.zeros((3, 128, 200), jnp.float8_e4m3fn)
+  with pytest.raises(ValueError, match="multiples of 128"):
+    fp8_expert_matvec(x, codes, jnp.zeros((3, 1, 2)), jnp.zeros((2,), jnp.int32), backend="interpret")
+  with pytest.raises(ValueError, match="backend='cuda'"):
+    fp8_expert_matvec(x, codes[..., :128], jnp.zeros((3, 1, 1)), jnp.zeros((2,), jnp.int32), backend="cuda")
+
+
+def test_fp8_matvec_experts_equal_the_gathered_experts_on_the_same_codes():
+  """The whole routed-experts call (gate, up, silu, down, the weighted sum; foreign ids weight 0) by the
+  kernel vs the gather impl dequantising the same codes, fp32."""
+  from jax_mtp.experts import routed_experts  # noqa: PLC0415
+  rng = np.random.default_rng(0)
+  e, d, f, t, k = 6, 256, 128, 3, 2
+  ws = [jnp.asarray(rng.standard_normal(shape) * 20, jnp.float8_e4m3fn) for shape in ((e, d, f), (e, d, f), (e, f, d))]
+  scales = tuple(jnp.asarray(rng.uniform(1e-3, 1e-2, (e, w.shape[1] // 128, w.shape[2] // 128)), jnp.float32)
+                 for w in ws)
+  x = jnp.asarray(rng.standard_normal((t, d)), jnp.float32)
+  ids = jnp.asarray([[0, 5], [2, e], [3, 3]], jnp.int32)  # id E: another device's expert (weight 0)
+  weights = jnp.asarray([[0.6, 0.4], [1.0, 0.0], [0.5, 0.5]], jnp.float32)
+  kwargs = dict(fp8_scales=scales, fp8_block=(128, 128), dtype=jnp.float32)
+  kernel = routed_experts("fp8_matvec_gpu", x, ids, weights, *ws, **kwargs)
+  gathered = routed_experts("gather", x, ids, weights, *ws, **kwargs)
+  np.testing.assert_allclose(np.asarray(kernel), np.asarray(gathered), rtol=2e-5, atol=2e-5)
+  with pytest.raises(ValueError, match="takes FP8 expert weights"):
+    routed_experts("fp8_matvec_gpu", x, ids, weights, *[w.astype(jnp.float32) for w in ws])
+
+
+def test_fp8_matvec_kernel_is_in_the_lowered_cuda_step():
+  """A V3.2-shaped MTP step with FP8 weights and moe_impl='fp8_matvec_gpu' lowers for an H200 (abstract
+  device) with the kernel in the program."""
+  from jax.sharding import AbstractMesh, AxisType  # noqa: PLC0415
+  from jax_mtp.kernels.fp8_expert_matvec import KERNEL_NAME  # noqa: PLC0415
+  cfg = jax_mtp.tiny(hidden_size=256, moe_intermediate_size=128, moe_impl="fp8_matvec_gpu", dtype="bfloat16",
+                     param_dtype="bfloat16")
+  params = fp8.as_checkpoint_fp8(jax.eval_shape(lambda key: jax_mtp.init_params(cfg, key), jax.random.key(0)),
+                                 cfg.fp8_block, fp8.abstract_fp8)
+  caches = jax.eval_shape(lambda: jax_mtp.init_caches(cfg, 2, 64))
+  ids, hidden = jax.ShapeDtypeStruct((2, 1), jnp.int32), jax.ShapeDtypeStruct((2, 1, 256), jnp.bfloat16)
+  step = jax.jit(lambda p, i, pos, h, c: jax_mtp.MtpPredictor(cfg).apply({"params": p}, i, pos, h, c).hidden_BTD)
+  device = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
+  with jax.sharding.use_abstract_mesh(AbstractMesh((1,), ("tp",), axis_types=(AxisType.Auto,), abstract_device=device)):
+    exported = jax.export.export(step, platforms=["cuda"],
+                                 disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])
+    module = exported(params, ids, ids, hidden, caches).mlir_module()
+  assert module.count(KERNEL_NAME) >= 3  # gate, up, down
