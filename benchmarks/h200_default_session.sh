@@ -3,6 +3,7 @@
 #   cost   what a speculative round costs against a plain step per target depth (random weights), and how
 #          long a deeper preset's training programs take to compile (XLA's autotuning on and off)
 #   fp8    FP8 weights kept on the device vs the same weights in bf16: V3.2's MTP layer memory and draft step
+#   agree  per row: the bf16 path's top-1 gap beside the FP8 path's logit difference (why tokens may differ)
 #   bench  speculative vs plain tokens/s of the embedded default, k = 1..5, and `decode --check` on the GPU
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
@@ -26,6 +27,9 @@ case "${1:?stage}" in
       | grep -v -E "$QUIET" | tail -15 | tee "$OUT/fp8_tests.txt"
     timeout 400 python3 -m benchmarks.fp8_step --preset deepseek_v32 --batch 1 8 64 2>&1 | grep -v -E "$QUIET" \
       | tee "$OUT/fp8_step.md"
+    ;;
+  agree)
+    timeout 200 python3 -m benchmarks.fp8_agreement --batch 8 2>&1 | grep -v -E "$QUIET" | tee "$OUT/fp8_agreement.md"
     ;;
   *) echo "unknown stage $1"; exit 2 ;;
 esac
