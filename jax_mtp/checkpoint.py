@@ -234,7 +234,8 @@ def load_hf_checkpoint(path: str | os.PathLike, *, cfg: MtpConfig | None = None,
   them (vocab rows padded to a multiple of tp), each device's shard read on its own. `mtp_params`
   holds the target's `embed_tokens` / `lm_head` arrays (the same arrays, not copies).
   `progress`: a tqdm bar on stderr (None: only on a terminal). `fp8_weights`: keep the weights the
-  checkpoint stores in FP8 as their codes + block scales (jax_mtp.fp8) instead of dequantising them.
+  checkpoint stores in FP8 as their codes + block scales (jax_mtp.fp8) instead of dequantising them;
+  the returned config then carries the checkpoint's blocks (`fp8_block`), which the model needs.
   """
   cfg, ckpt = _open(path, cfg, dtype, mesh)
   params, checks = plan(cfg)
@@ -242,7 +243,7 @@ def load_hf_checkpoint(path: str | os.PathLike, *, cfg: MtpConfig | None = None,
   _check_copies(ckpt, checks)
   trees = _build(ckpt, cfg, keep_fp8(ckpt, params) if fp8_weights else params, mesh, progress)
   trees[MTP].update({name: trees[TARGET][name] for name in SHARED})
-  return cfg, trees[TARGET], trees[MTP]
+  return (cfg.replace(fp8_block=ckpt.block) if fp8_weights else cfg), trees[TARGET], trees[MTP]
 
 
 def load_mtp_only(path: str | os.PathLike, *, cfg: MtpConfig | None = None, mesh: Mesh | None = None,
@@ -263,7 +264,7 @@ def load_mtp_only(path: str | os.PathLike, *, cfg: MtpConfig | None = None, mesh
   check_tensors(ckpt, cfg, params, checks, ignored)
   _check_copies(ckpt, checks)
   trees = _build(ckpt, cfg, keep_fp8(ckpt, params) if fp8_weights else params, mesh, progress)
-  return cfg, {**trees[MTP], **trees[TARGET]}
+  return (cfg.replace(fp8_block=ckpt.block) if fp8_weights else cfg), {**trees[MTP], **trees[TARGET]}
 
 
 def _open(path, cfg: MtpConfig | None, dtype: str | None, mesh: Mesh | None):
@@ -283,7 +284,7 @@ def _open(path, cfg: MtpConfig | None, dtype: str | None, mesh: Mesh | None):
 
 def _check_same_model(cfg: MtpConfig, from_file: MtpConfig, path: str) -> None:
   """A config passed in must describe the checkpoint's model; only how it runs may differ."""
-  ignore = set(MtpConfig.RUN_SETTINGS)
+  ignore = set(MtpConfig.RUN_SETTINGS) | {"fp8_block"}
   names = [f.name for f in dataclasses.fields(cfg) if f.name not in ignore]
   diff = [f"{name}={getattr(cfg, name)!r} (config.json: {getattr(from_file, name)!r})"
           for name in names if getattr(cfg, name) != getattr(from_file, name)]

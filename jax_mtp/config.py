@@ -96,8 +96,8 @@ class MtpConfig:
   # Draft steps after the first reuse step 0's DSA top-k (GLM-5.2's config sets it; vLLM honours it):
   # jax_mtp.drafter. Needs one MTP layer.
   index_share_for_mtp_iteration: bool = False
-  # FP8 checkpoints' block (quantization_config.weight_block_size: B0 rows of the [out, in] weight,
-  # B1 columns); FP8 weights kept on the device are dequantised by these blocks (jax_mtp.fp8).
+  # The blocks of FP8 weights kept on the device (B0 rows of the [out, in] weight, B1 columns): the
+  # checkpoint's quantization_config.weight_block_size, set by `load_hf_checkpoint(fp8_weights=True)`.
   fp8_block: tuple[int, int] = (128, 128)
   dtype: str = "bfloat16"  # activations
   param_dtype: str = "bfloat16"
@@ -269,12 +269,6 @@ def from_hf_config(source: str | os.PathLike | Mapping[str, Any], **overrides: A
   fields["rope"] = _rope_from_hf(hf)
   fields["model_type"] = model_type
   fields.update(_dtypes_from_hf(hf))
-  quant = hf.get("quantization_config")
-  if isinstance(quant, dict) and quant.get("weight_block_size") is not None:
-    block = quant["weight_block_size"]
-    if not (isinstance(block, list) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
-      raise ConfigError(f"quantization_config.weight_block_size={block!r} must be two positive integers")
-    fields["fp8_block"] = tuple(block)
   fields.update(overrides)
   return MtpConfig(**fields)
 

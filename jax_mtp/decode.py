@@ -266,13 +266,16 @@ def stop_ids_for(args: argparse.Namespace, cfg: jax_mtp.MtpConfig) -> tuple[int,
   return ids
 
 
-def load(args: argparse.Namespace, cfg: jax_mtp.MtpConfig) -> Loaded:
+def load(args: argparse.Namespace, cfg: jax_mtp.MtpConfig) -> tuple[jax_mtp.MtpConfig, Loaded]:
+  """The checkpoint's weights on the --tp mesh, and the config they run with (FP8 weights kept on the
+  device carry their block size in it)."""
   from jax_mtp import fp8  # noqa: PLC0415
   from jax_mtp.checkpoint import load_hf_checkpoint, quantization  # noqa: PLC0415 (see above)
   from jax_mtp.orbax_io import is_orbax_checkpoint, restore_params  # noqa: PLC0415
   mesh = make_mesh(args.tp)
   if is_orbax_checkpoint(args.checkpoint):
-    _, target, mtp = restore_params(args.checkpoint, cfg, mesh)  # as saved: FP8 weights stay FP8
+    saved, target, mtp = restore_params(args.checkpoint, cfg, mesh)  # as saved: FP8 weights stay FP8
+    cfg = cfg.replace(fp8_block=saved.fp8_block)
     stored_fp8 = bool(fp8.fp8_paths(target) or fp8.fp8_paths(mtp))
     if args.weights == "fp8" and not stored_fp8:
       raise _BadInput(f"--weights fp8: the orbax checkpoint {args.checkpoint!r} stores no FP8 weights")
@@ -281,8 +284,8 @@ def load(args: argparse.Namespace, cfg: jax_mtp.MtpConfig) -> Loaded:
       mtp.update({name: target[name] for name in ("embed_tokens", "lm_head")})  # one shared copy
   else:
     fp8_weights = args.weights == "fp8" or (args.weights == "auto" and bool(quantization(args.checkpoint)))
-    _, target, mtp = load_hf_checkpoint(args.checkpoint, cfg=cfg, mesh=mesh, fp8_weights=fp8_weights)
-  return Loaded(target, mtp)
+    cfg, target, mtp = load_hf_checkpoint(args.checkpoint, cfg=cfg, mesh=mesh, fp8_weights=fp8_weights)
+  return cfg, Loaded(target, mtp)
 
 
 def _from_checkpoint(args: argparse.Namespace, cfg: jax_mtp.MtpConfig, loaded: Loaded):
@@ -383,7 +386,9 @@ def main(argv: list[str] | None = None) -> int:
     cfg = with_flags(jax_mtp.tiny() if args.model_dir is None else checkpoint_config(args.model_dir), args)
     prompts = _validate(args, cfg)
     stop_ids = stop_ids_for(args, cfg)
-    loaded = None if args.checkpoint is None else load(args, cfg)
+    loaded = None
+    if args.checkpoint is not None:
+      cfg, loaded = load(args, cfg)
   except ValueError as e:  # bad flags, and bad checkpoints (CheckpointError lists every problem)
     print(f"error: {e}", file=sys.stderr)
     return 2

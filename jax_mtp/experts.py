@@ -162,9 +162,10 @@ def gathered_experts(x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD,
 
 
 def fp8_matvec_takes(w_gate_EDF) -> bool:
-  """Whether kernels/fp8_expert_matvec.py takes these expert dims: D and F multiples of its 128 blocks."""
-  _, d, f = w_gate_EDF.shape
-  return d % 128 == 0 and f % 128 == 0
+  """Whether kernels/fp8_expert_matvec.py takes these (local) experts: D and F multiples of its 128
+  blocks, and fewer than 2^31 codes per weight (its offsets are int32: V3.2 from tp = 2)."""
+  e, d, f = w_gate_EDF.shape
+  return d % 128 == 0 and f % 128 == 0 and e * d * f < 2**31
 
 
 def fp8_matvec_experts(x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD, *, fp8_scales, fp8_block,
@@ -175,7 +176,7 @@ def fp8_matvec_experts(x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EF
   if fp8_scales is None or tuple(fp8_block) != (128, 128) or not fp8_matvec_takes(w_gate_EDF):
     raise ValueError(f"moe_impl='fp8_matvec_gpu' takes FP8 expert weights (--weights fp8) in 128 × 128 blocks with "
                      f"dims multiples of 128, got {'no FP8 scales' if fp8_scales is None else 'blocks ' + str(fp8_block)}"
-                     f" and weights {w_gate_EDF.shape} (use 'gather' or 'auto')")
+                     f" and weights {w_gate_EDF.shape}, fewer than 2^31 codes a weight (use 'gather' or 'auto')")
   t, k = ids_TK.shape
   ids_A = jnp.minimum(ids_TK, w_gate_EDF.shape[0] - 1).reshape(-1)  # ids ≥ E have weight 0
   x_AD = jnp.repeat(x_TD.astype(dtype), k, axis=0)  # assignment a is token a // k

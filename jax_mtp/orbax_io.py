@@ -108,7 +108,7 @@ def restore_params(directory: str | os.PathLike, cfg: MtpConfig | None = None,
   saved = read_config(directory)
   with _manager(directory, create=False) as manager:
     step = manager.latest_step()
-    if cfg is not None and cfg != saved:
+    if cfg is not None and cfg.replace(fp8_block=saved.fp8_block) != saved:  # the blocks are the saved weights'
       diff = [f"{f.name}={getattr(cfg, f.name)!r} (saved: {getattr(saved, f.name)!r})"
               for f in dataclasses.fields(cfg) if getattr(cfg, f.name) != getattr(saved, f.name)]
       raise CheckpointError(f"the config does not match the one saved in {directory!r} step {step}: {', '.join(diff)}")

@@ -27,6 +27,10 @@ from jax.experimental import pallas as pl
 KERNEL_NAME = "fp8_expert_matvec"
 BACKENDS = ("gpu", "interpret")
 BLOCK = 128
+# Triton computes a ref's element offsets in int32: past 2^31 codes an expert's offset wraps and the
+# kernel reads another buffer (seen on an H200 with V3.2's 256 experts on one device: 7 of 8 rows'
+# logits off by ~1). DeepSeek-V3.2's experts fit from tp = 2 (128 local experts, 1.9e9 codes).
+MAX_CODES = 2**31
 
 
 def reference(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: jax.Array, ids_A: jax.Array) -> jax.Array:
@@ -54,6 +58,9 @@ def fp8_expert_matvec(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: jax.Arra
     raise ValueError(f"scales {scale_EkN.shape} are not the {BLOCK} × {BLOCK} blocks of codes {codes_EKN.shape}")
   if ids_A.shape != (a,):
     raise ValueError(f"ids {ids_A.shape} must give one expert per row of x {x_AK.shape}")
+  if e * k * n >= MAX_CODES:
+    raise ValueError(f"codes {codes_EKN.shape} hold {e * k * n:,} elements: the kernel's element offsets are int32 "
+                     f"(< {MAX_CODES:,}); split the experts over more devices (tp) or use the gather impl")
   kernel = functools.partial(_kernel, blocks=k // BLOCK)
   return pl.pallas_call(
       kernel,

@@ -332,7 +332,7 @@ def test_directory_errors(tmp_path):
     load_hf_checkpoint(str(tmp_path))
   json.dump({**hf_config_dict(CFG), "quantization_config": {"weight_block_size": [128]}},
             open(tmp_path / "config.json", "w"))
-  with pytest.raises(ConfigError, match=r"weight_block_size=\[128\] must be two positive integers"):
+  with pytest.raises(CheckpointError, match=r"weight_block_size=\[128\] must be two positive integers"):
     load_hf_checkpoint(str(tmp_path))
 
 

@@ -216,6 +216,15 @@ def test_fp8_expert_matvec_refuses_what_it_cannot_take():
     fp8_expert_matvec(x, codes, jnp.zeros((3, 1, 2)), jnp.zeros((2,), jnp.int32), backend="interpret")
   with pytest.raises(ValueError, match="backend='cuda'"):
     fp8_expert_matvec(x, codes[..., :128], jnp.zeros((3, 1, 1)), jnp.zeros((2,), jnp.int32), backend="cuda")
+  # V3.2's 256 experts on one device: 3.8e9 codes, past the kernel's int32 offsets (it would read other memory)
+  big = (jax.ShapeDtypeStruct((1, 7168), jnp.bfloat16), jax.ShapeDtypeStruct((256, 7168, 2048), jnp.float8_e4m3fn),
+         jax.ShapeDtypeStruct((256, 56, 16), jnp.float32), jax.ShapeDtypeStruct((1,), jnp.int32))
+  with pytest.raises(ValueError, match="int32"):
+    jax.eval_shape(lambda *a: fp8_expert_matvec(*a, backend="gpu"), *big)
+  from jax_mtp.experts import resolve_expert_impl  # noqa: PLC0415
+  for experts, impl in ((256, "gather"), (128, "fp8_matvec_gpu")):  # tp = 1 and tp = 2 of V3.2
+    weights = jax.ShapeDtypeStruct((experts, 7168, 2048), jnp.bfloat16)
+    assert resolve_expert_impl("auto", "gpu", 1, 8, weights, fp8_codes=True) == impl
 
 
 def test_fp8_matvec_experts_equal_the_gathered_experts_on_the_same_codes():

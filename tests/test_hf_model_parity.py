@@ -40,7 +40,7 @@ def _cli_loaded(directory: str, extra=()):
   """The config and params exactly as `decode.main` builds them for these flags."""
   args = decode._parser().parse_args(["--checkpoint", directory, "--dtype", "float32", *extra])
   cfg = decode.with_flags(decode.checkpoint_config(directory), args)
-  return cfg, decode.load(args, cfg)
+  return decode.load(args, cfg)  # the config the weights run with, and the weights
 
 
 def test_teacher_forced_logits_match_hf_at_every_position(checkpoint):
