@@ -385,6 +385,25 @@ def keep_fp8(ckpt: SafetensorsCheckpoint, params: list[Param]) -> list[Param]:
   return kept
 
 
+def fp8_split_problems(path: str | os.PathLike, mesh: Mesh) -> list[str]:
+  """Why the checkpoint's FP8 weights cannot be kept on `mesh` (a device's share not whole blocks),
+  one line per tensor; [] when they can. Reads headers only."""
+  cfg, ckpt = _open(path, None, None, mesh)
+  params, _ = plan(cfg)
+  problems = []
+  for p in keep_fp8(ckpt, params):
+    if p.role != CODES:
+      continue
+    sharding = NamedSharding(mesh, param_spec(p.path))
+    for index in sharding.addressable_devices_indices_map(p.shape).values():
+      ours = tuple(slice(*s.indices(n)[:2]) for s, n in zip(index, p.shape))
+      problem = ckpt.split_problem(p.sources[0], ours[-2:][::-1])
+      if problem:
+        problems.append(problem)
+        break
+  return problems
+
+
 def read_param(ckpt: SafetensorsCheckpoint, p: Param, index: tuple[slice, ...]) -> np.ndarray:
   """`param[index]` in our layout and dtype; rows past the checkpoint's (vocab padding) are zero."""
   clipped = tuple(slice(s.start, min(s.stop, n)) for s, n in zip(index, p.shape))

@@ -79,7 +79,8 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--weights", choices=("auto", "fp8", "bf16"), default="auto",
                  help="FP8 checkpoints (HF or orbax): fp8 keeps the weights as stored (codes + block scales, "
                       "dequantised inside each matmul's program), bf16 dequantises them on load (to --dtype's); "
-                      "auto (default): as the checkpoint stores them")
+                      "auto (default): as the checkpoint stores them, FP8 where --tp splits whole blocks (else "
+                      "dequantised, with a note)")
   p.add_argument("--moe-impl", choices=MOE_IMPLS, default="auto",
                  help="routed experts' implementation (jax_mtp.experts); auto: by platform and size")
   p.add_argument("--index-scores-impl", choices=INDEX_SCORES_IMPLS, default="auto",
@@ -270,7 +271,7 @@ def load(args: argparse.Namespace, cfg: jax_mtp.MtpConfig) -> tuple[jax_mtp.MtpC
   """The checkpoint's weights on the --tp mesh, and the config they run with (FP8 weights kept on the
   device carry their block size in it)."""
   from jax_mtp import fp8  # noqa: PLC0415
-  from jax_mtp.checkpoint import load_hf_checkpoint, quantization  # noqa: PLC0415 (see above)
+  from jax_mtp.checkpoint import fp8_split_problems, load_hf_checkpoint, quantization  # noqa: PLC0415
   from jax_mtp.orbax_io import is_orbax_checkpoint, restore_params  # noqa: PLC0415
   mesh = make_mesh(args.tp)
   if is_orbax_checkpoint(args.checkpoint):
@@ -283,7 +284,13 @@ def load(args: argparse.Namespace, cfg: jax_mtp.MtpConfig) -> tuple[jax_mtp.MtpC
       target, mtp = (fp8.dequantize_params(tree, cfg.param_dtype, cfg.fp8_block) for tree in (target, mtp))
       mtp.update({name: target[name] for name in ("embed_tokens", "lm_head")})  # one shared copy
   else:
-    fp8_weights = args.weights == "fp8" or (args.weights == "auto" and bool(quantization(args.checkpoint)))
+    fp8_weights = args.weights == "fp8"
+    if args.weights == "auto" and quantization(args.checkpoint):  # FP8 stored: kept, where tp splits its blocks
+      problems = fp8_split_problems(args.checkpoint, mesh)
+      fp8_weights = not problems
+      if problems:
+        print(f"note: FP8 weights dequantised on load: at tp={args.tp} {len(problems)} tensor(s) split inside "
+              f"their blocks (e.g. {problems[0]}); --weights bf16 says so explicitly", file=sys.stderr)
     cfg, target, mtp = load_hf_checkpoint(args.checkpoint, cfg=cfg, mesh=mesh, fp8_weights=fp8_weights)
   return cfg, Loaded(target, mtp)
 

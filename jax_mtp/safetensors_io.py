@@ -112,13 +112,22 @@ class SafetensorsCheckpoint:
     its scales are whole rows and columns of `weight_scale_inv`."""
     info = self.tensors[name]
     index = tuple(slice(*s.indices(n)[:2]) for s, n in zip(index, info.shape))
-    for s, n, b in zip(index, info.shape, self.block):
-      if s.start % b or (s.stop % b and s.stop != n):
-        raise CheckpointError(f"{name}: the slice [{s.start}:{s.stop}] of a dim of {n} does not fall on its FP8 "
-                              f"blocks of {b}; keeping FP8 weights needs each device's share in whole blocks "
-                              f"(dequantise them instead, or use another tp)")
+    problem = self.split_problem(name, index)
+    if problem:
+      raise CheckpointError(f"{problem}; keeping FP8 weights needs each device's share in whole blocks "
+                            f"(dequantise them instead, or use another tp)")
     self.read(name, index)  # validates codes and scales (non-finite, zero scales) exactly as the dequantising path
     return np.asarray(_memmap(info)[index])
+
+  def split_problem(self, name: str, index: tuple[slice, slice]) -> str | None:
+    """Why `tensor[index]` is not whole FP8 blocks (a last partial block at the tensor's end counts as
+    whole), or None."""
+    shape = self.tensors[name].shape
+    for s, n, b in zip(index, shape, self.block):
+      start, stop = s.indices(n)[:2]
+      if start % b or (stop % b and stop != n):
+        return f"{name}: the slice [{start}:{stop}] of a dim of {n} does not fall on its FP8 blocks of {b}"
+    return None
 
   def read_scales(self, name: str, block_index: tuple[slice, slice]) -> np.ndarray:
     """Rows and columns `block_index` of `name`'s `weight_scale_inv` (fp32); `read_codes` checks them."""

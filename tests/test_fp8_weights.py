@@ -265,3 +265,18 @@ def test_fp8_matvec_kernel_is_in_the_lowered_cuda_step():
                                  disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])
     module = exported(params, ids, ids, hidden, caches).mlir_module()
   assert module.count(KERNEL_NAME) >= 3  # gate, up, down
+
+
+def test_cli_auto_dequantises_with_a_note_where_tp_splits_blocks_and_fp8_refuses(written):
+  directory, block = written
+  if block != (16, 24):
+    pytest.skip("(8, 8) blocks split over tp = 2")
+  runs = {}
+  for weights in ("auto", "fp8"):
+    runs[weights] = subprocess.run([sys.executable, "-m", "jax_mtp.decode", "--checkpoint", directory, "--tp", "2",
+                                    "--prompt-ids", "5,17,3", "--max-new-tokens", "4", "--weights", weights, "--json"],
+                                   capture_output=True, text=True, timeout=300)
+  assert runs["auto"].returncode == 0, runs["auto"].stderr[-2000:]
+  assert "note: FP8 weights dequantised on load: at tp=2" in runs["auto"].stderr
+  assert runs["fp8"].returncode == 2 and "does not fall on its FP8 blocks of 24" in runs["fp8"].stderr
+  assert runs["fp8"].stdout == ""
