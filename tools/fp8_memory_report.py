@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 
 import jax_mtp  # noqa: E402
 from jax_mtp import fp8  # noqa: E402
-from jax_mtp.cache import init_layer_cache  # noqa: E402
+from jax_mtp.request import cache_bytes  # noqa: E402
 from jax_mtp.sharding import param_specs  # noqa: E402
 
 HBM_GIB = {"v5p": 95, "v6e": 32, "H200": 141 * 10**9 / 2**30}
@@ -45,11 +45,6 @@ def per_device_bytes(params, tp: int) -> tuple[int, list[str]]:
   return total, unsplit
 
 
-def cache_bytes(cfg, layers: int, batch: int, context: int) -> int:
-  caches = jax.eval_shape(lambda: init_layer_cache(cfg, batch, context))
-  return layers * sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(caches))
-
-
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--batch", type=int, default=8)
@@ -64,7 +59,7 @@ def main() -> None:
   trees = {"bf16": {"target": target, "mtp": mtp},
            "fp8": {"target": fp8.as_checkpoint_fp8(target, cfg.fp8_block, fp8.abstract_fp8),
                    "mtp": fp8.as_checkpoint_fp8(mtp, cfg.fp8_block, fp8.abstract_fp8)}}
-  cache = cache_bytes(cfg, cfg.num_hidden_layers + cfg.num_nextn_predict_layers, args.batch, args.context)
+  cache = cache_bytes(cfg, args.batch, args.context)  # every layer's caches, as the decode check counts them
   print(f"DeepSeek-V3.2 target ({cfg.num_hidden_layers} layers) + MTP layer; caches for B = {args.batch} × "
         f"{args.context:,} positions: {cache / 2**30:.1f} GiB per device (replicated); headroom "
         f"{args.headroom:.0%}\n")
