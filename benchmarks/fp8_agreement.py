@@ -4,7 +4,7 @@ beside the largest logit difference between the two paths, V3.2's MTP layer on t
     python -m benchmarks.fp8_agreement --batch 8
 
 The FP8 tree and its exact bf16 dequantisation as in `benchmarks.fp8_step`; `moe_impl=auto` on each
-(on a GPU: tokamax over bf16, fp8_matvec_gpu over the codes, which scales the codes in fp32 and never
+(on a GPU: tokamax over bf16, fp8_grouped_gpu over the codes, which scales the codes in fp32 and never
 rounds a weight to bf16). A token may differ only where the gap is below the difference.
 """
 

@@ -2,11 +2,16 @@
 # The embedded default's speed on one H200 (issue 13), one stage per call (each inside one 600 s call):
 #   cost   what a speculative round costs against a plain step per target depth (random weights), and how
 #          long a deeper preset's training programs take to compile (XLA's autotuning on and off)
+#   kernel the FP8 grouped matmul's tests on the GPU, then its correctness and time at V3.2's expert shapes
 #   fp8    FP8 weights kept on the device vs the same weights in bf16: V3.2's MTP layer memory and draft step
 #   agree  per row: the bf16 path's top-1 gap beside the FP8 path's logit difference (why tokens may differ)
 #   bench  speculative vs plain tokens/s of the embedded default, k = 1..5, and `decode --check` on the GPU
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
+if [ -d .whl ]; then  # tokamax and its deps, carried (the bf16 path's grouped matmul)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site || exit 1
+fi
 QUIET="TPU|libtpu|Source Location|InitGoogle|E0000|learning/"
 case "${1:?stage}" in
   cost)
@@ -22,11 +27,16 @@ case "${1:?stage}" in
       --max-new 128 --repeats 2 2>&1 | grep -v -E "$QUIET" | tee "$OUT/spec_vs_plain_h200.md"
     timeout 120 python3 -m jax_mtp.decode --check 2>&1 | grep -v -E "$QUIET" | tee "$OUT/decode_check.txt"
     ;;
-  fp8)
-    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_fp8_weights.py -k "matvec or bit_identical" 2>&1 \
+  kernel)
+    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_fp8_weights.py -k "grouped or bit_identical" 2>&1 \
       | grep -v -E "$QUIET" | tail -15 | tee "$OUT/fp8_tests.txt"
+    timeout 300 python3 -m benchmarks.fp8_grouped --assignments 8 64 512 2>&1 | grep -v -E "$QUIET" \
+      | tee "$OUT/fp8_grouped.md"
+    ;;
+  fp8)
     timeout 400 python3 -m benchmarks.fp8_step --preset deepseek_v32 --batch 1 8 64 2>&1 | grep -v -E "$QUIET" \
       | tee "$OUT/fp8_step.md"
+    timeout 150 python3 -m benchmarks.fp8_agreement --batch 8 2>&1 | grep -v -E "$QUIET" | tee "$OUT/fp8_agreement.md"
     ;;
   agree)
     timeout 200 python3 -m benchmarks.fp8_agreement --batch 8 2>&1 | grep -v -E "$QUIET" | tee "$OUT/fp8_agreement.md"

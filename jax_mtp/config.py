@@ -21,7 +21,7 @@ from typing import Any
 
 SUPPORTED_MODEL_TYPES = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa")
 # How the routed experts run: "auto" picks per platform and token count (jax_mtp.experts).
-MOE_IMPLS = ("auto", "gather", "ragged_dot", "tokamax_gpu", "tokamax_tpu", "fp8_matvec_gpu")
+MOE_IMPLS = ("auto", "gather", "ragged_dot", "tokamax_gpu", "tokamax_tpu", "fp8_grouped_gpu")
 DTYPES = ("float32", "bfloat16", "float16")  # compute (`dtype`) and parameter (`param_dtype`) dtypes
 INDEX_CACHE_DTYPES = ("auto", *DTYPES, "float8_e4m3fn")
 INDEX_SCORES_IMPLS = ("auto", "xla", "pallas_gpu", "pallas_tpu")

@@ -10,10 +10,10 @@ Which implementation runs is explicit (`MtpConfig.moe_impl`), never a silent fal
   "tokamax_gpu"  `tokamax.ragged_dot`, its Mosaic-GPU (Hopper) grouped GEMM;       the picked experts once
                  empty groups get no work
   "tokamax_tpu"  `tokamax.ragged_dot`, its Mosaic-TPU grouped matmul               the picked experts once
-  "fp8_matvec_gpu" FP8 weights only: kernels/fp8_expert_matvec.py, a Pallas (Triton) the picked experts' codes,
-                 matrix-vector product per assignment straight from the e4m3     once per assignment
-                 codes and block scales (no dequantised copy; decode sizes; on
-                 CPU it runs in Pallas interpret mode, for tests)
+  "fp8_grouped_gpu" FP8 weights only: kernels/fp8_grouped_matmul.py, a Pallas       the picked experts' codes
+                 (Triton) grouped matmul straight from the e4m3 codes and block    once (1 byte a weight)
+                 scales, bf16 activations on the tensor cores (no dequantised
+                 copy; on CPU it runs in Pallas interpret mode, for tests)
   "auto"         `resolve_expert_impl`'s table, per platform, weight dtype and dims, and token count
 
 The grouped paths sort the T·K assignments by expert (A = T·K rows, padded to whole row tiles of
@@ -80,18 +80,20 @@ def resolve_expert_impl(impl: str, platform: str, tokens: int, experts_per_token
          (AOT-compiled for v5e and v5p, tools/tpu_aot_compile.py; not timed on a TPU)
     cpu  gather at decode sizes (`uses_gathered_experts`: T·K ≤ E/4, or ≤ 2E small experts within
          GATHER_BYTES), ragged_dot above (XLA CPU's ragged_dot is grouped)
-  `fp8_codes` (FP8 weights kept as stored; `w_gate_EDF` then describes the dequantised weights): while
-  T·K ≤ E, on gpu fp8_matvec_gpu (reads each picked expert's codes, writes no dequantised copy) where
-  it takes the dims, on tpu gather (dequantises only the picked experts, where a grouped impl
-  dequantises every local expert first: no grouped kernel takes the codes yet, issue 14); above, as
-  the table. On cpu the table, so FP8 and dequantised weights run the same impl there.
+  `fp8_codes` (FP8 weights kept as stored; `w_gate_EDF` then describes the dequantised weights): on
+  gpu fp8_grouped_gpu at every T where it takes the dims (reads the picked experts' codes once, writes
+  no dequantised copy); on tpu gather while T·K ≤ E (dequantises only the picked experts, where a
+  grouped impl dequantises every local expert first: no TPU kernel takes the codes yet), above as the
+  table. On cpu the table, so FP8 and dequantised weights run the same impl there.
   """
   if impl not in EXPERT_IMPLS:
     raise ValueError(f"moe_impl={impl!r} is not one of {EXPERT_IMPLS}")
   if impl != "auto":
     return impl
+  if fp8_codes and platform == "gpu" and fp8_grouped_takes(w_gate_EDF):
+    return "fp8_grouped_gpu"
   if fp8_codes and platform in ("gpu", "tpu") and tokens * experts_per_token <= w_gate_EDF.shape[0]:
-    return "fp8_matvec_gpu" if platform == "gpu" and fp8_matvec_takes(w_gate_EDF) else "gather"
+    return "gather"
   if platform == "gpu" and tokamax_gpu_takes(w_gate_EDF):
     return "tokamax_gpu"
   if platform == "tpu" and tokamax_tpu_takes(w_gate_EDF):
@@ -108,13 +110,16 @@ def routed_experts(impl: str, x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_
   """Σ_k weights[t, k] · expert_{ids[t, k]}(x[t]) by the resolved `impl`; fp32 [T, D].
 
   ids ∈ [0, E] where E = w_gate_EDF.shape[0]; id E (another device's expert) has weight 0.
-  `fp8_scales` (gate, up, down block scales, by `fp8_block`): the weights are FP8 codes (jax_mtp.fp8), dequantised to
-  `dtype` in the program — "gather" only the T·K picked experts, the grouped impls every local expert
-  (a `dtype` copy of the weights per call, until a grouped matmul takes the codes: issue 14).
+  `fp8_scales` (gate, up, down block scales, by `fp8_block`): the weights are FP8 codes (jax_mtp.fp8):
+  "fp8_grouped_gpu" multiplies the codes themselves (bf16 activations); the others dequantise to
+  `dtype` in the program — "gather" only the T·K picked experts, the grouped impls every local
+  expert (a `dtype` copy of the weights per call).
   """
-  if impl == "fp8_matvec_gpu":
-    return fp8_matvec_experts(x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD, fp8_scales=fp8_scales,
-                              fp8_block=fp8_block, dtype=dtype)
+  if impl == "fp8_grouped_gpu":
+    matmul = fp8_grouped_matmul_for(fp8_scales, w_gate_EDF, fp8_block)
+    pairs = tuple(zip((w_gate_EDF, w_up_EDF, w_down_EFD), fp8_scales))
+    return grouped_experts(matmul, x_TD, ids_TK, weights_TK, *pairs, row_tile=8,
+                           num_experts=w_gate_EDF.shape[0], dtype=jnp.bfloat16)
   if fp8_scales is not None:
     if impl == "gather":
       return gathered_experts(x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD, fp8_scales=fp8_scales,
@@ -161,35 +166,33 @@ def gathered_experts(x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD,
   return jnp.einsum("tkd,tk->td", y_TKD, weights_TK.astype(jnp.float32))
 
 
-def fp8_matvec_takes(w_gate_EDF) -> bool:
-  """Whether kernels/fp8_expert_matvec.py takes these (local) experts: D and F multiples of its 128
-  blocks, and fewer than 2^31 codes per weight (its offsets are int32: V3.2 from tp = 2)."""
+def fp8_grouped_takes(w_gate_EDF) -> bool:
+  """Whether kernels/fp8_grouped_matmul.py takes these (local) experts: D and F multiples of its 128
+  blocks, and fewer than 2^31 uint32 words of codes per weight (its offsets are int32; V3.2's 256
+  experts on one device are 9.4e8 words)."""
   e, d, f = w_gate_EDF.shape
-  return d % 128 == 0 and f % 128 == 0 and e * d * f < 2**31
+  return d % 128 == 0 and f % 128 == 0 and e * d * f // 4 < 2**31
 
 
-def fp8_matvec_experts(x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD, *, fp8_scales, fp8_block,
-                       dtype) -> jax.Array:
-  """The "fp8_matvec_gpu" impl: each assignment's row through its expert's FP8 codes by the Pallas
-  kernel (gate, up, then down), the hidden in `dtype` between them as the gather impl has it."""
-  from jax_mtp.kernels.fp8_expert_matvec import fp8_expert_matvec  # noqa: PLC0415 (Pallas: only where used)
-  if fp8_scales is None or tuple(fp8_block) != (128, 128) or not fp8_matvec_takes(w_gate_EDF):
-    raise ValueError(f"moe_impl='fp8_matvec_gpu' takes FP8 expert weights (--weights fp8) in 128 × 128 blocks with "
+def fp8_grouped_matmul_for(fp8_scales, w_gate_EDF, fp8_block):
+  """The grouped matmul over FP8 weights given as (codes, block scales) pairs (`grouped_experts`'
+  `matmul`); one clear error where the kernel does not take the weights."""
+  from jax_mtp.kernels.fp8_grouped_matmul import fp8_grouped_matmul  # noqa: PLC0415 (Pallas: only where used)
+  if fp8_scales is None or tuple(fp8_block) != (128, 128) or not fp8_grouped_takes(w_gate_EDF):
+    raise ValueError(f"moe_impl='fp8_grouped_gpu' takes FP8 expert weights (--weights fp8) in 128 × 128 blocks with "
                      f"dims multiples of 128, got {'no FP8 scales' if fp8_scales is None else 'blocks ' + str(fp8_block)}"
-                     f" and weights {w_gate_EDF.shape}, fewer than 2^31 codes a weight (use 'gather' or 'auto')")
-  t, k = ids_TK.shape
-  ids_A = jnp.minimum(ids_TK, w_gate_EDF.shape[0] - 1).reshape(-1)  # ids ≥ E have weight 0
-  x_AD = jnp.repeat(x_TD.astype(dtype), k, axis=0)  # assignment a is token a // k
+                     f" and weights {w_gate_EDF.shape} {w_gate_EDF.dtype} (use 'gather' or 'auto')")
   backend = "interpret" if jax.default_backend() == "cpu" else "gpu"
-  gate_s, up_s, down_s = fp8_scales
-  hidden_AF = (jax.nn.silu(fp8_expert_matvec(x_AD, w_gate_EDF, gate_s, ids_A, backend=backend))
-               * fp8_expert_matvec(x_AD, w_up_EDF, up_s, ids_A, backend=backend))
-  y_AD = fp8_expert_matvec(hidden_AF.astype(dtype), w_down_EFD, down_s, ids_A, backend=backend)
-  return jnp.einsum("tkd,tk->td", y_AD.reshape(t, k, -1), weights_TK.astype(jnp.float32), precision=_HIGHEST)
+
+  def matmul(lhs_AX, fp8_weight, group_sizes_E):
+    codes_EXY, scale_EXY = fp8_weight
+    return fp8_grouped_matmul(lhs_AX, codes_EXY, scale_EXY, group_sizes_E, backend=backend)
+
+  return matmul
 
 
 def grouped_experts(matmul, x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD, *,
-                    row_tile: int = 8) -> jax.Array:
+                    row_tile: int = 8, num_experts: int | None = None, dtype=None) -> jax.Array:
   """Sort assignments by expert, three grouped matmuls, un-sort, weighted sum over k; fp32 [T, D].
 
   The T·K assignment rows are padded with foreign ones (id E, in no group) to a multiple of
@@ -197,9 +200,12 @@ def grouped_experts(matmul, x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_do
 
   `matmul(lhs_AX, w_EXY, group_sizes_E) -> fp32 [A, Y]` is one grouped matmul (rows of group e
   contiguous, in expert order); rows past Σ group_sizes are zeroed here, whatever it leaves there.
+  The weights are whatever `matmul` takes (arrays, or (codes, scales) pairs for FP8): `num_experts`
+  and `dtype` (of the rows handed to it) default to the gate weights' leading dim and dtype.
   """
   t, k = ids_TK.shape
-  num_experts, dtype = w_gate_EDF.shape[0], w_gate_EDF.dtype
+  num_experts = w_gate_EDF.shape[0] if num_experts is None else num_experts
+  dtype = w_gate_EDF.dtype if dtype is None else dtype
   a = t * k  # token-expert assignments
   flat_ids_A = jnp.pad(ids_TK.reshape(-1), (0, -a % row_tile), constant_values=num_experts)
   order_A = jnp.argsort(flat_ids_A, stable=True)

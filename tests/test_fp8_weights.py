@@ -26,6 +26,7 @@ from jax_mtp.safetensors_io import CheckpointError
 from jax_mtp.sharding import make_mesh
 from jax_mtp.speculative import Speculator
 from tests.hf_checkpoint import write_checkpoint
+from tests.tolerances import assert_close
 
 CFG = jax_mtp.tiny(vocab_size=250)
 PROMPTS = [[5, 17, 3, 99, 4, 8, 1], [42, 7]]
@@ -191,45 +192,57 @@ def test_orbax_keeps_fp8_weights_fp8(written, tmp_path):
     assert np.array_equal(np.asarray(_leaves(back)[name]), np.asarray(x)), name
 
 
-# --- the FP8 expert kernel (kernels/fp8_expert_matvec.py) ----------------------------------------
+# --- the FP8 grouped matmul (kernels/fp8_grouped_matmul.py) --------------------------------------
 
 
-@pytest.mark.parametrize("e,k,n,a", [(5, 256, 384, 6), (3, 128, 128, 1), (8, 384, 256, 13)])
-def test_fp8_expert_matvec_equals_its_formula_and_the_dequantised_product(e, k, n, a):
-  from jax_mtp.kernels.fp8_expert_matvec import fp8_expert_matvec, reference  # noqa: PLC0415
-  rng = np.random.default_rng(e + a)
+@pytest.mark.parametrize("e,k,n,sizes", [(5, 256, 384, (6, 0, 1, 17, 2)), (3, 128, 128, (0, 0, 1)),
+                                         (2, 384, 256, (33, 0))])
+def test_fp8_grouped_matmul_equals_its_formula_and_the_dequantised_product(e, k, n, sizes):
+  """Groups of 0, 1, < and > one row tile, the last group ending at the last row, spare rows past
+  Σ sizes; the kernel (interpret mode) vs its jnp formula and vs x times the exactly dequantised
+  weights (x is bf16 in both: the kernel's activations are bf16). On a GPU the compiled kernel runs."""
+  from jax_mtp.kernels.fp8_grouped_matmul import fp8_grouped_matmul, reference  # noqa: PLC0415
+  rng = np.random.default_rng(e + k)
+  rows = sum(sizes) + 3  # 3 rows past the groups (another device's assignments): not written
   codes = jnp.asarray(rng.standard_normal((e, k, n)) * 20, jnp.float8_e4m3fn)
   scale = jnp.asarray(rng.uniform(1e-3, 1e-2, (e, k // 128, n // 128)), jnp.float32)
-  x = jnp.asarray(rng.standard_normal((a, k)), jnp.bfloat16)
-  ids = jnp.asarray(rng.integers(0, e, a), jnp.int32)
-  got = np.asarray(fp8_expert_matvec(x, codes, scale, ids, backend="interpret"))
-  np.testing.assert_allclose(got, np.asarray(reference(x, codes, scale, ids)), rtol=1e-6, atol=1e-6)
-  weights = fp8.dequantize(codes, scale, jnp.float32, (128, 128))  # fp32: the exact dequantised weights
-  exact = np.einsum("ak,akn->an", np.asarray(x, np.float32), np.asarray(weights)[np.asarray(ids)])
-  np.testing.assert_allclose(got, exact, rtol=1e-5, atol=1e-5)
+  x = jnp.asarray(rng.standard_normal((rows, k)), jnp.bfloat16)
+  sizes = jnp.asarray(sizes, jnp.int32)
+  backend = "gpu" if jax.default_backend() == "gpu" else "interpret"
+  got = np.asarray(fp8_grouped_matmul(x, codes, scale, sizes, backend=backend))[:sum(sizes)]
+  assert_close(got, np.asarray(reference(x, codes, scale, sizes))[:sum(sizes)], "float32", "kernel vs formula")
+  weights = np.asarray(fp8.dequantize(codes, scale, jnp.float32, (128, 128)))  # fp32: exact
+  ids = np.repeat(np.arange(e), np.asarray(sizes))
+  exact = np.einsum("ak,akn->an", np.asarray(x[:len(ids)], np.float32), weights[ids])
+  assert_close(got, exact, "float32", "kernel vs dequantised product")
 
 
-def test_fp8_expert_matvec_refuses_what_it_cannot_take():
-  from jax_mtp.kernels.fp8_expert_matvec import fp8_expert_matvec  # noqa: PLC0415
-  x, codes = jnp.zeros((2, 128)), jnp.zeros((3, 128, 200), jnp.float8_e4m3fn)
+def test_fp8_grouped_matmul_refuses_what_it_cannot_take():
+  from jax_mtp.kernels.fp8_grouped_matmul import fp8_grouped_matmul  # noqa: PLC0415
+  x, codes, sizes = jnp.zeros((2, 128)), jnp.zeros((3, 128, 200), jnp.float8_e4m3fn), jnp.zeros((3,), jnp.int32)
   with pytest.raises(ValueError, match="multiples of 128"):
-    fp8_expert_matvec(x, codes, jnp.zeros((3, 1, 2)), jnp.zeros((2,), jnp.int32), backend="interpret")
+    fp8_grouped_matmul(x, codes, jnp.zeros((3, 1, 2)), sizes, backend="interpret")
   with pytest.raises(ValueError, match="backend='cuda'"):
-    fp8_expert_matvec(x, codes[..., :128], jnp.zeros((3, 1, 1)), jnp.zeros((2,), jnp.int32), backend="cuda")
-  # V3.2's 256 experts on one device: 3.8e9 codes, past the kernel's int32 offsets (it would read other memory)
-  big = (jax.ShapeDtypeStruct((1, 7168), jnp.bfloat16), jax.ShapeDtypeStruct((256, 7168, 2048), jnp.float8_e4m3fn),
-         jax.ShapeDtypeStruct((256, 56, 16), jnp.float32), jax.ShapeDtypeStruct((1,), jnp.int32))
-  with pytest.raises(ValueError, match="int32"):
-    jax.eval_shape(lambda *a: fp8_expert_matvec(*a, backend="gpu"), *big)
+    fp8_grouped_matmul(x, codes[..., :128], jnp.zeros((3, 1, 1)), sizes, backend="cuda")
+  with pytest.raises(ValueError, match="float8_e4m3fn"):
+    fp8_grouped_matmul(x, codes[..., :128].astype(jnp.bfloat16), jnp.zeros((3, 1, 1)), sizes, backend="interpret")
+  with pytest.raises(ValueError, match="one size per expert"):
+    fp8_grouped_matmul(x, codes[..., :128], jnp.zeros((3, 1, 1)), sizes[:2], backend="interpret")
+  # V3.2's 256 experts on one device (3.8e9 codes, past int32 element offsets as bytes) are 9.4e8 words: taken
+  big = (jax.ShapeDtypeStruct((8, 7168), jnp.bfloat16), jax.ShapeDtypeStruct((256, 7168, 2048), jnp.float8_e4m3fn),
+         jax.ShapeDtypeStruct((256, 56, 16), jnp.float32), jax.ShapeDtypeStruct((256,), jnp.int32))
+  assert jax.eval_shape(lambda *a: fp8_grouped_matmul(*a, backend="gpu"), *big).shape == (8, 2048)
   from jax_mtp.experts import resolve_expert_impl  # noqa: PLC0415
-  for experts, impl in ((256, "gather"), (128, "fp8_matvec_gpu")):  # tp = 1 and tp = 2 of V3.2
-    weights = jax.ShapeDtypeStruct((experts, 7168, 2048), jnp.bfloat16)
-    assert resolve_expert_impl("auto", "gpu", 1, 8, weights, fp8_codes=True) == impl
+  weights = jax.ShapeDtypeStruct((256, 7168, 2048), jnp.bfloat16)
+  for tokens in (1, 8, 64, 512):
+    assert resolve_expert_impl("auto", "gpu", tokens, 8, weights, fp8_codes=True) == "fp8_grouped_gpu"
+  assert resolve_expert_impl("auto", "tpu", 1, 8, weights, fp8_codes=True) == "gather"
 
 
-def test_fp8_matvec_experts_equal_the_gathered_experts_on_the_same_codes():
-  """The whole routed-experts call (gate, up, silu, down, the weighted sum; foreign ids weight 0) by the
-  kernel vs the gather impl dequantising the same codes, fp32."""
+def test_fp8_grouped_experts_equal_the_gathered_experts_on_the_same_codes():
+  """The whole routed-experts call (sort, gate, up, silu, down, un-sort, the weighted sum; foreign ids
+  weight 0) by the kernel vs the gather impl dequantising the same codes to fp32. The kernel's
+  activations are bf16: the bf16 row of the table."""
   from jax_mtp.experts import routed_experts  # noqa: PLC0415
   rng = np.random.default_rng(0)
   e, d, f, t, k = 6, 256, 128, 3, 2
@@ -240,19 +253,19 @@ def test_fp8_matvec_experts_equal_the_gathered_experts_on_the_same_codes():
   ids = jnp.asarray([[0, 5], [2, e], [3, 3]], jnp.int32)  # id E: another device's expert (weight 0)
   weights = jnp.asarray([[0.6, 0.4], [1.0, 0.0], [0.5, 0.5]], jnp.float32)
   kwargs = dict(fp8_scales=scales, fp8_block=(128, 128), dtype=jnp.float32)
-  kernel = routed_experts("fp8_matvec_gpu", x, ids, weights, *ws, **kwargs)
+  kernel = routed_experts("fp8_grouped_gpu", x, ids, weights, *ws, **kwargs)
   gathered = routed_experts("gather", x, ids, weights, *ws, **kwargs)
-  np.testing.assert_allclose(np.asarray(kernel), np.asarray(gathered), rtol=2e-5, atol=2e-5)
+  assert_close(kernel, gathered, "bfloat16", "fp8_grouped_gpu vs gather")
   with pytest.raises(ValueError, match="takes FP8 expert weights"):
-    routed_experts("fp8_matvec_gpu", x, ids, weights, *[w.astype(jnp.float32) for w in ws])
+    routed_experts("fp8_grouped_gpu", x, ids, weights, *[w.astype(jnp.float32) for w in ws])
 
 
-def test_fp8_matvec_kernel_is_in_the_lowered_cuda_step():
-  """A V3.2-shaped MTP step with FP8 weights and moe_impl='fp8_matvec_gpu' lowers for an H200 (abstract
-  device) with the kernel in the program."""
+def test_fp8_grouped_kernel_is_in_the_lowered_cuda_step():
+  """A V3.2-shaped MTP step with FP8 weights and moe_impl='fp8_grouped_gpu' lowers for an H200
+  (abstract device) with the kernel in the program."""
   from jax.sharding import AbstractMesh, AxisType  # noqa: PLC0415
-  from jax_mtp.kernels.fp8_expert_matvec import KERNEL_NAME  # noqa: PLC0415
-  cfg = jax_mtp.tiny(hidden_size=256, moe_intermediate_size=128, moe_impl="fp8_matvec_gpu", dtype="bfloat16",
+  from jax_mtp.kernels.fp8_grouped_matmul import KERNEL_NAME  # noqa: PLC0415
+  cfg = jax_mtp.tiny(hidden_size=256, moe_intermediate_size=128, moe_impl="fp8_grouped_gpu", dtype="bfloat16",
                      param_dtype="bfloat16")
   params = fp8.as_checkpoint_fp8(jax.eval_shape(lambda key: jax_mtp.init_params(cfg, key), jax.random.key(0)),
                                  cfg.fp8_block, fp8.abstract_fp8)

@@ -1,0 +1,149 @@
+"""A grouped matmul straight from FP8 codes: the routed experts' projections with each expert's e4m3
+codes read once per group of its rows, block scales applied in registers, and never a dequantised
+copy of a weight in HBM.
+
+    y[a, n] = Σ_kb  scale[e_a, kb, n // 128] · Σ_{k in block kb} x[a, k] · code[e_a, k, n]
+
+where the rows a of `x` are sorted by expert and group e holds `group_sizes[e]` consecutive rows
+(the contract of `jax_mtp.experts.grouped_experts`, as tokamax's and lax's ragged_dot have it); rows
+past Σ group_sizes are left unwritten. fp32 out.
+
+Why a kernel of ours (benchmarks/RESULTS.md "FP8 weights"): XLA dequantises every local expert to
+bf16 before tokamax's bf16 grouped matmul (3.3× the bf16 step at B = 64 on an H200), and tokamax's
+own quantized ragged_dot takes only fp16 activations and ran 0.01–0.29 of the FP8 floor
+(../shared/reference/gpu_moe_probe.md).
+
+Layout. Pallas' Triton backend computes a ref's element offsets in int32 below 2^32 bytes, so a
+[256, 7168, 2048] code array (3.8e9 codes, DeepSeek-V3.2's experts on one device) wraps past 2^31
+and reads another buffer. The kernel therefore sees the codes as uint32 words of 4 consecutive
+output columns ([E, K, N / 4], 9.4e8 elements): the view is a bitcast, and each word's 4 bytes are
+4 columns' codes. A program owns one expert and 128 output columns (= one scale block): it loops
+over its group's rows in tiles of `ROW_TILE` and, per tile, over the K / 128 code blocks, decoding
+the 4 byte planes of a [128, 32]-word block to bf16 (exact: e4m3 ⊂ bf16) and multiplying them on
+the tensor cores (fp32 accumulation), then scales the block's partial sums. Byte plane i of the
+block's words holds its columns 4j + i: the program writes plane i to its columns 32i + j, and one
+transpose outside puts them back.
+
+`backend`: "gpu" (Pallas' Triton backend) or "interpret" (any host, for tests). `reference` is the
+formula in jnp; the kernel differs from it only in summation order.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+KERNEL_NAME = "fp8_grouped_matmul"
+BACKENDS = ("gpu", "interpret")
+BLOCK = 128  # DeepSeek's FP8 block: 128 × 128 codes share one scale
+WORD = 4  # codes per uint32 word
+ROW_TILE = 16  # rows per tensor-core product (Triton's dot needs M ≥ 16)
+
+
+def reference(x_AK, codes_EKN, scale_EkN, group_sizes_E) -> jax.Array:
+  """The kernel's formula in jnp (fp32); rows past Σ group_sizes are zero here."""
+  a, k = x_AK.shape
+  e, _, n = codes_EKN.shape
+  ids_A = jnp.repeat(jnp.arange(e), group_sizes_E, total_repeat_length=a)
+  valid_A = jnp.arange(a) < jnp.sum(group_sizes_E)
+  codes = codes_EKN[ids_A].astype(jnp.float32).reshape(a, k // BLOCK, BLOCK, n)
+  partial = jnp.einsum("abk,abkn->abn", x_AK.astype(jnp.float32).reshape(a, k // BLOCK, BLOCK), codes,
+                       precision=jax.lax.Precision.HIGHEST)
+  scales = jnp.repeat(scale_EkN[ids_A].astype(jnp.float32), BLOCK, axis=-1)  # [A, K/128, N]
+  return jnp.where(valid_A[:, None], jnp.sum(partial * scales, axis=1), 0.0)
+
+
+def as_words(codes_EKN: jax.Array) -> jax.Array:
+  """uint32 [E, K, N / 4]: the codes' bytes, 4 consecutive columns a word (a bitcast)."""
+  e, k, n = codes_EKN.shape
+  return jax.lax.bitcast_convert_type(codes_EKN.reshape(e, k, n // WORD, WORD), jnp.uint32)
+
+
+def check_operands(x_AK, codes_EKN, scale_EkN, group_sizes_E) -> None:
+  """One clear error for operands the kernel does not take."""
+  a, k = x_AK.shape
+  e, k2, n = codes_EKN.shape
+  if codes_EKN.dtype != jnp.float8_e4m3fn:
+    raise ValueError(f"codes must be float8_e4m3fn, got {codes_EKN.dtype}")
+  if k2 != k or k % BLOCK or n % BLOCK:
+    raise ValueError(f"x {x_AK.shape} and codes {codes_EKN.shape}: need the same K, K and N multiples of {BLOCK}")
+  if scale_EkN.shape != (e, k // BLOCK, n // BLOCK):
+    raise ValueError(f"scales {scale_EkN.shape} are not the {BLOCK} × {BLOCK} blocks of codes {codes_EKN.shape}")
+  if group_sizes_E.shape != (e,):
+    raise ValueError(f"group_sizes {group_sizes_E.shape} must give one size per expert of codes {codes_EKN.shape}")
+  if e * k * n // WORD >= 2**31:
+    raise ValueError(f"codes {codes_EKN.shape}: {e * k * n // WORD:,} words exceed the kernel's int32 offsets")
+
+
+def fp8_grouped_matmul(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: jax.Array, group_sizes_E: jax.Array, *,
+                       backend: str = "gpu", num_warps: int = 4, num_stages: int = 3) -> jax.Array:
+  """fp32 [A, N]: the rows of group e (sorted, consecutive) times expert e's FP8 weight (codes
+  [E, K, N], block scales [E, K/128, N/128]). `num_warps` / `num_stages`: Triton's launch config."""
+  if backend not in BACKENDS:
+    raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")
+  check_operands(x_AK, codes_EKN, scale_EkN, group_sizes_E)
+  a, k = x_AK.shape
+  e, _, n = codes_EKN.shape
+  sizes = group_sizes_E.astype(jnp.int32)
+  starts = jnp.cumsum(sizes) - sizes
+  # ROW_TILE spare rows: a tile starting at a group's last row reads (and discards) in bounds
+  x_pad = jnp.pad(x_AK.astype(jnp.bfloat16), ((0, ROW_TILE), (0, 0)))
+  kernel = functools.partial(_kernel, blocks=k // BLOCK)
+  out_planes = pl.pallas_call(
+      kernel,
+      grid=(e, n // BLOCK),
+      in_specs=[pl.BlockSpec()] * 5,  # whole arrays: the rows a program reads are data
+      out_specs=pl.BlockSpec(),
+      out_shape=jax.ShapeDtypeStruct((a + ROW_TILE, n), jnp.float32),
+      compiler_params=_compiler_params(backend, num_warps, num_stages),
+      interpret=backend == "interpret",
+      name=KERNEL_NAME,
+  )(starts, sizes, x_pad, as_words(codes_EKN), scale_EkN.astype(jnp.float32))
+  # a block's column 32i + j holds its column 4j + i
+  return out_planes[:a].reshape(a, n // BLOCK, WORD, BLOCK // WORD).transpose(0, 1, 3, 2).reshape(a, n)
+
+
+def _decode(bytes_u32):
+  """e4m3 codes held in the low byte of uint32 → bf16 (exact)."""
+  codes = jax.lax.bitcast_convert_type(bytes_u32.astype(jnp.uint8), jnp.float8_e4m3fn)
+  return codes.astype(jnp.float32).astype(jnp.bfloat16)  # via f32: not every ptxas converts e4m3 → bf16
+
+
+def _kernel(starts_ref, sizes_ref, x_ref, words_ref, scale_ref, o_ref, *, blocks: int):
+  from jax.experimental.pallas import triton as pl_triton  # noqa: PLC0415 (masked stores; also in interpret mode)
+
+  expert = pl.program_id(0)
+  column = pl.program_id(1)
+  cols = BLOCK // WORD  # words this program owns
+  start = starts_ref[expert]
+  size = sizes_ref[expert]
+
+  def row_tile(t, carry):
+    first = start + t * ROW_TILE
+    row_ids = first + jnp.arange(ROW_TILE)
+    live = row_ids < start + size
+
+    def k_block(kb, accs):
+      x = x_ref[pl.ds(first, ROW_TILE), pl.ds(kb * BLOCK, BLOCK)]  # rows past the group: discarded below
+      words = words_ref[expert, pl.ds(kb * BLOCK, BLOCK), pl.ds(column * cols, cols)]
+      scale = scale_ref[expert, kb, column]
+      return tuple(acc + scale * jnp.dot(x, _decode((words >> (8 * i)) & 0xFF), preferred_element_type=jnp.float32)
+                   for i, acc in enumerate(accs))
+
+    accs = jax.lax.fori_loop(0, blocks, k_block, tuple(jnp.zeros((ROW_TILE, cols), jnp.float32) for _ in range(WORD)))
+    for i, acc in enumerate(accs):
+      pl_triton.store(o_ref.at[pl.ds(first, ROW_TILE), pl.ds(column * BLOCK + i * cols, cols)], acc,
+                      mask=jnp.broadcast_to(live[:, None], acc.shape))  # the next group's rows: another program's
+    return carry
+
+  jax.lax.fori_loop(0, (size + ROW_TILE - 1) // ROW_TILE, row_tile, 0)
+
+
+def _compiler_params(backend: str, num_warps: int, num_stages: int):
+  if backend == "gpu":
+    from jax.experimental.pallas import triton as pl_triton  # noqa: PLC0415 (GPU-only module)
+    return pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+  return None
