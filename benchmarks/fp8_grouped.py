@@ -24,10 +24,12 @@ import numpy as np
 from benchmarks.timing import copy_bandwidth, time_call
 from jax_mtp import fp8
 from jax_mtp.experts import tokamax_gpu_grouped_matmul
-from jax_mtp.kernels.fp8_grouped_matmul import fp8_grouped_matmul
+from jax_mtp.kernels.fp8_grouped_matmul import fp8_grouped_matmul, split_k_for
 
 TOP_K = 8
-CONFIGS = ((4, 3), (4, 4), (8, 3), (2, 4))  # (num_warps, num_stages)
+# (num_warps, num_stages, split_k; None = the kernel's choice): 8 warps and 2 ran 0.5-0.6× slower at
+# every size on an H200 (12-02 05:42 run), so the sweep is over stages and the K split
+CONFIGS = ((4, 3, None), (4, 4, None), (4, 3, 1), (4, 3, 2), (4, 3, 4))
 
 
 def random_codes(key, experts: int, k: int, n: int):
@@ -76,7 +78,7 @@ def main() -> None:
     codes, scales = random_codes(jax.random.key(k), args.experts, k, n)
     dense = jax.jit(lambda c, s: fp8.dequantize(c, s, jnp.bfloat16, (128, 128)))(codes, scales)
     print(f"### {name}: codes [{args.experts}, {k}, {n}] ({codes.nbytes / 1e9:.2f} GB)\n")
-    print("| A | experts | max rel err (sampled rows) | impl | warps, stages | µs | floor µs | floor / measured |")
+    print("| A | experts | max rel err (sampled rows) | impl | warps, stages, split K | µs | floor µs | floor / measured |")
     print("|---:|---:|---:|---|---|---:|---:|---:|", flush=True)
     for a in args.assignments:
       sizes_np = routing(rng, args.experts, a)
@@ -86,15 +88,16 @@ def main() -> None:
       err = check_rows(x, codes, scales, sizes_np, jax.jit(
           lambda *o: fp8_grouped_matmul(*o, backend="gpu" if gpu else "interpret"))(x, codes, scales, sizes))
       floor = touched * k * n / bandwidth
-      for warps, stages in configs:
+      for warps, stages, split in configs:
         kernel = jax.jit(functools.partial(fp8_grouped_matmul, backend="gpu" if gpu else "interpret",
-                                           num_warps=warps, num_stages=stages))
+                                           num_warps=warps, num_stages=stages, split_k=split))
+        split = f"auto ({split_k_for(a, args.experts, k, n)})" if split is None else split
         try:
           seconds = time_call(kernel, (x, codes, scales, sizes), args.iters)
         except Exception as e:  # noqa: BLE001 (a config that does not compile is a row, not the end of the run)
-          print(f"| {a} | {touched} | | fp8_grouped | {warps}, {stages} | failed: {type(e).__name__} | | |")
+          print(f"| {a} | {touched} | | fp8_grouped | {warps}, {stages}, {split} | failed: {type(e).__name__} | | |")
           continue
-        print(f"| {a} | {touched} | {err:.1e} | fp8_grouped | {warps}, {stages} | {seconds * 1e6:,.0f} | "
+        print(f"| {a} | {touched} | {err:.1e} | fp8_grouped | {warps}, {stages}, {split} | {seconds * 1e6:,.0f} | "
               f"{floor * 1e6:,.0f} | {floor / seconds:.2f} |", flush=True)
       if not gpu:
         continue

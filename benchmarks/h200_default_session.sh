@@ -34,9 +34,11 @@ case "${1:?stage}" in
       | tee "$OUT/fp8_grouped.md"
     ;;
   fp8)
-    timeout 400 python3 -m benchmarks.fp8_step --preset deepseek_v32 --batch 1 8 64 2>&1 | grep -v -E "$QUIET" \
+    timeout 130 python3 -m benchmarks.fp8_grouped --assignments 8 64 512 --iters 10 2>&1 | grep -v -E "$QUIET" \
+      | tee "$OUT/fp8_grouped.md"
+    timeout 320 python3 -m benchmarks.fp8_step --preset deepseek_v32 --batch 1 8 64 2>&1 | grep -v -E "$QUIET" \
       | tee "$OUT/fp8_step.md"
-    timeout 150 python3 -m benchmarks.fp8_agreement --batch 8 2>&1 | grep -v -E "$QUIET" | tee "$OUT/fp8_agreement.md"
+    timeout 110 python3 -m benchmarks.fp8_agreement --batch 8 2>&1 | grep -v -E "$QUIET" | tee "$OUT/fp8_agreement.md"
     ;;
   agree)
     timeout 200 python3 -m benchmarks.fp8_agreement --batch 8 2>&1 | grep -v -E "$QUIET" | tee "$OUT/fp8_agreement.md"

@@ -120,7 +120,7 @@ def _validate(args: argparse.Namespace, cfg: jax_mtp.MtpConfig) -> list[list[int
   capacity = required_capacity(cfg, prompts, args.max_new_tokens, args.num_speculative_tokens)
   validate_tp(cfg, args.tp)
   _ensure_devices(args.tp)
-  check_caches_fit(cfg, len(prompts), capacity, jax.devices()[0])  # before any weight is read
+  check_caches_fit(cfg, len(prompts), capacity, jax.devices())  # before any weight is read
   _check_impl(args.impl)
   _check_index_scores_impl(cfg, capacity)
   return prompts

@@ -48,7 +48,7 @@ class TargetDecoder:
     validate_prompts(self.cfg, prompts)
     validate_positive("max_new_tokens", max_new_tokens)
     capacity = required_capacity(self.cfg, prompts, max_new_tokens, 0, capacity)
-    check_caches_fit(self.cfg, len(prompts), capacity, self.mesh.devices.flat[0])
+    check_caches_fit(self.cfg, len(prompts), capacity, self.mesh.devices.flat)
     prompt_BT, lengths_B = pack_prompts(prompts)
     structure = jax.tree.structure(params)  # the params' specs follow their tree (FP8: jax_mtp.fp8)
     tokens_BO, length_B, next_B, caches, valid_B = self._prefill(capacity, structure)(params, prompt_BT, lengths_B)

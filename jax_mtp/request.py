@@ -109,8 +109,12 @@ def device_free_bytes(device) -> int | None:
   return None
 
 
-def check_caches_fit(cfg: MtpConfig, batch: int, capacity: int, device) -> None:
-  """A clear error, before anything is allocated, when the caches alone cannot fit `device`'s memory."""
+def check_caches_fit(cfg: MtpConfig, batch: int, capacity: int, devices) -> None:
+  """A clear error, before anything is allocated, when the caches alone cannot fit the memory of the
+  first of `devices` this process drives (another host's devices cannot be asked: jax.distributed)."""
+  device = next((d for d in devices if d.process_index == jax.process_index()), None)
+  if device is None:
+    return
   need, free = cache_bytes(cfg, batch, capacity), device_free_bytes(device)
   if free is not None and need > free:
     raise ValueError(f"the decode caches for {batch} row(s) × {capacity:,} positions need {need / 2**30:.2f} GiB "

@@ -145,7 +145,7 @@ class Speculator:
     validate_temperature(temperature)
     stop_N = stop_id_array(self.cfg, stop_ids)
     capacity = required_capacity(self.cfg, prompts, max_new_tokens, self.k, capacity)
-    check_caches_fit(self.cfg, len(prompts), capacity, self.mesh.devices.flat[0])
+    check_caches_fit(self.cfg, len(prompts), capacity, self.mesh.devices.flat)
     prompt_BT, lengths_B = pack_prompts(prompts)
     sampled, temperature, max_new = temperature > 0, np.float32(temperature), np.int32(max_new_tokens)
     prefill_args = (*params, prompt_BT, lengths_B, jax.random.key(seed), temperature, stop_N)

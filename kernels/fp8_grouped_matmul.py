@@ -41,6 +41,10 @@ BACKENDS = ("gpu", "interpret")
 BLOCK = 128  # DeepSeek's FP8 block: 128 × 128 codes share one scale
 WORD = 4  # codes per uint32 word
 ROW_TILE = 16  # rows per tensor-core product (Triton's dot needs M ≥ 16)
+# Programs that keep an H200's 132 SMs streaming: at decode sizes few experts are picked (8 at B = 1),
+# and 8 × 16 column blocks of 7168-deep codes ran at 0.24 of the floor (benchmarks/RESULTS.md), so
+# the K loop is split until about this many programs have work.
+BUSY_PROGRAMS = 512
 
 
 def reference(x_AK, codes_EKN, scale_EkN, group_sizes_E) -> jax.Array:
@@ -78,32 +82,46 @@ def check_operands(x_AK, codes_EKN, scale_EkN, group_sizes_E) -> None:
     raise ValueError(f"codes {codes_EKN.shape}: {e * k * n // WORD:,} words exceed the kernel's int32 offsets")
 
 
+def split_k_for(rows: int, experts: int, k: int, n: int) -> int:
+  """How many parts the K loop is split into: the fewest (dividing K / 128) that give the groups that
+  can have rows (≤ min(rows, experts)) × N / 128 column blocks about BUSY_PROGRAMS programs."""
+  programs = min(rows, experts) * (n // BLOCK)
+  blocks = k // BLOCK
+  return next((s for s in range(1, 9) if blocks % s == 0 and programs * s >= BUSY_PROGRAMS), 1 if blocks % 8 else 8)
+
+
 def fp8_grouped_matmul(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: jax.Array, group_sizes_E: jax.Array, *,
-                       backend: str = "gpu", num_warps: int = 4, num_stages: int = 3) -> jax.Array:
+                       backend: str = "gpu", num_warps: int = 4, num_stages: int = 3,
+                       split_k: int | None = None) -> jax.Array:
   """fp32 [A, N]: the rows of group e (sorted, consecutive) times expert e's FP8 weight (codes
-  [E, K, N], block scales [E, K/128, N/128]). `num_warps` / `num_stages`: Triton's launch config."""
+  [E, K, N], block scales [E, K/128, N/128]). `num_warps` / `num_stages`: Triton's launch config;
+  `split_k`: parts of the K loop run by separate programs and summed after (None: `split_k_for`)."""
   if backend not in BACKENDS:
     raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")
   check_operands(x_AK, codes_EKN, scale_EkN, group_sizes_E)
   a, k = x_AK.shape
   e, _, n = codes_EKN.shape
+  split_k = split_k_for(a, e, k, n) if split_k is None else split_k
+  if split_k < 1 or (k // BLOCK) % split_k:
+    raise ValueError(f"split_k={split_k} must divide the {k // BLOCK} blocks of K = {k}")
   sizes = group_sizes_E.astype(jnp.int32)
   starts = jnp.cumsum(sizes) - sizes
   # ROW_TILE spare rows: a tile starting at a group's last row reads (and discards) in bounds
   x_pad = jnp.pad(x_AK.astype(jnp.bfloat16), ((0, ROW_TILE), (0, 0)))
-  kernel = functools.partial(_kernel, blocks=k // BLOCK)
+  kernel = functools.partial(_kernel, blocks=k // BLOCK // split_k)
   out_planes = pl.pallas_call(
       kernel,
-      grid=(e, n // BLOCK),
+      grid=(e, n // BLOCK, split_k),
       in_specs=[pl.BlockSpec()] * 5,  # whole arrays: the rows a program reads are data
       out_specs=pl.BlockSpec(),
-      out_shape=jax.ShapeDtypeStruct((a + ROW_TILE, n), jnp.float32),
+      out_shape=jax.ShapeDtypeStruct((split_k, a + ROW_TILE, n), jnp.float32),
       compiler_params=_compiler_params(backend, num_warps, num_stages),
       interpret=backend == "interpret",
       name=KERNEL_NAME,
   )(starts, sizes, x_pad, as_words(codes_EKN), scale_EkN.astype(jnp.float32))
+  out_planes = jnp.sum(out_planes[:, :a], axis=0)  # the K parts (a fixed order: deterministic)
   # a block's column 32i + j holds its column 4j + i
-  return out_planes[:a].reshape(a, n // BLOCK, WORD, BLOCK // WORD).transpose(0, 1, 3, 2).reshape(a, n)
+  return out_planes.reshape(a, n // BLOCK, WORD, BLOCK // WORD).transpose(0, 1, 3, 2).reshape(a, n)
 
 
 def _decode(bytes_u32):
@@ -117,6 +135,7 @@ def _kernel(starts_ref, sizes_ref, x_ref, words_ref, scale_ref, o_ref, *, blocks
 
   expert = pl.program_id(0)
   column = pl.program_id(1)
+  part = pl.program_id(2)  # this program's K blocks: part · blocks .. (part + 1) · blocks
   cols = BLOCK // WORD  # words this program owns
   start = starts_ref[expert]
   size = sizes_ref[expert]
@@ -126,7 +145,8 @@ def _kernel(starts_ref, sizes_ref, x_ref, words_ref, scale_ref, o_ref, *, blocks
     row_ids = first + jnp.arange(ROW_TILE)
     live = row_ids < start + size
 
-    def k_block(kb, accs):
+    def k_block(step, accs):
+      kb = part * blocks + step
       x = x_ref[pl.ds(first, ROW_TILE), pl.ds(kb * BLOCK, BLOCK)]  # rows past the group: discarded below
       words = words_ref[expert, pl.ds(kb * BLOCK, BLOCK), pl.ds(column * cols, cols)]
       scale = scale_ref[expert, kb, column]
@@ -135,7 +155,7 @@ def _kernel(starts_ref, sizes_ref, x_ref, words_ref, scale_ref, o_ref, *, blocks
 
     accs = jax.lax.fori_loop(0, blocks, k_block, tuple(jnp.zeros((ROW_TILE, cols), jnp.float32) for _ in range(WORD)))
     for i, acc in enumerate(accs):
-      pl_triton.store(o_ref.at[pl.ds(first, ROW_TILE), pl.ds(column * BLOCK + i * cols, cols)], acc,
+      pl_triton.store(o_ref.at[part, pl.ds(first, ROW_TILE), pl.ds(column * BLOCK + i * cols, cols)], acc,
                       mask=jnp.broadcast_to(live[:, None], acc.shape))  # the next group's rows: another program's
     return carry
 

@@ -89,7 +89,7 @@ def test_caches_that_cannot_fit_are_refused_before_allocating(clean):
   rows = free // cache_bytes(CFG, 1, CFG.max_position_embeddings) + 1  # one row more than fits
   with pytest.raises(ValueError, match=rf"caches for {rows} row\(s\) × {CFG.max_position_embeddings:,} positions need "
                                        r"[\d.]+ GiB per device .* more than the [\d.]+ GiB free"):
-    check_caches_fit(CFG, rows, CFG.max_position_embeddings, jax.devices()[0])
+    check_caches_fit(CFG, rows, CFG.max_position_embeddings, jax.devices())
   target, mtp, _ = clean
   spec = Speculator(CFG, make_mesh(1), 2)
   with pytest.raises(ValueError, match="GiB free"):

@@ -195,12 +195,13 @@ def test_orbax_keeps_fp8_weights_fp8(written, tmp_path):
 # --- the FP8 grouped matmul (kernels/fp8_grouped_matmul.py) --------------------------------------
 
 
-@pytest.mark.parametrize("e,k,n,sizes", [(5, 256, 384, (6, 0, 1, 17, 2)), (3, 128, 128, (0, 0, 1)),
-                                         (2, 384, 256, (33, 0))])
-def test_fp8_grouped_matmul_equals_its_formula_and_the_dequantised_product(e, k, n, sizes):
+@pytest.mark.parametrize("e,k,n,sizes,split_k", [(5, 256, 384, (6, 0, 1, 17, 2), 1), (3, 128, 128, (0, 0, 1), None),
+                                                 (2, 384, 256, (33, 0), 3), (4, 512, 128, (1, 0, 2, 0), None)])
+def test_fp8_grouped_matmul_equals_its_formula_and_the_dequantised_product(e, k, n, sizes, split_k):
   """Groups of 0, 1, < and > one row tile, the last group ending at the last row, spare rows past
   Σ sizes; the kernel (interpret mode) vs its jnp formula and vs x times the exactly dequantised
-  weights (x is bf16 in both: the kernel's activations are bf16). On a GPU the compiled kernel runs."""
+  weights (x is bf16 in both: the kernel's activations are bf16). K split into parts or not (None: the
+  kernel's choice, 4 parts for the last case). On a GPU the compiled kernel runs."""
   from jax_mtp.kernels.fp8_grouped_matmul import fp8_grouped_matmul, reference  # noqa: PLC0415
   rng = np.random.default_rng(e + k)
   rows = sum(sizes) + 3  # 3 rows past the groups (another device's assignments): not written
@@ -209,7 +210,7 @@ def test_fp8_grouped_matmul_equals_its_formula_and_the_dequantised_product(e, k,
   x = jnp.asarray(rng.standard_normal((rows, k)), jnp.bfloat16)
   sizes = jnp.asarray(sizes, jnp.int32)
   backend = "gpu" if jax.default_backend() == "gpu" else "interpret"
-  got = np.asarray(fp8_grouped_matmul(x, codes, scale, sizes, backend=backend))[:sum(sizes)]
+  got = np.asarray(fp8_grouped_matmul(x, codes, scale, sizes, backend=backend, split_k=split_k))[:sum(sizes)]
   assert_close(got, np.asarray(reference(x, codes, scale, sizes))[:sum(sizes)], "float32", "kernel vs formula")
   weights = np.asarray(fp8.dequantize(codes, scale, jnp.float32, (128, 128)))  # fp32: exact
   ids = np.repeat(np.arange(e), np.asarray(sizes))
@@ -226,12 +227,17 @@ def test_fp8_grouped_matmul_refuses_what_it_cannot_take():
     fp8_grouped_matmul(x, codes[..., :128], jnp.zeros((3, 1, 1)), sizes, backend="cuda")
   with pytest.raises(ValueError, match="float8_e4m3fn"):
     fp8_grouped_matmul(x, codes[..., :128].astype(jnp.bfloat16), jnp.zeros((3, 1, 1)), sizes, backend="interpret")
+  with pytest.raises(ValueError, match="split_k=3 must divide the 1 blocks"):
+    fp8_grouped_matmul(x, codes[..., :128], jnp.zeros((3, 1, 1)), sizes, backend="interpret", split_k=3)
   with pytest.raises(ValueError, match="one size per expert"):
     fp8_grouped_matmul(x, codes[..., :128], jnp.zeros((3, 1, 1)), sizes[:2], backend="interpret")
   # V3.2's 256 experts on one device (3.8e9 codes, past int32 element offsets as bytes) are 9.4e8 words: taken
   big = (jax.ShapeDtypeStruct((8, 7168), jnp.bfloat16), jax.ShapeDtypeStruct((256, 7168, 2048), jnp.float8_e4m3fn),
          jax.ShapeDtypeStruct((256, 56, 16), jnp.float32), jax.ShapeDtypeStruct((256,), jnp.int32))
   assert jax.eval_shape(lambda *a: fp8_grouped_matmul(*a, backend="gpu"), *big).shape == (8, 2048)
+  from jax_mtp.kernels.fp8_grouped_matmul import split_k_for  # noqa: PLC0415
+  # B = 1 (8 rows): gate/up 8 experts × 16 column blocks → 4 parts; down × 56 → 2; B = 64 none
+  assert [split_k_for(8, 256, 7168, 2048), split_k_for(8, 256, 2048, 7168), split_k_for(512, 256, 7168, 2048)] == [4, 2, 1]
   from jax_mtp.experts import resolve_expert_impl  # noqa: PLC0415
   weights = jax.ShapeDtypeStruct((256, 7168, 2048), jnp.bfloat16)
   for tokens in (1, 8, 64, 512):
