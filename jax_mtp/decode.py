@@ -20,6 +20,7 @@ the target's logits became non-finite (its tokens up to there are printed, JSON 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
@@ -31,6 +32,7 @@ import jax
 import numpy as np
 
 import jax_mtp
+from jax_mtp import distributed
 from jax_mtp.config import DTYPES, INDEX_SCORES_IMPLS, MOE_IMPLS, from_hf_config
 from jax_mtp.generate import TargetDecoder
 from jax_mtp.kernels.fused_allreduce_rmsnorm import IMPLS, gpu_kernels
@@ -92,6 +94,7 @@ def _parser() -> argparse.ArgumentParser:
                  help="do not stop a row at the checkpoint's EOS ids (benchmarks, as vLLM's flag)")
   p.add_argument("--check", action="store_true", help="also decode with the target alone and compare")
   p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+  distributed.add_arguments(p)
   p.set_defaults(codec=None, model_dir=None, streamed=False)  # set by main and run
   return p
 
@@ -119,7 +122,7 @@ def _validate(args: argparse.Namespace, cfg: jax_mtp.MtpConfig) -> list[list[int
   validate_prompts(cfg, prompts)
   capacity = required_capacity(cfg, prompts, args.max_new_tokens, args.num_speculative_tokens)
   validate_tp(cfg, args.tp)
-  _ensure_devices(args.tp)
+  _ensure_devices(args.tp, args.num_processes or 1)
   check_caches_fit(cfg, len(prompts), capacity, jax.devices())  # before any weight is read
   _check_impl(args.impl)
   _check_index_scores_impl(cfg, capacity)
@@ -152,13 +155,18 @@ def _prompts(args: argparse.Namespace) -> list[list[int]]:
   return [args.codec.encode(text) for text in args.prompt]
 
 
-def _ensure_devices(tp: int) -> None:
-  """On CPU, ask for `tp` host devices if JAX has not started yet; then check there are enough."""
-  if tp > 1:
+def _ensure_devices(tp: int, processes: int) -> None:
+  """On CPU, ask for this process's share of `tp` host devices if JAX has not started yet; then check
+  there are enough. With several processes tp spans every device of every process."""
+  if tp > 1 and tp % processes == 0:
     try:
-      jax.config.update("jax_num_cpu_devices", tp)
+      jax.config.update("jax_num_cpu_devices", tp // processes)
     except RuntimeError:  # JAX already running: keep the devices it has
       pass
+  if jax.process_count() > 1 and tp != jax.device_count():
+    raise _BadInput(f"--tp={tp}: with {jax.process_count()} processes tp must span all {jax.device_count()} devices "
+                    f"(every process runs the same tensor-parallel program; data-parallel replicas across hosts "
+                    f"are not built yet)")
   if tp > len(jax.devices()):
     raise _BadInput(f"--tp={tp} needs {tp} devices, {len(jax.devices())} available")
 
@@ -308,8 +316,10 @@ def run(args: argparse.Namespace, cfg: jax_mtp.MtpConfig, prompts: list[list[int
     spec, params = _speculator(cfg, args.tp, args.num_speculative_tokens, args.impl, args.random_tiny)
   else:
     spec, params = _from_checkpoint(args, cfg, loaded)
-  stream = TextStream(args.codec) if args.codec is not None and len(prompts) == 1 and not args.json else None
-  progress = Progress(enabled=stream is None)  # streamed text shows the progress itself
+  primary = distributed.is_primary()  # with several processes, process 0 prints
+  stream = (TextStream(args.codec) if primary and args.codec is not None and len(prompts) == 1 and not args.json
+            else None)
+  progress = Progress(enabled=stream is None and primary)  # streamed text shows the progress itself
   try:
     if stream is not None:
       print(_model_line(args, cfg))
@@ -381,7 +391,8 @@ def _print_text(args: argparse.Namespace, cfg: jax_mtp.MtpConfig, prompts: list[
 def main(argv: list[str] | None = None) -> int:
   try:
     args = _parser().parse_args(argv)
-    _ensure_devices(args.tp)  # before reading a checkpoint starts JAX
+    distributed.initialize(args)  # several processes: before JAX touches a device
+    _ensure_devices(args.tp, args.num_processes or 1)  # before reading a checkpoint starts JAX
     args.model_dir = args.checkpoint or (None if args.random_tiny else DEFAULT_MODEL)
     if args.random_tiny and args.checkpoint is not None:
       raise _BadInput("give --checkpoint or --random-tiny, not both")
@@ -393,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = with_flags(jax_mtp.tiny() if args.model_dir is None else checkpoint_config(args.model_dir), args)
     prompts = _validate(args, cfg)
     stop_ids = stop_ids_for(args, cfg)
+    distributed.check_agreement({"flags": _flags(argv), "prompts": prompts, "config": dataclasses.asdict(cfg),
+                                 "checkpoint": distributed.checkpoint_listing(args.checkpoint)})
     loaded = None
     if args.checkpoint is not None:
       cfg, loaded = load(args, cfg)
@@ -404,6 +417,8 @@ def main(argv: list[str] | None = None) -> int:
     return 2
   result, matches = run(args, cfg, prompts, loaded, stop_ids)
   failed = result.failed_rows
+  if not distributed.is_primary():  # every process holds the result; process 0 prints it
+    return 1 if failed else 0
   if args.json:
     stopped = np.asarray(result.state.stopped_B).tolist()
     reasons = ["error" if i in failed else "stop" if s else "length" for i, s in enumerate(stopped)]
@@ -420,6 +435,13 @@ def main(argv: list[str] | None = None) -> int:
   for i in failed:
     print(f"error: prompt {i}: {_failure(result, i)}", file=sys.stderr)
   return 1 if failed else 0
+
+
+def _flags(argv: list[str] | None) -> dict:
+  """The flags as parsed, less those that differ between processes by design (--process-id)."""
+  flags = vars(_parser().parse_args(argv))
+  flags.pop("process_id")
+  return flags
 
 
 def _failure(result: SpecResult, row: int) -> str:

@@ -1,0 +1,130 @@
+"""Several processes, one model: the CLI on the hosts of a TPU pod slice or on several GPU nodes
+(docs/design.md §"Several hosts").
+
+JAX's multi-controller runtime does the work: every process runs the same program on the devices it
+drives, `jax.distributed` connects them, and a tp mesh over every process's devices makes the
+collectives cross hosts. This module only starts it and checks the processes agree:
+
+  * `initialize(args)` before JAX touches a device: with --coordinator-address / --num-processes /
+    --process-id as given, or auto-detected where a launcher says there are several processes
+    (SLURM with more than one task, a multi-host Cloud TPU slice, Open MPI); otherwise one process
+    and nothing happens. On CPU the cross-process collectives are gloo's.
+  * A process that dies (killed, crashed, preempted) stops sending heartbeats; after
+    --heartbeat-timeout seconds JAX's coordination service ends every other process with a message
+    naming the unhealthy task (exit by SIGABRT): no process hangs in a collective.
+  * `check_agreement(items)`: every process hashes each item (flags, config, checkpoint listing,
+    prompts); one differing from process 0's is an error naming the item and the processes.
+  * Output is printed by process 0 (`is_primary`); every process holds the same replicated result.
+
+Each process reads only the checkpoint slices its own devices hold (`checkpoint._place` walks the
+sharding's addressable devices; orbax restores by sharding the same way).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+
+import jax
+import numpy as np
+
+DEFAULT_HEARTBEAT_TIMEOUT_S = 60
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+  g = parser.add_argument_group("several processes (jax.distributed; one command per host, the same flags)")
+  g.add_argument("--coordinator-address", default=None, metavar="HOST:PORT",
+                 help="process 0's address (every process gives the same); auto-detected on TPU pods and SLURM")
+  g.add_argument("--num-processes", type=int, default=None, help="processes in all (auto-detected where launched "
+                 "by SLURM / on a TPU pod)")
+  g.add_argument("--process-id", type=int, default=None, help="this process's index, 0 .. num-processes − 1")
+  g.add_argument("--heartbeat-timeout", type=int, default=DEFAULT_HEARTBEAT_TIMEOUT_S, metavar="SECONDS",
+                 help="a process silent this long is declared dead and every other process exits with an error "
+                 f"(default {DEFAULT_HEARTBEAT_TIMEOUT_S})")
+
+
+def detected_cluster() -> str | None:
+  """The launcher that says this is one of several processes, or None."""
+  env = os.environ
+  if env.get("SLURM_JOB_ID") and int(env.get("SLURM_NTASKS", "1")) > 1:
+    return "SLURM"
+  if "," in env.get("TPU_WORKER_HOSTNAMES", ""):  # a multi-host Cloud TPU slice lists its hosts
+    return "a multi-host TPU slice"
+  if int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1:
+    return "Open MPI"
+  return None
+
+
+def requested(args: argparse.Namespace) -> bool:
+  """Whether the flags or the environment ask for several processes."""
+  explicit = (args.coordinator_address, args.num_processes, args.process_id)
+  return any(x is not None for x in explicit) or detected_cluster() is not None
+
+
+def validate(args: argparse.Namespace) -> None:
+  """The flags' own consistency (ValueError naming the value), before anything starts."""
+  given = {"--coordinator-address": args.coordinator_address, "--num-processes": args.num_processes,
+           "--process-id": args.process_id}
+  if any(v is not None for v in given.values()) and detected_cluster() is None:
+    missing = [name for name, v in given.items() if v is None]
+    if missing:
+      raise ValueError(f"several processes need {', '.join(given)} together (no SLURM / TPU pod launcher "
+                       f"detected); missing {', '.join(missing)}")
+  if args.num_processes is not None and args.num_processes < 1:
+    raise ValueError(f"--num-processes={args.num_processes} must be ≥ 1")
+  if args.process_id is not None and not 0 <= args.process_id < (args.num_processes or 1 << 30):
+    raise ValueError(f"--process-id={args.process_id} must lie in 0 .. {args.num_processes - 1}")
+  if args.heartbeat_timeout < 1:
+    raise ValueError(f"--heartbeat-timeout={args.heartbeat_timeout} must be ≥ 1 second")
+
+
+def initialize(args: argparse.Namespace) -> bool:
+  """Starts jax.distributed where several processes are asked for; True if it did. Must run before
+  any JAX device is touched (the backend then sees every process's devices)."""
+  validate(args)
+  if not requested(args):
+    return False
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU collectives across processes
+  jax.distributed.initialize(coordinator_address=args.coordinator_address, num_processes=args.num_processes,
+                             process_id=args.process_id, heartbeat_timeout_seconds=args.heartbeat_timeout)
+  return True
+
+
+def is_primary() -> bool:
+  return jax.process_index() == 0
+
+
+def digest(value) -> np.ndarray:
+  """Two uint32 words of the SHA-256 of `value`'s JSON (sorted keys; other objects by repr)."""
+  text = json.dumps(value, sort_keys=True, default=repr).encode()
+  return np.frombuffer(hashlib.sha256(text).digest()[:8], np.uint32)
+
+
+def check_agreement(items: dict[str, object]) -> None:
+  """ValueError naming each item on which some process differs from process 0, and which processes.
+  Every process must call it (it is a collective); one process: nothing to compare."""
+  if jax.process_count() == 1:
+    return
+  from jax.experimental import multihost_utils  # noqa: PLC0415 (only with several processes)
+  names = sorted(items)
+  mine = np.stack([digest(items[name]) for name in names])  # [items, 2]
+  every = np.asarray(multihost_utils.process_allgather(mine))  # [processes, items, 2]
+  differ = {name: [p for p in range(every.shape[0]) if not np.array_equal(every[p, i], every[0, i])]
+            for i, name in enumerate(names)}
+  problems = [f"{name} (process(es) {', '.join(map(str, ps))} differ from process 0)"
+              for name, ps in differ.items() if ps]
+  if problems:
+    raise ValueError(f"the processes disagree on {'; '.join(problems)}: start every process with the same flags, "
+                     f"checkpoint and prompts")
+
+
+def checkpoint_listing(directory: str | None) -> list | None:
+  """What identifies a checkpoint cheaply: its files' names and sizes, and config.json's text."""
+  if directory is None:
+    return None
+  files = sorted((name, os.path.getsize(os.path.join(directory, name))) for name in os.listdir(directory)
+                 if os.path.isfile(os.path.join(directory, name)))
+  config = os.path.join(directory, "config.json")
+  return [files, open(config).read() if os.path.isfile(config) else None]

@@ -1,0 +1,129 @@
+"""Several processes (jax.distributed, issue 15): `python -m jax_mtp.decode` started as 2 and 4 CPU
+processes on this machine — a local coordinator, gloo collectives, 8 / N CPU devices each, tp = 8
+spanning every process — decodes the same tokens as one process with 8 devices; processes that
+disagree stop with one clear error; a killed process ends the others within the heartbeat timeout.
+(gloo prints connection lines on stdout; the JSON is the line that starts with "{".)
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DECODE = [sys.executable, "-m", "jax_mtp.decode", "--random-tiny", "--tp", "8", "--json", "--num-speculative-tokens", "2",
+          "--prompt-ids", "5,17,3", "--prompt-ids", "9,2", "--max-new-tokens", "8"]
+TIMEOUT_S = 420
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def _env() -> dict:
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
+  env.pop("XLA_FLAGS", None)  # the CLI asks for its own share of CPU devices
+  return env
+
+
+def _start(n: int, args: list[str], tmp_path, port: int | None = None, per_process=None) -> list[subprocess.Popen]:
+  port = port or _free_port()
+  procs = []
+  for i in range(n):
+    extra = per_process(i) if per_process else []
+    cmd = args + extra + ["--num-processes", str(n), "--process-id", str(i), "--coordinator-address",
+                          f"localhost:{port}"]
+    procs.append(subprocess.Popen(cmd, cwd=tmp_path, env=_env(), stdout=open(tmp_path / f"out{i}", "w"),
+                                  stderr=open(tmp_path / f"err{i}", "w")))
+  return procs
+
+
+def _wait(procs, tmp_path, timeout=TIMEOUT_S) -> list[tuple[int, str, str]]:
+  deadline = time.monotonic() + timeout
+  try:
+    for p in procs:
+      p.wait(timeout=max(1, deadline - time.monotonic()))
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+  return [(p.returncode, (tmp_path / f"out{i}").read_text(), (tmp_path / f"err{i}").read_text())
+          for i, p in enumerate(procs)]
+
+
+def _json(stdout: str) -> dict | None:
+  lines = [line for line in stdout.splitlines() if line.startswith("{")]
+  return json.loads(lines[-1]) if lines else None
+
+
+@pytest.fixture(scope="module")
+def one_process():
+  proc = subprocess.run(DECODE, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return _json(proc.stdout)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_decode_across_processes_gives_the_tokens_of_one_process(n, one_process, tmp_path):
+  """tp = 8 over n processes: the MTP draft steps, verification and plain decoding (--check) all run
+  with their collectives across processes; process 0 prints, the others print no result."""
+  args = DECODE + (["--check"] if n == 2 else [])
+  runs = _wait(_start(n, args, tmp_path), tmp_path)
+  for i, (rc, out, err) in enumerate(runs):
+    assert rc == 0, f"process {i}: {err[-3000:]}"
+  primary = _json(runs[0][1])
+  assert primary["tokens"] == one_process["tokens"]
+  assert primary["draft_tokens_proposed"] == one_process["draft_tokens_proposed"]
+  if n == 2:
+    assert primary["matches_target"] is True
+  assert all(_json(out) is None for _, out, _ in runs[1:])
+
+
+def test_processes_that_disagree_stop_with_one_clear_error(tmp_path):
+  runs = _wait(_start(2, DECODE, tmp_path, per_process=lambda i: ["--prompt-ids", "4,4"] if i else []), tmp_path)
+  for rc, out, err in runs:
+    assert rc == 2, err[-3000:]
+    assert _json(out) is None
+    assert "error: the processes disagree on flags (process(es) 1 differ from process 0); prompts (process(es) 1 " \
+           "differ from process 0)" in err
+
+
+def test_a_killed_process_ends_the_others_within_the_heartbeat_timeout(tmp_path):
+  """Process 1 is killed once the processes' collectives are connected (gloo says so on stdout);
+  process 0 must exit with an error naming the dead task within the heartbeat timeout (+ slack for
+  this 2-core machine), print no result, and write nothing."""
+  heartbeat = 5
+  args = DECODE[:-1] + ["400"]  # --max-new-tokens 400: still decoding when killed
+  procs = _start(2, args + ["--heartbeat-timeout", str(heartbeat)], tmp_path)
+  deadline = time.monotonic() + TIMEOUT_S
+  while "connected" not in (tmp_path / "out1").read_text() and time.monotonic() < deadline:
+    assert procs[1].poll() is None, (tmp_path / "err1").read_text()[-3000:]
+    time.sleep(0.5)
+  assert procs[0].poll() is None, "process 0 finished before process 1 was killed: decode longer"
+  procs[1].send_signal(signal.SIGKILL)
+  killed = time.monotonic()
+  rc, out, err = _wait(procs[:1], tmp_path, timeout=heartbeat + 60)[0]
+  assert time.monotonic() - killed < heartbeat + 60
+  assert rc != 0 and _json(out) is None
+  assert "task" in err and ("died" in err or "unhealthy" in err or "heartbeat" in err), err[-3000:]
+  assert sorted(os.listdir(tmp_path)) == ["err0", "err1", "out0", "out1"]  # nothing written beside the logs
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--process-id", "0"], "missing --coordinator-address, --num-processes"),
+    (["--num-processes", "2", "--process-id", "2", "--coordinator-address", "localhost:1"],
+     "--process-id=2 must lie in 0 .. 1"),
+    (["--num-processes", "0", "--process-id", "0", "--coordinator-address", "localhost:1"], "--num-processes=0"),
+    (["--heartbeat-timeout", "0"], "--heartbeat-timeout=0 must be ≥ 1 second"),
+])
+def test_inconsistent_process_flags_are_one_error(flags, message):
+  proc = subprocess.run(DECODE + flags, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2 and proc.stdout == ""
+  assert proc.stderr.strip().splitlines()[-1].startswith("error: ") and message in proc.stderr
