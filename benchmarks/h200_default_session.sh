@@ -3,7 +3,8 @@
 #   cost   what a speculative round costs against a plain step per target depth (random weights), and how
 #          long a deeper preset's training programs take to compile (XLA's autotuning on and off)
 #   kernel the FP8 grouped matmul's tests on the GPU, then its correctness and time at V3.2's expert shapes
-#   fp8    FP8 weights kept on the device vs the same weights in bf16: V3.2's MTP layer memory and draft step
+#   fp8    the kernel's formula tests on the GPU; FP8 weights kept on the device vs the same weights in bf16:
+#          V3.2's MTP layer memory and draft step; per row the bf16 top-1 gap beside the FP8 logit difference
 #   agree  per row: the bf16 path's top-1 gap beside the FP8 path's logit difference (why tokens may differ)
 #   bench  speculative vs plain tokens/s of the embedded default, k = 1..5, and `decode --check` on the GPU
 set -uo pipefail
@@ -34,11 +35,11 @@ case "${1:?stage}" in
       | tee "$OUT/fp8_grouped.md"
     ;;
   fp8)
-    timeout 130 python3 -m benchmarks.fp8_grouped --assignments 8 64 512 --iters 10 2>&1 | grep -v -E "$QUIET" \
-      | tee "$OUT/fp8_grouped.md"
-    timeout 320 python3 -m benchmarks.fp8_step --preset deepseek_v32 --batch 1 8 64 2>&1 | grep -v -E "$QUIET" \
+    timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_fp8_weights.py -k "grouped_matmul_equals or dense" \
+      2>&1 | grep -v -E "$QUIET" | tail -4 | tee "$OUT/fp8_tests.txt"
+    timeout 300 python3 -m benchmarks.fp8_step --preset deepseek_v32 --batch 1 8 64 2>&1 | grep -v -E "$QUIET" \
       | tee "$OUT/fp8_step.md"
-    timeout 110 python3 -m benchmarks.fp8_agreement --batch 8 2>&1 | grep -v -E "$QUIET" | tee "$OUT/fp8_agreement.md"
+    timeout 170 python3 -m benchmarks.fp8_agreement --batch 8 2>&1 | grep -v -E "$QUIET" | tee "$OUT/fp8_agreement.md"
     ;;
   agree)
     timeout 200 python3 -m benchmarks.fp8_agreement --batch 8 2>&1 | grep -v -E "$QUIET" | tee "$OUT/fp8_agreement.md"

@@ -182,11 +182,10 @@ def fp8_grouped_matmul_for(fp8_scales, w_gate_EDF, fp8_block):
     raise ValueError(f"moe_impl='fp8_grouped_gpu' takes FP8 expert weights (--weights fp8) in 128 × 128 blocks with "
                      f"dims multiples of 128, got {'no FP8 scales' if fp8_scales is None else 'blocks ' + str(fp8_block)}"
                      f" and weights {w_gate_EDF.shape} {w_gate_EDF.dtype} (use 'gather' or 'auto')")
-  backend = "interpret" if jax.default_backend() == "cpu" else "gpu"
 
   def matmul(lhs_AX, fp8_weight, group_sizes_E):
     codes_EXY, scale_EXY = fp8_weight
-    return fp8_grouped_matmul(lhs_AX, codes_EXY, scale_EXY, group_sizes_E, backend=backend)
+    return fp8_grouped_matmul(lhs_AX, codes_EXY, scale_EXY, group_sizes_E, backend="auto")
 
   return matmul
 

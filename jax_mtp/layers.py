@@ -68,7 +68,10 @@ class Linear(nn.Module):
 
   The kernel is declared in `setup` so it can be read without a call (MLA's absorbed decode
   reads kv_b_proj's `weight()`). A `kernel_scale_inv` param beside it makes `kernel` FP8 codes
-  (jax_mtp.fp8), dequantised inside the program.
+  (jax_mtp.fp8): on a GPU with bf16 compute, where the kernel takes the dims (128 × 128 blocks, K
+  and N multiples of 128), the product runs straight from the codes in kernels/fp8_grouped_matmul.py
+  (one group: every row) and no bf16 copy of the weight is written; elsewhere the codes are
+  dequantised inside the program (XLA fuses that into the product at decode sizes, not always above).
   """
 
   in_features: int
@@ -76,6 +79,9 @@ class Linear(nn.Module):
   dtype: str = "float32"
   param_dtype: str = "float32"
   fp8_block: tuple[int, int] = (128, 128)  # the checkpoint's FP8 blocks, when the kernel is FP8 codes
+  # FP8 codes through the Pallas kernel: True (moe_impl="fp8_grouped_gpu" asks for it everywhere), or
+  # None: where the default backend is a GPU
+  fp8_kernel: bool | None = None
 
   def setup(self):
     self.kernel = self.param("kernel", nn.initializers.normal(0.02), (self.in_features, self.out_features),
@@ -90,8 +96,21 @@ class Linear(nn.Module):
       return self.kernel
     return fp8.dequantize(self.kernel, self.kernel_scale_inv, dtype_of(self.param_dtype), self.fp8_block)
 
+  def runs_fp8_kernel(self) -> bool:
+    """Whether the product runs from the FP8 codes in the Pallas kernel (see the class docstring)."""
+    from jax_mtp.kernels import fp8_grouped_matmul as kernel  # noqa: PLC0415 (Pallas: only where used)
+    wanted = jax.default_backend() == "gpu" if self.fp8_kernel is None else self.fp8_kernel
+    return (wanted and self.kernel_scale_inv is not None and self.dtype == "bfloat16"
+            and kernel.takes(*self.kernel.shape, self.fp8_block))  # this device's share of the weight
+
   def __call__(self, x: jax.Array) -> jax.Array:
     x = x.astype(self.dtype)
+    if self.runs_fp8_kernel():
+      from jax_mtp.kernels.fp8_grouped_matmul import fp8_grouped_matmul  # noqa: PLC0415
+      rows = math.prod(x.shape[:-1])
+      y = fp8_grouped_matmul(x.reshape(rows, x.shape[-1]), self.kernel[None], self.kernel_scale_inv[None],
+                             jnp.full((1,), rows, jnp.int32), backend="auto")
+      return y.reshape(*x.shape[:-1], -1).astype(self.dtype)
     return jnp.einsum("...i,io->...o", x, self.weight().astype(self.dtype), precision=jax.lax.Precision.HIGHEST,
                       preferred_element_type=jnp.float32).astype(self.dtype)
 
@@ -100,7 +119,8 @@ def linear(in_features: int, out_features: int, cfg: MtpConfig, *, fp32: bool = 
   """A projection in the config's dtypes, or fully fp32 (router, indexer weights_proj)."""
   if fp32:
     return Linear(in_features, out_features, "float32", "float32")
-  return Linear(in_features, out_features, cfg.dtype, cfg.param_dtype, cfg.fp8_block)
+  return Linear(in_features, out_features, cfg.dtype, cfg.param_dtype, cfg.fp8_block,
+                fp8_kernel=True if cfg.moe_impl == "fp8_grouped_gpu" else None)
 
 
 # --- RoPE ----------------------------------------------------------------------------------------

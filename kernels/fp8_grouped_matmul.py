@@ -18,14 +18,16 @@ Layout. Pallas' Triton backend computes a ref's element offsets in int32 below 2
 and reads another buffer. The kernel therefore sees the codes as uint32 words of 4 consecutive
 output columns ([E, K, N / 4], 9.4e8 elements): the view is a bitcast, and each word's 4 bytes are
 4 columns' codes. A program owns one expert and 128 output columns (= one scale block): it loops
-over its group's rows in tiles of `ROW_TILE` and, per tile, over the K / 128 code blocks, decoding
+over its group's rows in tiles (`row_tile_for`) and, per tile, over the K / 128 code blocks, decoding
 the 4 byte planes of a [128, 32]-word block to bf16 (exact: e4m3 ⊂ bf16) and multiplying them on
 the tensor cores (fp32 accumulation), then scales the block's partial sums. Byte plane i of the
 block's words holds its columns 4j + i: the program writes plane i to its columns 32i + j, and one
 transpose outside puts them back.
 
-`backend`: "gpu" (Pallas' Triton backend) or "interpret" (any host, for tests). `reference` is the
-formula in jnp; the kernel differs from it only in summation order.
+`backend`: "gpu" (Pallas' Triton backend), "interpret" (any host, for tests), or "auto": chosen by the
+platform the program is lowered for (`jax.lax.platform_dependent`: interpret on CPU, Triton on CUDA),
+so a CUDA export from a CPU host holds the real kernel. `reference` is the formula in jnp; the kernel
+differs from it only in summation order.
 """
 
 from __future__ import annotations
@@ -37,14 +39,15 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 KERNEL_NAME = "fp8_grouped_matmul"
-BACKENDS = ("gpu", "interpret")
+BACKENDS = ("auto", "gpu", "interpret")
 BLOCK = 128  # DeepSeek's FP8 block: 128 × 128 codes share one scale
 WORD = 4  # codes per uint32 word
-ROW_TILE = 16  # rows per tensor-core product (Triton's dot needs M ≥ 16)
+ROW_TILE = 16  # rows per tensor-core product of a group (Triton's dot needs M ≥ 16)
+MAX_ROW_TILE = 64  # one group (a dense linear): up to this many rows a product, so the codes are read once
 # Programs that keep an H200's 132 SMs streaming: at decode sizes few experts are picked (8 at B = 1),
 # and 8 × 16 column blocks of 7168-deep codes ran at 0.24 of the floor (benchmarks/RESULTS.md), so
 # the K loop is split until about this many programs have work.
-BUSY_PROGRAMS = 512
+BUSY_PROGRAMS = 256  # 512 (split 4 at B = 1) ran no faster than 2 on an H200 (12-02 05:58 run)
 
 
 def reference(x_AK, codes_EKN, scale_EkN, group_sizes_E) -> jax.Array:
@@ -64,6 +67,19 @@ def as_words(codes_EKN: jax.Array) -> jax.Array:
   """uint32 [E, K, N / 4]: the codes' bytes, 4 consecutive columns a word (a bitcast)."""
   e, k, n = codes_EKN.shape
   return jax.lax.bitcast_convert_type(codes_EKN.reshape(e, k, n // WORD, WORD), jnp.uint32)
+
+
+def takes(k: int, n: int, block) -> bool:
+  """Whether the kernel takes a [K, N] weight in FP8 blocks `block` (128 × 128, K and N multiples)."""
+  return tuple(block) == (BLOCK, BLOCK) and k % BLOCK == 0 and n % BLOCK == 0
+
+
+def row_tile_for(rows: int, experts: int) -> int:
+  """Rows per product: ROW_TILE for experts (decode-size groups hold a few rows each); for one group
+  (a dense linear) the rows rounded up to a power of two, up to MAX_ROW_TILE."""
+  if experts > 1:
+    return ROW_TILE
+  return min(MAX_ROW_TILE, max(ROW_TILE, 1 << (rows - 1).bit_length()))
 
 
 def check_operands(x_AK, codes_EKN, scale_EkN, group_sizes_E) -> None:
@@ -106,15 +122,21 @@ def fp8_grouped_matmul(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: jax.Arr
     raise ValueError(f"split_k={split_k} must divide the {k // BLOCK} blocks of K = {k}")
   sizes = group_sizes_E.astype(jnp.int32)
   starts = jnp.cumsum(sizes) - sizes
-  # ROW_TILE spare rows: a tile starting at a group's last row reads (and discards) in bounds
-  x_pad = jnp.pad(x_AK.astype(jnp.bfloat16), ((0, ROW_TILE), (0, 0)))
-  kernel = functools.partial(_kernel, blocks=k // BLOCK // split_k)
+  if backend == "auto":
+    call = functools.partial(fp8_grouped_matmul, num_warps=num_warps, num_stages=num_stages, split_k=split_k)
+    return jax.lax.platform_dependent(x_AK, codes_EKN, scale_EkN, group_sizes_E,
+                                      cpu=functools.partial(call, backend="interpret"),
+                                      default=functools.partial(call, backend="gpu"))
+  tile = row_tile_for(a, e)
+  # `tile` spare rows: a tile starting at a group's last row reads (and discards) in bounds
+  x_pad = jnp.pad(x_AK.astype(jnp.bfloat16), ((0, tile), (0, 0)))
+  kernel = functools.partial(_kernel, blocks=k // BLOCK // split_k, tile=tile)
   out_planes = pl.pallas_call(
       kernel,
       grid=(e, n // BLOCK, split_k),
       in_specs=[pl.BlockSpec()] * 5,  # whole arrays: the rows a program reads are data
       out_specs=pl.BlockSpec(),
-      out_shape=jax.ShapeDtypeStruct((split_k, a + ROW_TILE, n), jnp.float32),
+      out_shape=jax.ShapeDtypeStruct((split_k, a + tile, n), jnp.float32),
       compiler_params=_compiler_params(backend, num_warps, num_stages),
       interpret=backend == "interpret",
       name=KERNEL_NAME,
@@ -130,7 +152,7 @@ def _decode(bytes_u32):
   return codes.astype(jnp.float32).astype(jnp.bfloat16)  # via f32: not every ptxas converts e4m3 → bf16
 
 
-def _kernel(starts_ref, sizes_ref, x_ref, words_ref, scale_ref, o_ref, *, blocks: int):
+def _kernel(starts_ref, sizes_ref, x_ref, words_ref, scale_ref, o_ref, *, blocks: int, tile: int):
   from jax.experimental.pallas import triton as pl_triton  # noqa: PLC0415 (masked stores; also in interpret mode)
 
   expert = pl.program_id(0)
@@ -141,25 +163,25 @@ def _kernel(starts_ref, sizes_ref, x_ref, words_ref, scale_ref, o_ref, *, blocks
   size = sizes_ref[expert]
 
   def row_tile(t, carry):
-    first = start + t * ROW_TILE
-    row_ids = first + jnp.arange(ROW_TILE)
+    first = start + t * tile
+    row_ids = first + jnp.arange(tile)
     live = row_ids < start + size
 
     def k_block(step, accs):
       kb = part * blocks + step
-      x = x_ref[pl.ds(first, ROW_TILE), pl.ds(kb * BLOCK, BLOCK)]  # rows past the group: discarded below
+      x = x_ref[pl.ds(first, tile), pl.ds(kb * BLOCK, BLOCK)]  # rows past the group: discarded below
       words = words_ref[expert, pl.ds(kb * BLOCK, BLOCK), pl.ds(column * cols, cols)]
       scale = scale_ref[expert, kb, column]
       return tuple(acc + scale * jnp.dot(x, _decode((words >> (8 * i)) & 0xFF), preferred_element_type=jnp.float32)
                    for i, acc in enumerate(accs))
 
-    accs = jax.lax.fori_loop(0, blocks, k_block, tuple(jnp.zeros((ROW_TILE, cols), jnp.float32) for _ in range(WORD)))
+    accs = jax.lax.fori_loop(0, blocks, k_block, tuple(jnp.zeros((tile, cols), jnp.float32) for _ in range(WORD)))
     for i, acc in enumerate(accs):
-      pl_triton.store(o_ref.at[part, pl.ds(first, ROW_TILE), pl.ds(column * BLOCK + i * cols, cols)], acc,
+      pl_triton.store(o_ref.at[part, pl.ds(first, tile), pl.ds(column * BLOCK + i * cols, cols)], acc,
                       mask=jnp.broadcast_to(live[:, None], acc.shape))  # the next group's rows: another program's
     return carry
 
-  jax.lax.fori_loop(0, (size + ROW_TILE - 1) // ROW_TILE, row_tile, 0)
+  jax.lax.fori_loop(0, (size + tile - 1) // tile, row_tile, 0)
 
 
 def _compiler_params(backend: str, num_warps: int, num_stages: int):

@@ -13,6 +13,7 @@ above its own baseline after JAX has started:
 """
 
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -116,3 +117,61 @@ def test_the_cap_stops_a_loader_that_reads_whole_files(checkpoint):
   """, directory, cap)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert proc.stdout.split() == ["MemoryError"]
+
+
+MULTI_PRELUDE = textwrap.dedent("""
+    import os, resource, sys
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    import jax
+    processes = int(sys.argv[4])
+    if processes > 1:
+      jax.config.update("jax_cpu_collectives_implementation", "gloo")
+      jax.distributed.initialize(coordinator_address=sys.argv[3], num_processes=processes,
+                                 process_id=int(sys.argv[5]))
+    jax.config.update("jax_num_cpu_devices", 2 // processes)
+    import numpy as np
+    jax.block_until_ready(jax.device_put(np.zeros(1)))  # the runtime is part of the baseline
+
+    def vm_data():
+      with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmData"))
+
+    resource.setrlimit(resource.RLIMIT_DATA, (vm_data() + int(sys.argv[2]),) * 2)
+    from jax_mtp.checkpoint import load_hf_checkpoint
+    from jax_mtp.sharding import make_mesh
+    cfg, target, mtp = load_hf_checkpoint(sys.argv[1], mesh=make_mesh(2), progress=False)
+    leaves = jax.tree.leaves(jax.block_until_ready((target, mtp)))
+    print("loaded", sum(s.data.nbytes for x in leaves for s in x.addressable_shards))
+""")
+
+
+def _share_bytes(processes: int) -> int:
+  """Bytes of the params one process holds at tp = 2 over `processes` processes (bf16): split
+  params' shards of its devices, and a copy of each replicated param per device it drives."""
+  from jax_mtp.sharding import param_spec  # noqa: PLC0415
+  params, _ = plan(CFG)
+  devices = 2 // processes
+  return sum(int(np.prod(p.shape)) * 2 * (devices / 2 if any(param_spec(p.path)) else devices) for p in params)
+
+
+def test_two_processes_each_load_only_their_share(checkpoint, tmp_path):
+  """tp = 2 over 2 processes (jax.distributed, one CPU device each): each process loads under a cap
+  of its own share of the params (+ 256 MB for a param in flight and the runtime) — a cap under which
+  one process driving both devices cannot load (checked too)."""
+  directory, _ = checkpoint
+  cap = int(_share_bytes(2)) + 256 * MB
+  assert cap < _share_bytes(1) - 512 * MB
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    address = f"localhost:{s.getsockname()[1]}"
+  root = os.path.dirname(os.path.dirname(__file__))
+  procs = [subprocess.Popen([sys.executable, "-c", MULTI_PRELUDE, directory, str(cap), address, "2", str(i)],
+                            cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+  outs = [p.communicate(timeout=600) for p in procs]
+  for p, (out, err) in zip(procs, outs):
+    assert p.returncode == 0, err[-3000:]
+    # its devices' shards: the bf16 estimate within 2% (a few small params load as fp32)
+    assert out.split()[0] == "loaded" and abs(int(out.split()[1]) / _share_bytes(2) - 1) < 0.02
+  alone = subprocess.run([sys.executable, "-c", MULTI_PRELUDE, directory, str(cap), address, "1", "0"], cwd=root,
+                         capture_output=True, text=True, timeout=600)
+  assert alone.returncode != 0 and "loaded" not in alone.stdout

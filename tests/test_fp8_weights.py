@@ -236,8 +236,10 @@ def test_fp8_grouped_matmul_refuses_what_it_cannot_take():
          jax.ShapeDtypeStruct((256, 56, 16), jnp.float32), jax.ShapeDtypeStruct((256,), jnp.int32))
   assert jax.eval_shape(lambda *a: fp8_grouped_matmul(*a, backend="gpu"), *big).shape == (8, 2048)
   from jax_mtp.kernels.fp8_grouped_matmul import split_k_for  # noqa: PLC0415
-  # B = 1 (8 rows): gate/up 8 experts × 16 column blocks → 4 parts; down × 56 → 2; B = 64 none
-  assert [split_k_for(8, 256, 7168, 2048), split_k_for(8, 256, 2048, 7168), split_k_for(512, 256, 7168, 2048)] == [4, 2, 1]
+  # B = 1 (8 rows): gate/up 8 experts × 16 column blocks → 2 parts; down × 56 none; B = 64 none; a
+  # dense linear (one group) of 12 column blocks → 8
+  assert [split_k_for(8, 256, 7168, 2048), split_k_for(8, 256, 2048, 7168), split_k_for(512, 256, 7168, 2048),
+          split_k_for(64, 1, 7168, 1536)] == [2, 1, 1, 8]
   from jax_mtp.experts import resolve_expert_impl  # noqa: PLC0415
   weights = jax.ShapeDtypeStruct((256, 7168, 2048), jnp.bfloat16)
   for tokens in (1, 8, 64, 512):
@@ -267,23 +269,55 @@ def test_fp8_grouped_experts_equal_the_gathered_experts_on_the_same_codes():
 
 
 def test_fp8_grouped_kernel_is_in_the_lowered_cuda_step():
-  """A V3.2-shaped MTP step with FP8 weights and moe_impl='fp8_grouped_gpu' lowers for an H200
-  (abstract device) with the kernel in the program."""
+  """A MTP step with FP8 weights and moe_impl='fp8_grouped_gpu', exported for an H200 (abstract device)
+  from this host, holds the Triton kernel (the lowering platform picks it, not the host's backend):
+  one call for each routed-expert projection and one for each dense FP8 linear the kernel takes
+  (local dims multiples of 128); with moe_impl='gather' none."""
   from jax.sharding import AbstractMesh, AxisType  # noqa: PLC0415
-  from jax_mtp.kernels.fp8_grouped_matmul import KERNEL_NAME  # noqa: PLC0415
-  cfg = jax_mtp.tiny(hidden_size=256, moe_intermediate_size=128, moe_impl="fp8_grouped_gpu", dtype="bfloat16",
-                     param_dtype="bfloat16")
-  params = fp8.as_checkpoint_fp8(jax.eval_shape(lambda key: jax_mtp.init_params(cfg, key), jax.random.key(0)),
-                                 cfg.fp8_block, fp8.abstract_fp8)
-  caches = jax.eval_shape(lambda: jax_mtp.init_caches(cfg, 2, 64))
-  ids, hidden = jax.ShapeDtypeStruct((2, 1), jnp.int32), jax.ShapeDtypeStruct((2, 1, 256), jnp.bfloat16)
-  step = jax.jit(lambda p, i, pos, h, c: jax_mtp.MtpPredictor(cfg).apply({"params": p}, i, pos, h, c).hidden_BTD)
-  device = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
-  with jax.sharding.use_abstract_mesh(AbstractMesh((1,), ("tp",), axis_types=(AxisType.Auto,), abstract_device=device)):
-    exported = jax.export.export(step, platforms=["cuda"],
-                                 disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])
-    module = exported(params, ids, ids, hidden, caches).mlir_module()
-  assert module.count(KERNEL_NAME) >= 3  # gate, up, down
+  from jax_mtp.layers import Linear  # noqa: PLC0415
+
+  def triton_calls(moe_impl):
+    cfg = jax_mtp.tiny(hidden_size=256, moe_intermediate_size=128, moe_impl=moe_impl, dtype="bfloat16",
+                       param_dtype="bfloat16")
+    params = fp8.as_checkpoint_fp8(jax.eval_shape(lambda key: jax_mtp.init_params(cfg, key), jax.random.key(0)),
+                                   cfg.fp8_block, fp8.abstract_fp8)
+    caches = jax.eval_shape(lambda: jax_mtp.init_caches(cfg, 2, 64))
+    ids, hidden = jax.ShapeDtypeStruct((2, 1), jnp.int32), jax.ShapeDtypeStruct((2, 1, 256), jnp.bfloat16)
+    step = jax.jit(lambda p, i, pos, h, c: jax_mtp.MtpPredictor(cfg).apply({"params": p}, i, pos, h, c).hidden_BTD)
+    device = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
+    mesh = AbstractMesh((1,), ("tp",), axis_types=(AxisType.Auto,), abstract_device=device)
+    with jax.sharding.use_abstract_mesh(mesh):
+      exported = jax.export.export(step, platforms=["cuda"], disabled_checks=[
+          jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])
+      module = exported(params, ids, ids, hidden, caches).mlir_module()
+    return module.count("stablehlo.custom_call @__gpu$xla.gpu.triton"), params
+
+  calls, params = triton_calls("fp8_grouped_gpu")
+  leaves = {tuple(k.key for k in path): x for path, x in jax.tree_util.tree_leaves_with_path(params)}
+  dense = [path for path, x in leaves.items() if path[-1] == "kernel" and x.dtype == jnp.float8_e4m3fn
+           and all(n % 128 == 0 for n in x.shape)]
+  assert Linear.__dataclass_fields__["fp8_kernel"].default is None  # auto: the GPU backend decides elsewhere
+  assert dense and calls == 3 + len(dense), (calls, dense)
+  assert triton_calls("gather")[0] == 0
+
+
+def test_a_dense_fp8_linear_through_the_kernel_equals_the_dequantised_product():
+  """Linear(fp8_kernel=True) multiplies the codes in the kernel (interpret mode here) and equals x
+  times the dequantised weight (bf16 compute: the bf16 row); leading dims of any rank."""
+  from jax_mtp.layers import Linear  # noqa: PLC0415
+  rng = np.random.default_rng(3)
+  codes = jnp.asarray(rng.standard_normal((256, 384)) * 20, jnp.float8_e4m3fn)
+  scale = jnp.asarray(rng.uniform(1e-3, 1e-2, (2, 3)), jnp.float32)
+  params = {"kernel": codes, fp8.scale_name("kernel"): scale}
+  x = jnp.asarray(rng.standard_normal((2, 3, 256)), jnp.bfloat16)
+  module = Linear(256, 384, "bfloat16", "bfloat16", (128, 128), fp8_kernel=True)
+  assert module.bind({"params": params}).runs_fp8_kernel()
+  got = module.apply({"params": params}, x)
+  exact = np.einsum("bti,io->bto", np.asarray(x, np.float32),
+                    np.asarray(fp8.dequantize(codes, scale, jnp.float32, (128, 128))))
+  assert got.shape == (2, 3, 384) and got.dtype == jnp.bfloat16
+  assert_close(got, exact, "bfloat16", "dense FP8 kernel vs dequantised product")
+  assert not Linear(256, 384, "bfloat16", "bfloat16", (128, 128)).bind({"params": params}).runs_fp8_kernel()  # CPU
 
 
 def test_cli_auto_dequantises_with_a_note_where_tp_splits_blocks_and_fp8_refuses(written):
