@@ -50,11 +50,24 @@ def detected_cluster() -> str | None:
   env = os.environ
   if env.get("SLURM_JOB_ID") and int(env.get("SLURM_NTASKS", "1")) > 1:
     return "SLURM"
-  if "," in env.get("TPU_WORKER_HOSTNAMES", ""):  # a multi-host Cloud TPU slice lists its hosts
-    return "a multi-host TPU slice"
   if int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1:
     return "Open MPI"
+  if "," in env.get("TPU_WORKER_HOSTNAMES", "") or _cloud_tpu_hosts() > 1:
+    return "a multi-host TPU slice"
   return None
+
+
+def _cloud_tpu_hosts() -> int:
+  """Hosts of this Cloud TPU slice (GCE or GKE metadata) as jax.distributed's own detection counts
+  them; 1 off Cloud TPU. Private JAX API, so any failure reads as one host (then pass the flags)."""
+  try:
+    from jax._src.clusters import cloud_tpu_cluster  # noqa: PLC0415
+    for cluster in (cloud_tpu_cluster.GceTpuCluster, cloud_tpu_cluster.GkeTpuCluster):
+      if cluster.is_env_present():
+        return cluster.get_process_count()
+  except Exception:  # noqa: BLE001 (detection only: the explicit flags remain)
+    return 1
+  return 1
 
 
 def requested(args: argparse.Namespace) -> bool:

@@ -192,16 +192,19 @@ class Speculator:
     shapes = tuple((jnp.shape(x), jnp.result_type(x)) for x in jax.tree.leaves(args))
     key = (name, capacity, sampled, jax.tree.structure(args), shapes)
     if key not in self._compiled:
-      # the params' specs follow their tree (a FP8 tree has scale leaves, jax_mtp.fp8)
-      rep, specs = replicated(), (param_specs(args[0]), param_specs(args[1]))
-      if name == "prefill":
-        fn = functools.partial(self._prefill_per_shard, capacity=capacity, sampled=sampled)
-        jitted = jit_per_shard(fn, self.mesh, (*specs, rep, rep, rep, rep, rep))
-      else:
-        fn = functools.partial(self._round_per_shard, sampled=sampled)
-        jitted = jit_per_shard(fn, self.mesh, (*specs, rep, rep, rep, rep), donate_argnums=(2,))
-      self._compiled[key] = jitted.lower(*args).compile()
+      self._compiled[key] = self.program(name, capacity, sampled, args).lower(*args).compile()
     return self._compiled[key]
+
+  def program(self, name: str, capacity: int, sampled: bool, args):
+    """The jitted prefill or round ("prefill" | "round") for these arguments, not yet lowered (an
+    AOT compile for another topology lowers it with abstract arguments: tools/tpu_aot_compile.py)."""
+    # the params' specs follow their tree (a FP8 tree has scale leaves, jax_mtp.fp8)
+    rep, specs = replicated(), (param_specs(args[0]), param_specs(args[1]))
+    if name == "prefill":
+      fn = functools.partial(self._prefill_per_shard, capacity=capacity, sampled=sampled)
+      return jit_per_shard(fn, self.mesh, (*specs, rep, rep, rep, rep, rep))
+    fn = functools.partial(self._round_per_shard, sampled=sampled)
+    return jit_per_shard(fn, self.mesh, (*specs, rep, rep, rep, rep), donate_argnums=(2,))
 
   # --- per-shard functions (inside shard_map; every array but the params is replicated) ----------
 
