@@ -317,7 +317,8 @@ def test_a_dense_fp8_linear_through_the_kernel_equals_the_dequantised_product():
                     np.asarray(fp8.dequantize(codes, scale, jnp.float32, (128, 128))))
   assert got.shape == (2, 3, 384) and got.dtype == jnp.bfloat16
   assert_close(got, exact, "bfloat16", "dense FP8 kernel vs dequantised product")
-  assert not Linear(256, 384, "bfloat16", "bfloat16", (128, 128)).bind({"params": params}).runs_fp8_kernel()  # CPU
+  auto = Linear(256, 384, "bfloat16", "bfloat16", (128, 128)).bind({"params": params})
+  assert auto.runs_fp8_kernel() == (jax.default_backend() == "gpu")  # fp8_kernel=None: on GPUs only
 
 
 def test_cli_auto_dequantises_with_a_note_where_tp_splits_blocks_and_fp8_refuses(written):
