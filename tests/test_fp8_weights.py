@@ -8,6 +8,7 @@ expert weights in one byte.
 """
 
 import json
+import os
 import subprocess
 import sys
 
@@ -334,3 +335,28 @@ def test_cli_auto_dequantises_with_a_note_where_tp_splits_blocks_and_fp8_refuses
   assert "note: FP8 weights dequantised on load: at tp=2" in runs["auto"].stderr
   assert runs["fp8"].returncode == 2 and "does not fall on its FP8 blocks of 24" in runs["fp8"].stderr
   assert runs["fp8"].stdout == ""
+
+
+@pytest.mark.parametrize("name", ["v3_k3", "v3_yarn_k2"])
+def test_vllm_fixture_models_requantised_to_fp8_decode_as_their_dequantisation(name, tmp_path):
+  """The vLLM parity fixtures' models (tests/golden, rebuilt from their seeds) re-quantised to FP8 by
+  DeepSeek's block quantiser: speculative decoding of the fixture's prompt with the FP8 weights kept
+  gives the tokens, rounds and accepted drafts of the same checkpoint dequantised on load."""
+  from jax_mtp.config import from_hf_config  # noqa: PLC0415
+  from jax_mtp.reference import fixtures, tiny_checkpoint  # noqa: PLC0415
+  meta, a = fixtures.load(os.path.join(os.path.dirname(__file__), "golden", f"{name}.npz"))
+  source = str(tmp_path / "source")
+  tiny_checkpoint.write(source, tiny_checkpoint.config(meta["checkpoint"]["config"]), meta["checkpoint"]["seed"])
+  cfg = from_hf_config(source).replace(dtype="float32", param_dtype="float32")
+  _, target, mtp = load_hf_checkpoint(source, cfg=cfg)
+  quantised = str(tmp_path / "fp8")
+  write_checkpoint(quantised, cfg, target, mtp, block=(8, 8), num_files=2)
+  k, prompt = meta["num_speculative_tokens"], [a["prompt_ids"].tolist()]
+  runs = []
+  for fp8_weights in (True, False):
+    run_cfg, run_target, run_mtp = load_hf_checkpoint(quantised, cfg=cfg, fp8_weights=fp8_weights)
+    assert bool(fp8.fp8_paths(run_target)) == fp8_weights
+    spec = Speculator(run_cfg, make_mesh(1), k)
+    result = spec.generate(spec.shard(run_target, run_mtp), prompt, len(a["output_ids"]))
+    runs.append((result.tokens, result.metrics.rounds, tuple(result.metrics.accepted_per_position)))
+  assert runs[0] == runs[1]
