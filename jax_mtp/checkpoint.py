@@ -389,7 +389,8 @@ def fp8_split_problems(path: str | os.PathLike, mesh: Mesh) -> list[str]:
   """Why the checkpoint's FP8 weights cannot be kept on `mesh` (a device's share not whole blocks),
   one line per tensor; [] when they can. Reads headers only."""
   cfg, ckpt = _open(path, None, None, mesh)
-  params, _ = plan(cfg)
+  params, checks = plan(cfg)
+  check_tensors(ckpt, cfg, params, checks)  # a damaged checkpoint is its CheckpointError here too (fuzzing)
   problems = []
   for p in keep_fp8(ckpt, params):
     if p.role != CODES:
