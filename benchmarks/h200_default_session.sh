@@ -5,6 +5,7 @@
 #   kernel the FP8 grouped matmul's tests on the GPU, then its correctness and time at V3.2's expert shapes
 #   fp8    the kernel's formula tests on the GPU; FP8 weights kept on the device vs the same weights in bf16:
 #          V3.2's MTP layer memory and draft step; per row the bf16 top-1 gap beside the FP8 logit difference
+#   verify the FP8 kernel's tests (formula, dense linears, the vLLM fixtures re-quantised) and the experts' GPU tests
 #   agree  per row: the bf16 path's top-1 gap beside the FP8 path's logit difference (why tokens may differ)
 #   bench  speculative vs plain tokens/s of the embedded default, k = 1..5, and `decode --check` on the GPU
 set -uo pipefail
@@ -40,6 +41,11 @@ case "${1:?stage}" in
     timeout 300 python3 -m benchmarks.fp8_step --preset deepseek_v32 --batch 1 8 64 2>&1 | grep -v -E "$QUIET" \
       | tee "$OUT/fp8_step.md"
     timeout 170 python3 -m benchmarks.fp8_agreement --batch 8 2>&1 | grep -v -E "$QUIET" | tee "$OUT/fp8_agreement.md"
+    ;;
+  verify)
+    timeout 420 python3 -m pytest -q -p no:cacheprovider tests/test_fp8_weights.py tests/test_experts_gpu.py \
+      -k "grouped or dense or bit_identical or vllm_fixture or gpu" 2>&1 | grep -v -E "$QUIET" | tail -15 \
+      | tee "$OUT/fp8_gpu_tests.txt"
     ;;
   agree)
     timeout 200 python3 -m benchmarks.fp8_agreement --batch 8 2>&1 | grep -v -E "$QUIET" | tee "$OUT/fp8_agreement.md"
