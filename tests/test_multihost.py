@@ -127,3 +127,24 @@ def test_inconsistent_process_flags_are_one_error(flags, message):
   proc = subprocess.run(DECODE + flags, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
   assert proc.returncode == 2 and proc.stdout == ""
   assert proc.stderr.strip().splitlines()[-1].startswith("error: ") and message in proc.stderr
+
+
+def test_orbax_checkpoint_restored_by_two_processes_gives_the_tokens_of_one(one_process, tmp_path):
+  """The --random-tiny weights saved with orbax (jax_mtp.orbax_io), restored by 2 processes onto the
+  tp = 8 mesh (orbax's multi-process restore: each process its devices' shards)."""
+  import jax  # noqa: PLC0415
+
+  import jax_mtp  # noqa: PLC0415
+  from jax_mtp.decode import WEIGHT_SEED  # noqa: PLC0415
+  from jax_mtp.orbax_io import save_params  # noqa: PLC0415
+  cfg = jax_mtp.tiny()
+  directory = str(tmp_path / "orbax")
+  save_params(directory, cfg, jax_mtp.init_target_params(cfg, jax.random.key(WEIGHT_SEED)),
+              jax_mtp.init_params(cfg, jax.random.key(WEIGHT_SEED + 1)))
+  args = [a for a in DECODE if a != "--random-tiny"] + ["--checkpoint", directory]
+  logs = tmp_path / "logs"
+  logs.mkdir()
+  runs = _wait(_start(2, args, logs), logs)
+  for i, (rc, _, err) in enumerate(runs):
+    assert rc == 0, f"process {i}: {err[-3000:]}"
+  assert _json(runs[0][1])["tokens"] == one_process["tokens"]
