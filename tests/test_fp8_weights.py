@@ -254,7 +254,7 @@ def test_fp8_grouped_experts_equal_the_gathered_experts_on_the_same_codes():
   activations are bf16: the bf16 row of the table."""
   from jax_mtp.experts import routed_experts  # noqa: PLC0415
   rng = np.random.default_rng(0)
-  e, d, f, t, k = 6, 256, 128, 3, 2
+  e, d, f, t = 6, 256, 128, 3
   ws = [jnp.asarray(rng.standard_normal(shape) * 20, jnp.float8_e4m3fn) for shape in ((e, d, f), (e, d, f), (e, f, d))]
   scales = tuple(jnp.asarray(rng.uniform(1e-3, 1e-2, (e, w.shape[1] // 128, w.shape[2] // 128)), jnp.float32)
                  for w in ws)

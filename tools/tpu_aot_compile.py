@@ -33,7 +33,6 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from jax.experimental import topologies  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import jax_mtp  # noqa: E402
 from jax_mtp import fp8  # noqa: E402
@@ -42,7 +41,7 @@ from jax_mtp.kernels.fused_allreduce_rmsnorm_tpu import KERNEL_NAME  # noqa: E40
 from jax_mtp.drafter import SHARED_WITH_TARGET  # noqa: E402
 from jax_mtp.model import init_target_params  # noqa: E402
 from jax_mtp.parallel import ShardedMtp  # noqa: E402
-from jax_mtp.sharding import make_mesh, padded_vocab, param_specs  # noqa: E402
+from jax_mtp.sharding import make_mesh, padded_vocab, param_specs, replicated  # noqa: E402
 from jax_mtp.speculative import Speculator  # noqa: E402
 
 PRESETS = {"tiny": jax_mtp.tiny, "deepseek_v32": jax_mtp.deepseek_v32, "glm5": jax_mtp.glm5}
@@ -64,13 +63,14 @@ def abstract_args(cfg, mesh, batch: int, capacity: int, weights: str = "bf16"):
   caches = jax.eval_shape(lambda: jax_mtp.init_caches(cfg, batch, capacity))
   ids = jax.ShapeDtypeStruct((batch, 1), jnp.int32)
   hidden = jax.ShapeDtypeStruct((batch, 1, cfg.hidden_size), jnp.dtype(cfg.dtype))
-  rep = lambda tree: placed(tree, jax.tree.map(lambda _: P(), tree))  # noqa: E731
+  rep = lambda tree: placed(tree, jax.tree.map(lambda _: replicated(), tree))  # noqa: E731
   return placed(params, param_specs(params)), rep(ids), rep(ids), rep(hidden), rep(caches)
 
 
 def placed(tree, mesh, specs=None):
-  """ShapeDtypeStructs of `tree` with their NamedShardings (replicated where `specs` is None)."""
-  specs = jax.tree.map(lambda _: P(), tree) if specs is None else specs
+  """ShapeDtypeStructs of `tree` with their NamedShardings (replicated where `specs` is None; every
+  layout comes from jax_mtp.sharding)."""
+  specs = jax.tree.map(lambda _: replicated(), tree) if specs is None else specs
   return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, s)),
                       tree, specs)
 
@@ -113,7 +113,7 @@ def compile_round(cfg, mesh, args) -> None:
     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
       prefill = spec.program("prefill", args.capacity, False, prefill_args).lower(*prefill_args).compile()
     report(f"impl={impl} prefill", prefill, time.perf_counter() - start)
-    max_new = jax.ShapeDtypeStruct((), jnp.int32, sharding=NamedSharding(mesh, P()))
+    max_new = jax.ShapeDtypeStruct((), jnp.int32, sharding=NamedSharding(mesh, replicated()))
     round_args_ = (*params, prefill.out_info, max_new, temperature, stop_N)
     start = time.perf_counter()
     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
