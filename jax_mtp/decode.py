@@ -29,7 +29,6 @@ import time
 from typing import NamedTuple
 
 import jax
-import numpy as np
 
 import jax_mtp
 from jax_mtp import distributed
@@ -156,19 +155,22 @@ def _prompts(args: argparse.Namespace) -> list[list[int]]:
 
 
 def _ensure_devices(tp: int, processes: int) -> None:
-  """On CPU, ask for this process's share of `tp` host devices if JAX has not started yet; then check
-  there are enough. With several processes tp spans every device of every process."""
-  if tp > 1 and tp % processes == 0:
+  """On CPU, ask for this process's share of `tp` host devices if JAX has not started yet and the user
+  set no count (JAX_NUM_CPU_DEVICES); then check there are enough. Several processes: tp spans whole
+  processes, and more devices than tp form data-parallel replicas (jax_mtp.distributed)."""
+  if tp > 1 and tp % processes == 0 and jax.config.jax_num_cpu_devices < 0:
     try:
       jax.config.update("jax_num_cpu_devices", tp // processes)
     except RuntimeError:  # JAX already running: keep the devices it has
       pass
-  if jax.process_count() > 1 and tp != jax.device_count():
-    raise _BadInput(f"--tp={tp}: with {jax.process_count()} processes tp must span all {jax.device_count()} devices "
-                    f"(every process runs the same tensor-parallel program; data-parallel replicas across hosts "
-                    f"are not built yet)")
   if tp > len(jax.devices()):
     raise _BadInput(f"--tp={tp} needs {tp} devices, {len(jax.devices())} available")
+  distributed.replica_devices(tp)  # several processes: tp spans whole processes (ValueError naming the numbers)
+
+
+def _mesh(tp: int):
+  """The tp mesh this process decodes on: the first tp devices, or with several processes its replica's."""
+  return make_mesh(tp, devices=distributed.replica_devices(tp))
 
 
 def _check_impl(impl: str) -> None:
@@ -224,13 +226,13 @@ def _embedded_weights(cfg: jax_mtp.MtpConfig, random_tiny: bool) -> tuple[dict, 
 
 @functools.cache
 def _speculator(cfg: jax_mtp.MtpConfig, tp: int, k: int, impl: str, random_tiny: bool):
-  spec = Speculator(cfg, make_mesh(tp), k, norm_impl=impl)
+  spec = Speculator(cfg, _mesh(tp), k, norm_impl=impl)
   return spec, spec.shard(*_embedded_weights(cfg, random_tiny))
 
 
 @functools.cache
 def _plain_decoder(cfg: jax_mtp.MtpConfig, tp: int, impl: str, random_tiny: bool):
-  decoder = TargetDecoder(cfg, make_mesh(tp), norm_impl=impl)
+  decoder = TargetDecoder(cfg, _mesh(tp), norm_impl=impl)
   return decoder, decoder.shard(_embedded_weights(cfg, random_tiny)[0])
 
 
@@ -281,7 +283,7 @@ def load(args: argparse.Namespace, cfg: jax_mtp.MtpConfig) -> tuple[jax_mtp.MtpC
   from jax_mtp import fp8  # noqa: PLC0415
   from jax_mtp.checkpoint import fp8_split_problems, load_hf_checkpoint, quantization  # noqa: PLC0415
   from jax_mtp.orbax_io import is_orbax_checkpoint, restore_params  # noqa: PLC0415
-  mesh = make_mesh(args.tp)
+  mesh = _mesh(args.tp)
   if is_orbax_checkpoint(args.checkpoint):
     saved, target, mtp = restore_params(args.checkpoint, cfg, mesh)  # as saved: FP8 weights stay FP8
     cfg = cfg.replace(fp8_block=saved.fp8_block)
@@ -304,7 +306,7 @@ def load(args: argparse.Namespace, cfg: jax_mtp.MtpConfig) -> tuple[jax_mtp.MtpC
 
 
 def _from_checkpoint(args: argparse.Namespace, cfg: jax_mtp.MtpConfig, loaded: Loaded):
-  spec = Speculator(cfg, make_mesh(args.tp), args.num_speculative_tokens, norm_impl=args.impl)
+  spec = Speculator(cfg, _mesh(args.tp), args.num_speculative_tokens, norm_impl=args.impl)
   return spec, SpecParams(loaded.target, spec.drafter.shard(loaded.mtp, spec.mesh))
 
 
@@ -317,8 +319,8 @@ def run(args: argparse.Namespace, cfg: jax_mtp.MtpConfig, prompts: list[list[int
   else:
     spec, params = _from_checkpoint(args, cfg, loaded)
   primary = distributed.is_primary()  # with several processes, process 0 prints
-  stream = (TextStream(args.codec) if primary and args.codec is not None and len(prompts) == 1 and not args.json
-            else None)
+  one_prompt = len(args.prompt or ()) == 1  # of all prompts (a replica decodes its share: `prompts`)
+  stream = TextStream(args.codec) if primary and args.codec is not None and one_prompt and not args.json else None
   progress = Progress(enabled=stream is None and primary)  # streamed text shows the progress itself
   try:
     if stream is not None:
@@ -365,8 +367,8 @@ def _model_line(args: argparse.Namespace, cfg: jax_mtp.MtpConfig) -> str:
   return f"{model} on {jax.devices()[0].platform}, tp={args.tp}, k={args.num_speculative_tokens}, {mode}"
 
 
-def _print_text(args: argparse.Namespace, cfg: jax_mtp.MtpConfig, prompts: list[list[int]], result: SpecResult,
-                matches: bool | None):
+def _print_text(args: argparse.Namespace, cfg: jax_mtp.MtpConfig, prompts: list[list[int]],
+                result: distributed.Gathered, matches: bool | None):
   m = result.metrics
   if args.streamed:
     print("\n" + "─" * 40)
@@ -374,7 +376,7 @@ def _print_text(args: argparse.Namespace, cfg: jax_mtp.MtpConfig, prompts: list[
     print(_model_line(args, cfg))
   codec = args.codec
   for i, (prompt, tokens) in enumerate(zip(prompts, result.tokens)):
-    stop = " (stopped at EOS)" if bool(result.state.stopped_B[i]) and i not in result.failed_rows else ""
+    stop = " (stopped at EOS)" if result.stopped_rows[i] and i not in result.failed_rows else ""
     print(f"prompt {i} {prompt} → {tokens}{stop}")
     if codec is not None and not args.streamed:
       print(f"  {args.prompt[i]!r} → {codec.decode(tokens)!r}")
@@ -415,12 +417,15 @@ def main(argv: list[str] | None = None) -> int:
   except OSError as e:  # a checkpoint file that cannot be read (permissions, vanished): its path and why
     print(f"error: cannot read {e.filename or 'a checkpoint file'!r}: {e.strerror or e}", file=sys.stderr)
     return 2
-  result, matches = run(args, cfg, prompts, loaded, stop_ids)
-  failed = result.failed_rows
-  if not distributed.is_primary():  # every process holds the result; process 0 prints it
+  rows = distributed.share(args.tp, len(prompts))  # this replica's prompts (all, with one replica)
+  mine = [prompts[i] for i in rows]
+  result, matches = run(args, cfg, mine, loaded, stop_ids) if mine else (None, None if not args.check else True)
+  result = distributed.gather(args.tp, rows, result, matches, len(prompts), args.num_speculative_tokens)
+  matches, failed = result.matches, result.failed_rows
+  if not distributed.is_primary():  # every process holds every replica's rows; process 0 prints them
     return 1 if failed else 0
   if args.json:
-    stopped = np.asarray(result.state.stopped_B).tolist()
+    stopped = result.stopped_rows
     reasons = ["error" if i in failed else "stop" if s else "length" for i, s in enumerate(stopped)]
     out = {"tokens": result.tokens, "finish_reasons": reasons, **result.metrics.as_dict()}
     if failed:
@@ -444,7 +449,7 @@ def _flags(argv: list[str] | None) -> dict:
   return flags
 
 
-def _failure(result: SpecResult, row: int) -> str:
+def _failure(result: distributed.Gathered, row: int) -> str:
   return (f"the target's logits became non-finite (NaN or inf) after {len(result.tokens[row])} token(s); the row "
           f"stopped there, the other rows went on")
 

@@ -15,6 +15,9 @@ collectives cross hosts. This module only starts it and checks the processes agr
   * `check_agreement(items)`: every process hashes each item (flags, config, checkpoint listing,
     prompts); one differing from process 0's is an error naming the item and the processes.
   * Output is printed by process 0 (`is_primary`); every process holds the same replicated result.
+  * Where tp is smaller than the device count, the devices form device_count / tp data-parallel
+    replicas, each a tp mesh over whole processes (`replica_devices`); replica r decodes prompts
+    r, r + R, ... (`share`) and `gather` collects every replica's rows, in prompt order, for process 0.
 
 Each process reads only the checkpoint slices its own devices hold (`checkpoint._place` walks the
 sharding's addressable devices; orbax restores by sharding the same way).
@@ -23,12 +26,15 @@ sharding's addressable devices; orbax restores by sharding the same way).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import os
 
 import jax
 import numpy as np
+
+from jax_mtp.metrics import SpecMetrics
 
 DEFAULT_HEARTBEAT_TIMEOUT_S = 60
 
@@ -141,3 +147,72 @@ def checkpoint_listing(directory: str | None) -> list | None:
                  if os.path.isfile(os.path.join(directory, name)))
   config = os.path.join(directory, "config.json")
   return [files, open(config).read() if os.path.isfile(config) else None]
+
+
+def _replica_layout(tp: int) -> tuple[int, int, int]:
+  """(replicas, processes per replica, this process's replica); ValueError naming the numbers where
+  tp neither spans whole processes nor divides the devices."""
+  devices, local = jax.device_count(), jax.local_device_count()
+  if jax.process_count() == 1:
+    return 1, 1, 0
+  if devices % tp or tp % local:
+    raise ValueError(f"--tp={tp}: with {jax.process_count()} processes of {local} devices each, tp must be a multiple "
+                     f"of {local} (a replica spans whole processes) and divide the {devices} devices")
+  per = tp // local
+  return devices // tp, per, jax.process_index() // per
+
+
+def replica_devices(tp: int) -> list | None:
+  """This process's replica's devices (process-major), or None with one process (the first tp devices)."""
+  replicas, per, index = _replica_layout(tp)
+  if jax.process_count() == 1:
+    return None
+  mine = [d for d in jax.devices() if d.process_index // per == index]
+  return sorted(mine, key=lambda d: (d.process_index, d.id))
+
+
+def share(tp: int, count: int) -> list[int]:
+  """The prompt rows this process's replica decodes: r, r + R, ... (R replicas)."""
+  replicas, _, index = _replica_layout(tp)
+  return list(range(index, count, replicas))
+
+
+@dataclasses.dataclass(frozen=True)
+class Gathered:
+  """Every replica's rows in prompt order: what the CLI prints (the fields it reads of a SpecResult)."""
+
+  tokens: list[list[int]]
+  stopped_rows: list[bool]
+  failed_rows: list[int]
+  metrics: SpecMetrics
+  matches: bool | None
+
+
+def gather(tp: int, rows: list[int], result, matches: bool | None, total: int, k: int) -> Gathered:
+  """Collects each replica's (rows, result) onto every process (a collective: all must call it);
+  `result` is None for a replica with no rows. One process: the result as it is."""
+  replicas, per, _ = _replica_layout(tp)
+  mine = {"rows": rows, "tokens": [], "stopped": [], "failed": [], "metrics": [0, [0] * k, 0, 0.0], "matches": matches}
+  if result is not None:
+    m = result.metrics
+    mine.update(tokens=result.tokens, stopped=result.stopped_rows, failed=[rows[i] for i in result.failed_rows],
+                metrics=[m.rounds, list(m.accepted_per_position), m.tokens_generated, m.seconds])
+  if replicas == 1 and jax.process_count() == 1:
+    payloads = [mine]
+  else:
+    from jax.experimental import multihost_utils  # noqa: PLC0415
+    data = np.frombuffer(json.dumps(mine).encode(), np.uint8)
+    length = int(np.max(multihost_utils.process_allgather(np.asarray([data.size], np.int32))))
+    every = np.asarray(multihost_utils.process_allgather(np.pad(data, (0, length - data.size))))
+    payloads = [json.loads(bytes(every[r * per]).rstrip(b"\0").decode()) for r in range(replicas)]
+  tokens, stopped = [None] * total, [False] * total
+  for p in payloads:
+    for row, row_tokens, row_stopped in zip(p["rows"], p["tokens"], p["stopped"]):
+      tokens[row], stopped[row] = row_tokens, row_stopped
+  rounds = sum(p["metrics"][0] for p in payloads)
+  accepted = tuple(int(x) for x in np.sum([p["metrics"][1] for p in payloads], axis=0))
+  metrics = SpecMetrics(k, rounds, accepted, sum(p["metrics"][2] for p in payloads),
+                        max(p["metrics"][3] for p in payloads))
+  checks = [p["matches"] for p in payloads if p["rows"]]
+  return Gathered(tokens, stopped, sorted(r for p in payloads for r in p["failed"]), metrics,
+                  None if matches is None else all(checks))

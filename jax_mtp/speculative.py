@@ -105,6 +105,11 @@ class SpecResult:
     """Rows stopped because the target's logits for their next token were not finite."""
     return [int(i) for i in np.flatnonzero(np.asarray(self.state.failed_B))]
 
+  @property
+  def stopped_rows(self) -> list[bool]:
+    """Per row: it stopped before max_new_tokens (a stop id, or failed)."""
+    return [bool(s) for s in np.asarray(self.state.stopped_B)]
+
 
 class Speculator:
   """Target model + drafter on a tp mesh; `generate` runs speculative decoding on a batch of prompts.

@@ -33,14 +33,15 @@ def _env() -> dict:
   return env
 
 
-def _start(n: int, args: list[str], tmp_path, port: int | None = None, per_process=None) -> list[subprocess.Popen]:
+def _start(n: int, args: list[str], tmp_path, port: int | None = None, per_process=None,
+           env: dict | None = None) -> list[subprocess.Popen]:
   port = port or _free_port()
   procs = []
   for i in range(n):
     extra = per_process(i) if per_process else []
     cmd = args + extra + ["--num-processes", str(n), "--process-id", str(i), "--coordinator-address",
                           f"localhost:{port}"]
-    procs.append(subprocess.Popen(cmd, cwd=tmp_path, env=_env(), stdout=open(tmp_path / f"out{i}", "w"),
+    procs.append(subprocess.Popen(cmd, cwd=tmp_path, env={**_env(), **(env or {})}, stdout=open(tmp_path / f"out{i}", "w"),
                                   stderr=open(tmp_path / f"err{i}", "w")))
   return procs
 
@@ -148,3 +149,35 @@ def test_orbax_checkpoint_restored_by_two_processes_gives_the_tokens_of_one(one_
   for i, (rc, _, err) in enumerate(runs):
     assert rc == 0, f"process {i}: {err[-3000:]}"
   assert _json(runs[0][1])["tokens"] == one_process["tokens"]
+
+
+def _with_tp(tp: str) -> list[str]:
+  args = list(DECODE)
+  args[args.index("--tp") + 1] = tp
+  return args
+
+
+REPLICAS = _with_tp("4") + ["--prompt-ids", "7,7,7,7"]
+
+
+def test_two_replicas_of_one_process_each_decode_their_share_of_the_prompts(tmp_path):
+  """2 processes × 4 CPU devices (JAX_NUM_CPU_DEVICES) at tp = 4: two data-parallel replicas; replica r
+  decodes prompts r, r + 2, ... and process 0 prints all three rows in prompt order, equal to one
+  process decoding them at tp = 4 (metrics summed over the replicas: the drafts proposed equal too)."""
+  alone = subprocess.run(REPLICAS, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S)
+  assert alone.returncode == 0, alone.stderr[-3000:]
+  runs = _wait(_start(2, REPLICAS + ["--check"], tmp_path, env={"JAX_NUM_CPU_DEVICES": "4"}), tmp_path)
+  for i, (rc, _, err) in enumerate(runs):
+    assert rc == 0, f"process {i}: {err[-3000:]}"
+  primary, expected = _json(runs[0][1]), _json(alone.stdout)
+  assert len(primary["tokens"]) == 3 and primary["tokens"] == expected["tokens"]
+  assert primary["draft_tokens_proposed"] == expected["draft_tokens_proposed"] and primary["matches_target"] is True
+
+
+def test_tp_that_splits_a_process_is_one_error(tmp_path):
+  """4 devices a process at tp = 2: a replica would split a process (not built): exit 2 naming it."""
+  args = _with_tp("2")
+  runs = _wait(_start(2, args, tmp_path, env={"JAX_NUM_CPU_DEVICES": "4"}), tmp_path)
+  for rc, out, err in runs:
+    assert rc == 2 and _json(out) is None, err[-3000:]
+    assert "error: --tp=2: with 2 processes of 4 devices each, tp must be a multiple of 4" in err, err[-2000:]
