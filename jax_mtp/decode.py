@@ -120,8 +120,7 @@ def _validate(args: argparse.Namespace, cfg: jax_mtp.MtpConfig) -> list[list[int
   prompts = _prompts(args)
   validate_prompts(cfg, prompts)
   capacity = required_capacity(cfg, prompts, args.max_new_tokens, args.num_speculative_tokens)
-  validate_tp(cfg, args.tp)
-  _ensure_devices(args.tp, args.num_processes or 1)
+  validate_tp(cfg, args.tp)  # the devices themselves: `_ensure_devices`, before the config was read
   check_caches_fit(cfg, len(prompts), capacity, jax.devices())  # before any weight is read
   _check_impl(args.impl)
   _check_index_scores_impl(cfg, capacity)
