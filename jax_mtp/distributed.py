@@ -146,7 +146,10 @@ def checkpoint_listing(directory: str | None) -> list | None:
   files = sorted((name, os.path.getsize(os.path.join(directory, name))) for name in os.listdir(directory)
                  if os.path.isfile(os.path.join(directory, name)))
   config = os.path.join(directory, "config.json")
-  return [files, open(config).read() if os.path.isfile(config) else None]
+  if not os.path.isfile(config):
+    return [files, None]
+  with open(config, encoding="utf-8") as f:
+    return [files, f.read()]
 
 
 def _replica_layout(tp: int) -> tuple[int, int, int]:
@@ -164,7 +167,7 @@ def _replica_layout(tp: int) -> tuple[int, int, int]:
 
 def replica_devices(tp: int) -> list | None:
   """This process's replica's devices (process-major), or None with one process (the first tp devices)."""
-  replicas, per, index = _replica_layout(tp)
+  _, per, index = _replica_layout(tp)
   if jax.process_count() == 1:
     return None
   mine = [d for d in jax.devices() if d.process_index // per == index]
@@ -197,7 +200,7 @@ def gather(tp: int, rows: list[int], result, matches: bool | None, total: int, k
     m = result.metrics
     mine.update(tokens=result.tokens, stopped=result.stopped_rows, failed=[rows[i] for i in result.failed_rows],
                 metrics=[m.rounds, list(m.accepted_per_position), m.tokens_generated, m.seconds])
-  if replicas == 1 and jax.process_count() == 1:
+  if jax.process_count() == 1:  # one process is one replica
     payloads = [mine]
   else:
     from jax.experimental import multihost_utils  # noqa: PLC0415

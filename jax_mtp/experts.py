@@ -167,11 +167,11 @@ def gathered_experts(x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD,
 
 
 def fp8_grouped_takes(w_gate_EDF) -> bool:
-  """Whether kernels/fp8_grouped_matmul.py takes these (local) experts: D and F multiples of its 128
-  blocks, and fewer than 2^31 uint32 words of codes per weight (its offsets are int32; V3.2's 256
-  experts on one device are 9.4e8 words)."""
+  """Whether kernels/fp8_grouped_matmul.py takes these (local) experts (`takes`: D and F multiples of
+  its 128 blocks, < 2^31 uint32 words of codes a weight; V3.2's 256 experts on one device are 9.4e8)."""
+  from jax_mtp.kernels import fp8_grouped_matmul as kernel  # noqa: PLC0415 (Pallas: only where used)
   e, d, f = w_gate_EDF.shape
-  return d % 128 == 0 and f % 128 == 0 and e * d * f // 4 < 2**31
+  return kernel.takes(d, f, (128, 128), experts=e)
 
 
 def fp8_grouped_matmul_for(fp8_scales, w_gate_EDF, fp8_block):
