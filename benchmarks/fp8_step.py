@@ -61,6 +61,23 @@ def step_bytes(params, cfg, touched: int) -> int:
   return int(total - experts + experts * touched / cfg.n_routed_experts)
 
 
+def fp8_tree(cfg):
+  """Random params with the tensors a V3.2 checkpoint stores in FP8 as codes + block scales."""
+  return fp8.as_checkpoint_fp8(jax_mtp.init_params(cfg, jax.random.key(0)), cfg.fp8_block, _quantize)
+
+
+def build_params(cfg):
+  """(FP8 tree, its exact dequantisation): the same weights in both forms."""
+  fp8_params = fp8_tree(cfg)
+  return fp8_params, fp8.dequantize_params(fp8_params, cfg.param_dtype, cfg.fp8_block)
+
+
+def draft_step(params, ids, positions, hidden, caches, model):
+  """One draft step: the MTP layer, then its head's greedy tokens; returns (tokens, new caches)."""
+  out = model.apply({"params": params}, ids, positions, hidden, caches)
+  return model.apply({"params": params}, out.hidden_BTD, method=model.get_top_tokens), out.caches
+
+
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--preset", default="deepseek_v32", choices=sorted(PRESETS))
@@ -70,7 +87,7 @@ def main() -> None:
   args = p.parse_args()
   cfg = PRESETS[args.preset]()
   base = in_use()
-  fp8_params = fp8.as_checkpoint_fp8(jax_mtp.init_params(cfg, jax.random.key(0)), cfg.fp8_block, _quantize)
+  fp8_params = fp8_tree(cfg)
   fp8_in_use = in_use() - base
   bf16_params = fp8.dequantize_params(fp8_params, cfg.param_dtype, cfg.fp8_block)
   both_in_use = in_use() - base
@@ -85,10 +102,6 @@ def main() -> None:
         "| compile s | temp MB |")
   print("|---:|---:|---|---|---:|---:|---:|---:|---|---:|---:|", flush=True)
   model = jax_mtp.MtpPredictor(cfg)
-
-  def step(params, ids, positions, hidden, caches, model):
-    out = model.apply({"params": params}, ids, positions, hidden, caches)
-    return model.apply({"params": params}, out.hidden_BTD, method=model.get_top_tokens), out.caches
 
   for batch in args.batch:
     rng = np.random.default_rng(batch)
@@ -106,7 +119,7 @@ def main() -> None:
     for name, params, moe_impl in runs:
       run_model = jax_mtp.MtpPredictor(cfg.replace(moe_impl=moe_impl))
       start = time.perf_counter()
-      compiled = jax.jit(functools.partial(step, model=run_model), donate_argnums=4).lower(
+      compiled = jax.jit(functools.partial(draft_step, model=run_model), donate_argnums=4).lower(
           params, ids, positions, hidden, caches).compile()
       compile_s = time.perf_counter() - start
       temp = compiled.memory_analysis().temp_size_in_bytes

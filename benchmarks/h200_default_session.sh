@@ -5,6 +5,7 @@
 #   kernel the FP8 grouped matmul's tests on the GPU, then its correctness and time at V3.2's expert shapes
 #   fp8    the kernel's formula tests on the GPU; FP8 weights kept on the device vs the same weights in bf16:
 #          V3.2's MTP layer memory and draft step; per row the bf16 top-1 gap beside the FP8 logit difference
+#   profile where the V3.2 draft step's time goes (B = 64 and 8, FP8 and bf16): kernel time per model part
 #   verify the FP8 kernel's tests (formula, dense linears, the vLLM fixtures re-quantised) and the experts' GPU tests
 #   agree  per row: the bf16 path's top-1 gap beside the FP8 path's logit difference (why tokens may differ)
 #   bench  speculative vs plain tokens/s of the embedded default, k = 1..5, and `decode --check` on the GPU
@@ -41,6 +42,12 @@ case "${1:?stage}" in
     timeout 300 python3 -m benchmarks.fp8_step --preset deepseek_v32 --batch 1 8 64 2>&1 | grep -v -E "$QUIET" \
       | tee "$OUT/fp8_step.md"
     timeout 170 python3 -m benchmarks.fp8_agreement --batch 8 2>&1 | grep -v -E "$QUIET" | tee "$OUT/fp8_agreement.md"
+    ;;
+  profile)
+    timeout 330 python3 -m benchmarks.step_profile --preset deepseek_v32 --batch 64 8 --weights fp8 bf16 --out "$OUT" \
+      2>&1 | grep -v -E "$QUIET" | tee "$OUT/step_profile.md"
+    XLA_FLAGS=--xla_gpu_enable_command_buffer= timeout 150 python3 -m benchmarks.step_profile --preset deepseek_v32 \
+      --batch 64 --weights fp8 2>&1 | grep -v -E "$QUIET" | tee "$OUT/step_profile_no_command_buffers.md"
     ;;
   verify)
     timeout 420 python3 -m pytest -q -p no:cacheprovider tests/test_fp8_weights.py tests/test_experts_gpu.py \
