@@ -44,10 +44,8 @@ case "${1:?stage}" in
     timeout 170 python3 -m benchmarks.fp8_agreement --batch 8 2>&1 | grep -v -E "$QUIET" | tee "$OUT/fp8_agreement.md"
     ;;
   profile)
-    timeout 330 python3 -m benchmarks.step_profile --preset deepseek_v32 --batch 64 8 --weights fp8 bf16 --out "$OUT" \
-      2>&1 | grep -v -E "$QUIET" | tee "$OUT/step_profile.md"
-    XLA_FLAGS=--xla_gpu_enable_command_buffer= timeout 150 python3 -m benchmarks.step_profile --preset deepseek_v32 \
-      --batch 64 --weights fp8 2>&1 | grep -v -E "$QUIET" | tee "$OUT/step_profile_no_command_buffers.md"
+    timeout 330 python3 -W ignore::DeprecationWarning -m benchmarks.step_profile --preset deepseek_v32 \
+      --batch ${PROFILE_BATCH:-64 8} --weights fp8 bf16 --out "$OUT" 2>&1 | grep -v -E "$QUIET" | tee "$OUT/step_profile.md"
     ;;
   verify)
     timeout 420 python3 -m pytest -q -p no:cacheprovider tests/test_fp8_weights.py tests/test_experts_gpu.py \

@@ -61,8 +61,10 @@ def op_names(hlo_text: str) -> dict[str, str]:
 
 
 def device_events(trace_dir: str) -> list[tuple[str, str, float]]:
-  """(line name, hlo_op, µs) of every device-plane event; an event naming no HLO instruction (a
-  kernel launched inside a CUDA graph may not) is kept as "(kernel) <its name>". Where the plane
+  """(line name, HLO instruction, µs) of every device-plane event. XLA on GPUs runs a step's kernels
+  as one CUDA graph (a command buffer): their events then name the command buffer as `hlo_op`, and the
+  kernel's own name, which is its fusion's instruction name, is used instead. An event naming no HLO
+  instruction is kept as "(kernel) <its name>" (cuBLAS's and cuDNN's kernels). Where the plane
   has CUDA stream lines, only those are read (derived lines would count a kernel twice). XLA's CPU
   client runs the ops on host threads: with no device plane, the host plane is read."""
   (path,) = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
@@ -75,6 +77,8 @@ def device_events(trace_dir: str) -> list[tuple[str, str, float]]:
     for line in streams or lines:
       for event in line.events:
         op = dict(event.stats).get("hlo_op")
+        if op is not None and str(op).startswith("command_buffer"):
+          op = event.name
         if op is not None:
           events.append((line.name, str(op), event.duration_ns / 1e3))
         elif device:  # the host plane also holds Python's and the runtime's events
@@ -121,14 +125,15 @@ def summarize(events, names: dict[str, str], calls: int, step_us: float, label: 
   for part, (count, us) in sorted(by_part.items(), key=lambda kv: -kv[1][1]):
     print(f"| {part} | {count / calls:.0f} | {us / calls:,.1f} | {us / calls / busy:.1%} |")
   print("\n| instruction | part | calls / step | µs / step | op name |\n|---|---|---:|---:|---|")
-  top = sorted(by_op.items(), key=lambda kv: -kv[1][1])[:20]
+  ranked = sorted(by_op.items(), key=lambda kv: -kv[1][1])
+  top = ranked[:40]
   for op, (count, us) in top:
     name = re.sub(r"^jit\([^)]*\)/", "", names.get(op, "?"))
-    print(f"| {op} | {part_of(names.get(op, op))} | {count / calls:.0f} | {us / calls:,.1f} | {name[-90:]} |")
+    print(f"| {op[:60]} | {part_of(names.get(op, op))} | {count / calls:.0f} | {us / calls:,.1f} | {name[-90:]} |")
   return {"label": label, "step_us": step_us, "kernel_us": busy, "kernels_per_step": len(events) / calls,
           "parts": {p: {"kernels": c / calls, "us": u / calls} for p, (c, u) in by_part.items()},
-          "top": [{"op": op, "name": names.get(op, "?"), "calls": c / calls, "us": u / calls}
-                  for op, (c, u) in top]}
+          "ops": [{"op": op, "name": names.get(op, "?"), "calls": c / calls, "us": u / calls}
+                  for op, (c, u) in ranked]}
 
 
 def main() -> None:
