@@ -32,12 +32,11 @@ import jax  # noqa: E402
 jax.config.update("jax_num_cpu_devices", 8)
 
 import jax.numpy as jnp  # noqa: E402
-from jax.sharding import NamedSharding  # noqa: E402
 
 import jax_mtp  # noqa: E402
 from benchmarks.hlo_collectives import Collective, collectives, total_bytes  # noqa: E402
 from jax_mtp.parallel import ShardedMtp  # noqa: E402
-from jax_mtp.sharding import make_mesh, padded_vocab, replicated  # noqa: E402
+from jax_mtp.sharding import make_mesh, named_shardings, padded_vocab, param_sharding, replicated  # noqa: E402
 
 PATHS = ("top_tokens", "logits")
 BATCH = 1
@@ -50,15 +49,15 @@ def abstract_params(sharded: ShardedMtp):
   shapes = jax.eval_shape(lambda key: jax_mtp.init_params(cfg, key), jax.random.key(0))
   vp = padded_vocab(cfg, sharded.tp)
 
-  def place(path, x, spec):
+  def place(path, x):
     shape = (vp,) + x.shape[1:] if path[0].key in ("embed_tokens", "lm_head") else x.shape
-    return jax.ShapeDtypeStruct(shape, x.dtype, sharding=NamedSharding(mesh, spec))
+    return jax.ShapeDtypeStruct(shape, x.dtype, sharding=param_sharding(mesh, tuple(k.key for k in path)))
 
-  return jax.tree_util.tree_map_with_path(place, shapes, sharded._param_specs)
+  return jax.tree_util.tree_map_with_path(place, shapes)
 
 
 def _replicated(mesh, shape, dtype):
-  return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, replicated()))
+  return jax.ShapeDtypeStruct(shape, dtype, sharding=named_shardings(mesh, replicated()))
 
 
 def step_program(sharded: ShardedMtp, t: int, path: str):

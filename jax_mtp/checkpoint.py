@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh
 from tqdm import tqdm
 
 from jax_mtp import fp8
@@ -44,7 +44,7 @@ from jax_mtp.model import init_target_params
 from jax_mtp.mtp import init_params
 from jax_mtp.safetensors_io import (DEFAULT_BLOCK, FLOAT_DTYPES, FP8_DTYPE, CheckpointError,
                                     SafetensorsCheckpoint, scale_name)
-from jax_mtp.sharding import TP_AXIS, padded_vocab, param_spec, validate_tp
+from jax_mtp.sharding import TP_AXIS, padded_vocab, param_sharding, validate_tp
 
 TARGET, MTP = "target", "mtp"
 COPY, LINEAR, EXPERTS, CHECK = "copy", "linear", "experts", "check"
@@ -352,7 +352,7 @@ def _place(ckpt: SafetensorsCheckpoint, cfg: MtpConfig, p: Param, mesh: Mesh | N
   shape = p.shape
   if p.path[-1] in SHARED:
     shape = (padded_vocab(cfg, mesh.shape[TP_AXIS]),) + shape[1:]
-  sharding = NamedSharding(mesh, param_spec(p.path))
+  sharding = param_sharding(mesh, p.path)
   arrays, last = [], (None, None)
   for device, index in sharding.addressable_devices_indices_map(shape).items():
     index = tuple(slice(*s.indices(n)[:2]) for s, n in zip(index, shape))
@@ -395,7 +395,7 @@ def fp8_split_problems(path: str | os.PathLike, mesh: Mesh) -> list[str]:
   for p in keep_fp8(ckpt, params):
     if p.role != CODES:
       continue
-    sharding = NamedSharding(mesh, param_spec(p.path))
+    sharding = param_sharding(mesh, p.path)
     for index in sharding.addressable_devices_indices_map(p.shape).values():
       ours = tuple(slice(*s.indices(n)[:2]) for s, n in zip(index, p.shape))
       problem = ckpt.split_problem(p.sources[0], ours[-2:][::-1])

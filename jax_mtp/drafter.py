@@ -33,14 +33,14 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from flax.traverse_util import flatten_dict
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh
 
 from jax_mtp.config import MtpConfig
 from jax_mtp.draft_path import LOCAL_ARGMAX, greedy_draft_path
 from jax_mtp.indexer import Selection, selects_all
 from jax_mtp.mtp import MtpPredictor, init_caches, init_params
 from jax_mtp.kernels.fused_allreduce_rmsnorm import workspace_for_chain
-from jax_mtp.sharding import TensorParallel, param_specs
+from jax_mtp.sharding import TensorParallel, param_specs, place_params
 
 SHARED_WITH_TARGET = ("embed_tokens", "lm_head")
 
@@ -85,8 +85,7 @@ class MtpDrafter:
   def shard(self, params: dict, mesh: Mesh) -> dict:
     """Places `init_params`-layout params on the mesh, dropping the embedding and head (the
     target's are used)."""
-    own = _own(params)
-    return jax.tree.map(lambda x, spec: jax.device_put(x, NamedSharding(mesh, spec)), own, param_specs(own))
+    return place_params(_own(params), mesh)
 
   def variables(self, own_params: dict, target_params: dict) -> dict:
     shared = {name: target_params[name] for name in SHARED_WITH_TARGET}

@@ -23,13 +23,13 @@ import os
 import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
-from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
+from jax.sharding import Mesh, SingleDeviceSharding
 
 from jax_mtp import fp8
 from jax_mtp.checkpoint import MTP, SHARED, TARGET, abstract_params
 from jax_mtp.config import MtpConfig, RopeConfig
 from jax_mtp.safetensors_io import CheckpointError
-from jax_mtp.sharding import TP_AXIS, padded_vocab, param_spec, validate_tp
+from jax_mtp.sharding import TP_AXIS, padded_vocab, param_sharding, validate_tp
 
 PARAMS, CONFIG, FP8_ITEM = "params", "config", "fp8"
 
@@ -141,7 +141,7 @@ def _abstract_targets(cfg: MtpConfig, mesh: Mesh | None, fp8_kept: list[str]) ->
     shape = leaf.shape
     if keys[-1] in SHARED:  # orbax pads the saved rows with zeros (strict=False)
       shape = (padded_vocab(cfg, mesh.shape[TP_AXIS]),) + shape[1:]
-    return jax.ShapeDtypeStruct(shape, leaf.dtype, sharding=NamedSharding(mesh, param_spec(keys)))
+    return jax.ShapeDtypeStruct(shape, leaf.dtype, sharding=param_sharding(mesh, keys))
   abstract = abstract_params(cfg)
   for path in fp8_kept:
     *parents, name = path.split("/")

@@ -13,15 +13,15 @@ import functools
 from typing import NamedTuple
 
 import jax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh
 
 from jax_mtp.cache import LayerCache
 from jax_mtp.config import MtpConfig
 from jax_mtp.kernels.fused_allreduce_rmsnorm import gpu_kernels
 from jax_mtp.draft_path import FULL_LOGITS, LOCAL_ARGMAX, greedy_draft_path
 from jax_mtp.mtp import MtpPredictor, init_params, validate_inputs
-from jax_mtp.sharding import (TP_AXIS, param_specs, param_specs_for, replicated, shard_params, tensor_parallel,
-                              validate_tp)
+from jax_mtp.sharding import (TP_AXIS, named_shardings, param_specs, param_specs_for, replicated, shard_params,
+                              tensor_parallel, validate_tp)
 
 DRAFT_PATHS = (LOCAL_ARGMAX, FULL_LOGITS)
 
@@ -97,7 +97,5 @@ def jit_per_shard(per_shard, mesh: Mesh, in_specs: tuple, *, donate_argnums: tup
   tree, or one spec for the whole argument), every output is replicated over tp."""
   rep = replicated()
   sharded = jax.shard_map(per_shard, mesh=mesh, in_specs=in_specs, out_specs=rep, check_vma=False)
-  in_shardings = jax.tree.map(lambda spec: NamedSharding(mesh, spec), in_specs,
-                              is_leaf=lambda x: isinstance(x, PartitionSpec))
-  return jax.jit(sharded, in_shardings=in_shardings, out_shardings=NamedSharding(mesh, rep),
+  return jax.jit(sharded, in_shardings=named_shardings(mesh, in_specs), out_shardings=named_shardings(mesh, rep),
                  donate_argnums=donate_argnums)

@@ -119,9 +119,31 @@ def param_spec(path: tuple[str, ...]) -> PartitionSpec:
   return PartitionSpec()
 
 
+def param_sharding(mesh: Mesh, path: tuple[str, ...]) -> NamedSharding:
+  """Where the param at `path` (a tuple of keys) lives on `mesh`: its `param_spec`. Every placement of
+  a param — `place_params`, the checkpoint and orbax readers, jitted programs' in_shardings — goes
+  through here, so the spec table above is the only layout."""
+  return NamedSharding(mesh, param_spec(path))
+
+
+def named_shardings(mesh: Mesh, specs):
+  """The NamedSharding tree of a PartitionSpec tree (or of one spec) on `mesh`."""
+  return jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+
+def place_params(params, mesh: Mesh):
+  """Places every weight of a params tree on `mesh` by its spec, as it is (no vocab padding: that is
+  `shard_params`)."""
+  return jax.tree_util.tree_map_with_path(lambda p, x: jax.device_put(x, param_sharding(mesh, _keys(p))), params)
+
+
+def _keys(path) -> tuple[str, ...]:
+  return tuple(k.key for k in path)
+
+
 def param_specs(params) -> dict:
   """The PartitionSpec tree for a params tree (from `init_params`)."""
-  return jax.tree_util.tree_map_with_path(lambda p, _: param_spec(tuple(k.key for k in p)), params)
+  return jax.tree_util.tree_map_with_path(lambda p, _: param_spec(_keys(p)), params)
 
 
 def param_specs_for(structure) -> dict:
@@ -142,5 +164,4 @@ def shard_params(params, cfg: MtpConfig, mesh: Mesh):
   pad = padded_vocab(cfg, tp) - cfg.vocab_size
   for name in ("embed_tokens", "lm_head"):
     params[name] = jax.numpy.pad(params[name], ((0, pad), (0, 0)))
-  specs = param_specs(params)
-  return jax.tree.map(lambda x, s: jax.device_put(x, NamedSharding(mesh, s)), params, specs)
+  return place_params(params, mesh)

@@ -32,7 +32,6 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")  # libtpu finds no chips; compile-
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from jax.experimental import topologies  # noqa: E402
-from jax.sharding import NamedSharding  # noqa: E402
 
 import jax_mtp  # noqa: E402
 from jax_mtp import fp8  # noqa: E402
@@ -41,7 +40,7 @@ from jax_mtp.kernels.fused_allreduce_rmsnorm_tpu import KERNEL_NAME  # noqa: E40
 from jax_mtp.drafter import SHARED_WITH_TARGET  # noqa: E402
 from jax_mtp.model import init_target_params  # noqa: E402
 from jax_mtp.parallel import ShardedMtp  # noqa: E402
-from jax_mtp.sharding import make_mesh, padded_vocab, param_specs, replicated  # noqa: E402
+from jax_mtp.sharding import make_mesh, named_shardings, padded_vocab, param_specs, replicated  # noqa: E402
 from jax_mtp.speculative import Speculator  # noqa: E402
 
 PRESETS = {"tiny": jax_mtp.tiny, "deepseek_v32": jax_mtp.deepseek_v32, "glm5": jax_mtp.glm5}
@@ -55,24 +54,19 @@ def abstract_args(cfg, mesh, batch: int, capacity: int, weights: str = "bf16"):
   vocab = padded_vocab(cfg, tp)
   params = dict(params, embed_tokens=jax.ShapeDtypeStruct((vocab, cfg.hidden_size), params["embed_tokens"].dtype),
                 lm_head=jax.ShapeDtypeStruct((vocab, cfg.hidden_size), params["lm_head"].dtype))
-
-  def placed(tree, specs):
-    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, s)),
-                        tree, specs)
-
   caches = jax.eval_shape(lambda: jax_mtp.init_caches(cfg, batch, capacity))
   ids = jax.ShapeDtypeStruct((batch, 1), jnp.int32)
   hidden = jax.ShapeDtypeStruct((batch, 1, cfg.hidden_size), jnp.dtype(cfg.dtype))
-  rep = lambda tree: placed(tree, jax.tree.map(lambda _: replicated(), tree))  # noqa: E731
-  return placed(params, param_specs(params)), rep(ids), rep(ids), rep(hidden), rep(caches)
+  return (placed(params, mesh, param_specs(params)), placed(ids, mesh), placed(ids, mesh), placed(hidden, mesh),
+          placed(caches, mesh))
 
 
 def placed(tree, mesh, specs=None):
   """ShapeDtypeStructs of `tree` with their NamedShardings (replicated where `specs` is None; every
   layout comes from jax_mtp.sharding)."""
   specs = jax.tree.map(lambda _: replicated(), tree) if specs is None else specs
-  return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, s)),
-                      tree, specs)
+  return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), tree,
+                      named_shardings(mesh, specs))
 
 
 def round_args(cfg, mesh, batch: int, prompt: int, weights: str):
@@ -113,7 +107,7 @@ def compile_round(cfg, mesh, args) -> None:
     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
       prefill = spec.program("prefill", args.capacity, False, prefill_args).lower(*prefill_args).compile()
     report(f"impl={impl} prefill", prefill, time.perf_counter() - start)
-    max_new = jax.ShapeDtypeStruct((), jnp.int32, sharding=NamedSharding(mesh, replicated()))
+    max_new = placed(jax.ShapeDtypeStruct((), jnp.int32), mesh)
     round_args_ = (*params, prefill.out_info, max_new, temperature, stop_N)
     start = time.perf_counter()
     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
