@@ -6,6 +6,7 @@
 #   fp8    the kernel's formula tests on the GPU; FP8 weights kept on the device vs the same weights in bf16:
 #          V3.2's MTP layer memory and draft step; per row the bf16 top-1 gap beside the FP8 logit difference
 #   profile where the V3.2 draft step's time goes (B = 64 and 8, FP8 and bf16): kernel time per model part
+#   dense  the FP8 kernel's launch configs on V3.2's dense FP8 linears (one group) beside XLA and a bf16 dot
 #   verify the FP8 kernel's tests (formula, dense linears, the vLLM fixtures re-quantised) and the experts' GPU tests
 #   agree  per row: the bf16 path's top-1 gap beside the FP8 path's logit difference (why tokens may differ)
 #   bench  speculative vs plain tokens/s of the embedded default, k = 1..5, and `decode --check` on the GPU
@@ -46,6 +47,9 @@ case "${1:?stage}" in
   profile)
     timeout 330 python3 -W ignore::DeprecationWarning -m benchmarks.step_profile --preset deepseek_v32 \
       --batch ${PROFILE_BATCH:-64 8} --weights fp8 bf16 --out "$OUT" 2>&1 | grep -v -E "$QUIET" | tee "$OUT/step_profile.md"
+    ;;
+  dense)
+    timeout 420 python3 -m benchmarks.fp8_dense --rows 64 8 2>&1 | grep -v -E "$QUIET" | tee "$OUT/fp8_dense.md"
     ;;
   verify)
     timeout 420 python3 -m pytest -q -p no:cacheprovider tests/test_fp8_weights.py tests/test_experts_gpu.py \

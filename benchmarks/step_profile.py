@@ -60,8 +60,8 @@ def op_names(hlo_text: str) -> dict[str, str]:
   return dict(re.findall(r'^\s*(?:ROOT )?%?([\w.\-]+) = .*?op_name="([^"]+)"', hlo_text, re.M))
 
 
-def device_events(trace_dir: str) -> list[tuple[str, str, float]]:
-  """(line name, HLO instruction, µs) of every device-plane event. XLA on GPUs runs a step's kernels
+def device_events(trace_dir: str) -> list[tuple[float, str, float]]:
+  """(start ns, HLO instruction, µs) of every device-plane event, in time order. XLA on GPUs runs a step's kernels
   as one CUDA graph (a command buffer): their events then name the command buffer as `hlo_op`, and the
   kernel's own name, which is its fusion's instruction name, is used instead. An event naming no HLO
   instruction is kept as "(kernel) <its name>" (cuBLAS's and cuDNN's kernels). Where the plane
@@ -80,12 +80,12 @@ def device_events(trace_dir: str) -> list[tuple[str, str, float]]:
         if op is not None and str(op).startswith("command_buffer"):
           op = event.name
         if op is not None:
-          events.append((line.name, str(op), event.duration_ns / 1e3))
+          events.append((event.start_ns, str(op), event.duration_ns / 1e3))
         elif device:  # the host plane also holds Python's and the runtime's events
-          events.append((line.name, f"(kernel) {event.name[:60]}", event.duration_ns / 1e3))
+          events.append((event.start_ns, f"(kernel) {event.name[:60]}", event.duration_ns / 1e3))
   if not events:
     print("planes in the trace:", [(plane.name, [line.name for line in plane.lines][:6]) for plane in planes])
-  return events
+  return sorted(events)
 
 
 def run_calls(compiled, fixed, state, calls: int):
@@ -109,31 +109,42 @@ def profile(compiled, args, calls: int, timed_calls: int = 30):
   return seconds * 1e6, device_events(trace_dir)
 
 
+def short(op_name: str) -> str:
+  return re.sub(r"^jit\([^)]*\)/", "", op_name)
+
+
 def summarize(events, names: dict[str, str], calls: int, step_us: float, label: str) -> dict:
+  """Per part and per kernel: calls and µs per step. A kernel no instruction is named after (Pallas's,
+  cuBLAS's) is placed by the last named kernel before it: its part, and "after <that op>"."""
   by_part = collections.defaultdict(lambda: [0, 0.0])
-  by_op = collections.defaultdict(lambda: [0, 0.0])
+  by_op = collections.defaultdict(lambda: [0, 0.0, ""])
+  anchor = ""
   for _, op, us in events:
-    part = part_of(names.get(op, op))
+    if op in names:
+      anchor = names[op]
+      key, name = op, short(anchor)
+    else:
+      key, name = f"{op} after {short(anchor)[-60:]}", ""
+    part = part_of(anchor) if anchor else "other"
     by_part[part][0] += 1
     by_part[part][1] += us
-    by_op[op][0] += 1
-    by_op[op][1] += us
+    by_op[key][0] += 1
+    by_op[key][1] += us
+    by_op[key][2] = name
   busy = sum(us for _, _, us in events) / calls
   print(f"\n### {label}: {step_us:,.0f} µs / step untraced; kernels {busy:,.0f} µs / step "
         f"({len(events) / calls:.0f} per step); device idle between them ~{step_us - busy:,.0f} µs\n")
   print("| part | kernels / step | µs / step | share of kernel time |\n|---|---:|---:|---:|")
   for part, (count, us) in sorted(by_part.items(), key=lambda kv: -kv[1][1]):
     print(f"| {part} | {count / calls:.0f} | {us / calls:,.1f} | {us / calls / busy:.1%} |")
-  print("\n| instruction | part | calls / step | µs / step | op name |\n|---|---|---:|---:|---|")
+  print("\n| instruction (kernel) | calls / step | µs / step | op name |\n|---|---:|---:|---|")
   ranked = sorted(by_op.items(), key=lambda kv: -kv[1][1])
   top = ranked[:40]
-  for op, (count, us) in top:
-    name = re.sub(r"^jit\([^)]*\)/", "", names.get(op, "?"))
-    print(f"| {op[:60]} | {part_of(names.get(op, op))} | {count / calls:.0f} | {us / calls:,.1f} | {name[-90:]} |")
+  for op, (count, us, name) in top:
+    print(f"| {op[:140]} | {count / calls:.0f} | {us / calls:,.1f} | {name[-90:]} |")
   return {"label": label, "step_us": step_us, "kernel_us": busy, "kernels_per_step": len(events) / calls,
           "parts": {p: {"kernels": c / calls, "us": u / calls} for p, (c, u) in by_part.items()},
-          "ops": [{"op": op, "name": names.get(op, "?"), "calls": c / calls, "us": u / calls}
-                  for op, (c, u) in ranked]}
+          "ops": [{"op": op, "name": name, "calls": c / calls, "us": u / calls} for op, (c, u, name) in ranked]}
 
 
 def main() -> None:
