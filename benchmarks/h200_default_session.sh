@@ -7,6 +7,8 @@
 #          V3.2's MTP layer memory and draft step; per row the bf16 top-1 gap beside the FP8 logit difference
 #   profile where the V3.2 draft step's time goes (B = 64 and 8, FP8 and bf16): kernel time per model part
 #   dense  the FP8 kernel's launch configs on V3.2's dense FP8 linears (one group) beside XLA and a bf16 dot
+#   step   the FP8 vs bf16 draft step at B = 1, 8, 64, the FP8 step's profile at B = 64, and the GPU
+#          speculative == plain tests in bf16 (after a change to the attention)
 #   verify the FP8 kernel's tests (formula, dense linears, the vLLM fixtures re-quantised) and the experts' GPU tests
 #   agree  per row: the bf16 path's top-1 gap beside the FP8 path's logit difference (why tokens may differ)
 #   bench  speculative vs plain tokens/s of the embedded default, k = 1..5, and `decode --check` on the GPU
@@ -50,6 +52,15 @@ case "${1:?stage}" in
     ;;
   dense)
     timeout 420 python3 -m benchmarks.fp8_dense --rows 64 8 2>&1 | grep -v -E "$QUIET" | tee "$OUT/fp8_dense.md"
+    ;;
+  step)
+    timeout 280 python3 -m benchmarks.fp8_step --preset deepseek_v32 --batch 1 8 64 2>&1 | grep -v -E "$QUIET" \
+      | tee "$OUT/fp8_step.md"
+    timeout 150 python3 -W ignore::DeprecationWarning -m benchmarks.step_profile --preset deepseek_v32 --batch 64 \
+      --weights fp8 --out "$OUT" 2>&1 | grep -v -E "$QUIET" | tee "$OUT/step_profile.md"
+    timeout 130 python3 -m pytest -q -p no:cacheprovider -x tests/test_speculative.py -k "past_index_topk and bfloat16" \
+      >"$OUT/speculative_gpu_tests.txt" 2>&1
+    tail -3 "$OUT/speculative_gpu_tests.txt"
     ;;
   verify)
     timeout 420 python3 -m pytest -q -p no:cacheprovider tests/test_fp8_weights.py tests/test_experts_gpu.py \
