@@ -56,8 +56,10 @@ def part_of(op_name: str) -> str:
 
 
 def op_names(hlo_text: str) -> dict[str, str]:
-  """HLO instruction name -> the op_name metadata (JAX name stack) it carries."""
-  return dict(re.findall(r'^\s*(?:ROOT )?%?([\w.\-]+) = .*?op_name="([^"]+)"', hlo_text, re.M))
+  """HLO instruction name -> the op_name metadata (JAX name stack) it carries, also under the name its
+  GPU kernel gets (XLA writes "gemm_fusion_dot.8"'s kernel as "gemm_fusion_dot_8")."""
+  names = dict(re.findall(r'^\s*(?:ROOT )?%?([\w.\-]+) = .*?op_name="([^"]+)"', hlo_text, re.M))
+  return {**{re.sub(r"[.\-]", "_", name): op for name, op in names.items()}, **names}
 
 
 def device_events(trace_dir: str) -> list[tuple[float, str, float]]:

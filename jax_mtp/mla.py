@@ -188,8 +188,8 @@ def dot_inputs(dtype) -> tuple[jnp.dtype, jax.lax.Precision]:
 
 def _heads_from_latent(o_lat_BTNC: jax.Array, w_uv_CNH: jax.Array, dot_dtype=jnp.float32) -> jax.Array:
   """o_h = W_UV_h · (the attention-weighted latent), fp32 [B, T, N, H]; the dot's inputs in `dot_dtype`
-  (bf16 in a bf16 model, as FlashMLA's bf16 output enters vLLM's W_UV product: an fp32 W_UV product
-  ran as a 38 µs fp32 GEMM plus a 13 µs conversion of W_UV in the V3.2 step at B = 64 on an H200)."""
+  (bf16 in a bf16 model, as FlashMLA's bf16 output enters vLLM's W_UV product; in fp32 it was most likely
+  the 38 µs fp32 SIMT GEMM of the V3.2 step's profile at B = 64 on an H200, benchmarks/RESULTS.md)."""
   dot_dtype, precision = dot_inputs(dot_dtype)
   return jnp.einsum("btnc,cnh->btnh", o_lat_BTNC.astype(dot_dtype), w_uv_CNH.astype(dot_dtype), precision=precision,
                     preferred_element_type=jnp.float32)
