@@ -32,6 +32,7 @@ import re
 import sys
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
 
 import jax
 import numpy as np
@@ -237,9 +238,35 @@ def load_hf_checkpoint(path: str | os.PathLike, *, cfg: MtpConfig | None = None,
   checkpoint stores in FP8 as their codes + block scales (jax_mtp.fp8) instead of dequantising them;
   the returned config then carries the checkpoint's blocks (`fp8_block`), which the model needs.
   """
+  return load_opened(open_hf_checkpoint(path, cfg=cfg, mesh=mesh, dtype=dtype), progress=progress,
+                     fp8_weights=fp8_weights)
+
+
+class Opened(NamedTuple):
+  """A checkpoint directory opened and checked once (`open_hf_checkpoint`): what loading it, or asking
+  whether its FP8 weights can be kept on the mesh (`fp8_split_problems`), needs."""
+
+  cfg: MtpConfig
+  ckpt: SafetensorsCheckpoint
+  params: list[Param]
+  checks: list[tuple[str, str]]
+  mesh: Mesh | None
+
+
+def open_hf_checkpoint(path: str | os.PathLike, *, cfg: MtpConfig | None = None, mesh: Mesh | None = None,
+                       dtype: str | None = None) -> Opened:
+  """Reads a checkpoint's config and headers and checks every tensor (one CheckpointError); reads no
+  weight. The arguments are `load_hf_checkpoint`'s."""
   cfg, ckpt = _open(path, cfg, dtype, mesh)
   params, checks = plan(cfg)
   check_tensors(ckpt, cfg, params, checks)
+  return Opened(cfg, ckpt, params, checks, mesh)
+
+
+def load_opened(opened: Opened, *, progress: bool | None = None,
+                fp8_weights: bool = False) -> tuple[MtpConfig, dict, dict]:
+  """`load_hf_checkpoint` of a checkpoint `open_hf_checkpoint` opened."""
+  cfg, ckpt, params, checks, mesh = opened
   _check_copies(ckpt, checks)
   trees = _build(ckpt, cfg, keep_fp8(ckpt, params) if fp8_weights else params, mesh, progress)
   trees[MTP].update({name: trees[TARGET][name] for name in SHARED})
@@ -385,17 +412,14 @@ def keep_fp8(ckpt: SafetensorsCheckpoint, params: list[Param]) -> list[Param]:
   return kept
 
 
-def fp8_split_problems(path: str | os.PathLike, mesh: Mesh) -> list[str]:
-  """Why the checkpoint's FP8 weights cannot be kept on `mesh` (a device's share not whole blocks),
-  one line per tensor; [] when they can. Reads headers only."""
-  cfg, ckpt = _open(path, None, None, mesh)
-  params, checks = plan(cfg)
-  check_tensors(ckpt, cfg, params, checks)  # a damaged checkpoint is its CheckpointError here too (fuzzing)
-  problems = []
-  for p in keep_fp8(ckpt, params):
+def fp8_split_problems(opened: Opened) -> list[str]:
+  """Why the opened checkpoint's FP8 weights cannot be kept on its mesh (a device's share not whole
+  blocks), one line per tensor; [] when they can. Reads headers only."""
+  ckpt, problems = opened.ckpt, []
+  for p in keep_fp8(ckpt, opened.params):
     if p.role != CODES:
       continue
-    sharding = param_sharding(mesh, p.path)
+    sharding = param_sharding(opened.mesh, p.path)
     for index in sharding.addressable_devices_indices_map(p.shape).values():
       ours = tuple(slice(*s.indices(n)[:2]) for s, n in zip(index, p.shape))
       problem = ckpt.split_problem(p.sources[0], ours[-2:][::-1])

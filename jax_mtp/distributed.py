@@ -5,10 +5,11 @@ JAX's multi-controller runtime does the work: every process runs the same progra
 drives, `jax.distributed` connects them, and a tp mesh over every process's devices makes the
 collectives cross hosts. This module only starts it and checks the processes agree:
 
-  * `initialize(args)` before JAX touches a device: with --coordinator-address / --num-processes /
-    --process-id as given, or auto-detected where a launcher says there are several processes
-    (SLURM with more than one task, a multi-host Cloud TPU slice, Open MPI); otherwise one process
-    and nothing happens. On CPU the cross-process collectives are gloo's.
+  * `validate(args)`, then `initialize(args)` with `jax_settings(args)` applied, before JAX touches a
+    device: with --coordinator-address / --num-processes / --process-id as given, or auto-detected
+    where a launcher says there are several processes (SLURM with more than one task, a multi-host
+    Cloud TPU slice, Open MPI); otherwise one process and nothing happens. On CPU the cross-process
+    collectives are gloo's.
   * A process that dies (killed, crashed, preempted) stops sending heartbeats; after
     --heartbeat-timeout seconds JAX's coordination service ends every other process with a message
     naming the unhealthy task (exit by SIGABRT): no process hangs in a collective.
@@ -99,13 +100,18 @@ def validate(args: argparse.Namespace) -> None:
     raise ValueError(f"--heartbeat-timeout={args.heartbeat_timeout} must be ≥ 1 second")
 
 
+def jax_settings(args: argparse.Namespace) -> dict:
+  """The JAX config several processes need, for the caller to set before JAX starts: gloo for the CPU
+  collectives across processes. {} for one process."""
+  return {"jax_cpu_collectives_implementation": "gloo"} if requested(args) else {}
+
+
 def initialize(args: argparse.Namespace) -> bool:
-  """Starts jax.distributed where several processes are asked for; True if it did. Must run before
-  any JAX device is touched (the backend then sees every process's devices)."""
-  validate(args)
+  """Starts jax.distributed where several processes are asked for; True if it did. Runs after
+  `validate` with `jax_settings` applied, before any JAX device is touched (the backend then sees
+  every process's devices)."""
   if not requested(args):
     return False
-  jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU collectives across processes
   jax.distributed.initialize(coordinator_address=args.coordinator_address, num_processes=args.num_processes,
                              process_id=args.process_id, heartbeat_timeout_seconds=args.heartbeat_timeout)
   return True

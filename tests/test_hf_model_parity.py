@@ -20,6 +20,7 @@ import torch
 from jax_mtp import decode
 from jax_mtp.model import TargetModel
 from jax_mtp.prefill import target_prefill
+from jax_mtp.sharding import make_mesh
 from tests.hf_model_reference import write_hf_model_checkpoint
 from tests.tolerances import assert_close
 
@@ -40,7 +41,7 @@ def _cli_loaded(directory: str, extra=()):
   """The config and params exactly as `decode.main` builds them for these flags."""
   args = decode._parser().parse_args(["--checkpoint", directory, "--dtype", "float32", *extra])
   cfg = decode.with_flags(decode.checkpoint_config(directory), args)
-  return decode.load(args, cfg)  # the config the weights run with, and the weights
+  return decode.load(args, cfg, make_mesh(args.tp))  # the config the weights run with, and the weights
 
 
 def test_teacher_forced_logits_match_hf_at_every_position(checkpoint):

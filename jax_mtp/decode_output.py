@@ -1,0 +1,104 @@
+"""What `python -m jax_mtp.decode` shows: the progress bar and streamed text while it decodes, then the
+result as text or as one JSON object on stdout, and one `error: prompt i: ...` line on stderr per row
+whose logits became non-finite. Nothing here reads flags or touches the model: the CLI passes in
+what it decided (jax_mtp.decode)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from jax_mtp.distributed import Gathered
+from jax_mtp.tokenizer import TextCodec
+
+
+class Progress:
+  """A one-line progress bar on `stream`, shown only on a terminal (or with `force`), at most 10 Hz."""
+
+  def __init__(self, stream=None, force: bool = False, enabled: bool = True):
+    stream = sys.stderr if stream is None else stream  # looked up per call: sys.stderr may be swapped
+    self.stream, self.enabled = stream, enabled and (force or stream.isatty())
+    self.shown, self.last = False, 0.0
+
+  def __call__(self, done: int, total: int) -> None:
+    now = time.monotonic()
+    if not self.enabled or (now - self.last < 0.1 and done < total):
+      return
+    self.last, self.shown = now, True
+    filled = 30 * done // max(total, 1)
+    self.stream.write(f"\rdecoding [{'#' * filled}{'.' * (30 - filled)}] {done}/{total} tokens")
+    self.stream.flush()
+
+  def close(self) -> None:
+    if self.shown:
+      self.stream.write("\n")
+      self.stream.flush()
+
+
+class TextStream:
+  """`on_tokens` for one row: prints the decoded text that is new since the last call. Text that
+  ends inside a multi-byte character (a trailing U+FFFD) is held back until its bytes arrive."""
+
+  def __init__(self, codec: TextCodec, out=None):
+    self.codec, self.out, self.shown = codec, out, ""
+
+  def __call__(self, tokens: list[list[int]]) -> None:
+    text = self.codec.decode(tokens[0]).rstrip("\ufffd")
+    if text.startswith(self.shown) and len(text) > len(self.shown):
+      print(text[len(self.shown):], end="", flush=True, file=self.out or sys.stdout)
+      self.shown = text
+
+
+def print_result(result: Gathered, *, as_json: bool, model_line: str, prompts: list[list[int]],
+                 texts: list[str] | None, codec: TextCodec | None, streamed: bool) -> int:
+  """Prints every row's outcome (JSON or text) and one stderr line per failed row; returns the exit
+  code (1 when a row failed, else 0). `texts`: the --prompt texts when `codec` encoded them."""
+  if as_json:
+    print(json.dumps(_json_object(result, codec)))
+  else:
+    _print_text(result, model_line, prompts, texts, codec, streamed)
+  for i in result.failed_rows:
+    print(f"error: prompt {i}: {failure(result, i)}", file=sys.stderr)
+  return 1 if result.failed_rows else 0
+
+
+def _json_object(result: Gathered, codec: TextCodec | None) -> dict:
+  failed = result.failed_rows
+  reasons = ["error" if i in failed else "stop" if s else "length" for i, s in enumerate(result.stopped_rows)]
+  out = {"tokens": result.tokens, "finish_reasons": reasons, **result.metrics.as_dict()}
+  if failed:
+    out["errors"] = {str(i): failure(result, i) for i in failed}
+  if codec is not None:
+    out["text"] = [codec.decode(tokens) for tokens in result.tokens]
+  if result.matches is not None:
+    out["matches_target"] = result.matches
+  return out
+
+
+def _print_text(result: Gathered, model_line: str, prompts: list[list[int]], texts: list[str] | None,
+                codec: TextCodec | None, streamed: bool) -> None:
+  m = result.metrics
+  if streamed:  # the model line and the prompt were printed before the streamed text
+    print("\n" + "─" * 40)
+  else:
+    print(model_line)
+  for i, (prompt, tokens) in enumerate(zip(prompts, result.tokens)):
+    stop = " (stopped at EOS)" if result.stopped_rows[i] and i not in result.failed_rows else ""
+    print(f"prompt {i} {prompt} → {tokens}{stop}")
+    if codec is not None and not streamed:
+      print(f"  {texts[i]!r} → {codec.decode(tokens)!r}")
+  if m.rounds:
+    print(f"acceptance length {m.acceptance_length_mean:.2f} · per position "
+          f"{[round(r, 2) for r in m.acceptance_rate_per_position]} · drafts accepted "
+          f"{m.draft_tokens_accepted}/{m.draft_tokens_proposed}")
+    print(f"{m.tokens_per_second:.1f} tokens/s, {m.tokens_per_second_per_acceptance_length:.1f} tokens/s per "
+          f"acceptance length")
+  if result.matches is not None:
+    print(f"check: the output {'matches' if result.matches else 'DIFFERS FROM'} plain greedy decoding with the "
+          f"target")
+
+
+def failure(result: Gathered, row: int) -> str:
+  return (f"the target's logits became non-finite (NaN or inf) after {len(result.tokens[row])} token(s); the row "
+          f"stopped there, the other rows went on")
