@@ -5,33 +5,36 @@ A grid of G CTAs, one warpgroup (128 threads) each; CTA g owns the rows g, g+G, 
 With n > 1 devices G = min(T, SMs) (`resident_ctas`): every CTA is resident, so no spin-wait can
 starve a CTA that was never scheduled; with n = 1, G = T. Per CTA, on every device (n > 1):
 
-    1. barrier      only with entry_barrier=True (the old protocol): signal this CTA's `entry`
-                    semaphore on every peer, wait for n−1 signals
+    1. barrier      not in the production protocol (why below); only in the benchmarks' variant
+                    entry_barrier=True (the original protocol): signal this CTA's `entry` semaphore
+                    on every peer, wait for n−1 signals
     2. push         my partial rows into slot `me` of every peer's receive buffer and of my own.
-                    push="tma" (default): B rows at a time, TMA-load each row GMEM → SMEM
+                    Production (push="tma"): B rows at a time, TMA-load each row GMEM → SMEM
                     (mbarrier), then one elected thread bulk-copies it SMEM → GMEM of each device
                     (`copy_smem_to_gmem` to a `remote_ref`: one contiguous cp.async.bulk per row
                     and device, no registers); the B slots (B·D·itemsize ≤ 160 of 227 KiB) are
-                    refilled once read. push="st": per-thread registers → 16-byte st.global.
+                    refilled once read. The benchmarks' variant push="st": per-thread registers →
+                    16-byte st.global.
     3. wait         signal `data` on every peer (a warpgroup bar.sync, then red.release.sys by the
                     same elected thread that issued the bulk copies and, before it, waited for
                     their writes: cp.async.bulk.wait_group 0, not .read; an async op's completion
                     carries an implicit generic-async proxy fence, so the release covers the rows —
-                    as in jax's collective_matmul_mgpu.py), wait for n−1 (fence.acquire.sys)
+                    the pattern jax's own Mosaic GPU collective matmul uses), wait for n−1
+                    (fence.acquire.sys)
     4. reduce+norm  per row, in 1024-column chunks: acc = Σ_j slot[j] in the fixed order
                     j = 0..n−1 in fp32, so every device gets bit-identical results;
                     h = residual + acc → new_residual; Σh² over the row → inv_rms;
                     normed = h · inv_rms · weight
 
-Why phase 1 is not needed: jaxlib launches a kernel that uses XLA's collective metadata (as every
-`remote_ref` does) right after `comm->LaunchMultiGpuBarrier(executor)` on the same stream
-(`MosaicGpuExecute`, jaxlib/mosaic/gpu/custom_call.cc) unless CompilerParams(skip_device_barrier=
-True) (jax 0.11.2 _src/pallas/mosaic_gpu/core.py:129; not set here — the chained variant,
+Why phase 1 is not needed: jaxlib launches a Mosaic GPU kernel that uses XLA's collective metadata
+(as every `remote_ref` does) right after XLA's multi-GPU barrier on the same stream, unless the
+kernel's `plgpu.CompilerParams(skip_device_barrier=True)` (not set here — the chained variant,
 fused_allreduce_rmsnorm_gpu_chained.py, sets it and orders the peers through a persistent
 workspace). That barrier kernel ends on a device only once every peer has reached it, i.e. has
-finished all its earlier stream work: its previous call (which read its receive buffer) and the zero-init of this call's semaphores (jax
-0.12's `plgpu.alloc_semaphore` docstring relies on the same guarantee). So no peer still touches
-what we write; the entry barrier, whose zeroed semaphore needs that barrier anyway, adds nothing.
+finished all its earlier stream work: its previous call (which read its receive buffer) and the
+zero-init of this call's semaphores (`plgpu.alloc_semaphore`'s documentation relies on the same
+guarantee). So no peer still touches what we write; the entry barrier, whose zeroed semaphore needs
+that barrier anyway, adds nothing.
 
 A row lives in registers in phase 4 (D/128 fp32 values per thread, in the `WG_STRIDED` layout:
 thread i holds the 16-byte vectors i, i+128, ...); the 128-thread sum of squares is Mosaic's warp
@@ -59,7 +62,7 @@ MAX_D = 16384  # a row is kept in registers: D/128 fp32 values per thread
 SXM_SMS = 132  # SMs on an H100/H200 SXM: the grid bound when the mesh does not say
 _LANES = 128  # threads in a warpgroup
 _CHUNK = 1024  # columns per register chunk
-PUSH_MODES = ("tma", "st")
+PUSH_MODES = ("tma", "st")  # phase 2's protocols: production's first, the other for benchmarks/
 _STAGE_BYTES = 160 * 1024  # SMEM for push="tma"'s staged rows (227 KiB per SM)
 
 
@@ -239,14 +242,23 @@ def _stage_scratch(t: int, d: int, grid: int, dtype) -> tuple:
 
 
 def fused_allreduce_rmsnorm_gpu(x_partial_TD, residual_TD, weight_D, eps: float, *, axis_name: str | None,
-                                interpret=None, push: str = "tma", entry_barrier: bool = False):
+                                interpret=None):
   """(normed, new_residual) [T, D] in x's dtype, inside `shard_map` on Hopper GPUs.
 
   axis_name None or a 1-device axis: no communication, the fused add + RMSNorm only; that path
   also runs in GPU interpret mode (`interpret=plgpu.InterpretGPUParams(...)`; True means the
   default params — the generic `pallas_call` interpreter cannot run `plgpu.load`).
-  push ("tma"/"st"), entry_barrier: the n > 1 protocol (module docstring); "st" + True is the old one.
   """
+  return _with_protocol(x_partial_TD, residual_TD, weight_D, eps, axis_name=axis_name, interpret=interpret,
+                        push=PUSH_MODES[0], entry_barrier=False)
+
+
+def _with_protocol(x_partial_TD, residual_TD, weight_D, eps: float, *, axis_name: str | None, interpret,
+                   push: str, entry_barrier: bool):
+  """`fused_allreduce_rmsnorm_gpu` with its n > 1 protocol chosen (module docstring): push in
+  PUSH_MODES, entry_barrier. The public wrapper runs the production one ("tma", False);
+  benchmarks/fused_allreduce_rmsnorm.py times the others ("st" + True is the original protocol) and
+  tests/test_fused_allreduce_rmsnorm_gpu.py lowers and runs each."""
   validate_gpu_inputs(x_partial_TD, residual_TD, weight_D)
   if push not in PUSH_MODES:
     raise ValueError(f"push={push!r} is not one of {PUSH_MODES}")
