@@ -78,6 +78,15 @@ def draft_step(params, ids, positions, hidden, caches, model):
   return model.apply({"params": params}, out.hidden_BTD, method=model.get_top_tokens), out.caches
 
 
+def step_inputs(cfg, batch: int, capacity: int):
+  """(ids, positions, hidden, caches) of a draft step of `batch` random rows at position capacity / 2."""
+  rng = np.random.default_rng(batch)
+  ids = jnp.asarray(rng.integers(0, cfg.vocab_size, (batch, 1), dtype=np.int32))
+  positions = jnp.full((batch, 1), capacity // 2, jnp.int32)
+  hidden = jnp.asarray(rng.standard_normal((batch, 1, cfg.hidden_size)), cfg.dtype)
+  return ids, positions, hidden, jax_mtp.init_caches(cfg, batch, capacity)
+
+
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--preset", default="deepseek_v32", choices=sorted(PRESETS))
@@ -104,11 +113,7 @@ def main() -> None:
   model = jax_mtp.MtpPredictor(cfg)
 
   for batch in args.batch:
-    rng = np.random.default_rng(batch)
-    ids = jnp.asarray(rng.integers(0, cfg.vocab_size, (batch, 1), dtype=np.int32))
-    positions = jnp.full((batch, 1), args.capacity // 2, jnp.int32)
-    hidden = jnp.asarray(rng.standard_normal((batch, 1, cfg.hidden_size)), cfg.dtype)
-    caches = jax_mtp.init_caches(cfg, batch, args.capacity)
+    ids, positions, hidden, caches = step_inputs(cfg, batch, args.capacity)
     (touched,) = experts_touched(model, bf16_params, ids, positions, hidden, caches)
     cache = batch * cache_bytes_read(cfg, visible=args.capacity // 2 + 1)
     results = {}

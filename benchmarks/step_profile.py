@@ -26,10 +26,9 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 import jax_mtp
-from benchmarks.fp8_step import build_params, draft_step
+from benchmarks.fp8_step import build_params, draft_step, step_inputs
 from benchmarks.mtp_step import PRESETS
 
 # (part, pattern in the op's name stack), first match wins; the patterns follow the flax module names.
@@ -165,11 +164,7 @@ def main() -> None:
         f"{args.capacity}, rows at S/2")
   tables = []
   for batch in args.batch:
-    rng = np.random.default_rng(batch)
-    ids = jnp.asarray(rng.integers(0, cfg.vocab_size, (batch, 1), dtype=np.int32))
-    positions = jnp.full((batch, 1), args.capacity // 2, jnp.int32)
-    hidden = jnp.asarray(rng.standard_normal((batch, 1, cfg.hidden_size)), cfg.dtype)
-    caches = jax_mtp.init_caches(cfg, batch, args.capacity)
+    ids, positions, hidden, caches = step_inputs(cfg, batch, args.capacity)
     for weights in args.weights:
       step_args = (trees[weights], ids, positions, hidden, caches)
       step = functools.partial(draft_step, model=model)
