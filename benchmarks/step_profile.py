@@ -46,8 +46,6 @@ PARTS = (
 
 
 def part_of(op_name: str) -> str:
-  if op_name.startswith("(kernel)"):
-    return "unattributed"
   for part, pattern in PARTS:
     if pattern in op_name:
       return part
@@ -62,15 +60,16 @@ def op_names(hlo_text: str) -> dict[str, str]:
 
 
 def device_events(trace_dir: str) -> list[tuple[float, str, float]]:
-  """(start ns, HLO instruction, µs) of every device-plane event, in time order. XLA on GPUs runs a step's kernels
-  as one CUDA graph (a command buffer): their events then name the command buffer as `hlo_op`, and the
+  """(start ns, HLO instruction, µs) of every device-plane event, in time order. XLA on GPUs runs a
+  step's kernels as one CUDA graph (a command buffer): their events then name the command buffer as `hlo_op`, and the
   kernel's own name, which is its fusion's instruction name, is used instead. An event naming no HLO
   instruction is kept as "(kernel) <its name>" (cuBLAS's and cuDNN's kernels). Where the plane
   has CUDA stream lines, only those are read (derived lines would count a kernel twice). XLA's CPU
   client runs the ops on host threads: with no device plane, the host plane is read."""
   (path,) = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
   planes = list(jax.profiler.ProfileData.from_file(path).planes)
-  device = [plane for plane in planes if plane.name.startswith("/device:") and plane.name != "/device:CUSTOM:Megascale Trace"]
+  device = [plane for plane in planes
+            if plane.name.startswith("/device:") and plane.name != "/device:CUSTOM:Megascale Trace"]
   events = []
   for plane in device or [plane for plane in planes if plane.name == "/host:CPU"]:
     lines = list(plane.lines)
