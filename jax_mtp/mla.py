@@ -166,8 +166,9 @@ def sparse_latent_attention(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, selecti
   dot_dtype, precision = dot_inputs(dot_dtype)
   c = latent_BSC.shape[-1]
   # One gathered [latent; k_pe] entry per selected slot, and one query [q~; q_pe]: the two score terms are
-  # one dot (one pass over the entries, no second [B, N, T, K] fp32 score array to add), and the
-  # output dot reads the same entries, its k_pe columns dropped after (a slice of the operand would copy).
+  # one dot (no second [B, N, T, K] fp32 score array to add), and the output dot reads the same entries
+  # whole, its k_pe columns dropped from the output (the operand is not sliced). On an H200 the V3.2 step
+  # ran no measurably faster or slower for it (benchmarks/RESULTS.md, 10:11 run).
   entries_BTKX = jnp.concatenate([_gather_selected(latent_BSC, selection.slots_BTK).astype(dot_dtype),
                                   _gather_selected(k_pe_BSR, selection.slots_BTK).astype(dot_dtype)], axis=-1)
   q_BTNX = jnp.concatenate([q_lat_BTNC.astype(dot_dtype), q_pe_BTNR.astype(dot_dtype)], axis=-1)
