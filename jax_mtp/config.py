@@ -25,6 +25,7 @@ MOE_IMPLS = ("auto", "gather", "ragged_dot", "tokamax_gpu", "tokamax_tpu", "fp8_
 DTYPES = ("float32", "bfloat16", "float16")  # compute (`dtype`) and parameter (`param_dtype`) dtypes
 INDEX_CACHE_DTYPES = ("auto", *DTYPES, "float8_e4m3fn")
 INDEX_SCORES_IMPLS = ("auto", "xla", "pallas_gpu", "pallas_tpu")
+SPARSE_ATTENTION_IMPLS = ("auto", "xla", "pallas_gpu")
 
 
 class ConfigError(ValueError):
@@ -110,10 +111,14 @@ class MtpConfig:
   # The DSA indexer's scores: XLA, or the fused Pallas kernel (kernels/index_scores.py); see
   # jax_mtp.indexer.resolve_index_scores_impl.
   index_scores_impl: str = "auto"
+  # DSA's sparse MLA attention over the selected slots (decode, verification, sparse prefill): XLA, or
+  # the fused Pallas kernel (kernels/sparse_mla.py); see jax_mtp.mla.resolve_sparse_attention_impl.
+  sparse_attention_impl: str = "auto"
   # The fields above from `dtype` on say how the model runs, not what it is (RUN_SETTINGS): a
   # checkpoint's config.json may differ from the running config in these only.
 
-  RUN_SETTINGS = ("dtype", "param_dtype", "moe_impl", "index_cache_dtype", "prefill_chunk", "index_scores_impl")
+  RUN_SETTINGS = ("dtype", "param_dtype", "moe_impl", "index_cache_dtype", "prefill_chunk", "index_scores_impl",
+                  "sparse_attention_impl")
 
   def __post_init__(self):
     _validate(self)
@@ -205,6 +210,8 @@ def _validate(cfg: MtpConfig) -> None:
     raise ConfigError(f"moe_impl={cfg.moe_impl!r} is not one of {MOE_IMPLS}")
   if cfg.index_scores_impl not in INDEX_SCORES_IMPLS:
     raise ConfigError(f"index_scores_impl={cfg.index_scores_impl!r} is not one of {INDEX_SCORES_IMPLS}")
+  if cfg.sparse_attention_impl not in SPARSE_ATTENTION_IMPLS:
+    raise ConfigError(f"sparse_attention_impl={cfg.sparse_attention_impl!r} is not one of {SPARSE_ATTENTION_IMPLS}")
   if not isinstance(cfg.prefill_chunk, int) or isinstance(cfg.prefill_chunk, bool) or cfg.prefill_chunk < 0:
     raise ConfigError(f"prefill_chunk={cfg.prefill_chunk!r} must be a whole number of tokens ≥ 1 (0 = auto)")
   for name in ("dtype", "param_dtype"):

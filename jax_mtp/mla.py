@@ -34,6 +34,7 @@ import jax.numpy as jnp
 from jax_mtp.cache import LayerCache, causal_mask, write_at_positions
 from jax_mtp.config import MtpConfig
 from jax_mtp.indexer import INDEXER_TRAINING, Indexer, Selection, selects_all
+from jax_mtp.kernels.sparse_mla import sparse_mla
 from jax_mtp.layers import RMSNorm, Rotary, apply_rope, linear
 from jax_mtp.sharding import TensorParallel
 
@@ -149,10 +150,59 @@ class MLAttention(nn.Module):
   def _absorbed_sparse(self, q_nope_BTNP, q_pe_BTNR, cache: LayerCache, selection: Selection) -> jax.Array:
     """The absorbed form over the K = index_topk selected entries only (gathered per query): the
     same softmax as `_absorbed` with the selection mask, reading B·T·K entries instead of B·S."""
+    cfg = self.cfg
     q_lat_BTNC, w_uv_CNH = self._latent_query(q_nope_BTNP)
-    o_lat_BTNC = sparse_latent_attention(q_lat_BTNC, q_pe_BTNR, cache.latent_BSC, cache.k_pe_BSR, selection,
-                                         self.cfg.softmax_scale, dot_dtype=self.cfg.dtype)
-    return _heads_from_latent(o_lat_BTNC, w_uv_CNH, dot_dtype=self.cfg.dtype)
+    impl = resolve_sparse_attention_impl(cfg, jax.default_backend(), self.num_local_heads)
+    if impl == "xla":
+      o_lat_BTNC = sparse_latent_attention(q_lat_BTNC, q_pe_BTNR, cache.latent_BSC, cache.k_pe_BSR, selection,
+                                           cfg.softmax_scale, dot_dtype=cfg.dtype)
+    else:  # the fused kernel (interpret mode where the program runs on a CPU, Triton on CUDA); its output in
+      # the cache's dtype, which _heads_from_latent's dot takes (the XLA path's fp32 is rounded there)
+      dtype = cache.latent_BSC.dtype
+      slots_BTK = jnp.where(selection.valid_BTK, selection.slots_BTK, -1)
+      o_lat_BTNC = sparse_mla(q_lat_BTNC.astype(dtype), q_pe_BTNR.astype(dtype), cache.latent_BSC,
+                              cache.k_pe_BSR.astype(dtype), slots_BTK, cfg.softmax_scale, out_dtype=dtype,
+                              **sparse_mla_config(self.num_local_heads, cfg.index_topk))
+    return _heads_from_latent(o_lat_BTNC, w_uv_CNH, dot_dtype=cfg.dtype)
+
+
+def resolve_sparse_attention_impl(cfg: MtpConfig, platform: str, local_heads: int) -> str:
+  """"xla" or "pallas_gpu" (kernels/sparse_mla.py) for `cfg.sparse_attention_impl`.
+
+  "auto": the kernel on GPUs wherever it takes the model (TODO measured), xla elsewhere (no TPU kernel:
+  Mosaic TPU has no row gather from HBM by data-dependent ids in a block). An explicit "pallas_gpu" runs
+  as asked — on a CPU in Pallas' interpret mode (tests), on CUDA through Triton — unless it cannot take
+  the model (`_sparse_kernel_problems`): then a ValueError names why."""
+  impl = cfg.sparse_attention_impl
+  if impl == "xla":
+    return "xla"
+  problems = _sparse_kernel_problems(cfg, local_heads)
+  if impl == "auto":
+    return "pallas_gpu" if platform == "gpu" and not problems else "xla"
+  if problems:
+    raise ValueError(f"sparse_attention_impl={impl!r} cannot run here: {'; '.join(problems)} (use 'xla' or 'auto')")
+  return impl
+
+
+def sparse_mla_config(local_heads: int, topk: int) -> dict:
+  """The kernel's launch config for this model (measured on one H200: TODO)."""
+  return dict(block_heads=32 if local_heads % 32 == 0 else 16, block_entries=32 if topk % 32 == 0 else 16)
+
+
+def _sparse_kernel_problems(cfg: MtpConfig, local_heads: int) -> list[str]:
+  """Why the fused sparse-MLA kernel cannot take this model (none: it can)."""
+  problems = []
+  if jnp.dtype(cfg.dtype) == jnp.float32:
+    problems.append("the model computes in float32 (the kernel's dots are bf16/fp16)")
+  dims = {"kv_lora_rank": cfg.kv_lora_rank, "qk_rope_head_dim": cfg.qk_rope_head_dim}
+  for name, value in dims.items():
+    if value < 16 or value & (value - 1):
+      problems.append(f"{name}={value} is not a power of two ≥ 16")
+  if local_heads % 16:
+    problems.append(f"{local_heads} heads per device is not a multiple of 16")
+  if cfg.index_topk % 16:
+    problems.append(f"index_topk={cfg.index_topk} is not a multiple of 16")
+  return problems
 
 
 def sparse_latent_attention(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, selection: Selection, scale: float, *,

@@ -1,0 +1,169 @@
+"""DSA's sparse MLA decode attention in one pass: each query's K selected latent entries are gathered,
+scored, soft-maxed online and summed in registers — the gathered [B, T, K, C + R] entries, the
+[B, N, T, K] scores and the probabilities never reach HBM.
+
+    s[h, k]  = scale · (q~[h] · latent[slot_k] + q_pe[h] · k_pe[slot_k])     (slot_k valid, else −∞)
+    out[h]   = Σ_k softmax_k(s[h]) · latent[slot_k]                          fp32 [B, T, N, C]
+
+Why a kernel of ours (benchmarks/RESULTS.md, "Where the FP8 draft step's time goes"): XLA runs this as
+a gather that writes the selected entries to HBM (99 µs at B = 64 on an H200 for V3.2), a score GEMM,
+a max / sum / convert chain over the fp32 scores and an output GEMM: ~400 µs against ~40 µs for
+reading the 151 MB of selected entries once. FlashMLA's sparse decode kernel (vLLM's) does this pass
+on NVIDIA; JAX has none, so this is it in Pallas.
+
+Grid (B·T queries, N / block_heads head blocks, splits). A program keeps its heads' [q~; q_pe] and an
+fp32 [block_heads, C] accumulator in registers, and walks its split's share of the query's K slots in
+chunks of `block_entries`: gather the chunk's latent [E, C] and k_pe [E, R] rows from the cache (the
+slot ids are data: Triton loads rows through pointers, no copy), two score dots on the tensor cores
+(bf16 in, fp32 out), the online-softmax update, and one output dot with the probabilities rounded to
+the entries' dtype (as FlashMLA and the XLA path do). With more than one split (few queries: B = 1
+fills 4 of 132 SMs otherwise) each split writes its normalised partial output and its log-sum-exp,
+and `combine_splits` merges them (flash-decoding). Invalid slots (the selection's padding, or slots
+past the query's position) are −1 in `slots` and score −∞; a split with none valid has lse −∞ and
+weight 0.
+
+The cache is read in its own dtype (bf16 / fp16); Triton computes the gathered offsets in int64 once a
+cache exceeds 2^32 bytes. `backend`: "gpu" (Pallas' Triton backend, deprecated by JAX in favour of
+Mosaic GPU like our other Triton kernels), "interpret" (any host, for tests), or "auto" (by the
+platform the program is lowered for: interpret on CPU, Triton elsewhere). The reference is
+`jax_mtp.mla.sparse_latent_attention` (XLA); `MtpConfig.sparse_attention_impl` picks between them.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+KERNEL_NAME = "dsa_sparse_mla"
+BACKENDS = ("auto", "gpu", "interpret")
+MIN_DOT = 16  # Triton's tensor-core dot: every dimension ≥ 16
+BUSY_PROGRAMS = 256  # split the K slots until about this many programs run (an H200 has 132 SMs)
+MAX_SPLITS = 8  # each split writes an fp32 [N, C] partial: more would write more than the entries read
+_NEG_INIT = -1e30  # the running max starts finite: exp(−∞ − (−∞)) would be NaN
+
+
+def splits_for(queries: int, head_blocks: int, entries: int, block_entries: int) -> int:
+  """Splits of each query's slots: the fewest (a power of two dividing entries / block_entries, at most
+  MAX_SPLITS) that give queries × head_blocks × splits ≥ BUSY_PROGRAMS."""
+  chunks = entries // block_entries
+  splits = 1
+  while queries * head_blocks * splits < BUSY_PROGRAMS and splits < MAX_SPLITS and chunks % (2 * splits) == 0:
+    splits *= 2
+  return splits
+
+
+def check_operands(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, block_heads: int,
+                   block_entries: int, splits: int) -> None:
+  """One clear error for operands the kernel does not take."""
+  b, t, n, c = q_lat_BTNC.shape
+  r = q_pe_BTNR.shape[-1]
+  s = latent_BSC.shape[1]
+  k = slots_BTK.shape[-1]
+  if q_pe_BTNR.shape != (b, t, n, r) or latent_BSC.shape != (b, s, c) or k_pe_BSR.shape != (b, s, r) \
+      or slots_BTK.shape != (b, t, k):
+    raise ValueError(f"shapes q~ {q_lat_BTNC.shape}, q_pe {q_pe_BTNR.shape}, latent {latent_BSC.shape}, "
+                     f"k_pe {k_pe_BSR.shape}, slots {slots_BTK.shape} do not agree")
+  dtypes = {q_lat_BTNC.dtype, q_pe_BTNR.dtype, latent_BSC.dtype, k_pe_BSR.dtype}
+  if len(dtypes) != 1 or next(iter(dtypes)) not in (jnp.bfloat16, jnp.float16):
+    raise ValueError(f"the kernel takes one 16-bit float dtype for queries and cache, got {sorted(map(str, dtypes))}")
+  if n % block_heads:
+    raise ValueError(f"{n} heads are not a multiple of block_heads={block_heads}")
+  if splits < 1 or k % (splits * block_entries):
+    raise ValueError(f"{k} selected slots are not a multiple of splits={splits} × block_entries={block_entries}")
+
+
+def sparse_mla(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax.Array, k_pe_BSR: jax.Array,
+               slots_BTK: jax.Array, scale: float, *, block_heads: int = 32, block_entries: int = 32,
+               splits: int | None = None, num_warps: int = 4, num_stages: int = 2, out_dtype=jnp.float32,
+               backend: str = "auto") -> jax.Array:
+  """[B, T, N, C] in `out_dtype`: each query's heads attending over its selected slots (`slots_BTK`
+  int32, −1 = not attended). Queries and cache in one 16-bit dtype. `block_heads` / `block_entries` /
+  `splits` (None: `splits_for`) / `num_warps` / `num_stages`: the launch config (see the module
+  docstring). One split writes `out_dtype` straight from its fp32 accumulator; splits write fp32
+  partials, combined in fp32, then cast."""
+  if backend not in BACKENDS:
+    raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")
+  b, t, n, c = q_lat_BTNC.shape
+  k = slots_BTK.shape[-1]
+  block_heads, block_entries = min(block_heads, n), min(block_entries, k)
+  splits = splits_for(b * t, n // max(block_heads, 1), k, block_entries) if splits is None else splits
+  check_operands(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, block_heads, block_entries, splits)
+  if backend == "auto":
+    call = functools.partial(sparse_mla, scale=scale, block_heads=block_heads, block_entries=block_entries,
+                             splits=splits, num_warps=num_warps, num_stages=num_stages, out_dtype=out_dtype)
+    return jax.lax.platform_dependent(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK,
+                                      cpu=functools.partial(call, backend="interpret"),
+                                      default=functools.partial(call, backend="gpu"))
+  r = q_pe_BTNR.shape[-1]
+  s = latent_BSC.shape[1]
+  per_split = k // splits
+  kernel = functools.partial(_kernel, chunks=per_split // block_entries, block_entries=block_entries,
+                             scale=scale)
+  out, lse = pl.pallas_call(
+      kernel,
+      grid=(b * t, n // block_heads, splits),
+      in_specs=[pl.BlockSpec((None, block_heads, c), lambda q, h, p: (q, h, 0)),
+                pl.BlockSpec((None, block_heads, r), lambda q, h, p: (q, h, 0)),
+                pl.BlockSpec((None, s, c), lambda q, h, p: (q // t, 0, 0)),  # the row's whole cache:
+                pl.BlockSpec((None, s, r), lambda q, h, p: (q // t, 0, 0)),  # rows are gathered by slot
+                pl.BlockSpec((None, per_split), lambda q, h, p: (q, p))],
+      out_specs=[pl.BlockSpec((None, None, block_heads, c), lambda q, h, p: (q, p, h, 0)),
+                 pl.BlockSpec((None, None, block_heads), lambda q, h, p: (q, p, h))],
+      out_shape=[jax.ShapeDtypeStruct((b * t, splits, n, c), out_dtype if splits == 1 else jnp.float32),
+                 jax.ShapeDtypeStruct((b * t, splits, n), jnp.float32)],
+      compiler_params=_compiler_params(backend, num_warps, num_stages),
+      interpret=backend == "interpret",
+      name=KERNEL_NAME,
+  )(q_lat_BTNC.reshape(b * t, n, c), q_pe_BTNR.reshape(b * t, n, r), latent_BSC, k_pe_BSR,
+    slots_BTK.astype(jnp.int32).reshape(b * t, k))
+  return combine_splits(out, lse).astype(out_dtype).reshape(b, t, n, c)
+
+
+def combine_splits(out_QPNC: jax.Array, lse_QPN: jax.Array) -> jax.Array:
+  """The splits' normalised partial outputs weighted by their share of the softmax mass: fp32 [Q, N, C]."""
+  if out_QPNC.shape[1] == 1:
+    return out_QPNC[:, 0]
+  weights_QPN = jax.nn.softmax(lse_QPN, axis=1)  # exp(lse_p − logsumexp over p); a split of lse −∞ weighs 0
+  return jnp.einsum("qpn,qpnc->qnc", weights_QPN, out_QPNC, precision=jax.lax.Precision.HIGHEST)
+
+
+def _kernel(q_lat_ref, q_pe_ref, latent_ref, k_pe_ref, slots_ref, out_ref, lse_ref, *, chunks: int,
+            block_entries: int, scale: float):
+  q_lat = q_lat_ref[...]  # [H, C]
+  q_pe = q_pe_ref[...]  # [H, R]
+  heads, c = q_lat.shape
+  contract_last = (((1,), (1,)), ((), ()))
+
+  def chunk(i, carry):
+    acc, row_max, row_sum = carry
+    slots = slots_ref[pl.ds(i * block_entries, block_entries)]  # [E]
+    valid = slots >= 0
+    rows = jnp.where(valid, slots, 0)  # invalid slots read row 0 and score −∞
+    latent = latent_ref[rows, :]  # [E, C] gathered
+    k_pe = k_pe_ref[rows, :]  # [E, R]
+    scores = (jax.lax.dot_general(q_lat, latent, contract_last, preferred_element_type=jnp.float32)
+              + jax.lax.dot_general(q_pe, k_pe, contract_last, preferred_element_type=jnp.float32)) * scale
+    scores = jnp.where(valid[None, :], scores, -jnp.inf)  # [H, E]
+    new_max = jnp.maximum(row_max, jnp.max(scores, axis=1))
+    rescale = jnp.exp(row_max - new_max)
+    probs = jnp.exp(scores - new_max[:, None])
+    row_sum = row_sum * rescale + jnp.sum(probs, axis=1)
+    acc = acc * rescale[:, None] + jnp.dot(probs.astype(latent.dtype), latent, preferred_element_type=jnp.float32)
+    return acc, new_max, row_sum
+
+  init = (jnp.zeros((heads, c), jnp.float32), jnp.full((heads,), _NEG_INIT, jnp.float32),
+          jnp.zeros((heads,), jnp.float32))
+  acc, row_max, row_sum = jax.lax.fori_loop(0, chunks, chunk, init)
+  seen = row_sum > 0
+  out_ref[...] = (acc / jnp.where(seen, row_sum, 1.0)[:, None]).astype(out_ref.dtype)
+  lse_ref[...] = jnp.where(seen, row_max + jnp.log(jnp.where(seen, row_sum, 1.0)), -jnp.inf)
+
+
+def _compiler_params(backend: str, num_warps: int, num_stages: int):
+  if backend == "gpu":
+    from jax.experimental.pallas import triton as pl_triton  # noqa: PLC0415 (GPU-only module)
+    return pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+  return None
