@@ -93,6 +93,8 @@ def main() -> None:
   p.add_argument("--batch", type=int, nargs="+", default=[64, 1, 8])
   p.add_argument("--capacity", type=int, default=4096)
   p.add_argument("--iters", type=int, default=30)
+  p.add_argument("--attention", nargs="+", default=["auto"], choices=jax_mtp.config.SPARSE_ATTENTION_IMPLS,
+                 help="sparse_attention_impl values to time (each with both weight trees)")
   args = p.parse_args()
   cfg = PRESETS[args.preset]()
   base = in_use()
@@ -107,9 +109,9 @@ def main() -> None:
         f"| FP8 (codes + scales) | {tree_bytes(fp8_params) / 1e9:.2f} | {fp8_in_use / 1e9:.2f} |\n"
         f"| {cfg.param_dtype} | {tree_bytes(bf16_params) / 1e9:.2f} | {(both_in_use - fp8_in_use) / 1e9:.2f} |\n",
         flush=True)
-  print("| S | B | weights | experts impl | µs / step | floor µs | floor / measured | fp8 / dense | tokens equal "
-        "| compile s | temp MB |")
-  print("|---:|---:|---|---|---:|---:|---:|---:|---|---:|---:|", flush=True)
+  print("| S | B | weights | experts impl | attention | µs / step | floor µs | floor / measured | fp8 / dense "
+        "| tokens equal | compile s | temp MB |")
+  print("|---:|---:|---|---|---|---:|---:|---:|---:|---|---:|---:|", flush=True)
   model = jax_mtp.MtpPredictor(cfg)
 
   for batch in args.batch:
@@ -118,11 +120,12 @@ def main() -> None:
     cache = batch * cache_bytes_read(cfg, visible=args.capacity // 2 + 1)
     results = {}
     dense = str(jnp.dtype(cfg.param_dtype))
-    runs = [(dense, bf16_params, "auto"), ("fp8", fp8_params, "auto")]
+    runs = [(dense, bf16_params, "auto", attn) for attn in args.attention]
+    runs += [("fp8", fp8_params, "auto", attn) for attn in args.attention]
     if batch * cfg.num_experts_per_tok <= cfg.n_routed_experts:  # the kernel's rows: against XLA's gather
-      runs.append(("fp8", fp8_params, "gather"))
-    for name, params, moe_impl in runs:
-      run_model = jax_mtp.MtpPredictor(cfg.replace(moe_impl=moe_impl))
+      runs.append(("fp8", fp8_params, "gather", args.attention[-1]))
+    for name, params, moe_impl, attn in runs:
+      run_model = jax_mtp.MtpPredictor(cfg.replace(moe_impl=moe_impl, sparse_attention_impl=attn))
       start = time.perf_counter()
       compiled = jax.jit(functools.partial(draft_step, model=run_model), donate_argnums=4).lower(
           params, ids, positions, hidden, caches).compile()
@@ -141,10 +144,12 @@ def main() -> None:
                                                 jax.ShapeDtypeStruct((cfg.n_routed_experts, cfg.hidden_size,
                                                                       cfg.moe_intermediate_size), cfg.param_dtype),
                                                 fp8_codes=name == "fp8")
-      results.setdefault(name, (seconds, np.asarray(tokens)))
-      ratio = f"{seconds / results[dense][0]:.2f}" if name == "fp8" else ""
-      same = str(bool(np.array_equal(np.asarray(tokens), results[dense][1])))
-      print(f"| {args.capacity} | {batch} | {name} | {moe} | {seconds * 1e6:,.0f} | {floor * 1e6:,.0f} | "
+      attention = jax_mtp.mla.resolve_sparse_attention_impl(run_model.cfg, jax.default_backend(),
+                                                            cfg.num_attention_heads)
+      results.setdefault((name, attn), (seconds, np.asarray(tokens)))
+      ratio = f"{seconds / results[dense, attn][0]:.2f}" if name == "fp8" else ""
+      same = str(bool(np.array_equal(np.asarray(tokens), results[dense, args.attention[0]][1])))
+      print(f"| {args.capacity} | {batch} | {name} | {moe} | {attention} | {seconds * 1e6:,.0f} | {floor * 1e6:,.0f} | "
             f"{floor / seconds:.2f} | {ratio} | {same} | {compile_s:.0f} | {temp / 1e6:,.0f} |", flush=True)
       del state
 

@@ -11,6 +11,9 @@
 #          speculative == plain tests in bf16 (after a change to the attention)
 #   verify the FP8 kernel's tests (formula, dense linears, the vLLM fixtures re-quantised) and the experts' GPU tests
 #   agree  per row: the bf16 path's top-1 gap beside the FP8 path's logit difference (why tokens may differ)
+#   mla    the sparse-MLA kernel's tests on the GPU (Triton at V3.2 widths, the model's tokens), then its launch
+#          configs and its time against XLA's sparse attention at V3.2 widths, B = 1, 8, 64, T = 1 and 4
+#   mlastep the FP8 and bf16 draft steps at B = 1, 8, 64 with XLA's sparse attention and with the kernel
 #   bench  speculative vs plain tokens/s of the embedded default, k = 1..5, and `decode --check` on the GPU
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
@@ -69,6 +72,16 @@ case "${1:?stage}" in
     ;;
   agree)
     timeout 200 python3 -m benchmarks.fp8_agreement --batch 8 2>&1 | grep -v -E "$QUIET" | tee "$OUT/fp8_agreement.md"
+    ;;
+  mla)
+    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_sparse_mla_kernel.py 2>&1 | grep -v -E "$QUIET" \
+      | tail -8 | tee "$OUT/sparse_mla_tests.txt"
+    timeout 380 python3 -W ignore::DeprecationWarning -m benchmarks.sparse_mla --batch 1 8 64 --tokens 1 4 --sweep \
+      2>&1 | grep -v -E "$QUIET" | tee "$OUT/sparse_mla.md"
+    ;;
+  mlastep)
+    timeout 560 python3 -W ignore::DeprecationWarning -m benchmarks.fp8_step --preset deepseek_v32 --batch 64 8 1 \
+      --attention xla auto 2>&1 | grep -v -E "$QUIET" | tee "$OUT/fp8_step.md"
     ;;
   *) echo "unknown stage $1"; exit 2 ;;
 esac

@@ -1,0 +1,133 @@
+"""The fused sparse-MLA kernel (kernels/sparse_mla.py) against XLA's sparse attention at DeepSeek-V3.2's
+widths (128 heads, latent 512 + rope 64, top-2048), each beside its floor:
+
+    python -m benchmarks.sparse_mla --batch 1 8 64 --tokens 1 4 --sweep
+
+Floor: the larger of the bytes floor (the selected entries, the queries and the output, over the copy
+bandwidth measured in this run) and the matmul floor (the score and output dots' FLOPs over a bf16
+GEMM's rate measured in this run). Each row's output is checked against XLA's bf16 path. `--sweep`
+times every launch config at the first batch and T = 1 before the table (a config Triton cannot
+compile is reported, not fatal).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import time
+
+import jax
+import jax.numpy as jnp
+
+from benchmarks.timing import copy_bandwidth, time_in_loop
+from jax_mtp.indexer import Selection
+from jax_mtp.kernels.sparse_mla import sparse_mla, splits_for
+from jax_mtp.mla import sparse_latent_attention
+
+N, C, R, K_TOP = 128, 512, 64, 2048
+SCALE = 192**-0.5
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64])
+  parser.add_argument("--tokens", type=int, nargs="+", default=[1, 4])
+  parser.add_argument("--capacity", type=int, default=4096)
+  parser.add_argument("--iters", type=int, default=20)
+  parser.add_argument("--sweep", action="store_true")
+  parser.add_argument("--backend", default="gpu", choices=["gpu", "interpret"], help="interpret: a CPU smoke run")
+  args = parser.parse_args(argv)
+  bandwidth, flops = copy_bandwidth(), matmul_rate()
+  print(f"sparse MLA at V3.2 widths on {jax.devices()[0].device_kind}, jax {jax.__version__}, S = {args.capacity}; "
+        f"copy bandwidth {bandwidth / 1e12:.2f} TB/s, bf16 GEMM {flops / 1e12:.0f} TFLOP/s\n", flush=True)
+  if args.sweep:
+    for b in sorted({args.batch[0], args.batch[-1]}):
+      _sweep(b, args.capacity, args.iters, bandwidth, flops, args.backend)
+  print("| B | T | path | config | µs | floor µs | floor / time | rel err vs XLA |")
+  print("|---:|---:|---|---|---:|---:|---:|---:|")
+  for b in args.batch:
+    for t in args.tokens:
+      problem = _problem(b, t, args.capacity)
+      floor = floor_us(b, t, bandwidth, flops)
+      xla = jax.jit(lambda ql, qp, lat, kp, sel: sparse_latent_attention(ql, qp, lat, kp, sel, SCALE,
+                                                                         dot_dtype=jnp.bfloat16))
+      selection = Selection(problem[4], problem[4] >= 0)
+      xla_args = (*problem[:4], selection)
+      base = xla(*xla_args)
+      seconds = time_in_loop(xla, xla_args, args.iters)
+      print(f"| {b} | {t} | XLA (bf16 dots) | | {seconds * 1e6:,.1f} | {floor:,.1f} | {floor / seconds / 1e6:.2f} | |")
+      for config in _configs_for_table(b * t):
+        seconds, err = _time_kernel(problem, base, config, args.iters, args.backend)
+        print(f"| {b} | {t} | kernel | {_name(config)} | {seconds * 1e6:,.1f} | {floor:,.1f} | "
+              f"{floor / seconds / 1e6:.2f} | {err:.1e} |", flush=True)
+  return 0
+
+
+def matmul_rate(n: int = 8192, iters: int = 10) -> float:
+  """FLOP/s of a bf16 [n, n] × [n, n] GEMM with fp32 accumulation on this device."""
+  a = jnp.ones((n, n), jnp.bfloat16)
+  mm = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32).astype(jnp.bfloat16))
+  mm(a, a).block_until_ready()
+  start = time.perf_counter()
+  for _ in range(iters):
+    out = mm(a, a)
+  out.block_until_ready()
+  return 2 * n**3 * iters / (time.perf_counter() - start)
+
+
+def floor_us(b: int, t: int, bandwidth: float, flops: float) -> float:
+  queries = b * t
+  nbytes = queries * (K_TOP * (C + R) * 2 + N * (C + R) * 2 + N * C * 2)  # entries, queries, bf16 output
+  work = queries * N * K_TOP * (C + R + C) * 2
+  return max(nbytes / bandwidth, work / flops) * 1e6
+
+
+def _problem(b: int, t: int, s: int):
+  keys = iter(jax.random.split(jax.random.key(b * 10 + t), 6))
+  normal = lambda shape, scale=1.0: (jax.random.normal(next(keys), shape) * scale).astype(jnp.bfloat16)  # noqa: E731
+  slots = jnp.argsort(jax.random.uniform(next(keys), (b, t, s)), axis=-1)[..., :K_TOP].astype(jnp.int32)
+  return normal((b, t, N, C), 0.05), normal((b, t, N, R), 0.05), normal((b, s, C)), normal((b, s, R)), slots
+
+
+def _time_kernel(problem, base, config, iters, backend):
+  fn = jax.jit(lambda ql, qp, lat, kp, sl: sparse_mla(ql, qp, lat, kp, sl, SCALE, backend=backend,
+                                                      out_dtype=jnp.bfloat16, **config))
+  out = fn(*problem).astype(jnp.float32)
+  err = float(jnp.max(jnp.abs(out - base)) / jnp.max(jnp.abs(base)))
+  return time_in_loop(fn, problem, iters), err
+
+
+def _name(config: dict) -> str:
+  return " ".join(f"{k.replace('block_', '').replace('num_', '')} {v}" for k, v in config.items())
+
+
+def _configs_for_table(queries: int):
+  """The kernel's defaults (as the model calls it) and the splits around `splits_for`'s pick."""
+  default = dict(block_heads=32, block_entries=32)
+  auto = splits_for(queries, N // 32, K_TOP, 32)
+  yield default
+  for splits in sorted({max(1, auto // 2), auto * 2} - {auto}):
+    if splits <= 16:
+      yield dict(default, splits=splits)
+
+
+def _sweep(b: int, s: int, iters: int, bandwidth: float, flops: float, backend: str):
+  problem = _problem(b, 1, s)
+  base = sparse_latent_attention(*problem[:4], Selection(problem[4], problem[4] >= 0), SCALE, dot_dtype=jnp.bfloat16)
+  floor = floor_us(b, 1, bandwidth, flops)
+  print(f"launch configs at B = {b}, T = 1 (floor {floor:,.1f} µs)\n")
+  print("| config | µs | floor / time | rel err vs XLA |")
+  print("|---|---:|---:|---:|")
+  for bh, be, warps, stages in itertools.product((16, 32, 64), (16, 32, 64), (4, 8), (1, 2)):
+    config = dict(block_heads=bh, block_entries=be, num_warps=warps, num_stages=stages)
+    try:
+      seconds, err = _time_kernel(problem, base, config, iters, backend)
+    except Exception as e:  # noqa: BLE001 (a config Triton cannot compile: reported, the sweep goes on)
+      print(f"| {_name(config)} | failed: {type(e).__name__}: {str(e).splitlines()[0][:80]} | | |", flush=True)
+      continue
+    print(f"| {_name(config)} | {seconds * 1e6:,.1f} | {floor / seconds / 1e6:.2f} | {err:.1e} |", flush=True)
+  print()
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
