@@ -74,8 +74,9 @@ case "${1:?stage}" in
     timeout 200 python3 -m benchmarks.fp8_agreement --batch 8 2>&1 | grep -v -E "$QUIET" | tee "$OUT/fp8_agreement.md"
     ;;
   mla)
-    timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_sparse_mla_kernel.py 2>&1 | grep -v -E "$QUIET" \
-      | tail -8 | tee "$OUT/sparse_mla_tests.txt"
+    timeout 200 python3 -m pytest -q -p no:cacheprovider --tb=short tests/test_sparse_mla_kernel.py 2>&1 \
+      | grep -v -E "$QUIET" > "$OUT/sparse_mla_tests.txt"
+    tail -60 "$OUT/sparse_mla_tests.txt"
     timeout 380 python3 -W ignore::DeprecationWarning -m benchmarks.sparse_mla --batch 1 8 64 --tokens 1 4 --sweep \
       2>&1 | grep -v -E "$QUIET" | tee "$OUT/sparse_mla.md"
     ;;

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from benchmarks.timing import copy_bandwidth, time_in_loop
 from jax_mtp.indexer import Selection
 from jax_mtp.kernels.sparse_mla import sparse_mla, splits_for
-from jax_mtp.mla import sparse_latent_attention
+from jax_mtp.mla import sparse_latent_attention, sparse_mla_config
 
 N, C, R, K_TOP = 128, 512, 64, 2048
 SCALE = 192**-0.5
@@ -102,9 +102,9 @@ def _name(config: dict) -> str:
 
 
 def _configs_for_table(queries: int):
-  """The kernel's defaults (as the model calls it) and the splits around `splits_for`'s pick."""
-  default = dict(block_heads=32, block_entries=32)
-  auto = splits_for(queries, N // 32, K_TOP, 32)
+  """The config the model calls the kernel with, and the splits around `splits_for`'s pick."""
+  default = sparse_mla_config(N, K_TOP)
+  auto = splits_for(queries, N // default["block_heads"], K_TOP, default["block_entries"])
   yield default
   for splits in sorted({max(1, auto // 2), auto * 2} - {auto}):
     if splits <= 16:
@@ -118,7 +118,7 @@ def _sweep(b: int, s: int, iters: int, bandwidth: float, flops: float, backend: 
   print(f"launch configs at B = {b}, T = 1 (floor {floor:,.1f} µs)\n")
   print("| config | µs | floor / time | rel err vs XLA |")
   print("|---|---:|---:|---:|")
-  for bh, be, warps, stages in itertools.product((16, 32, 64), (16, 32, 64), (4, 8), (1, 2)):
+  for bh, be, warps, stages in itertools.product((16, 32, 64), (32, 64, 128), (4, 8), (2, 3)):
     config = dict(block_heads=bh, block_entries=be, num_warps=warps, num_stages=stages)
     try:
       seconds, err = _time_kernel(problem, base, config, iters, backend)

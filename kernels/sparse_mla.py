@@ -11,7 +11,7 @@ a max / sum / convert chain over the fp32 scores and an output GEMM: ~400 µs ag
 reading the 151 MB of selected entries once. FlashMLA's sparse decode kernel (vLLM's) does this pass
 on NVIDIA; JAX has none, so this is it in Pallas.
 
-Grid (B·T queries, N / block_heads head blocks, splits). A program keeps its heads' [q~; q_pe] and an
+Grid (N / block_heads head blocks, splits, B·T queries), head blocks fastest. A program keeps its heads' [q~; q_pe] and an
 fp32 [block_heads, C] accumulator in registers, and walks its split's share of the query's K slots in
 chunks of `block_entries`: gather the chunk's latent [E, C] and k_pe [E, R] rows from the cache (the
 slot ids are data: Triton loads rows through pointers, no copy), two score dots on the tensor cores
@@ -104,14 +104,15 @@ def sparse_mla(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax.Arra
                              scale=scale)
   out, lse = pl.pallas_call(
       kernel,
-      grid=(b * t, n // block_heads, splits),
-      in_specs=[pl.BlockSpec((None, block_heads, c), lambda q, h, p: (q, h, 0)),
-                pl.BlockSpec((None, block_heads, r), lambda q, h, p: (q, h, 0)),
-                pl.BlockSpec((None, s, c), lambda q, h, p: (q // t, 0, 0)),  # the row's whole cache:
-                pl.BlockSpec((None, s, r), lambda q, h, p: (q // t, 0, 0)),  # rows are gathered by slot
-                pl.BlockSpec((None, per_split), lambda q, h, p: (q, p))],
-      out_specs=[pl.BlockSpec((None, None, block_heads, c), lambda q, h, p: (q, p, h, 0)),
-                 pl.BlockSpec((None, None, block_heads), lambda q, h, p: (q, p, h))],
+      # head blocks fastest: a query's programs run side by side and read its gathered rows through L2 once
+      grid=(n // block_heads, splits, b * t),
+      in_specs=[pl.BlockSpec((None, block_heads, c), lambda h, p, q: (q, h, 0)),
+                pl.BlockSpec((None, block_heads, r), lambda h, p, q: (q, h, 0)),
+                pl.BlockSpec((None, s, c), lambda h, p, q: (q // t, 0, 0)),  # the row's whole cache:
+                pl.BlockSpec((None, s, r), lambda h, p, q: (q // t, 0, 0)),  # rows are gathered by slot
+                pl.BlockSpec((None, per_split), lambda h, p, q: (q, p))],
+      out_specs=[pl.BlockSpec((None, None, block_heads, c), lambda h, p, q: (q, p, h, 0)),
+                 pl.BlockSpec((None, None, block_heads), lambda h, p, q: (q, p, h))],
       out_shape=[jax.ShapeDtypeStruct((b * t, splits, n, c), out_dtype if splits == 1 else jnp.float32),
                  jax.ShapeDtypeStruct((b * t, splits, n), jnp.float32)],
       compiler_params=_compiler_params(backend, num_warps, num_stages),
