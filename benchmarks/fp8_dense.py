@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -34,13 +35,15 @@ def main() -> None:
   p.add_argument("--iters", type=int, default=50)
   p.add_argument("--stages", type=int, nargs="+", default=[3])
   p.add_argument("--linears", nargs="+", default=[name for name, _, _ in SHAPES], help="which of SHAPES")
+  p.add_argument("--layouts", nargs="+", default=["bytes", "words"], choices=["bytes", "words"],
+                 help="how a program reads the codes (kernels/fp8_grouped_matmul.layout_for)")
   args = p.parse_args()
   gpu = jax.default_backend() == "gpu"  # elsewhere: interpret mode, a smoke run of the script
   backend = "gpu" if gpu else "interpret"
   bandwidth = copy_bandwidth()
   print(f"fp8_grouped_matmul as a dense linear on {jax.devices()[0].device_kind}, jax {jax.__version__}, copy "
         f"bandwidth {bandwidth / 1e12:.2f} TB/s\n")
-  print("| linear | K × N | rows | impl | warps, stages, split K | µs | floor µs | floor / measured | max rel err |")
+  print("| linear | K × N | rows | impl | layout: warps, stages, split K | µs | floor µs | floor / measured | max rel err |")
   print("|---|---|---:|---|---|---:|---:|---:|---:|", flush=True)
   rng = np.random.default_rng(0)
   for name, k, n in [shape for shape in SHAPES if shape[0] in args.linears]:
@@ -56,10 +59,11 @@ def main() -> None:
       blocks = k // 128
       configs = [(w, s, None) for w in WARPS for s in args.stages]
       configs += [(4, s, split) for s in args.stages for split in SPLITS if blocks % split == 0] if gpu else []
-      for warps, stages, split in configs:
+      for (warps, stages, split), layout in itertools.product(configs, args.layouts):
         call = jax.jit(functools.partial(fp8_grouped_matmul, backend=backend, num_warps=warps, num_stages=stages,
-                                         split_k=split))
-        label = f"{warps}, {stages}, " + (f"auto ({split_k_for(rows, 1, k, n)})" if split is None else str(split))
+                                         split_k=split, layout=layout))
+        label = (f"{layout}: {warps}, {stages}, "
+                 + (f"auto ({split_k_for(rows, 1, k, n)})" if split is None else str(split)))
         try:
           err = float(np.max(np.abs(np.asarray(call(x, codes, scales, sizes)) - want)) / np.max(np.abs(want)))
           seconds = time_in_loop(call, (x, codes, scales, sizes), args.iters)

@@ -111,12 +111,22 @@ def split_k_for(rows: int, experts: int, k: int, n: int) -> int:
   return next((s for s in range(1, 9) if blocks % s == 0 and programs * s >= BUSY_PROGRAMS), 1 if blocks % 8 else 8)
 
 
+LAYOUTS = ("auto", "words", "bytes")
+
+
+def layout_for(experts: int, k: int, n: int) -> str:
+  """"bytes" for one group (a dense linear) whose codes Triton's int32 offsets reach as bytes: a
+  program multiplies whole 128 × 128 code tiles; "words" otherwise (the experts)."""
+  return "bytes" if experts == 1 and k * n < MAX_WORDS else "words"
+
+
 def fp8_grouped_matmul(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: jax.Array, group_sizes_E: jax.Array, *,
                        backend: str = "gpu", num_warps: int = 4, num_stages: int = 3,
-                       split_k: int | None = None) -> jax.Array:
+                       split_k: int | None = None, layout: str = "auto") -> jax.Array:
   """fp32 [A, N]: the rows of group e (sorted, consecutive) times expert e's FP8 weight (codes
   [E, K, N], block scales [E, K/128, N/128]). `num_warps` / `num_stages`: Triton's launch config;
-  `split_k`: parts of the K loop run by separate programs and summed after (None: `split_k_for`)."""
+  `split_k`: parts of the K loop run by separate programs and summed after (None: `split_k_for`);
+  `layout`: how a program reads the codes (`layout_for`; "bytes" needs one group)."""
   if backend not in BACKENDS:
     raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")
   check_operands(x_AK, codes_EKN, scale_EkN, group_sizes_E)
@@ -125,16 +135,24 @@ def fp8_grouped_matmul(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: jax.Arr
   split_k = split_k_for(a, e, k, n) if split_k is None else split_k
   if split_k < 1 or (k // BLOCK) % split_k:
     raise ValueError(f"split_k={split_k} must divide the {k // BLOCK} blocks of K = {k}")
+  layout = layout_for(e, k, n) if layout == "auto" else layout
+  if layout not in LAYOUTS or (layout == "bytes" and layout_for(e, k, n) != "bytes"):
+    raise ValueError(f"layout={layout!r} does not take codes {codes_EKN.shape} (one of {LAYOUTS}; 'bytes': one "
+                     f"group of fewer than {MAX_WORDS:,} codes)")
   sizes = group_sizes_E.astype(jnp.int32)
   starts = jnp.cumsum(sizes) - sizes
   if backend == "auto":
-    call = functools.partial(fp8_grouped_matmul, num_warps=num_warps, num_stages=num_stages, split_k=split_k)
+    call = functools.partial(fp8_grouped_matmul, num_warps=num_warps, num_stages=num_stages, split_k=split_k,
+                             layout=layout)
     return jax.lax.platform_dependent(x_AK, codes_EKN, scale_EkN, group_sizes_E,
                                       cpu=functools.partial(call, backend="interpret"),
                                       default=functools.partial(call, backend="gpu"))
   tile = row_tile_for(a, e)
   # `tile` spare rows: a tile starting at a group's last row reads (and discards) in bounds
   x_pad = jnp.pad(x_AK.astype(jnp.bfloat16), ((0, tile), (0, 0)))
+  if layout == "bytes":
+    return _one_group_from_bytes(x_pad, codes_EKN[0], scale_EkN[0].astype(jnp.float32), group_sizes_E[0], a, tile,
+                                 split_k, backend, num_warps, num_stages)
   kernel = functools.partial(_kernel, blocks=k // BLOCK // split_k, tile=tile)
   out_planes = pl.pallas_call(
       kernel,
@@ -149,6 +167,45 @@ def fp8_grouped_matmul(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: jax.Arr
   out_planes = jnp.sum(out_planes[:, :a], axis=0)  # the K parts (a fixed order: deterministic)
   # a block's column 32i + j holds its column 4j + i
   return out_planes.reshape(a, n // BLOCK, WORD, BLOCK // WORD).transpose(0, 1, 3, 2).reshape(a, n)
+
+
+def _one_group_from_bytes(x_pad, codes_KN, scale_kN, rows, a: int, tile: int, split_k: int, backend: str,
+                          num_warps: int, num_stages: int) -> jax.Array:
+  """One group (a dense linear): a program owns 128 output columns and one K part, and multiplies
+  whole [128, 128] code tiles, read as bytes and widened to bf16 (via f32), on the tensor cores."""
+  k, n = codes_KN.shape
+  kernel = functools.partial(_bytes_kernel, blocks=k // BLOCK // split_k, tile=tile, tiles=-(-a // tile))
+  out = pl.pallas_call(
+      kernel,
+      grid=(n // BLOCK, split_k),
+      in_specs=[pl.BlockSpec()] * 4,
+      out_specs=pl.BlockSpec(),
+      out_shape=jax.ShapeDtypeStruct((split_k, a + tile, n), jnp.float32),
+      compiler_params=_compiler_params(backend, num_warps, num_stages),
+      interpret=backend == "interpret",
+      name=KERNEL_NAME,
+  )(jnp.reshape(rows, (1,)).astype(jnp.int32), x_pad, codes_KN, scale_kN)
+  return jnp.sum(out[:, :a], axis=0)
+
+
+def _bytes_kernel(rows_ref, x_ref, codes_ref, scale_ref, o_ref, *, blocks: int, tile: int, tiles: int):
+  from jax.experimental.pallas import triton as pl_triton  # noqa: PLC0415 (masked stores; also in interpret mode)
+
+  column = pl.program_id(0)
+  part = pl.program_id(1)
+  rows = rows_ref[0]
+  for t in range(tiles):  # ≤ MAX_ROW_TILE rows a tile: decode sizes take one or two
+    def k_block(step, acc, first=t * tile):
+      kb = part * blocks + step
+      x = x_ref[pl.ds(first, tile), pl.ds(kb * BLOCK, BLOCK)]
+      codes = codes_ref[pl.ds(kb * BLOCK, BLOCK), pl.ds(column * BLOCK, BLOCK)]
+      weight = codes.astype(jnp.float32).astype(jnp.bfloat16)  # exact; via f32 as in _decode
+      return acc + scale_ref[kb, column] * jnp.dot(x, weight, preferred_element_type=jnp.float32)
+
+    acc = jax.lax.fori_loop(0, blocks, k_block, jnp.zeros((tile, BLOCK), jnp.float32))
+    live = t * tile + jnp.arange(tile) < rows
+    pl_triton.store(o_ref.at[part, pl.ds(t * tile, tile), pl.ds(column * BLOCK, BLOCK)], acc,
+                    mask=jnp.broadcast_to(live[:, None], acc.shape))
 
 
 def _decode(bytes_u32):

@@ -1,0 +1,43 @@
+"""The FP8 kernel's one-group "bytes" layout (kernels/fp8_grouped_matmul.py, the dense FP8 linears): whole
+128 × 128 code tiles per product. Equal to the kernel's formula, to the "words" layout and to x times the
+exactly dequantised weight; chosen only where it can run; refused elsewhere by name."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jax_mtp import fp8
+from jax_mtp.kernels.fp8_grouped_matmul import fp8_grouped_matmul, layout_for, reference
+from tests.tolerances import assert_close
+
+BACKEND = "gpu" if jax.default_backend() == "gpu" else "interpret"
+
+
+@pytest.mark.parametrize("rows,group,k,n,split_k", [(5, 5, 256, 384, 1), (70, 67, 384, 256, 3), (1, 1, 128, 128, None),
+                                                   (64, 64, 512, 128, 2)])
+def test_bytes_layout_equals_the_formula_the_words_layout_and_the_dequantised_product(rows, group, k, n, split_k):
+  """Rows past the group (another device's) unwritten; > 64 rows (two row tiles); K split or not."""
+  rng = np.random.default_rng(rows + k)
+  codes = jnp.asarray(rng.standard_normal((1, k, n)) * 20, jnp.float8_e4m3fn)
+  scale = jnp.asarray(rng.uniform(1e-3, 1e-2, (1, k // 128, n // 128)), jnp.float32)
+  x = jnp.asarray(rng.standard_normal((rows, k)), jnp.bfloat16)
+  sizes = jnp.asarray([group], jnp.int32)
+  got = np.asarray(fp8_grouped_matmul(x, codes, scale, sizes, backend=BACKEND, split_k=split_k, layout="bytes"))
+  words = np.asarray(fp8_grouped_matmul(x, codes, scale, sizes, backend=BACKEND, split_k=split_k, layout="words"))
+  assert_close(got[:group], np.asarray(reference(x, codes, scale, sizes))[:group], "float32", "bytes vs formula")
+  assert_close(got[:group], words[:group], "float32", "bytes vs words layout")
+  exact = np.asarray(x[:group], np.float32) @ np.asarray(fp8.dequantize(codes[0], scale[0], jnp.float32, (128, 128)))
+  assert_close(got[:group], exact, "float32", "bytes vs dequantised product")
+
+
+def test_the_layout_is_bytes_for_one_group_within_int32_offsets_only():
+  assert layout_for(1, 16384, 7168) == "bytes"  # V3.2's o_proj
+  assert layout_for(256, 7168, 2048) == "words"  # the experts
+  assert layout_for(1, 65536, 65536) == "words"  # 2^32 codes: past int32 byte offsets
+  x, codes = jnp.zeros((2, 128), jnp.bfloat16), jnp.zeros((3, 128, 128), jnp.float8_e4m3fn)
+  with pytest.raises(ValueError, match="layout='bytes' does not take codes \\(3, 128, 128\\)"):
+    fp8_grouped_matmul(x, codes, jnp.zeros((3, 1, 1)), jnp.zeros((3,), jnp.int32), backend="interpret", layout="bytes")
+  with pytest.raises(ValueError, match="layout='tiles'"):
+    fp8_grouped_matmul(x, codes[:1], jnp.zeros((1, 1, 1)), jnp.zeros((1,), jnp.int32), backend="interpret",
+                       layout="tiles")
