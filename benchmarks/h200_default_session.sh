@@ -13,6 +13,7 @@
 #   agree  per row: the bf16 path's top-1 gap beside the FP8 path's logit difference (why tokens may differ)
 #   mla    the sparse-MLA kernel's tests on the GPU (Triton at V3.2 widths, the model's tokens), then its launch
 #          configs and its time against XLA's sparse attention at V3.2 widths, B = 1, 8, 64, T = 1 and 4
+#   mla2   the sparse-MLA and dense-FP8-layout tests on the GPU, the dense FP8 linears' two layouts
 #   mlastep the FP8 and bf16 draft steps at B = 1, 8, 64 with XLA's sparse attention and with the kernel
 #   bench  speculative vs plain tokens/s of the embedded default, k = 1..5, and `decode --check` on the GPU
 set -uo pipefail
@@ -79,6 +80,13 @@ case "${1:?stage}" in
     tail -60 "$OUT/sparse_mla_tests.txt"
     timeout 380 python3 -W ignore::DeprecationWarning -m benchmarks.sparse_mla --batch 1 8 64 --tokens 1 4 --sweep \
       2>&1 | grep -v -E "$QUIET" | tee "$OUT/sparse_mla.md"
+    ;;
+  mla2)
+    timeout 240 python3 -m pytest -q -p no:cacheprovider --tb=short tests/test_sparse_mla_kernel.py \
+      tests/test_fp8_dense_layout.py 2>&1 | grep -v -E "$QUIET" > "$OUT/gpu_tests.txt"
+    tail -12 "$OUT/gpu_tests.txt"
+    timeout 300 python3 -m benchmarks.fp8_dense --rows 64 8 --linears o_proj q_b_proj q_a_proj "shared down" 2>&1 \
+      | grep -v -E "$QUIET" | tee "$OUT/fp8_dense.md"
     ;;
   mlastep)
     timeout 560 python3 -W ignore::DeprecationWarning -m benchmarks.fp8_step --preset deepseek_v32 --batch 64 8 1 \

@@ -185,11 +185,11 @@ def resolve_sparse_attention_impl(cfg: MtpConfig, platform: str, local_heads: in
 
 
 def sparse_mla_config(local_heads: int, topk: int) -> dict:
-  """The kernel's launch config for this model: the fastest of a sweep at V3.2's widths on one H200
-  (32 heads × 64 entries a program, 4 warps, 2 stages; benchmarks/RESULTS.md), narrowed to what divides
-  the model's heads and top-k."""
+  """The kernel's launch config for this model: the fastest of a 36-config sweep at V3.2's widths, B = 64,
+  on one H200 (32 heads × 64 entries a program, 4 warps, 3 stages: 204 µs; 8 warps or 128 entries
+  slower or over shared memory; benchmarks/RESULTS.md), narrowed to what divides the model's heads and top-k."""
   return dict(block_heads=32 if local_heads % 32 == 0 else 16,
-              block_entries=next(e for e in (64, 32, 16) if topk % e == 0), num_warps=4, num_stages=2)
+              block_entries=next(e for e in (64, 32, 16) if topk % e == 0), num_warps=4, num_stages=3)
 
 
 def _sparse_kernel_problems(cfg: MtpConfig, local_heads: int) -> list[str]:
