@@ -30,7 +30,7 @@ from jax.sharding import Mesh
 
 import jax_mtp
 from jax_mtp import distributed
-from jax_mtp.config import DTYPES, INDEX_SCORES_IMPLS, MOE_IMPLS, from_hf_config
+from jax_mtp.config import DTYPES, INDEX_SCORES_IMPLS, MOE_IMPLS, SPARSE_ATTENTION_IMPLS, from_hf_config
 from jax_mtp.decode_output import Progress, TextStream, print_result
 from jax_mtp.generate import TargetDecoder
 from jax_mtp.kernels.fused_allreduce_rmsnorm import IMPLS, gpu_kernels
@@ -86,6 +86,9 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--index-scores-impl", choices=INDEX_SCORES_IMPLS, default="auto",
                  help="DSA indexer scores: xla, or the fused Pallas kernel (pallas_gpu / pallas_tpu); auto: "
                       "the kernel on GPUs where it takes the model, else xla")
+  p.add_argument("--sparse-attention-impl", choices=SPARSE_ATTENTION_IMPLS, default="auto",
+                 help="DSA's sparse MLA attention: xla, or the fused Pallas kernel (pallas_gpu); auto: the kernel on "
+                      "GPUs where it takes the model, else xla")
   p.add_argument("--prefill-chunk", type=int, default=0, metavar="TOKENS",
                  help="prompt tokens per row per prefill call; 0 (default): sized to 1 GiB of attention buffers")
   p.add_argument("--ignore-eos", action="store_true",
@@ -166,7 +169,7 @@ def validate(args: argparse.Namespace) -> Request:
   validate_tp(cfg, args.tp)
   check_caches_fit(cfg, len(prompts), capacity, jax.devices())  # before any weight is read
   _check_impl(args.impl)
-  _check_index_scores_impl(cfg, capacity)
+  _check_kernel_impls(cfg, capacity, args.tp)
   stop_ids = stop_ids_for(args, cfg, model_dir)
   flags = {name: value for name, value in vars(args).items() if name != "process_id"}  # differs by design
   distributed.check_agreement({"flags": flags, "prompts": prompts, "config": dataclasses.asdict(cfg),
@@ -223,16 +226,20 @@ def _prompts(args: argparse.Namespace, model_dir: str | None) -> tuple[list[str]
   return texts, codec, [codec.encode(text) for text in texts]
 
 
-def _check_index_scores_impl(cfg: jax_mtp.MtpConfig, capacity: int) -> None:
-  """An explicit fused index-scores kernel must suit the model, the cache and this machine."""
+def _check_kernel_impls(cfg: jax_mtp.MtpConfig, capacity: int, tp: int) -> None:
+  """Explicit DSA kernels (index scores, sparse attention) must suit the model, the cache and this machine."""
   from jax_mtp.indexer import resolve_index_scores_impl, selects_all  # noqa: PLC0415
-  if cfg.index_scores_impl in ("auto", "xla") or selects_all(cfg, capacity):
-    return
+  from jax_mtp.mla import resolve_sparse_attention_impl  # noqa: PLC0415
   platform = jax.default_backend()
-  if cfg.index_scores_impl != f"pallas_{platform}":
-    raise _BadInput(f"--index-scores-impl={cfg.index_scores_impl} runs on "
-                    f"{cfg.index_scores_impl.removeprefix('pallas_')}; this machine's JAX platform is {platform}")
-  resolve_index_scores_impl(cfg, platform, capacity)
+  checks = (("--index-scores-impl", cfg.index_scores_impl, lambda: resolve_index_scores_impl(cfg, platform, capacity)),
+            ("--sparse-attention-impl", cfg.sparse_attention_impl,
+             lambda: resolve_sparse_attention_impl(cfg, platform, cfg.num_attention_heads // tp)))
+  for flag, impl, resolve in checks:
+    if impl in ("auto", "xla") or selects_all(cfg, capacity):
+      continue
+    if impl != f"pallas_{platform}":
+      raise _BadInput(f"{flag}={impl} runs on {impl.removeprefix('pallas_')}; this machine's JAX platform is {platform}")
+    resolve()  # ValueError naming what the kernel cannot take
 
 
 def _check_impl(impl: str) -> None:
@@ -264,11 +271,12 @@ def checkpoint_config(directory: str) -> jax_mtp.MtpConfig:
 
 
 def with_flags(cfg: jax_mtp.MtpConfig, args: argparse.Namespace) -> jax_mtp.MtpConfig:
-  """The model's config with what --dtype (auto: the config's own), --moe-impl, --index-scores-impl and
-  --prefill-chunk set."""
+  """The model's config with what --dtype (auto: the config's own), --moe-impl, --index-scores-impl,
+  --sparse-attention-impl and --prefill-chunk set."""
   if args.dtype != "auto":
     cfg = cfg.replace(dtype=args.dtype, param_dtype=args.dtype)
   return cfg.replace(moe_impl=args.moe_impl, index_scores_impl=args.index_scores_impl,
+                     sparse_attention_impl=args.sparse_attention_impl,
                      prefill_chunk=args.prefill_chunk)
 
 
