@@ -114,10 +114,22 @@ def split_k_for(rows: int, experts: int, k: int, n: int) -> int:
 LAYOUTS = ("auto", "words", "bytes")
 
 
-def layout_for(experts: int, k: int, n: int) -> str:
-  """"bytes" for one group (a dense linear) whose codes Triton's int32 offsets reach as bytes: a
-  program multiplies whole 128 × 128 code tiles; "words" otherwise (the experts)."""
-  return "bytes" if experts == 1 and k * n < MAX_WORDS else "words"
+BYTES_MIN_ROWS = 32  # one group of at least this many rows takes the "bytes" layout (see layout_for)
+
+
+def layout_for(experts: int, k: int, n: int, rows: int) -> str:
+  """"bytes" for one group (a dense linear) of ≥ BYTES_MIN_ROWS rows whose codes Triton's int32 offsets
+  reach as bytes: a program multiplies whole 128 × 128 code tiles; "words" otherwise (the experts, and
+  few rows). Measured on one H200 (benchmarks/RESULTS.md, dense FP8 linears): at 64 rows bytes ran
+  o_proj in 72 µs against words' 97 and q_b_proj in 35 against 44; at 8 rows words was as fast or
+  faster (o_proj 48 against 64)."""
+  takes_bytes = experts == 1 and k * n < MAX_WORDS
+  return "bytes" if takes_bytes and rows >= BYTES_MIN_ROWS else "words"
+
+
+def can_take_bytes(experts: int, k: int, n: int) -> bool:
+  """Whether the "bytes" layout can read these codes at all (one group, int32 byte offsets)."""
+  return layout_for(experts, k, n, BYTES_MIN_ROWS) == "bytes"
 
 
 def fp8_grouped_matmul(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: jax.Array, group_sizes_E: jax.Array, *,
@@ -135,8 +147,8 @@ def fp8_grouped_matmul(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: jax.Arr
   split_k = split_k_for(a, e, k, n) if split_k is None else split_k
   if split_k < 1 or (k // BLOCK) % split_k:
     raise ValueError(f"split_k={split_k} must divide the {k // BLOCK} blocks of K = {k}")
-  layout = layout_for(e, k, n) if layout == "auto" else layout
-  if layout not in LAYOUTS or (layout == "bytes" and layout_for(e, k, n) != "bytes"):
+  layout = layout_for(e, k, n, a) if layout == "auto" else layout
+  if layout not in LAYOUTS or (layout == "bytes" and not can_take_bytes(e, k, n)):
     raise ValueError(f"layout={layout!r} does not take codes {codes_EKN.shape} (one of {LAYOUTS}; 'bytes': one "
                      f"group of fewer than {MAX_WORDS:,} codes)")
   sizes = group_sizes_E.astype(jnp.int32)

@@ -31,10 +31,11 @@ def test_bytes_layout_equals_the_formula_the_words_layout_and_the_dequantised_pr
   assert_close(got[:group], exact, "float32", "bytes vs dequantised product")
 
 
-def test_the_layout_is_bytes_for_one_group_within_int32_offsets_only():
-  assert layout_for(1, 16384, 7168) == "bytes"  # V3.2's o_proj
-  assert layout_for(256, 7168, 2048) == "words"  # the experts
-  assert layout_for(1, 65536, 65536) == "words"  # 2^32 codes: past int32 byte offsets
+def test_the_layout_is_bytes_for_one_group_of_many_rows_within_int32_offsets_only():
+  assert layout_for(1, 16384, 7168, 64) == "bytes"  # V3.2's o_proj at B = 64
+  assert layout_for(1, 16384, 7168, 8) == "words"  # ... at B = 8 (measured faster there)
+  assert layout_for(256, 7168, 2048, 512) == "words"  # the experts
+  assert layout_for(1, 65536, 65536, 64) == "words"  # 2^32 codes: past int32 byte offsets
   x, codes = jnp.zeros((2, 128), jnp.bfloat16), jnp.zeros((3, 128, 128), jnp.float8_e4m3fn)
   with pytest.raises(ValueError, match="layout='bytes' does not take codes \\(3, 128, 128\\)"):
     fp8_grouped_matmul(x, codes, jnp.zeros((3, 1, 1)), jnp.zeros((3,), jnp.int32), backend="interpret", layout="bytes")
