@@ -89,8 +89,8 @@ case "${1:?stage}" in
       | grep -v -E "$QUIET" | tee "$OUT/fp8_dense.md"
     ;;
   mlastep)
-    timeout 560 python3 -W ignore::DeprecationWarning -m benchmarks.fp8_step --preset deepseek_v32 --batch 64 8 1 \
-      --attention xla auto 2>&1 | grep -v -E "$QUIET" | tee "$OUT/fp8_step.md"
+    timeout 470 python3 -W ignore::DeprecationWarning -m benchmarks.fp8_step --preset deepseek_v32 \
+      --batch ${STEP_BATCH:-64 8 1} --attention xla auto 2>&1 | grep -v -E "$QUIET" | tee "$OUT/fp8_step.md"
     ;;
   *) echo "unknown stage $1"; exit 2 ;;
 esac
