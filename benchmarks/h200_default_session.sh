@@ -25,72 +25,72 @@ fi
 QUIET="TPU|libtpu|Source Location|InitGoogle|E0000|learning/"
 case "${1:?stage}" in
   cost)
-    timeout 330 python3 -m benchmarks.round_cost --layers 4 8 12 --k 1 2 3 --repeats 2 2>&1 | grep -v -E "$QUIET" \
+    timeout 330 python3 -m benchmarks.round_cost --layers 4 8 12 --k 1 2 3 --repeats 2 2>&1 | grep --line-buffered -v -E "$QUIET" \
       | tee "$OUT/round_cost.md"
-    timeout 110 python3 -m benchmarks.train_compile --layers 12 --moe-intermediate 64 2>&1 | grep -v -E "$QUIET" \
+    timeout 110 python3 -m benchmarks.train_compile --layers 12 --moe-intermediate 64 2>&1 | grep --line-buffered -v -E "$QUIET" \
       | tee "$OUT/train_compile.txt"
     XLA_FLAGS=--xla_gpu_autotune_level=0 timeout 110 python3 -m benchmarks.train_compile --layers 12 \
-      --moe-intermediate 64 2>&1 | grep -v -E "$QUIET" | sed 's/^/autotune 0: /' | tee -a "$OUT/train_compile.txt"
+      --moe-intermediate 64 2>&1 | grep --line-buffered -v -E "$QUIET" | sed 's/^/autotune 0: /' | tee -a "$OUT/train_compile.txt"
     ;;
   bench)
     timeout 300 python3 -m benchmarks.spec_vs_plain --checkpoint jax_mtp/default_model --k 1 2 3 4 5 --prompts 4 \
-      --max-new 128 --repeats 2 2>&1 | grep -v -E "$QUIET" | tee "$OUT/spec_vs_plain_h200.md"
-    timeout 120 python3 -m jax_mtp.decode --check 2>&1 | grep -v -E "$QUIET" | tee "$OUT/decode_check.txt"
+      --max-new 128 --repeats 2 2>&1 | grep --line-buffered -v -E "$QUIET" | tee "$OUT/spec_vs_plain_h200.md"
+    timeout 120 python3 -m jax_mtp.decode --check 2>&1 | grep --line-buffered -v -E "$QUIET" | tee "$OUT/decode_check.txt"
     ;;
   kernel)
     timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_fp8_weights.py -k "grouped or bit_identical" 2>&1 \
-      | grep -v -E "$QUIET" | tail -15 | tee "$OUT/fp8_tests.txt"
-    timeout 300 python3 -m benchmarks.fp8_grouped --assignments 8 64 512 2>&1 | grep -v -E "$QUIET" \
+      | grep --line-buffered -v -E "$QUIET" | tail -15 | tee "$OUT/fp8_tests.txt"
+    timeout 300 python3 -m benchmarks.fp8_grouped --assignments 8 64 512 2>&1 | grep --line-buffered -v -E "$QUIET" \
       | tee "$OUT/fp8_grouped.md"
     ;;
   fp8)
     timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_fp8_weights.py -k "grouped_matmul_equals or dense" \
-      2>&1 | grep -v -E "$QUIET" | tail -4 | tee "$OUT/fp8_tests.txt"
-    timeout 300 python3 -m benchmarks.fp8_step --preset deepseek_v32 --batch 1 8 64 2>&1 | grep -v -E "$QUIET" \
+      2>&1 | grep --line-buffered -v -E "$QUIET" | tail -4 | tee "$OUT/fp8_tests.txt"
+    timeout 300 python3 -m benchmarks.fp8_step --preset deepseek_v32 --batch 1 8 64 2>&1 | grep --line-buffered -v -E "$QUIET" \
       | tee "$OUT/fp8_step.md"
-    timeout 170 python3 -m benchmarks.fp8_agreement --batch 8 2>&1 | grep -v -E "$QUIET" | tee "$OUT/fp8_agreement.md"
+    timeout 170 python3 -m benchmarks.fp8_agreement --batch 8 2>&1 | grep --line-buffered -v -E "$QUIET" | tee "$OUT/fp8_agreement.md"
     ;;
   profile)
     timeout 330 python3 -W ignore::DeprecationWarning -m benchmarks.step_profile --preset deepseek_v32 \
-      --batch ${PROFILE_BATCH:-64 8} --weights fp8 bf16 --out "$OUT" 2>&1 | grep -v -E "$QUIET" | tee "$OUT/step_profile.md"
+      --batch ${PROFILE_BATCH:-64 8} --weights fp8 bf16 --out "$OUT" 2>&1 | grep --line-buffered -v -E "$QUIET" | tee "$OUT/step_profile.md"
     ;;
   dense)
-    timeout 420 python3 -m benchmarks.fp8_dense --rows 64 8 2>&1 | grep -v -E "$QUIET" | tee "$OUT/fp8_dense.md"
+    timeout 420 python3 -m benchmarks.fp8_dense --rows 64 8 2>&1 | grep --line-buffered -v -E "$QUIET" | tee "$OUT/fp8_dense.md"
     ;;
   step)
-    timeout 280 python3 -m benchmarks.fp8_step --preset deepseek_v32 --batch 1 8 64 2>&1 | grep -v -E "$QUIET" \
+    timeout 280 python3 -m benchmarks.fp8_step --preset deepseek_v32 --batch 1 8 64 2>&1 | grep --line-buffered -v -E "$QUIET" \
       | tee "$OUT/fp8_step.md"
     timeout 150 python3 -W ignore::DeprecationWarning -m benchmarks.step_profile --preset deepseek_v32 --batch 64 \
-      --weights fp8 --out "$OUT" 2>&1 | grep -v -E "$QUIET" | tee "$OUT/step_profile.md"
+      --weights fp8 --out "$OUT" 2>&1 | grep --line-buffered -v -E "$QUIET" | tee "$OUT/step_profile.md"
     timeout 130 python3 -m pytest -q -p no:cacheprovider -x tests/test_speculative.py -k "past_index_topk and bfloat16" \
       >"$OUT/speculative_gpu_tests.txt" 2>&1
     tail -3 "$OUT/speculative_gpu_tests.txt"
     ;;
   verify)
     timeout 420 python3 -m pytest -q -p no:cacheprovider tests/test_fp8_weights.py tests/test_experts_gpu.py \
-      -k "grouped or dense or bit_identical or vllm_fixture or gpu" 2>&1 | grep -v -E "$QUIET" | tail -15 \
+      -k "grouped or dense or bit_identical or vllm_fixture or gpu" 2>&1 | grep --line-buffered -v -E "$QUIET" | tail -15 \
       | tee "$OUT/fp8_gpu_tests.txt"
     ;;
   agree)
-    timeout 200 python3 -m benchmarks.fp8_agreement --batch 8 2>&1 | grep -v -E "$QUIET" | tee "$OUT/fp8_agreement.md"
+    timeout 200 python3 -m benchmarks.fp8_agreement --batch 8 2>&1 | grep --line-buffered -v -E "$QUIET" | tee "$OUT/fp8_agreement.md"
     ;;
   mla)
     timeout 200 python3 -m pytest -q -p no:cacheprovider --tb=short tests/test_sparse_mla_kernel.py 2>&1 \
-      | grep -v -E "$QUIET" > "$OUT/sparse_mla_tests.txt"
+      | grep --line-buffered -v -E "$QUIET" > "$OUT/sparse_mla_tests.txt"
     tail -60 "$OUT/sparse_mla_tests.txt"
     timeout 380 python3 -W ignore::DeprecationWarning -m benchmarks.sparse_mla --batch 1 8 64 --tokens 1 4 --sweep \
-      2>&1 | grep -v -E "$QUIET" | tee "$OUT/sparse_mla.md"
+      2>&1 | grep --line-buffered -v -E "$QUIET" | tee "$OUT/sparse_mla.md"
     ;;
   mla2)
     timeout 240 python3 -m pytest -q -p no:cacheprovider --tb=short tests/test_sparse_mla_kernel.py \
-      tests/test_fp8_dense_layout.py 2>&1 | grep -v -E "$QUIET" > "$OUT/gpu_tests.txt"
+      tests/test_fp8_dense_layout.py 2>&1 | grep --line-buffered -v -E "$QUIET" > "$OUT/gpu_tests.txt"
     tail -12 "$OUT/gpu_tests.txt"
     timeout 300 python3 -m benchmarks.fp8_dense --rows 64 8 --linears o_proj q_b_proj q_a_proj "shared down" 2>&1 \
-      | grep -v -E "$QUIET" | tee "$OUT/fp8_dense.md"
+      | grep --line-buffered -v -E "$QUIET" | tee "$OUT/fp8_dense.md"
     ;;
   mlastep)
     timeout 470 python3 -W ignore::DeprecationWarning -m benchmarks.fp8_step --preset deepseek_v32 \
-      --batch ${STEP_BATCH:-64 8 1} --attention xla auto 2>&1 | grep -v -E "$QUIET" | tee "$OUT/fp8_step.md"
+      --batch ${STEP_BATCH:-64 8 1} --attention xla auto 2>&1 | grep --line-buffered -v -E "$QUIET" | tee "$OUT/fp8_step.md"
     ;;
   *) echo "unknown stage $1"; exit 2 ;;
 esac
