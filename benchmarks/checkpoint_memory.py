@@ -24,7 +24,8 @@ import ml_dtypes
 import numpy as np
 from safetensors.numpy import save_file
 
-from jax_mtp.checkpoint import EXPERTS, LINEAR, load_hf_checkpoint, plan
+from jax_mtp.checkpoint import load_hf_checkpoint
+from jax_mtp.checkpoint_names import EXPERTS, LINEAR, plan
 from jax_mtp.config import tiny
 from jax_mtp.sharding import make_mesh
 from tests.hf_checkpoint import hf_config_dict

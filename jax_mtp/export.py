@@ -3,7 +3,7 @@
     save_hf_checkpoint("out/", cfg, target_params, mtp_params, tokenizer=tok, eos_ids=(0,))
 
 writes config.json, model.safetensors, generation_config.json and, given a `tokenizers.Tokenizer`,
-tokenizer.json. Names come from `jax_mtp.checkpoint.plan` — the loader's own table, run backwards:
+tokenizer.json. Names come from `jax_mtp.checkpoint_names.plan` — the loader's own table, run backwards:
 `copy` as is, `linear` transposed back to [out, in], `experts` split into one [out, in] tensor per
 expert. The MTP layer's copies of the embedding and head are not written (the loader treats them
 as optional and shares the target's). Tensors are stored in `storage_dtype` (bf16 halves the files;
@@ -22,7 +22,7 @@ import jax
 import ml_dtypes
 import numpy as np
 
-from jax_mtp.checkpoint import COPY, EXPERTS, LINEAR, MTP, TARGET, _lookup, plan
+from jax_mtp.checkpoint_names import COPY, EXPERTS, LINEAR, MTP, TARGET, _lookup, plan
 from jax_mtp.config import MtpConfig
 
 ARCHITECTURES = {"deepseek_v3": "DeepseekV3ForCausalLM", "deepseek_v32": "DeepseekV32ForCausalLM",

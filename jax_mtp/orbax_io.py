@@ -26,7 +26,7 @@ import orbax.checkpoint as ocp
 from jax.sharding import Mesh, SingleDeviceSharding
 
 from jax_mtp import fp8
-from jax_mtp.checkpoint import MTP, SHARED, TARGET, abstract_params
+from jax_mtp.checkpoint_names import MTP, SHARED, TARGET, abstract_params
 from jax_mtp.config import MtpConfig, RopeConfig
 from jax_mtp.safetensors_io import CheckpointError
 from jax_mtp.sharding import TP_AXIS, padded_vocab, param_sharding, validate_tp

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
-from jax_mtp.checkpoint import SHARED
+from jax_mtp.checkpoint_names import SHARED
 from jax_mtp.config import MtpConfig
 from jax_mtp.indexer import INDEXER_TRAINING
 from jax_mtp.model import TargetModel, init_target_caches
