@@ -10,15 +10,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.experimental import topologies
-from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_mtp
 from jax_mtp.indexer import index_scores, quantize_keys, resolve_index_scores_impl
 from jax_mtp.kernels.index_scores import KERNEL_NAME, index_scores_pallas
+from tests.lowered_step import mtp_step_module
 from tests.tolerances import assert_close
-
-H200 = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
 
 
 def _inputs(b, t, i, j, s, seed=0):
@@ -77,17 +76,7 @@ def test_resolution_table():
 
 def _step_module(impl: str, platform: str) -> str:
   """The MTP step of a bf16 model (16 indexer heads, a 512-slot cache) lowered for `platform`."""
-  cfg = _kernel_cfg(index_scores_impl=impl)
-  params = jax.eval_shape(lambda key: jax_mtp.init_params(cfg, key), jax.random.key(0))
-  caches = jax.eval_shape(lambda: jax_mtp.init_caches(cfg, 2, 512))
-  ids = jax.ShapeDtypeStruct((2, 1), jnp.int32)
-  hidden = jax.ShapeDtypeStruct((2, 1, cfg.hidden_size), jnp.bfloat16)
-  step = jax.jit(lambda p, i, pos, h, c: jax_mtp.MtpPredictor(cfg).apply({"params": p}, i, pos, h, c).hidden_BTD)
-  checks = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
-  mesh = AbstractMesh((1,), ("tp",), axis_types=(AxisType.Auto,), abstract_device=H200)
-  with jax.sharding.use_abstract_mesh(mesh):
-    exported = jax.export.export(step, platforms=[platform], disabled_checks=checks)
-    return exported(params, ids, ids, hidden, caches).mlir_module()
+  return mtp_step_module(_kernel_cfg(index_scores_impl=impl), platform, 2, 512)
 
 
 @pytest.mark.parametrize("impl,platform", [("pallas_gpu", "cuda"), ("pallas_tpu", "tpu")])

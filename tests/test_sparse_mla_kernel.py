@@ -12,15 +12,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AbstractMesh, AxisType
 
 import jax_mtp
 from jax_mtp.indexer import Selection
 from jax_mtp.kernels.sparse_mla import KERNEL_NAME, combine_splits, sparse_mla, splits_for
 from jax_mtp.mla import MLAttention, resolve_sparse_attention_impl, sparse_latent_attention
+from tests.lowered_step import mtp_step_module
 from tests.tolerances import assert_close
 
-H200 = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
 ON_GPU = jax.devices()[0].platform == "gpu"
 
 
@@ -147,17 +146,7 @@ def test_resolution_table():
 
 def _step_module(impl: str) -> str:
   """The MTP step of the kernel config (a 64-slot cache: top-16 is sparse) lowered for CUDA."""
-  cfg = _kernel_cfg(sparse_attention_impl=impl)
-  params = jax.eval_shape(lambda key: jax_mtp.init_params(cfg, key), jax.random.key(0))
-  caches = jax.eval_shape(lambda: jax_mtp.init_caches(cfg, 2, 64))
-  ids = jax.ShapeDtypeStruct((2, 1), jnp.int32)
-  hidden = jax.ShapeDtypeStruct((2, 1, cfg.hidden_size), jnp.bfloat16)
-  step = jax.jit(lambda p, i, pos, h, c: jax_mtp.MtpPredictor(cfg).apply({"params": p}, i, pos, h, c).hidden_BTD)
-  checks = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
-  mesh = AbstractMesh((1,), ("tp",), axis_types=(AxisType.Auto,), abstract_device=H200)
-  with jax.sharding.use_abstract_mesh(mesh):
-    exported = jax.export.export(step, platforms=["cuda"], disabled_checks=checks)
-    return exported(params, ids, ids, hidden, caches).mlir_module()
+  return mtp_step_module(_kernel_cfg(sparse_attention_impl=impl), "cuda", 2, 64)
 
 
 def test_the_kernel_is_in_the_lowered_step_when_asked_for():
