@@ -347,7 +347,7 @@ def test_cli_auto_dequantises_with_a_note_where_tp_splits_blocks_and_fp8_refuses
   assert runs["fp8"][1] == ""
 
 
-@pytest.mark.parametrize("name", ["v3_k3", "v3_yarn_k2"])
+@pytest.mark.parametrize("name", ["v3_k3", pytest.param("v3_yarn_k2", marks=pytest.mark.full)])  # v3_yarn_k2: full form
 def test_vllm_fixture_models_requantised_to_fp8_decode_as_their_dequantisation(name, tmp_path):
   """The vLLM parity fixtures' models (tests/golden, rebuilt from their seeds) re-quantised to FP8 by
   DeepSeek's block quantiser: speculative decoding of the fixture's prompt with the FP8 weights kept

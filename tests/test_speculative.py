@@ -15,6 +15,7 @@ import jax_mtp
 from jax_mtp.acceptance import accept_greedy, accept_sampled
 from jax_mtp.drafter import MtpDrafter
 from jax_mtp.sharding import tensor_parallel
+from tests.conftest import FULL_ONLY, FULL_TESTS
 from tests.tolerances import SAMPLING_MIN_PVALUE, assert_close
 
 SMALL_VOCAB = 8  # the random MTP layer's drafts are sometimes right: partial acceptance is exercised
@@ -327,6 +328,9 @@ FAMILIES = {
                  rope=jax_mtp.RopeConfig(theta=10000.0)),  # GLM-5 style DSA
 }
 ON_GPU = jax.default_backend() == "gpu"
+# On CPU, CI runs each family once (V3 in fp32, V3.2 and GLM-5 in bf16: both dtypes and every DSA flavour); these
+# in the full form (JAX_MTP_FULL_TESTS=1), 40-60 s each on 2 cores.
+CPU_FULL_ONLY = {("v3", "bfloat16"), ("glm5", "float32")}
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 4])
@@ -337,9 +341,12 @@ def test_speculative_equals_plain_past_index_topk(family, dtype, k):
   step), V3 / V3.2 / GLM-5 flavours in fp32 and in bf16: speculative output equals plain greedy
   decoding (these random weights fall into repetitions their MTP layer rarely drafts: partial
   acceptance is test_greedy_speculative_output_equals_plain_greedy_decoding's). Every case on a GPU; on CPU k = 4 (fp32
-  V3.2 at k = 1, 2, 3, 5 is test_greedy_speculative_output_equals_plain_greedy_decoding's)."""
+  V3.2 at k = 1, 2, 3, 5 is test_greedy_speculative_output_equals_plain_greedy_decoding's), CPU_FULL_ONLY's in the
+  full form only."""
   if not ON_GPU and (k != 4 or (family, dtype) == ("v32", "float32")):
     pytest.skip("on CPU: k = 4, and fp32 V3.2 is test_greedy_speculative_output_equals_plain_greedy_decoding's")
+  if not ON_GPU and (family, dtype) in CPU_FULL_ONLY and not FULL_TESTS:
+    pytest.skip(f"on CPU, {family} in {dtype}: {FULL_ONLY}")
   cfg = jax_mtp.tiny(vocab_size=SMALL_VOCAB, dtype=dtype, param_dtype=dtype, **FAMILIES[family])
   target_params = jax_mtp.init_target_params(cfg, jax.random.key(0))
   mtp_params = jax_mtp.init_params(cfg, jax.random.key(1))
