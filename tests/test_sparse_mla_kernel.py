@@ -164,14 +164,16 @@ def test_the_models_attention_output_equals_xlas(t):
   prefix_pos = jnp.broadcast_to(jnp.arange(40, dtype=jnp.int32), (2, 40))
   prefix = (jnp.asarray(rng.integers(0, cfg.vocab_size, (2, 40)), jnp.int32), prefix_pos,
             jnp.asarray(rng.standard_normal((2, 40, cfg.hidden_size)), jnp.bfloat16))
-  caches = jax_mtp.MtpPredictor(cfg).apply({"params": params}, *prefix, jax_mtp.init_caches(cfg, 2, 64)).caches
+  caches = jax.jit(lambda p, *a: jax_mtp.MtpPredictor(cfg).apply({"params": p}, *a).caches)(
+      params, *prefix, jax_mtp.init_caches(cfg, 2, 64))
   step = (jnp.asarray(rng.integers(0, cfg.vocab_size, (2, t)), jnp.int32),
           jnp.asarray([[40 + i for i in range(t)], [5 + i for i in range(t)]], jnp.int32),
           jnp.asarray(rng.standard_normal((2, t, cfg.hidden_size)), jnp.bfloat16))
 
   def attention_out(impl):
-    _, found = jax_mtp.MtpPredictor(cfg.replace(sparse_attention_impl=impl)).apply(
-        {"params": params}, *step, caches, absorb=True, capture_intermediates=lambda mdl, _: isinstance(mdl, MLAttention))
+    model = jax_mtp.MtpPredictor(cfg.replace(sparse_attention_impl=impl))
+    _, found = jax.jit(lambda p, *a: model.apply({"params": p}, *a, absorb=True, capture_intermediates=lambda mdl, _:
+                                                 isinstance(mdl, MLAttention)))(params, *step, caches)
     (calls,) = [v for path, v in flax.traverse_util.flatten_dict(found["intermediates"]).items()
                 if path[-2:] == ("self_attn", "_absorbed_sparse")]
     return calls[0]  # the heads' outputs before o_proj, fp32 [B, T, N, H]
