@@ -238,7 +238,8 @@ def _check_kernel_impls(cfg: jax_mtp.MtpConfig, capacity: int, tp: int) -> None:
     if impl in ("auto", "xla") or selects_all(cfg, capacity):
       continue
     if impl != f"pallas_{platform}":
-      raise _BadInput(f"{flag}={impl} runs on {impl.removeprefix('pallas_')}; this machine's JAX platform is {platform}")
+      raise _BadInput(f"{flag}={impl} runs on {impl.removeprefix('pallas_')}; this machine's JAX platform is "
+                      f"{platform}")
     resolve()  # ValueError naming what the kernel cannot take
 
 

@@ -14,9 +14,9 @@ form (B = 64, T = 1: 204–244 µs against 435), but at ~0.2 of its floor — `m
 ~180 TFLOP/s; a 64-head block spills its [64, 512] fp32 accumulator with 4 warps. A Mosaic GPU kernel
 with wgmma and the output split over two warpgroups (FlashMLA's layout) is what would close the gap.
 
-Grid (N / block_heads head blocks, splits, B·T queries), head blocks fastest. A program keeps its heads' [q~; q_pe] and an
-fp32 [block_heads, C] accumulator in registers, and walks its split's share of the query's K slots in
-chunks of `block_entries`: gather the chunk's latent [E, C] and k_pe [E, R] rows from the cache (the
+Grid (N / block_heads head blocks, splits, B·T queries), head blocks fastest. A program keeps its heads'
+[q~; q_pe] and an fp32 [block_heads, C] accumulator in registers, and walks its split's share of the
+query's K slots in chunks of `block_entries`: gather the chunk's latent [E, C] and k_pe [E, R] rows from the cache (the
 slot ids are data: Triton loads rows through pointers, no copy), two score dots on the tensor cores
 (bf16 in, fp32 out), the online-softmax update, and one output dot with the probabilities rounded to
 the entries' dtype (as FlashMLA and the XLA path do). With more than one split (few queries: B = 1

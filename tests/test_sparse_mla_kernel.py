@@ -32,7 +32,8 @@ def _problem(b, t, n, c, r, s, k, dtype, seed=0, padded=0.2):
   slots = np.stack([[rng.permutation(s)[:k] for _ in range(t)] for _ in range(b)]).astype(np.int32)
   valid = rng.random((b, t, k)) >= padded
   valid[..., 0] = True
-  return normal(b, t, n, c), normal(b, t, n, r), normal(b, s, c), normal(b, s, r), jnp.asarray(slots), jnp.asarray(valid)
+  return (normal(b, t, n, c), normal(b, t, n, r), normal(b, s, c), normal(b, s, r), jnp.asarray(slots),
+          jnp.asarray(valid))
 
 
 def _formula(q_lat, q_pe, latent, k_pe, slots, valid, scale):
