@@ -234,8 +234,10 @@ def _check_kernel_impls(cfg: jax_mtp.MtpConfig, capacity: int, tp: int) -> None:
   checks = (("--index-scores-impl", cfg.index_scores_impl, lambda: resolve_index_scores_impl(cfg, platform, capacity)),
             ("--sparse-attention-impl", cfg.sparse_attention_impl,
              lambda: resolve_sparse_attention_impl(cfg, platform, cfg.num_attention_heads // tp)))
+  if selects_all(cfg, capacity):  # neither kernel runs: every visible slot is attended
+    return
   for flag, impl, resolve in checks:
-    if impl in ("auto", "xla") or selects_all(cfg, capacity):
+    if impl in ("auto", "xla"):
       continue
     if impl != f"pallas_{platform}":
       raise _BadInput(f"{flag}={impl} runs on {impl.removeprefix('pallas_')}; this machine's JAX platform is "

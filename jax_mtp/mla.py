@@ -172,9 +172,8 @@ def resolve_sparse_attention_impl(cfg: MtpConfig, platform: str, local_heads: in
   "auto": the kernel on GPUs wherever it takes the model — measured on one H200 at V3.2's widths 1.6–2.1×
   faster than XLA's form at B = 1, 8, 64 and T = 1, 4 (benchmarks/RESULTS.md), the V3.2 draft step 262–292 µs
   faster at B = 64 —, xla elsewhere (no TPU kernel: Mosaic TPU has no row gather from HBM by data-dependent
-  ids in a block). An explicit "pallas_gpu" runs
-  as asked — on a CPU in Pallas' interpret mode (tests), on CUDA through Triton — unless it cannot take
-  the model (`_sparse_kernel_problems`): then a ValueError names why."""
+  ids in a block). An explicit "pallas_gpu" runs as asked — on a CPU in Pallas' interpret mode (tests), on
+  CUDA through Triton — unless it cannot take the model (`_sparse_kernel_problems`): then a ValueError names why."""
   impl = cfg.sparse_attention_impl
   if impl == "xla":
     return "xla"

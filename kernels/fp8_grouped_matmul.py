@@ -112,8 +112,6 @@ def split_k_for(rows: int, experts: int, k: int, n: int) -> int:
 
 
 LAYOUTS = ("auto", "words", "bytes")
-
-
 BYTES_MIN_ROWS = 32  # one group of at least this many rows takes the "bytes" layout (see layout_for)
 
 
@@ -123,13 +121,12 @@ def layout_for(experts: int, k: int, n: int, rows: int) -> str:
   few rows). Measured on one H200 (benchmarks/RESULTS.md, dense FP8 linears): at 64 rows bytes ran
   o_proj in 72 µs against words' 97 and q_b_proj in 35 against 44; at 8 rows words was as fast or
   faster (o_proj 48 against 64)."""
-  takes_bytes = experts == 1 and k * n < MAX_WORDS
-  return "bytes" if takes_bytes and rows >= BYTES_MIN_ROWS else "words"
+  return "bytes" if can_take_bytes(experts, k, n) and rows >= BYTES_MIN_ROWS else "words"
 
 
 def can_take_bytes(experts: int, k: int, n: int) -> bool:
   """Whether the "bytes" layout can read these codes at all (one group, int32 byte offsets)."""
-  return layout_for(experts, k, n, BYTES_MIN_ROWS) == "bytes"
+  return experts == 1 and k * n < MAX_WORDS
 
 
 def fp8_grouped_matmul(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: jax.Array, group_sizes_E: jax.Array, *,

@@ -92,7 +92,7 @@ def sparse_mla(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax.Arra
   b, t, n, c = q_lat_BTNC.shape
   k = slots_BTK.shape[-1]
   block_heads, block_entries = min(block_heads, n), min(block_entries, k)
-  splits = splits_for(b * t, n // max(block_heads, 1), k, block_entries) if splits is None else splits
+  splits = splits_for(b * t, n // block_heads, k, block_entries) if splits is None else splits
   check_operands(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, block_heads, block_entries, splits)
   if backend == "auto":
     call = functools.partial(sparse_mla, scale=scale, block_heads=block_heads, block_entries=block_entries,
