@@ -14,7 +14,8 @@ the target alone and reports whether the outputs match token for token (they mus
 decoding never changes greedy output). Exit 0 on success, 2 on bad input (a bad checkpoint
 included) with an `error: ...` message on stderr and nothing on stdout, 1 when a row stopped because
 the target's logits became non-finite (its tokens up to there are printed, JSON `finish_reasons`
-"error" and `errors`; one `error: prompt i: ...` line on stderr per such row; the others go on).
+"error" and `errors`; one `error: prompt i: ...` line on stderr per such row; the others go on), and
+1 when `--check` finds the outputs differ (printed in full, then an `error: --check: ...` line).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from jax.sharding import Mesh
 import jax_mtp
 from jax_mtp import distributed
 from jax_mtp.config import DTYPES, INDEX_SCORES_IMPLS, MOE_IMPLS, SPARSE_ATTENTION_IMPLS, from_hf_config
-from jax_mtp.decode_output import Progress, TextStream, print_result
+from jax_mtp.decode_output import Progress, TextStream, exit_code, print_result
 from jax_mtp.generate import TargetDecoder
 from jax_mtp.kernels.fused_allreduce_rmsnorm import IMPLS, gpu_kernels
 from jax_mtp.model import init_target_params
@@ -93,7 +94,8 @@ def _parser() -> argparse.ArgumentParser:
                  help="prompt tokens per row per prefill call; 0 (default): sized to 1 GiB of attention buffers")
   p.add_argument("--ignore-eos", action="store_true",
                  help="do not stop a row at the checkpoint's EOS ids (benchmarks, as vLLM's flag)")
-  p.add_argument("--check", action="store_true", help="also decode with the target alone and compare")
+  p.add_argument("--check", action="store_true",
+                 help="also decode with the target alone and compare; exit 1 if the outputs differ (2 is bad input)")
   p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
   distributed.add_arguments(p)
   return p
@@ -119,7 +121,8 @@ class Built(NamedTuple):
 
 
 def main(argv: list[str] | None = None) -> int:
-  """Parse, validate, build, run, print: exit 0, 1 when a row's logits became non-finite, 2 on bad input."""
+  """Parse, validate, build, run, print: exit 0, 1 when a row's logits became non-finite or --check found
+  the outputs differ, 2 on bad input."""
   try:
     args = _parser().parse_args(argv)
     distributed.validate(args)  # the process flags' own consistency, before they configure JAX
@@ -139,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     return 2
   result, streamed = run(args, request, built)
   if not distributed.is_primary():  # every process holds every replica's rows; process 0 prints them
-    return 1 if result.failed_rows else 0
+    return exit_code(result)
   return print_result(result, as_json=args.json, model_line=_model_line(args, built.cfg), prompts=request.prompts,
                       texts=request.texts, codec=request.codec, streamed=streamed)
 

@@ -1,7 +1,8 @@
 """What `python -m jax_mtp.decode` shows: the progress bar and streamed text while it decodes, then the
-result as text or as one JSON object on stdout, and one `error: prompt i: ...` line on stderr per row
-whose logits became non-finite. Nothing here reads flags or touches the model: the CLI passes in
-what it decided (jax_mtp.decode)."""
+result as text or as one JSON object on stdout, one `error: prompt i: ...` line on stderr per row
+whose logits became non-finite, and one `error: --check: ...` line when the speculative output differs
+from plain decoding; `exit_code` says how the run ended. Nothing here reads flags or touches the
+model: the CLI passes in what it decided (jax_mtp.decode)."""
 
 from __future__ import annotations
 
@@ -52,15 +53,23 @@ class TextStream:
 
 def print_result(result: Gathered, *, as_json: bool, model_line: str, prompts: list[list[int]],
                  texts: list[str] | None, codec: TextCodec | None, streamed: bool) -> int:
-  """Prints every row's outcome (JSON or text) and one stderr line per failed row; returns the exit
-  code (1 when a row failed, else 0). `texts`: the --prompt texts when `codec` encoded them."""
+  """Prints every row's outcome (JSON or text), one stderr line per failed row and one for a failed
+  --check; returns `exit_code(result)`. `texts`: the --prompt texts when `codec` encoded them."""
   if as_json:
     print(json.dumps(_json_object(result, codec)))
   else:
     _print_text(result, model_line, prompts, texts, codec, streamed)
   for i in result.failed_rows:
     print(f"error: prompt {i}: {failure(result, i)}", file=sys.stderr)
-  return 1 if result.failed_rows else 0
+  if result.matches is False:
+    print("error: --check: the speculative output differs from plain greedy decoding with the target (they must "
+          "match token for token)", file=sys.stderr)
+  return exit_code(result)
+
+
+def exit_code(result: Gathered) -> int:
+  """1 when a row's logits became non-finite or --check found the outputs differ, else 0."""
+  return 1 if result.failed_rows or result.matches is False else 0
 
 
 def _json_object(result: Gathered, codec: TextCodec | None) -> dict:

@@ -1,6 +1,7 @@
 """`python -m jax_mtp.decode`: exit codes, text and JSON output, --check, batches, seeds, progress, and
 input errors (exit 2, one `error:` line naming the value, nothing on stdout)."""
 
+import dataclasses
 import io
 import json
 import os
@@ -12,6 +13,8 @@ import pytest
 
 import jax_mtp
 from jax_mtp import decode
+from jax_mtp.decode_output import exit_code, print_result
+from jax_mtp.distributed import Gathered
 
 VOCAB = jax_mtp.tiny().vocab_size
 METRIC_KEYS = {"acceptance_length_mean", "acceptance_rate_per_position", "draft_tokens_proposed",
@@ -107,6 +110,29 @@ def test_bad_input_returns_2_with_one_error_line(capsys, argv, named):
   assert out == ""
   lines = err.splitlines()
   assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], err
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_failed_check_exits_1(capsys, as_json):
+  """--check finding the outputs differ (here the plain decoder's tokens for row 1 end differently from
+  the speculative ones) is a failed run: exit 1, not 0, and not 2 (bad input); the output is printed in
+  full, then one `error: --check:` line on stderr. The same rows matching exit 0."""
+  speculative, plain = [[5, 6, 7], [8, 9, 4]], [[5, 6, 7], [8, 9, 3]]
+  metrics = jax_mtp.SpecMetrics(3, 4, (2, 1, 0), 6, 0.5)
+  result = Gathered(speculative, [False, False], [], metrics, matches=plain == speculative)
+  args = dict(as_json=as_json, model_line="a model", prompts=[[1, 2], [3]], texts=None, codec=None, streamed=False)
+  assert print_result(result, **args) == 1
+  assert exit_code(result) == 1  # what a process other than 0 returns, printing nothing
+  out, err = capsys.readouterr()
+  if as_json:
+    assert json.loads(out)["matches_target"] is False
+  else:
+    assert "DIFFERS FROM plain greedy decoding" in out
+  assert err.splitlines() == ["error: --check: the speculative output differs from plain greedy decoding with the "
+                              "target (they must match token for token)"]
+  assert print_result(dataclasses.replace(result, matches=True), **args) == 0
+  assert capsys.readouterr().err == ""
+  assert "exit 1 if the outputs differ" in " ".join(decode._parser().format_help().split())
 
 
 def test_progress_line():
