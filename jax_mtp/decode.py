@@ -12,7 +12,8 @@ placed straight onto the `--tp` mesh; `--prompt` is encoded by its `tokenizer.js
 any tp up to 8). Rows stop at the model's EOS ids unless `--ignore-eos`. `--check` also decodes with
 the target alone and reports whether the outputs match token for token (they must: speculative
 decoding never changes greedy output). Exit 0 on success, 2 on bad input (a bad checkpoint
-included) with an `error: ...` message on stderr and nothing on stdout, 1 when a row stopped because
+included) with an `error: ...` message on stderr and nothing on stdout — and 2, with one such line, when
+the run itself fails (a kernel refusing a shape, device memory exhausted) —, 1 when a row stopped because
 the target's logits became non-finite (its tokens up to there are printed, JSON `finish_reasons`
 "error" and `errors`; one `error: prompt i: ...` line on stderr per such row; the others go on), and
 1 when `--check` finds the outputs differ (printed in full, then an `error: --check: ...` line).
@@ -140,7 +141,11 @@ def main(argv: list[str] | None = None) -> int:
   except OSError as e:  # a checkpoint file that cannot be read (permissions, vanished): its path and why
     print(f"error: cannot read {e.filename or 'a checkpoint file'!r}: {e.strerror or e}", file=sys.stderr)
     return 2
-  result, streamed = run(args, request, built)
+  try:
+    result, streamed = run(args, request, built)
+  except (ValueError, jax.errors.JaxRuntimeError) as e:  # a kernel refusing a shape, device memory: one line
+    print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
+    return 2
   if not distributed.is_primary():  # every process holds every replica's rows; process 0 prints them
     return exit_code(result)
   return print_result(result, as_json=args.json, model_line=_model_line(args, built.cfg), prompts=request.prompts,

@@ -31,6 +31,7 @@ from jax_mtp.cache import LayerCache, causal_mask, write_at_positions
 from jax_mtp.config import MtpConfig
 from jax_mtp.kernels.index_scores import index_scores_pallas
 from jax_mtp.layers import LayerNorm, Rotary, apply_rope, linear
+from jax_mtp.platform import lowering_platform
 
 
 # A mutable collection that only training asks for (jax_mtp.training): the naive MLA form then sows
@@ -93,7 +94,7 @@ class Indexer(nn.Module):
     q_BTIJ = self.wq_b(qr_BTQ).reshape(*qr_BTQ.shape[:2], cfg.index_n_heads, cfg.index_head_dim)
     q_BTIJ = self._rope_first(q_BTIJ.astype(jnp.float32), rotary)
     w_BTI = self.weights_proj(x_BTD.astype(jnp.float32)) * cfg.index_n_heads**-0.5
-    impl = resolve_index_scores_impl(cfg, jax.default_backend(), cache.capacity)
+    impl = resolve_index_scores_impl(cfg, lowering_platform(), cache.capacity)
     if impl == "xla":
       scores_BTS = index_scores(q_BTIJ, cache.index_k_BSJ, w_BTI, cfg.index_head_dim**-0.5,
                                 chunk=score_chunk(*q_BTIJ.shape[:3], cache.capacity),
@@ -134,6 +135,18 @@ def resolve_index_scores_impl(cfg: MtpConfig, platform: str, capacity: int) -> s
   if problems:
     raise ValueError(f"index_scores_impl={impl!r} cannot run here: {'; '.join(problems)} (use 'xla' or 'auto')")
   return impl
+
+
+def kernel_capacity(cfg: MtpConfig, positions: int) -> int:
+  """The cache capacity to allocate for `positions`: rounded up to a multiple of SCORE_BLOCK_SLOTS where the
+  cache is a DSA cache (longer than index_topk) and the fused kernel takes the model at that capacity, so a
+  request of any length gets the kernel `auto` promises (at most SCORE_BLOCK_SLOTS − 1 slots more per row);
+  `positions` unchanged otherwise. Platform-independent: a request has the same shapes, and so the same
+  numbers, on every platform."""
+  rounded = -(-positions // SCORE_BLOCK_SLOTS) * SCORE_BLOCK_SLOTS
+  if selects_all(cfg, positions) or _kernel_problems(cfg, rounded):
+    return positions
+  return rounded
 
 
 def _kernel_problems(cfg: MtpConfig, capacity: int) -> list[str]:

@@ -18,6 +18,7 @@ import numpy as np
 
 from jax_mtp import fp8
 from jax_mtp.config import MtpConfig, RopeConfig, yarn_mscale
+from jax_mtp.platform import lowering_platform
 
 
 def dtype_of(name: str) -> jnp.dtype:
@@ -80,7 +81,7 @@ class Linear(nn.Module):
   param_dtype: str = "float32"
   fp8_block: tuple[int, int] = (128, 128)  # the checkpoint's FP8 blocks, when the kernel is FP8 codes
   # FP8 codes through the Pallas kernel: True (moe_impl="fp8_grouped_gpu" asks for it everywhere), or
-  # None: where the default backend is a GPU
+  # None: where the program is for a GPU (jax_mtp.platform)
   fp8_kernel: bool | None = None
 
   def setup(self):
@@ -99,7 +100,7 @@ class Linear(nn.Module):
   def runs_fp8_kernel(self) -> bool:
     """Whether the product runs from the FP8 codes in the Pallas kernel (see the class docstring)."""
     from jax_mtp.kernels import fp8_grouped_matmul as kernel  # noqa: PLC0415 (Pallas: only where used)
-    wanted = jax.default_backend() == "gpu" if self.fp8_kernel is None else self.fp8_kernel
+    wanted = lowering_platform() == "gpu" if self.fp8_kernel is None else self.fp8_kernel
     return (wanted and self.kernel_scale_inv is not None and self.dtype == "bfloat16"
             and kernel.takes(*self.kernel.shape, self.fp8_block))  # this device's share of the weight
 

@@ -37,6 +37,7 @@ from jax_mtp.indexer import INDEXER_TRAINING, Indexer, Selection, selects_all
 from jax_mtp.kernels.sparse_mla import sparse_mla
 from jax_mtp.layers import RMSNorm, Rotary, apply_rope, linear
 from jax_mtp.sharding import TensorParallel
+from jax_mtp.platform import lowering_platform
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -152,17 +153,17 @@ class MLAttention(nn.Module):
     same softmax as `_absorbed` with the selection mask, reading B·T·K entries instead of B·S."""
     cfg = self.cfg
     q_lat_BTNC, w_uv_CNH = self._latent_query(q_nope_BTNP)
-    impl = resolve_sparse_attention_impl(cfg, jax.default_backend(), self.num_local_heads)
+    impl = resolve_sparse_attention_impl(cfg, lowering_platform(), self.num_local_heads)
     if impl == "xla":
       o_lat_BTNC = sparse_latent_attention(q_lat_BTNC, q_pe_BTNR, cache.latent_BSC, cache.k_pe_BSR, selection,
                                            cfg.softmax_scale, dot_dtype=cfg.dtype)
     else:  # the fused kernel (interpret mode where the program runs on a CPU, Triton on CUDA); its output in
       # the cache's dtype, which _heads_from_latent's dot takes (the XLA path's fp32 is rounded there)
       dtype = cache.latent_BSC.dtype
-      slots_BTK = jnp.where(selection.valid_BTK, selection.slots_BTK, -1)
+      config = sparse_mla_config(self.num_local_heads, cfg.index_topk)
+      slots_BTK = pad_slots(jnp.where(selection.valid_BTK, selection.slots_BTK, -1), config["block_entries"])
       o_lat_BTNC = sparse_mla(q_lat_BTNC.astype(dtype), q_pe_BTNR.astype(dtype), cache.latent_BSC,
-                              cache.k_pe_BSR.astype(dtype), slots_BTK, cfg.softmax_scale, out_dtype=dtype,
-                              **sparse_mla_config(self.num_local_heads, cfg.index_topk))
+                              cache.k_pe_BSR.astype(dtype), slots_BTK, cfg.softmax_scale, out_dtype=dtype, **config)
     return _heads_from_latent(o_lat_BTNC, w_uv_CNH, dot_dtype=cfg.dtype)
 
 
@@ -191,6 +192,14 @@ def sparse_mla_config(local_heads: int, topk: int) -> dict:
   slower or over shared memory; benchmarks/RESULTS.md), narrowed to what divides the model's heads and top-k."""
   return dict(block_heads=32 if local_heads % 32 == 0 else 16,
               block_entries=next(e for e in (64, 32, 16) if topk % e == 0), num_warps=4, num_stages=3)
+
+
+def pad_slots(slots_BTK: jax.Array, multiple: int) -> jax.Array:
+  """The selection's slot ids padded with −1 (not attended) to a multiple of `multiple` entries: the kernel
+  takes whole blocks of entries, and a selection need not come in them (index_share_for_mtp_iteration's
+  reused top-k holds index_topk + the drafts written since step 0)."""
+  k = slots_BTK.shape[-1]
+  return jnp.pad(slots_BTK, [(0, 0), (0, 0), (0, -k % multiple)], constant_values=-1)
 
 
 def _sparse_kernel_problems(cfg: MtpConfig, local_heads: int) -> list[str]:

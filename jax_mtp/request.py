@@ -52,16 +52,24 @@ def validate_prompts(cfg: MtpConfig, prompts: Sequence[Sequence[int]]) -> None:
 def required_capacity(cfg: MtpConfig, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                       num_speculative_tokens: int, capacity: int | None = None) -> int:
   """Cache positions a decode needs: longest prompt + max_new_tokens + k (jax_mtp.speculative says
-  why), or `capacity` if given and large enough; at most max_position_embeddings."""
+  why), rounded up to what the fused DSA kernels take (`indexer.kernel_capacity`) but not past
+  max_position_embeddings; or `capacity` if given and large enough."""
+  from jax_mtp.indexer import kernel_capacity  # noqa: PLC0415 (the indexer imports jax.numpy users of this module)
   longest = max(len(prompt) for prompt in prompts)
   needed = longest + max_new_tokens + num_speculative_tokens
   limit = cfg.max_position_embeddings
+  if longest + num_speculative_tokens + 1 > limit:
+    raise ValueError(f"the longest prompt ({longest} tokens) leaves no room for a new token: a prompt may hold at "
+                     f"most {limit - num_speculative_tokens - 1} tokens (max_position_embeddings={limit}, "
+                     f"{num_speculative_tokens} speculative positions)")
   if needed > limit:
     raise ValueError(f"max_new_tokens={max_new_tokens} needs a cache of {needed} positions (longest prompt "
                      f"{longest} + {max_new_tokens} new + {num_speculative_tokens} speculative), more than "
-                     f"max_position_embeddings={limit}")
+                     f"max_position_embeddings={limit}; at most {limit - longest - num_speculative_tokens} new "
+                     f"tokens fit after this prompt")
   if capacity is None:
-    return needed
+    rounded = kernel_capacity(cfg, needed)
+    return rounded if rounded <= limit else needed
   if not needed <= capacity <= limit:
     raise ValueError(f"capacity={capacity} must be in [{needed}, {limit}] (needed positions, "
                      f"max_position_embeddings)")

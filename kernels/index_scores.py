@@ -8,7 +8,8 @@ XLA runs this as a dot that writes fp32 logits and a fusion that reads them back
 0.12–0.25 of their floor on an H200 at B ≥ 8 (benchmarks/RESULTS.md, "Long-context DSA"). Here each
 program reads one block of `block_slots` keys once and writes T scores per slot.
 
-Grid (B, S / block_slots); q [T·I, J] and w [T·I, 1] of the row stay resident, the keys stream.
+Grid (B, T / block_tokens, S / block_slots); a token block's q [tb·I, J] and w [tb·I, 1] stay resident while
+the row's keys stream past them.
 Keys enter the dot in q's dtype (bf16 in a bf16 model; float8 keys are widened through fp32 first,
 which every ptxas can convert) with fp32 accumulation; per-key fp8 scales multiply the fp32 logits.
 `backend`: "gpu" (Pallas' Triton backend, which JAX has deprecated in favour of Mosaic GPU: a port
@@ -29,9 +30,10 @@ BACKENDS = ("gpu", "tpu", "interpret")
 
 
 def index_scores_pallas(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, scale: float, *,
-                        k_scale_BS: jax.Array | None = None, block_slots: int = 256,
+                        k_scale_BS: jax.Array | None = None, block_slots: int = 256, block_tokens: int = 4,
                         backend: str = "gpu") -> jax.Array:
-  """fp32 [B, T, S] index scores; S must be a multiple of `block_slots`."""
+  """fp32 [B, T, S] index scores; S must be a multiple of `block_slots`. Queries go `block_tokens` at a
+  time (a grid axis; T is padded to a whole number of blocks): any T compiles to the same program body."""
   b, t, i, j = q_BTIJ.shape
   s = k_BSJ.shape[1]
   if backend not in BACKENDS:
@@ -40,26 +42,32 @@ def index_scores_pallas(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, s
     raise ValueError(f"cache capacity {s} is not a multiple of block_slots={block_slots}")
   if k_BSJ.shape != (b, s, j) or w_BTI.shape != (b, t, i):
     raise ValueError(f"shapes q {q_BTIJ.shape}, k {k_BSJ.shape}, w {w_BTI.shape} do not agree")
-  q = q_BTIJ.reshape(b, t * i, j)
-  w = w_BTI.astype(jnp.float32).reshape(b, t * i, 1)
+  if block_tokens < 1:
+    raise ValueError(f"block_tokens={block_tokens} must be ≥ 1")
+  tb = t if backend == "tpu" else min(t, block_tokens)  # Mosaic TPU blocks: 8-row multiples or the whole T
+  padded = -(-t // tb) * tb  # padding queries have zero weights: their scores are 0 and dropped
+  q = jnp.pad(q_BTIJ, [(0, 0), (0, padded - t), (0, 0), (0, 0)]).reshape(b, padded * i, j)
+  w = jnp.pad(w_BTI.astype(jnp.float32), [(0, 0), (0, padded - t), (0, 0)]).reshape(b, padded * i, 1)
   inputs = [q, k_BSJ, w]
-  in_specs = [pl.BlockSpec((None, t * i, j), lambda bi, si: (bi, 0, 0)),
-              pl.BlockSpec((None, block_slots, j), lambda bi, si: (bi, si, 0)),
-              pl.BlockSpec((None, t * i, 1), lambda bi, si: (bi, 0, 0))]
+  # token blocks outside slot blocks: a row's keys (S·J·2 bytes, 8 MiB at 32K) stay in L2 across token blocks
+  in_specs = [pl.BlockSpec((None, tb * i, j), lambda bi, ti, si: (bi, ti, 0)),
+              pl.BlockSpec((None, block_slots, j), lambda bi, ti, si: (bi, si, 0)),
+              pl.BlockSpec((None, tb * i, 1), lambda bi, ti, si: (bi, ti, 0))]
   if k_scale_BS is not None:
     inputs.append(k_scale_BS.astype(jnp.float32).reshape(b, 1, s))
-    in_specs.append(pl.BlockSpec((None, 1, block_slots), lambda bi, si: (bi, 0, si)))
-  kernel = functools.partial(_kernel, tokens=t, heads=i, scale=scale, scaled=k_scale_BS is not None)
-  return pl.pallas_call(
+    in_specs.append(pl.BlockSpec((None, 1, block_slots), lambda bi, ti, si: (bi, 0, si)))
+  kernel = functools.partial(_kernel, tokens=tb, heads=i, scale=scale, scaled=k_scale_BS is not None)
+  out = pl.pallas_call(
       kernel,
-      grid=(b, s // block_slots),
+      grid=(b, padded // tb, s // block_slots),
       in_specs=in_specs,
-      out_specs=pl.BlockSpec((None, t, block_slots), lambda bi, si: (bi, 0, si)),
-      out_shape=jax.ShapeDtypeStruct((b, t, s), jnp.float32),
+      out_specs=pl.BlockSpec((None, tb, block_slots), lambda bi, ti, si: (bi, ti, si)),
+      out_shape=jax.ShapeDtypeStruct((b, padded, s), jnp.float32),
       compiler_params=_compiler_params(backend),
       interpret=backend == "interpret",
       name=KERNEL_NAME,
   )(*inputs)
+  return out[:, :t]
 
 
 def _kernel(q_ref, k_ref, w_ref, *refs, tokens: int, heads: int, scale: float, scaled: bool):
@@ -69,7 +77,7 @@ def _kernel(q_ref, k_ref, w_ref, *refs, tokens: int, heads: int, scale: float, s
     keys = keys.astype(jnp.float32)  # e4m3 → f32 → the dot's dtype: no direct e4m3 → bf16 convert needed
   keys = keys.astype(q_ref.dtype)
   precision = jax.lax.Precision.HIGHEST if q_ref.dtype == jnp.float32 else jax.lax.Precision.DEFAULT
-  for t in range(tokens):  # T ≤ k + 1: unrolled, one [I, J] × [J, block] dot per query
+  for t in range(tokens):  # the block's queries, unrolled: one [I, J] × [J, block] dot per query
     rows = slice(t * heads, (t + 1) * heads)
     logits = jax.lax.dot_general(q_ref[rows, :], keys, (((1,), (1,)), ((), ())), precision=precision,
                                  preferred_element_type=jnp.float32)  # [I, block]
@@ -84,5 +92,5 @@ def _compiler_params(backend: str):
     return pl_triton.CompilerParams(num_warps=4, num_stages=2)
   if backend == "tpu":
     from jax.experimental.pallas import tpu as pltpu  # noqa: PLC0415
-    return pltpu.CompilerParams(dimension_semantics=("parallel", "parallel"))
+    return pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "parallel"))
   return None

@@ -153,6 +153,7 @@ def _step_module(impl: str) -> str:
 
 def test_the_kernel_is_in_the_lowered_step_when_asked_for():
   assert KERNEL_NAME in _step_module("pallas_gpu")
+  assert KERNEL_NAME in _step_module("auto")  # auto follows the program's platform (jax_mtp.platform): CUDA
   assert KERNEL_NAME not in _step_module("xla")
 
 
