@@ -8,8 +8,9 @@ collectives cross hosts. This module only starts it and checks the processes agr
   * `validate(args)`, then `initialize(args)` with `jax_settings(args)` applied, before JAX touches a
     device: with --coordinator-address / --num-processes / --process-id as given, or auto-detected
     where a launcher says there are several processes (SLURM with more than one task, a multi-host
-    Cloud TPU slice, Open MPI); otherwise one process and nothing happens. On CPU the cross-process
-    collectives are gloo's.
+    Cloud TPU slice, Open MPI); otherwise one process and nothing happens. A launcher's variable that
+    says several processes where JAX's detection of it fails is an error naming the variable
+    (`detected_cluster`), never one process per host. On CPU the cross-process collectives are gloo's.
   * A process that dies (killed, crashed, preempted) stops sending heartbeats; after
     --heartbeat-timeout seconds JAX's coordination service ends every other process with a message
     naming the unhealthy task (exit by SIGABRT): no process hangs in a collective.
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import importlib
 import json
 import os
 
@@ -52,28 +54,61 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                  f"(default {DEFAULT_HEARTBEAT_TIMEOUT_S})")
 
 
+# A launcher: (its name, the variable that says how many processes, JAX's cluster classes that detect it;
+# jax._src.clusters, private: what jax.distributed.initialize fills unset flags from).
+LAUNCHERS = (("SLURM", "SLURM_NTASKS", ("SlurmCluster",)),
+             ("Open MPI", "OMPI_COMM_WORLD_SIZE", ("OmpiCluster",)),
+             ("a multi-host TPU slice", "TPU_WORKER_HOSTNAMES", ("GkeTpuCluster", "GceTpuCluster")),
+             ("a multi-host TPU slice", "TPU_PROCESS_ADDRESSES", ("GkeTpuCluster", "GceTpuCluster")))
+
+
 def detected_cluster() -> str | None:
-  """The launcher that says this is one of several processes, or None."""
-  env = os.environ
-  if env.get("SLURM_JOB_ID") and int(env.get("SLURM_NTASKS", "1")) > 1:
-    return "SLURM"
-  if int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1:
-    return "Open MPI"
-  if "," in env.get("TPU_WORKER_HOSTNAMES", "") or _cloud_tpu_hosts() > 1:
-    return "a multi-host TPU slice"
-  return None
+  """The launcher that says this is one of several processes, or None. A launcher's variable saying
+  several (SLURM_NTASKS or OMPI_COMM_WORLD_SIZE > 1, a TPU worker list of several hosts) needs JAX's
+  detection of that launcher to work, as jax.distributed.initialize fills the flags from it: where it
+  fails (a private module: it may move), ValueError naming the variable, never one host per process.
+  A Cloud TPU slice known only from its metadata is counted by that detection alone; where it fails,
+  nothing says there are several hosts, and it is one (then pass the flags)."""
+  for name, variable, classes in LAUNCHERS:
+    value = os.environ.get(variable, "")
+    if _processes(variable, value) > 1:
+      try:
+        present = any(_jax_cluster(c).is_env_present() for c in classes)
+      except Exception as e:  # noqa: BLE001 (any failure of a private API is the same failure)
+        present, why = False, f"failed ({type(e).__name__}: {e})"
+      else:
+        why = f"({', '.join(classes)}) does not find {name}"
+      if not present:
+        raise ValueError(f"{variable}={value!r} says this is one of several processes, but JAX's cluster "
+                         f"detection {why}; give --coordinator-address, --num-processes and --process-id")
+      return name
+  try:
+    hosts = _cloud_tpu_hosts()
+  except Exception:  # noqa: BLE001 (no variable says several processes: one, unless the flags say otherwise)
+    return None
+  return "a multi-host TPU slice" if hosts > 1 else None
+
+
+def _processes(variable: str, value: str) -> int:
+  """How many processes a launcher's variable says (1 where it is unset or not a count)."""
+  if variable.startswith("TPU_"):
+    return len([host for host in value.split(",") if host.strip()])
+  if variable == "SLURM_NTASKS" and not os.environ.get("SLURM_JOB_ID"):  # outside a job: a leftover
+    return 1
+  return int(value) if value.strip().isdigit() else 1
+
+
+def _jax_cluster(name: str):
+  return getattr(importlib.import_module("jax._src.clusters"), name)
 
 
 def _cloud_tpu_hosts() -> int:
   """Hosts of this Cloud TPU slice (GCE or GKE metadata) as jax.distributed's own detection counts
-  them; 1 off Cloud TPU. Private JAX API, so any failure reads as one host (then pass the flags)."""
-  try:
-    from jax._src.clusters import cloud_tpu_cluster  # noqa: PLC0415
-    for cluster in (cloud_tpu_cluster.GceTpuCluster, cloud_tpu_cluster.GkeTpuCluster):
-      if cluster.is_env_present():
-        return cluster.get_process_count()
-  except Exception:  # noqa: BLE001 (detection only: the explicit flags remain)
-    return 1
+  them; 1 off Cloud TPU. Private JAX API: raises however it fails."""
+  for name in ("GceTpuCluster", "GkeTpuCluster"):
+    cluster = _jax_cluster(name)
+    if cluster.is_env_present():
+      return cluster.get_process_count()
   return 1
 
 
@@ -87,11 +122,11 @@ def validate(args: argparse.Namespace) -> None:
   """The flags' own consistency (ValueError naming the value), before anything starts."""
   given = {"--coordinator-address": args.coordinator_address, "--num-processes": args.num_processes,
            "--process-id": args.process_id}
-  if any(v is not None for v in given.values()) and detected_cluster() is None:
-    missing = [name for name, v in given.items() if v is None]
-    if missing:
-      raise ValueError(f"several processes need {', '.join(given)} together (no SLURM / TPU pod launcher "
-                       f"detected); missing {', '.join(missing)}")
+  missing = [name for name, v in given.items() if v is None]
+  cluster = detected_cluster() if missing else None  # all three given: no detection needed (nor run)
+  if 0 < len(missing) < len(given) and cluster is None:
+    raise ValueError(f"several processes need {', '.join(given)} together (no SLURM / TPU pod launcher "
+                     f"detected); missing {', '.join(missing)}")
   if args.num_processes is not None and args.num_processes < 1:
     raise ValueError(f"--num-processes={args.num_processes} must be ≥ 1")
   if args.process_id is not None and not 0 <= args.process_id < (args.num_processes or 1 << 30):

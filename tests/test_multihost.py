@@ -1,7 +1,8 @@
 """Several processes (jax.distributed, issue 15): `python -m jax_mtp.decode` started as 2 and 4 CPU
 processes on this machine — a local coordinator, gloo collectives, 8 / N CPU devices each, tp = 8
 spanning every process — decodes the same tokens as one process with 8 devices; processes that
-disagree stop with one clear error; a killed process ends the others within the heartbeat timeout.
+disagree stop with one clear error; a killed process ends the others within the heartbeat timeout; a
+launcher that says several processes where JAX's cluster detection fails is one clear error.
 (gloo prints connection lines on stdout; the JSON is the line that starts with "{".)
 """
 
@@ -14,6 +15,8 @@ import sys
 import time
 
 import pytest
+
+from jax_mtp import decode, distributed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DECODE = [sys.executable, "-m", "jax_mtp.decode", "--random-tiny", "--tp", "8", "--json", "--num-speculative-tokens", "2",
@@ -183,3 +186,64 @@ def test_tp_that_splits_a_process_is_one_error(tmp_path):
   for rc, out, err in runs:
     assert rc == 2 and _json(out) is None, err[-3000:]
     assert "error: --tp=2: with 2 processes of 4 devices each, tp must be a multiple of 4" in err, err[-2000:]
+
+
+LAUNCHER_VARIABLES = ("SLURM_JOB_ID", "SLURM_NTASKS", "SLURM_STEP_NODELIST", "SLURM_PROCID", "SLURM_LOCALID",
+                      "OMPI_COMM_WORLD_SIZE", "OMPI_MCA_orte_hnp_uri", "TPU_WORKER_HOSTNAMES", "TPU_PROCESS_ADDRESSES",
+                      "TPU_PROCESS_ADDRESSES_PATH")
+
+
+@pytest.fixture
+def launcher_env(monkeypatch):
+  """Sets a launcher's variables on an environment that has none."""
+  for name in LAUNCHER_VARIABLES:
+    monkeypatch.delenv(name, raising=False)
+  return lambda **variables: [monkeypatch.setenv(k, v) for k, v in variables.items()]
+
+
+@pytest.fixture
+def detection_fails(monkeypatch):
+  """JAX's cluster detection (jax._src.clusters, private) gone, as if it had moved: its import fails."""
+  monkeypatch.setitem(sys.modules, "jax._src.clusters", None)
+
+
+@pytest.mark.parametrize("variables,named", [
+    ({"SLURM_JOB_ID": "7", "SLURM_NTASKS": "4"}, "SLURM_NTASKS='4'"),
+    ({"OMPI_COMM_WORLD_SIZE": "2"}, "OMPI_COMM_WORLD_SIZE='2'"),
+    ({"TPU_WORKER_HOSTNAMES": "t-0,t-1"}, "TPU_WORKER_HOSTNAMES='t-0,t-1'"),
+])
+def test_several_processes_with_failed_detection_is_one_error(launcher_env, detection_fails, capsys, variables,
+                                                              named):
+  """A launcher's variable says several processes and JAX's detection fails: the CLI stops (exit 2)
+  with one error naming the variable, rather than each host decoding alone."""
+  launcher_env(**variables)
+  with pytest.raises(ValueError, match=f"{named} says this is one of several processes, but JAX's cluster "
+                                       f"detection failed \\(ModuleNotFoundError"):
+    distributed.detected_cluster()
+  assert decode.main(["--random-tiny"]) == 2
+  out, err = capsys.readouterr()
+  assert out == "" and len(err.splitlines()) == 1 and err.startswith(f"error: {named} says"), err
+
+
+def test_several_processes_that_detection_does_not_find_is_one_error(launcher_env):
+  """Detection works but finds no such launcher (SLURM's task count without the rest of a job step):
+  jax.distributed.initialize could not fill the flags in, so the same error, naming the variable."""
+  launcher_env(SLURM_JOB_ID="7", SLURM_NTASKS="4")
+  with pytest.raises(ValueError, match=r"SLURM_NTASKS='4' says .* \(SlurmCluster\) does not find SLURM; give "
+                                       r"--coordinator-address, --num-processes and --process-id"):
+    distributed.detected_cluster()
+
+
+def test_detection_is_needed_only_where_several_processes_are_said(launcher_env, monkeypatch):
+  """Controls: a launcher JAX detects is that launcher; one process said (or nothing) with detection
+  failing is one process; the three flags given need no detection at all."""
+  launcher_env(SLURM_JOB_ID="7", SLURM_NTASKS="2", SLURM_STEP_NODELIST="n[1-2]", SLURM_PROCID="0", SLURM_LOCALID="0")
+  assert distributed.detected_cluster() == "SLURM"
+  monkeypatch.setitem(sys.modules, "jax._src.clusters", None)
+  launcher_env(SLURM_NTASKS="1")  # the job above, as one task
+  for variables in ({}, {"OMPI_COMM_WORLD_SIZE": "1"}, {"TPU_WORKER_HOSTNAMES": "t-0"}):
+    launcher_env(**variables)
+    assert distributed.detected_cluster() is None, variables
+  launcher_env(SLURM_NTASKS="4")
+  args = decode._parser().parse_args(["--coordinator-address", "h:1", "--num-processes", "4", "--process-id", "0"])
+  distributed.validate(args)
