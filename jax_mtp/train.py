@@ -13,7 +13,8 @@ and it resumes from the latest one, reading the batches an uninterrupted run wou
 curve). A line per `--log-every` steps reports the losses, tokens/s and, every `--eval-every`, the
 held-out teacher-forced draft acceptance. `--export DIR` writes a HF checkpoint (config.json,
 safetensors, tokenizer.json, generation_config.json) that `python -m jax_mtp.decode --checkpoint`
-runs. Exit 0 on success, 2 on bad input with an `error: ...` line.
+runs. Every flag, path and the data are checked before any work is done or any file is written (a
+rejected command leaves `--out` as it was). Exit 0 on success, 2 on bad input with an `error: ...` line.
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ from jax_mtp import corpus, training
 from jax_mtp.config import PRESETS
 from jax_mtp.sharding import make_data_mesh
 
-RUN_KEYS = ("mode", "preset", "checkpoint", "vocab_size", "seq_len", "batch", "seed", "steps", "lr", "warmup",
+RUN_KEYS = ("mode", "preset", "checkpoint", "data", "vocab_size", "seq_len", "batch", "seed", "steps", "lr", "warmup",
             "dense_steps", "mtp_weight", "distill_targets", "fresh_mtp")  # what a resumed run must repeat
+RUN_FILES = ("run.json", "tokenizer.json", "state", "log.jsonl")  # what a run writes under --out
 
 
 class _BadInput(ValueError):
@@ -89,12 +91,50 @@ def _validate(args: argparse.Namespace) -> None:
     raise _BadInput(f"--batch={args.batch} must be a multiple of the {jax.device_count()} devices (data parallel)")
   if (args.mode == "distill") != (args.checkpoint is not None):
     raise _BadInput("--mode distill needs --checkpoint (the target), and only distill takes one")
-  if args.export and os.path.exists(args.export):
-    raise _BadInput(f"--export {args.export!r} exists; give a new directory")
   if args.stop_after is not None and not 1 <= args.stop_after <= args.steps:
     raise _BadInput(f"--stop-after={args.stop_after} must be in [1, --steps={args.steps}]")
   if args.dense_steps < 0:
     args.dense_steps = args.steps // 4
+
+
+def _check_paths(args: argparse.Namespace) -> None:
+  """--out, --export and --checkpoint, before anything is read or written: each can be used as the run
+  will use it (the data's paths are corpus.corpus_files')."""
+  if os.path.exists(args.out) and not os.path.isdir(args.out):
+    raise _BadInput(f"--out {args.out!r} is a file, not a directory")
+  _check_creatable("--out", args.out)
+  if args.export_only and not os.path.isfile(os.path.join(args.out, "run.json")):
+    raise _BadInput(f"--export-only: --out {args.out!r} holds no run to export")
+  if args.export:
+    _check_export(args.export, args.out)
+  if args.checkpoint is not None:
+    from jax_mtp.decode import checkpoint_config  # noqa: PLC0415
+    checkpoint_config(args.checkpoint)  # a HF or orbax directory whose config reads
+    if not os.path.isfile(os.path.join(args.checkpoint, "tokenizer.json")):
+      raise _BadInput(f"--checkpoint {args.checkpoint!r} has no tokenizer.json to read --data with")
+
+
+def _check_export(export: str, out: str) -> None:
+  """--export names a new directory that the run's own files will not take (it may lie under --out)."""
+  if os.path.exists(export):
+    raise _BadInput(f"--export {export!r} exists; give a new directory")
+  full, run = os.path.abspath(export), os.path.abspath(out)
+  if os.path.commonpath([full, run]) == full:
+    raise _BadInput(f"--export {export!r} would hold --out {out!r}; give a directory outside it")
+  if os.path.commonpath([full, run]) == run and os.path.relpath(full, run).split(os.sep)[0] in RUN_FILES:
+    raise _BadInput(f"--export {export!r} is where the run keeps its own files ({', '.join(RUN_FILES)} under --out)")
+  _check_creatable("--export", export)
+
+
+def _check_creatable(flag: str, path: str) -> None:
+  """`path` exists as a writable directory, or its nearest existing ancestor is one (it can be created)."""
+  ancestor = os.path.abspath(path)
+  while not os.path.exists(ancestor):
+    ancestor = os.path.dirname(ancestor)
+  if not os.path.isdir(ancestor):
+    raise _BadInput(f"{flag} {path!r} cannot be created: {ancestor!r} is a file, not a directory")
+  if not os.access(ancestor, os.W_OK | os.X_OK):
+    raise _BadInput(f"{flag} {path!r} cannot be written: {ancestor!r} is not writable")
 
 
 def _model(args: argparse.Namespace, tok_vocab: int):
@@ -118,17 +158,13 @@ def _model(args: argparse.Namespace, tok_vocab: int):
 
 
 def _tokenizer(args: argparse.Namespace, files: list[str]):
-  """The checkpoint's tokenizer.json, the run's saved one (resume), or a new BPE saved in the run."""
+  """The checkpoint's tokenizer.json, the run's saved one (resume), or a new BPE (_start_run saves it)."""
   import tokenizers  # noqa: PLC0415
   saved = os.path.join(args.out, "tokenizer.json")
   source = os.path.join(args.checkpoint, "tokenizer.json") if args.checkpoint else saved
   if os.path.isfile(source):
     return tokenizers.Tokenizer.from_file(source)
-  if args.checkpoint:
-    raise _BadInput(f"--checkpoint {args.checkpoint!r} has no tokenizer.json to read --data with")
-  tok = corpus.train_bpe(files, args.vocab_size)
-  _atomic_write(saved, tok.to_str())
-  return tok
+  return corpus.train_bpe(files, args.vocab_size)
 
 
 def _atomic_write(path: str, text: str) -> None:
@@ -138,31 +174,48 @@ def _atomic_write(path: str, text: str) -> None:
   os.replace(tmp, path)
 
 
-def _check_same_run(args: argparse.Namespace) -> None:
-  """A run directory remembers its flags; resuming with different ones would mix two runs."""
-  path, run = os.path.join(args.out, "run.json"), {k: getattr(args, k) for k in RUN_KEYS}
+def _identity(args: argparse.Namespace) -> dict:
+  """What identifies a run (run.json): its flags, and --data as absolute paths (None: the default corpus)."""
+  run = {k: getattr(args, k) for k in RUN_KEYS}
+  run["data"] = None if args.data is None else [os.path.abspath(p) for p in args.data]
+  return run
+
+
+def _check_same_run(args: argparse.Namespace, run: dict) -> None:
+  """A run directory remembers its identity; resuming with a different one would mix two runs. A key
+  that the run's run.json lacks (written before the key was recorded) is not compared."""
+  path = os.path.join(args.out, "run.json")
   if os.path.isfile(path):
     with open(path, encoding="utf-8") as f:
       saved = json.load(f)
-    diff = [f"--{k.replace('_', '-')}={run[k]!r} (the run has {saved.get(k)!r})" for k in RUN_KEYS
-            if saved.get(k) != run[k]]
+    diff = [f"--{k.replace('_', '-')}={run[k]!r} (the run has {saved[k]!r})" for k in RUN_KEYS
+            if k in saved and saved[k] != run[k]]
     if diff:
       raise _BadInput(f"--out {args.out!r} holds another run: {', '.join(diff)}; give a new --out")
-  else:
-    _atomic_write(path, json.dumps(run, indent=2) + "\n")
+
+
+def _start_run(args: argparse.Namespace, run: dict, tok) -> None:
+  """The run's first files, once every check has passed: run.json and the tokenizer it trained."""
+  os.makedirs(args.out, exist_ok=True)
+  if not os.path.isfile(os.path.join(args.out, "run.json")):
+    _atomic_write(os.path.join(args.out, "run.json"), json.dumps(run, indent=2) + "\n")
+  if args.checkpoint is None and not os.path.isfile(os.path.join(args.out, "tokenizer.json")):
+    _atomic_write(os.path.join(args.out, "tokenizer.json"), tok.to_str())
 
 
 def main(argv: list[str] | None = None) -> int:
   try:
     args = _parser().parse_args(argv)
     _validate(args)
-    os.makedirs(args.out, exist_ok=True)
-    _check_same_run(args)
+    _check_paths(args)
+    run = _identity(args)
+    _check_same_run(args, run)
     files = corpus.default_corpus() if args.data is None else corpus.corpus_files(args.data)
     tok = _tokenizer(args, files)
     data = corpus.TokenData.build(files, tok)
     data.check_windows(args.seq_len)
     cfg, params = _model(args, tok.get_vocab_size())
+    _start_run(args, run, tok)
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

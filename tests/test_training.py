@@ -183,7 +183,54 @@ def test_bad_input_is_refused(tmp_path, capsys):
   assert "--batch=4 must be a multiple of the 8 devices" in refused("--batch", "4")
   assert "fewer than one window" in refused("--preset", "tiny", "--data", _corpus(tmp_path / "d"), "--vocab-size",
                                             "300", "--steps", "1", "--batch", "8", "--seq-len", "100000", out="b")
-  assert "holds another run" in refused("--preset", "tiny", "--steps", "2", out="a")  # a's run.json: other flags
+  assert not any(os.path.exists(tmp_path / out) for out in ("run", "a", "b"))  # a refused run writes nothing
+
+
+def test_bad_paths_are_refused_before_any_work(tmp_path, capsys):
+  """--out, --export and --checkpoint that the run could not use are refused (exit 2, naming the path)
+  before the data is read or anything is written; --export under --out is fine unless it is one of
+  the run's own files."""
+  def refused(*argv, out="run"):
+    assert train_main(["--preset", "tiny", "--data", str(tmp_path / "missing"), *argv, "--out", str(out)]) == 2
+    return capsys.readouterr().err
+
+  a_file = tmp_path / "file"
+  a_file.write_text("not a directory")
+  out = tmp_path / "run"
+  assert f"--export {str(a_file / 'model')!r} cannot be created: {str(a_file)!r} is a file" in refused(
+      "--export", str(a_file / "model"), out=out)
+  assert f"--out {str(a_file)!r} is a file, not a directory" in refused(out=a_file)
+  assert f"--out {str(a_file / 'run')!r} cannot be created" in refused(out=a_file / "run")
+  assert f"--export {str(a_file)!r} exists" in refused("--export", str(a_file), out=out)
+  assert "where the run keeps its own files" in refused("--export", str(out / "state"), out=out)
+  nested = tmp_path / "new" / "run"
+  assert f"--export {str(tmp_path / 'new')!r} would hold --out" in refused("--export", str(tmp_path / "new"),
+                                                                           out=nested)
+  assert not (tmp_path / "new").exists()
+  assert "is neither a HF checkpoint directory" in refused("--mode", "distill", "--checkpoint", str(tmp_path),
+                                                            out=out)
+  assert f"--export-only: --out {str(out)!r} holds no run to export" in refused("--export-only", out=out)
+  assert not out.exists()
+  # the same flags with a usable --export get as far as the data
+  assert "is neither a file nor a directory" in refused("--export", str(out / "model"), out=out)
+
+
+def test_a_refused_run_leaves_out_free_and_other_data_is_another_run(tmp_path, capsys):
+  """A first attempt refused for its --seq-len leaves --out untouched, so the corrected command runs;
+  the run remembers its --data: resuming it with other data is refused, naming both."""
+  data, out = _corpus(tmp_path / "d"), tmp_path / "run"
+  argv = ["--preset", "tiny", "--vocab-size", "300", "--steps", "1", "--batch", "8", "--eval-batches", "1",
+          "--out", str(out)]
+  assert train_main([*argv, "--data", data, "--seq-len", "100000"]) == 2
+  assert "fewer than one window" in capsys.readouterr().err
+  assert not out.exists()
+  assert train_main([*argv, "--data", data, "--seq-len", "16"]) == 0
+  assert json.loads((out / "run.json").read_text())["data"] == [os.path.abspath(data)]
+  capsys.readouterr()
+  other = _corpus(tmp_path / "e")
+  assert train_main([*argv, "--data", other, "--seq-len", "16"]) == 2
+  err = capsys.readouterr().err
+  assert f"holds another run: --data={[os.path.abspath(other)]!r} (the run has {[os.path.abspath(data)]!r})" in err
 
 
 def test_corpus_split_and_batches_are_deterministic(tmp_path):
