@@ -17,7 +17,8 @@ indexer-K caches alike (the indexer's top-k is taken over visible slots only).
 A row that has its max_new_tokens, or has emitted a stop id (the checkpoint's EOS; the round cuts
 its emitted tokens just after it), freezes (its state stops changing) while the others go on; it
 still computes (static shapes), at positions ≥ its length, so its committed cache stays intact.
-Metrics count emitted tokens only.
+`tokens_generated` counts emitted tokens only; the draft counters count what the target accepted, as
+vLLM's do, so a row's last round also counts the drafts it accepted past its cut (jax_mtp.metrics).
 
 The MTP cache after acceptance: slot p must hold the MTP layer's KV of (target hidden at p, token
 at p + 1). Draft steps write slots from their own (draft) hiddens, so the round's verify output
@@ -74,7 +75,7 @@ class SpecParams(NamedTuple):
 
 class RoundStats(NamedTuple):
   rounds_B: jax.Array  # int32: rounds the row took part in
-  accepted_at_M: jax.Array  # int32 [k]: rounds (over rows) in which draft i was accepted
+  accepted_at_M: jax.Array  # int32 [k]: rounds (over rows) in which the target accepted draft i, emitted or not
 
 
 class DecodeState(NamedTuple):
@@ -284,7 +285,9 @@ class Speculator:
     window = _where_rows(active_B, Window(emitted_BW, out.hidden_BTD, state.length_B, n_new_B), state.window)
     # Frozen rows keep their state; their caches change only at positions ≥ length (and the
     # window's slots, recomputed from the same inputs), so what they committed stays intact.
-    accepted_BM = active_B[:, None] & (jnp.arange(self.k) < jnp.minimum(a_B, n_new_B)[:, None])  # emitted drafts
+    # vLLM counts every draft the target accepted, also those past max_new or a stop id, which are not emitted
+    # (jax_mtp.metrics); none judged on a non-finite hidden (draft i is judged on hidden i)
+    accepted_BM = active_B[:, None] & (jnp.arange(self.k) < jnp.minimum(a_B, first_bad_B)[:, None])
     stats = RoundStats(state.stats.rounds_B + active_B, state.stats.accepted_at_M + accepted_BM.sum(0))
     num_out_B = state.num_out_B + n_new_B
     new_state = DecodeState(state.length_B + n_new_B, jnp.where(active_B, last_B, state.next_token_B), window,

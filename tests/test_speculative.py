@@ -136,6 +136,53 @@ def test_oracle_drafters(offset):
     assert m.acceptance_length_mean == 1 and m.acceptance_rate_per_position == [0.0] * k
 
 
+def _vllm_spec_decoding_stats(target, drafts, k, max_new, stops):
+  """vLLM's spec-decode counters for one greedy request, worked out from token lists alone: `target` the
+  target's greedy tokens, `drafts(n)` the k drafts proposed once n tokens are out. As vLLM's scheduler does
+  each step, a = the longest prefix of the drafts the target agrees with, the step is observed (one draft
+  of k tokens, a accepted, positions 0 .. a−1) and only then are its a + 1 tokens appended, stopping just
+  after a stop id or at max_tokens. Returns (num_drafts, accepted per position, the drafts that were
+  emitted — what the counters do not count —, the output)."""
+  out, num_drafts, per_pos, emitted_drafts = [target[0]], 0, [0] * k, 0
+  while len(out) < max_new and out[-1] not in stops:
+    n, d = len(out), drafts(len(out))
+    a = next((i for i in range(k) if d[i] != target[n + i]), k)
+    num_drafts, per_pos = num_drafts + 1, [c + (i < a) for i, c in enumerate(per_pos)]
+    for token in target[n:n + a + 1]:
+      out.append(token)
+      if token in stops or len(out) == max_new:
+        break
+    emitted_drafts += min(a, len(out) - n)
+  return num_drafts, per_pos, emitted_drafts, out
+
+
+@pytest.mark.parametrize("max_new, stops", [(7, ()), (12, (5,))], ids=["past-max_new_tokens", "past-eos"])
+def test_counters_count_accepted_drafts_past_the_cut_as_vllm_does(max_new, stops):
+  """A row's last round accepts drafts beyond max_new_tokens (1 + 4 + 1 tokens out, then all 3 drafts
+  accepted, 1 emitted) or beyond its EOS (5 sits at draft 1 or 2 of each row's first round, which
+  accepts all 3): the counters equal vLLM's, worked out from the draft and target lists, which count
+  those drafts though they are not emitted. The drafter is the known continuation made wrong at
+  outputs 5, 10, 15, so a also takes values < k."""
+  k, vocab = 3, SMALL_VOCAB
+  cfg, target_params, _ = _weights(vocab)
+  plain, sequences = _plain(vocab), np.array(_sequences(vocab))
+  for b, prompt in enumerate(_prompts(vocab)):
+    for n in (5, 10, 15):
+      sequences[b, len(prompt) + n] = (sequences[b, len(prompt) + n] + 1) % vocab
+  spec = jax_mtp.Speculator(cfg, jax_mtp.make_mesh(1), k, drafter=OracleDrafter(jnp.asarray(sequences), vocab, 0))
+  result = spec.generate(spec.shard(target_params, {}), _prompts(vocab), max_new, capacity=CAPACITY, stop_ids=stops)
+  rows = [_vllm_spec_decoding_stats(target, lambda n, row=sequences[b, len(prompt):]: row[n:n + k].tolist(), k,
+                                    max_new, stops)
+          for b, (prompt, target) in enumerate(zip(_prompts(vocab), plain))]
+  assert result.tokens == [out for *_, out in rows]
+  m = result.metrics
+  vllm_rounds, vllm_per_position = sum(r[0] for r in rows), np.sum([r[1] for r in rows], 0).tolist()
+  assert (m.rounds, list(m.accepted_per_position)) == (vllm_rounds, vllm_per_position)
+  assert m.draft_tokens_proposed == k * m.rounds
+  assert m.draft_tokens_accepted > sum(r[2] for r in rows), "the case must accept drafts past the cut"
+  assert m.acceptance_length_mean == 1 + m.draft_tokens_accepted / m.rounds
+
+
 class PatternDrafter(MtpDrafter):
   """The real MTP drafter (its catch-up and draft steps write the MTP cache as in production) whose
   proposals are replaced by the known continuation, made wrong at positions ≡ 0 (mod 3): each row
@@ -368,7 +415,7 @@ def _cut(tokens, stops):
 def test_rows_stop_at_their_first_stop_id():
   """A stop id (EOS) ends its row just after its first occurrence — the row's plain greedy tokens
   cut there — while the others go on; row 1's first token is a stop id too (it stops in the
-  prefill). Metrics count only emitted tokens; plain decoding cuts the same way."""
+  prefill). `tokens_generated` counts only emitted tokens; plain decoding cuts the same way."""
   spec, params = _speculator(SMALL_VOCAB, 1, 3)
   plain = _plain(SMALL_VOCAB)
   stops = [plain[0][5], plain[1][0]]

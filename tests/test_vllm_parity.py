@@ -11,7 +11,8 @@ fixture's meta is checked first), loaded here through our own checkpoint loader.
   catch-up rows and chained draft steps, so it checks cache writes at rejected positions too;
 - log-probs: our target over prompt + output against vLLM's public full-vocab log-probs;
 - end to end: our Speculator (k = vLLM's) generates vLLM's tokens, with vLLM's number of rounds
-  and accepted drafts, at tp = 1 and 2;
+  and accepted drafts (its spec-decode counters, worked out from its verification calls), at tp = 1
+  and 2, and cut at a max_tokens that its last step's accepted drafts run past;
 - V3.2: the same weights plus a random DSA indexer, at lengths ≤ index_topk (where DSA is dense
   MLA), replayed against the same vLLM V3 fixtures.
 """
@@ -154,18 +155,29 @@ def test_target_logprobs_match_vllm_public_api(name, workdir):
   np.testing.assert_array_equal(np.argmax(logprobs[len(a["prompt_ids"]) - 1:], -1), a["output_ids"])
 
 
-def _vllm_acceptance(a, k):
-  """(rounds, accepted drafts per position) of vLLM's run, from its drafts and its greedy output."""
-  out, drafts = a["output_ids"].tolist(), a["draft_ids"].tolist()
-  emitted, rounds, accepted = 1, 0, [0] * k
-  while emitted < len(out):
-    d = drafts[rounds]
-    n = 0
-    while n < k and emitted + n < len(out) and d[n] == out[emitted + n]:
-      accepted[n] += 1
-      n += 1
-    rounds, emitted = rounds + 1, emitted + n + 1
-  return rounds, accepted
+def _vllm_spec_decoding_stats(a, k, max_tokens):
+  """vLLM's spec-decode counters for its run cut at `max_tokens` (≤ the fixture's), from its own verification
+  calls: (num_drafts, num_accepted_tokens_per_pos, drafts emitted). Each decode call verifies [t1, d1 .. dk],
+  the drafts vLLM proposed; a = the longest prefix of them equal to the argmax of vLLM's logits there. vLLM
+  observes (k drafts, a accepted) before it appends the step's a + 1 tokens and trims them at max_tokens, so
+  a last step's drafts past max_tokens count. A shorter run is the fixture's prefix: greedy, and vLLM
+  schedules all k drafts however close max_tokens is (the fixtures' last steps show it)."""
+  argmax = np.full(len(a["target_input_ids"]), -1)
+  argmax[a["target_logits_row"]] = np.argmax(a["target_logits"], -1)
+  calls = _calls(a, "target")
+  out, num_drafts, per_pos, emitted_drafts = [int(argmax[calls[0].stop - 1])], 0, [0] * k, 0
+  for rows in calls[1:]:
+    if len(out) >= max_tokens:
+      break
+    drafts, verdict = a["target_input_ids"][rows][1:].tolist(), argmax[rows].tolist()
+    assert drafts == a["draft_ids"][num_drafts].tolist() and min(verdict) >= 0
+    accepted = next((i for i in range(k) if drafts[i] != verdict[i]), k)
+    num_drafts, per_pos = num_drafts + 1, [c + (i < accepted) for i, c in enumerate(per_pos)]
+    emitted_drafts += min(accepted, max_tokens - len(out))
+    out += verdict[:accepted + 1][:max_tokens - len(out)]
+  assert out == a["output_ids"][:max_tokens].tolist()
+  assert max_tokens < len(a["output_ids"]) or num_drafts == len(calls) - 1, "every verification call replayed"
+  return num_drafts, per_pos, emitted_drafts
 
 
 # CI: every fixture at tp = 1 and v3_k3 (the most drafts a round) at tp = 2; the others at tp = 2 in the full form
@@ -179,7 +191,22 @@ def test_speculative_decoding_reproduces_vllm(name, tp, workdir):
   spec = jax_mtp.Speculator(cfg, jax_mtp.make_mesh(tp), k)
   result = spec.generate(spec.shard(target, mtp), [a["prompt_ids"].tolist()], len(a["output_ids"]))
   assert result.tokens == [a["output_ids"].tolist()]
-  rounds, accepted = _vllm_acceptance(a, k)
+  rounds, accepted, _ = _vllm_spec_decoding_stats(a, k, len(a["output_ids"]))
+  assert (result.metrics.rounds, list(result.metrics.accepted_per_position)) == (rounds, accepted)
+
+
+def test_counters_equal_vllm_when_the_last_round_accepts_drafts_past_max_tokens(workdir):
+  """vLLM's v3_yarn_k2 run cut at max_tokens = 8: its fourth step, with 7 tokens out, accepts both drafts,
+  the second past max_tokens. vLLM counts both (jax_mtp.metrics); so do we."""
+  name, max_tokens = "v3_yarn_k2", 8
+  meta, a = _fixture(name)
+  k = meta["num_speculative_tokens"]
+  cfg, target, mtp = _model(name, False, workdir)
+  spec = jax_mtp.Speculator(cfg, jax_mtp.make_mesh(1), k)
+  result = spec.generate(spec.shard(target, mtp), [a["prompt_ids"].tolist()], max_tokens)
+  assert result.tokens == [a["output_ids"][:max_tokens].tolist()]
+  rounds, accepted, emitted_drafts = _vllm_spec_decoding_stats(a, k, max_tokens)
+  assert sum(accepted) > emitted_drafts, "the case must accept a draft past max_tokens"
   assert (result.metrics.rounds, list(result.metrics.accepted_per_position)) == (rounds, accepted)
 
 
