@@ -1,5 +1,8 @@
-"""Routed experts: every implementation equals an independent per-token loop (numpy, fp64), the
-"auto" table resolves as documented, and a bad impl is refused by name."""
+"""Routed experts: every implementation that runs on this host (gather, ragged_dot; with FP8 weights also
+the FP8 grouped matmul in Pallas interpret mode) equals an independent per-token loop (numpy, fp64) at
+the tolerance of the dtype it computes in; the MTP layer and a greedy decode through each impl equal the
+same layer and decode with the loop as their experts (hidden states at the fp32 tolerance, token ids
+exactly); the "auto" table resolves as documented, and a bad impl is refused by name."""
 
 import jax
 import jax.numpy as jnp
@@ -7,17 +10,18 @@ import numpy as np
 import pytest
 
 import jax_mtp
+from jax_mtp import moe
 from jax_mtp.config import ConfigError
-from jax_mtp.experts import (gathered_experts, resolve_expert_impl, routed_experts, tokamax_gpu_takes,
-                             uses_gathered_experts)
+from jax_mtp.experts import resolve_expert_impl, routed_experts, tokamax_gpu_takes, uses_gathered_experts
 from tests.tolerances import assert_close
 
-CPU_IMPLS = ["gather", "ragged_dot"]
+CPU_IMPLS = ["gather", "ragged_dot"]  # tokamax_gpu / tokamax_tpu have no CPU form: test_experts_gpu, the AOT tests
+FP8_BLOCK = 128  # the FP8 kernel's block (DeepSeek's 128 × 128)
 
 
 def _experts_loop(x, ids, weights, w_gate, w_up, w_down):
   """Σ_k w[t,k]·down(silu(gate(x))·up(x)) token by token in fp64; ids ≥ E contribute nothing."""
-  x, w_gate, w_up, w_down = (np.asarray(a, np.float64) for a in (x, w_gate, w_up, w_down))
+  x, w_gate, w_up, w_down = (np.asarray(jnp.asarray(a, jnp.float32), np.float64) for a in (x, w_gate, w_up, w_down))
   y = np.zeros((x.shape[0], w_down.shape[-1]))
   for t in range(x.shape[0]):
     for k in range(ids.shape[1]):
@@ -27,6 +31,12 @@ def _experts_loop(x, ids, weights, w_gate, w_up, w_down):
       g, u = x[t] @ w_gate[e], x[t] @ w_up[e]
       y[t] += float(weights[t, k]) * ((g / (1 + np.exp(-g)) * u) @ w_down[e])
   return y
+
+
+def _dequantized(codes, scales):
+  """FP8 codes times their 128 × 128 block's scale, in fp64 (the weights the codes stand for)."""
+  codes = np.asarray(jnp.asarray(codes, jnp.float32), np.float64)  # e4m3 → fp32 is exact
+  return codes * np.repeat(np.repeat(np.asarray(scales, np.float64), FP8_BLOCK, -2), FP8_BLOCK, -1)
 
 
 def _problem(dtype, t, k, e, d=32, f=24, seed=0, foreign=True):
@@ -41,6 +51,16 @@ def _problem(dtype, t, k, e, d=32, f=24, seed=0, foreign=True):
   return x, jnp.asarray(ids), jnp.asarray(weights), w
 
 
+def _fp8_problem(t, k, e, d=256, f=128, seed=0):
+  """x, ids, weights as `_problem`'s (fp32 x) and FP8 expert codes with fp32 block scales."""
+  x, ids, weights, _ = _problem("float32", t, k, e, d=d, f=f, seed=seed)
+  rng = np.random.default_rng(seed + 1)
+  codes = [jnp.asarray(rng.standard_normal(s) * 20, jnp.float8_e4m3fn) for s in ((e, d, f), (e, d, f), (e, f, d))]
+  scales = tuple(jnp.asarray(rng.uniform(1e-3, 1e-2, (e, c.shape[1] // FP8_BLOCK, c.shape[2] // FP8_BLOCK)),
+                             jnp.float32) for c in codes)
+  return x, ids, weights, codes, scales
+
+
 @pytest.mark.parametrize("impl", CPU_IMPLS)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("t,k,e", [(1, 2, 8), (3, 2, 16), (17, 4, 16), (64, 8, 32)])
@@ -51,6 +71,26 @@ def test_impls_equal_a_per_token_loop(impl, dtype, t, k, e):
   assert actual.dtype == jnp.float32
   # bf16: the hidden [A, F] is rounded to bf16 before the down projection (as the kernel takes it).
   assert_close(actual, expected, dtype, what=f"{impl} vs per-token loop")
+
+
+# (impl, the dtype it computes in): "gather" and "ragged_dot" dequantise the codes to `dtype`; the FP8 kernel
+# multiplies the codes themselves with bf16 activations whatever `dtype` (its rows are rounded to bf16).
+FP8_CASES = [("gather", "float32"), ("gather", "bfloat16"), ("ragged_dot", "float32"), ("ragged_dot", "bfloat16"),
+             ("fp8_grouped_gpu", "bfloat16")]
+
+
+@pytest.mark.parametrize("impl,dtype", FP8_CASES)
+@pytest.mark.parametrize("t,k,e", [(3, 2, 6), (9, 4, 8)])
+def test_fp8_impls_equal_a_per_token_loop(impl, dtype, t, k, e):
+  """FP8 codes + block scales (D = 256, F = 128: two blocks deep; other devices' assignments mixed in): each
+  impl, the FP8 kernel in Pallas interpret mode here, vs the loop over the dequantised weights in fp64."""
+  x, ids, weights, codes, scales = _fp8_problem(t, k, e, seed=t)
+  expected = _experts_loop(x, np.asarray(ids), np.asarray(weights), *map(_dequantized, codes, scales))
+  run = jax.jit(lambda *a: routed_experts(impl, *a, fp8_scales=scales, fp8_block=(FP8_BLOCK, FP8_BLOCK),
+                                          dtype=jnp.dtype(dtype)))
+  actual = run(x, ids, weights, *codes)
+  assert actual.dtype == jnp.float32
+  assert_close(actual, expected, dtype, what=f"{impl} on FP8 codes ({dtype}) vs per-token loop")
 
 
 @pytest.mark.parametrize("row_tile", [8, 128])
@@ -68,14 +108,6 @@ def test_every_assignment_foreign_gives_zeros():
   ids, weights = jnp.full((5, 2), 8, jnp.int32), jnp.zeros((5, 2), jnp.float32)
   for impl in CPU_IMPLS:
     assert not np.any(np.asarray(routed_experts(impl, x, ids, weights, *w))), impl
-
-
-def test_gather_and_grouped_agree_exactly_on_tokens():
-  """bf16 at a V3-like routing ratio: both impls give the same argmax over the output features."""
-  x, ids, weights, w = _problem("bfloat16", 9, 8, 64, d=48, f=40, seed=3)
-  a = np.asarray(gathered_experts(x, ids, weights, *w))
-  b = np.asarray(routed_experts("ragged_dot", x, ids, weights, *w))
-  assert_close(a, b, "bfloat16", what="gather vs ragged_dot")
 
 
 @pytest.mark.parametrize("platform,tokens,expected", [
@@ -151,19 +183,76 @@ def mtp_layer_drafts(cfg, params, impl: str, batch: int):
   hidden = jnp.asarray(rng.standard_normal((batch, 3, cfg.hidden_size)), cfg.dtype)
   positions = jnp.broadcast_to(jnp.arange(3, dtype=jnp.int32), (batch, 3))
   model = jax_mtp.MtpPredictor(cfg.replace(moe_impl=impl))
-  out = model.apply({"params": params}, ids, positions, hidden, jax_mtp.init_caches(cfg, batch, 8))
-  return out.hidden_BTD, model.apply({"params": params}, out.hidden_BTD, method=model.get_top_tokens)
+
+  def drafts(p):
+    out = model.apply({"params": p}, ids, positions, hidden, jax_mtp.init_caches(cfg, batch, 8))
+    return out.hidden_BTD, model.apply({"params": p}, out.hidden_BTD, method=model.get_top_tokens)
+
+  return jax.jit(drafts)(params)
+
+
+def _loop_routed_experts(impl, x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD, *, fp8_scales=None,
+                         **_):
+  """`routed_experts` computed by `_experts_loop` on the host (fp64, returned as fp32): the models' reference."""
+  assert fp8_scales is None, "the loop reference takes dequantised weights"
+  out = jax.ShapeDtypeStruct(x_TD.shape, jnp.float32)
+  return jax.pure_callback(lambda *a: _experts_loop(*a).astype(np.float32), out, x_TD, ids_TK, weights_TK,
+                           w_gate_EDF, w_up_EDF, w_down_EFD)
+
+
+def _loud_experts(params, gain: float = 4.0):
+  """`params` with the routed experts' weights × `gain`: at init (normal(0.02)) their output is ~1e-3 of the
+  residual stream and no token would depend on them; × 4 on each of the three projections makes it comparable."""
+  names = ("w_gate_EDF", "w_up_EDF", "w_down_EFD")
+  return {name: _loud_experts(v, gain) if isinstance(v, dict) else v * gain if name in names else v
+          for name, v in params.items()}
+
+
+@pytest.fixture(scope="module")
+def mtp_reference():
+  """(cfg, params, hidden and drafts of the MTP layer with the loop as its experts); fp32 tiny model."""
+  cfg = jax_mtp.tiny()
+  params = _loud_experts(jax_mtp.init_params(cfg, jax.random.key(0)))
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(moe, "routed_experts", _loop_routed_experts)
+    return cfg, params, mtp_layer_drafts(cfg, params, "gather", 2)
 
 
 @pytest.mark.parametrize("impl", CPU_IMPLS)
-def test_mtp_layer_same_drafts_per_impl(impl):
-  """The whole MTP layer: the same drafts whichever impl runs the experts (T = 6 > the gather bound)."""
+def test_mtp_layer_equals_the_layer_with_the_loop_as_its_experts(impl, mtp_reference):
+  """The whole MTP layer (T = 6 > the gather bound: explicit impls run as asked) vs the loop's: hidden states at
+  the fp32 tolerance, draft tokens exactly."""
+  cfg, params, (ref_hidden, ref_tokens) = mtp_reference
+  hidden, tokens = mtp_layer_drafts(cfg, params, impl, 2)
+  np.testing.assert_array_equal(np.asarray(tokens), np.asarray(ref_tokens))
+  assert_close(hidden, ref_hidden, cfg.dtype, what=f"MTP hidden, {impl} vs loop")
+
+
+def target_greedy_tokens(cfg, params, impl: str):
+  """(final hidden, greedy next token at every position) of the target over 2 rows of 24 tokens (one forward,
+  teacher-forced: the ids a greedy decode's verification compares; 24 > index_topk, so DSA selects)."""
+  tokens = jnp.asarray(np.random.default_rng(1).integers(0, cfg.vocab_size, (2, 24)), jnp.int32)
+  positions = jnp.broadcast_to(jnp.arange(24, dtype=jnp.int32), (2, 24))
+  model = jax_mtp.TargetModel(cfg.replace(moe_impl=impl))
+
+  def forward(p):
+    hidden = model.apply({"params": p}, tokens, positions, jax_mtp.init_target_caches(cfg, 2, 32)).hidden_BTD
+    return hidden, model.apply({"params": p}, hidden, method=model.get_top_tokens)
+
+  return jax.jit(forward)(params)
+
+
+def test_greedy_tokens_are_the_same_through_every_impl_and_the_loop(monkeypatch):
+  """A tiny fp32 target whose routed experts matter (`_loud_experts`): the greedy token ids at all 48 positions
+  through gather, ragged_dot and the fp64 loop are identical (hidden states within the fp32 tolerance)."""
   cfg = jax_mtp.tiny()
-  params = jax_mtp.init_params(cfg, jax.random.key(0))
-  ref_hidden, ref_tokens = mtp_layer_drafts(cfg, params, "gather", 2)
-  hidden_out, tokens = mtp_layer_drafts(cfg, params, impl, 2)
-  np.testing.assert_array_equal(tokens, ref_tokens)
-  assert_close(hidden_out.astype(jnp.float32), ref_hidden.astype(jnp.float32), "bfloat16", what=impl)
+  params = _loud_experts(jax_mtp.init_target_params(cfg, jax.random.key(0)))
+  runs = {impl: target_greedy_tokens(cfg, params, impl) for impl in CPU_IMPLS}
+  monkeypatch.setattr(moe, "routed_experts", _loop_routed_experts)
+  ref_hidden, ref_tokens = target_greedy_tokens(cfg, params, "gather")
+  for impl, (hidden, tokens) in runs.items():
+    np.testing.assert_array_equal(np.asarray(tokens), np.asarray(ref_tokens), err_msg=impl)
+    assert_close(hidden, ref_hidden, cfg.dtype, what=f"target hidden, {impl} vs loop")
 
 
 def test_the_tokamax_kernels_we_name_exist():
