@@ -3,8 +3,6 @@
 in Pallas interpret mode; in the lowered CUDA and TPU programs of the MTP step when asked for, compiled
 for v5e and v6e through libtpu; refused with the offending values where it cannot run."""
 
-import importlib.util
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,6 +16,7 @@ from jax_mtp.indexer import index_scores, quantize_keys, resolve_index_scores_im
 from jax_mtp.kernels.index_scores import KERNEL_NAME, index_scores_pallas
 from tests.lowered_step import mtp_step_module
 from tests.tolerances import assert_close
+from tests.tpu_toolchain import requires_libtpu
 
 
 def _inputs(b, t, i, j, s, seed=0):
@@ -87,10 +86,10 @@ def test_the_kernel_is_in_the_lowered_step_when_asked_for(impl, platform):
 
 
 @pytest.mark.slow
+@requires_libtpu
 @pytest.mark.parametrize("topology", ["v5e:2x2", "v6e:2x2"])
 def test_kernel_compiles_for_tpu(topology):
   """V3.2 widths (64 heads × 128, T = 4, S = 4096), bf16 keys and fp8 keys + scales, through libtpu."""
-  assert importlib.util.find_spec("libtpu") is not None, "libtpu missing: install the `tpu` extra"
   mesh = Mesh(np.array(topologies.get_topology_desc(topology_name=topology, platform="tpu").devices[:1]), ("x",))
   arg = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, P()))  # noqa: E731
   b, t, i, j, s = 8, 4, 64, 128, 4096

@@ -1,7 +1,7 @@
 """The sharded MTP draft step, with the Opt-1 Mosaic kernel, and the two-shot kernel alone compile
-for a real TPU topology (v5e 2x2) on this CPU machine through libtpu (the `tpu` extra; CI installs it)."""
+for a real TPU topology (v5e 2x2) on this CPU machine through libtpu (the `tpu` extra; CI installs it;
+skipped without it, tests/tpu_toolchain.py), libtpu loaded here or not."""
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -18,13 +18,14 @@ from jax.sharding import PartitionSpec as P
 
 from jax_mtp.kernels.fused_allreduce_rmsnorm import fused_allreduce_rmsnorm
 from jax_mtp.kernels.fused_allreduce_rmsnorm_tpu_two_shot import KERNEL_NAME as TWO_SHOT
+from tests.tpu_toolchain import requires_libtpu
 
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "tpu_aot_compile.py"
+pytestmark = requires_libtpu
 
 
 @pytest.mark.slow
 def test_mtp_step_compiles_for_tpu_with_the_mosaic_kernel():
-  assert importlib.util.find_spec("libtpu") is not None, "libtpu missing: install the `tpu` extra"
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   run = subprocess.run([sys.executable, str(TOOL), "--topology", "v5e:2x2", "--preset", "tiny"],
                        capture_output=True, text=True, env=env, timeout=300)
@@ -40,7 +41,6 @@ def test_mtp_step_compiles_for_tpu_with_the_mosaic_kernel():
 def test_two_shot_kernel_compiles_for_tpu_at_prefill_size():
   """The two-shot (reduce-scatter + all-gather) Mosaic kernel alone, v5e 2x2 (tp=4), T=1024 rows of
   D=7168 bf16: several row blocks, dynamic chunk offsets and remote DMAs through libtpu's compiler."""
-  assert importlib.util.find_spec("libtpu") is not None, "libtpu missing: install the `tpu` extra"
   mesh = Mesh(np.array(topologies.get_topology_desc(topology_name="v5e:2x2", platform="tpu").devices), ("tp",))
   t, d = 1024, 7168
 
@@ -63,7 +63,6 @@ def test_routed_experts_compile_for_tpu_with_tokamax_kernels(tokens):
   import functools
 
   from jax_mtp.experts import routed_experts
-  assert importlib.util.find_spec("libtpu") is not None, "libtpu missing: install the `tpu` extra"
   mesh = Mesh(np.array(topologies.get_topology_desc(topology_name="v5e:2x2", platform="tpu").devices[:1]), ("x",))
   e, d, f, k = 16, 256, 128, 8
   arg = lambda shape, dtype: jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, P()))  # noqa: E731
