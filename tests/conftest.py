@@ -1,5 +1,5 @@
 """Test-session setup: 8 virtual CPU devices for mesh tests, set before JAX initialises a backend;
-JAX's persistent compilation cache; and the `full` marker.
+JAX's persistent compilation cache; libtpu loadable by several processes (below); and the `full` marker.
 
 The cache: many tests compile the same tiny models' programs through new `Speculator` / `TargetDecoder`
 objects (each its own jit), which a disk cache keyed by the program serves after the first compile.
@@ -17,6 +17,13 @@ import tempfile
 import pytest
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# libtpu takes a host-wide lockfile (/tmp/libtpu_lockfile) when it loads, to keep a second process off the TPU chips;
+# a second load fails while the first process lives. The tests load it only to compile for compile-only topologies
+# (tests/tpu_toolchain.py): no chip is claimed, yet a test that compiles in this process would make every process it
+# starts (tests/test_tpu_aot.py's tools/tpu_aot_compile.py) fail, and so would another test run at the same time.
+# libtpu's own switch for several loads, for this process and the ones it starts; not where the tests run on TPUs.
+if "tpu" not in os.environ["JAX_PLATFORMS"]:
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 # Every program is written, however fast it compiled (the tiny models' compile in well under a second). No
 # size cap: with one, JAX's LRU scans the folder on each write, and a test that runs a model eagerly (thousands
 # of one-op programs) ran for over 15 minutes. The folder holds a few hundred MB at most and lives in tmp.

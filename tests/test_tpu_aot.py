@@ -24,6 +24,16 @@ TOOL = Path(__file__).resolve().parents[1] / "tools" / "tpu_aot_compile.py"
 pytestmark = requires_libtpu
 
 
+def test_processes_started_after_libtpu_loaded_here_load_it_too():
+  """A compile test in this process loads libtpu (and its host-wide lockfile); the processes tests
+  start after it (the tool below) load it too, whatever the order of tests (conftest.py)."""
+  topologies.get_topology_desc(topology_name="v5e:2x2", platform="tpu")
+  load = "from jax.experimental import topologies; topologies.get_topology_desc(topology_name='v5e:2x2', platform='tpu')"
+  run = subprocess.run([sys.executable, "-c", load], capture_output=True, text=True,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=120)
+  assert run.returncode == 0, run.stderr[-3000:]
+
+
 @pytest.mark.slow
 def test_mtp_step_compiles_for_tpu_with_the_mosaic_kernel():
   env = dict(os.environ, JAX_PLATFORMS="cpu")
