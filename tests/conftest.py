@@ -21,8 +21,9 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # a second load fails while the first process lives. The tests load it only to compile for compile-only topologies
 # (tests/tpu_toolchain.py): no chip is claimed, yet a test that compiles in this process would make every process it
 # starts (tests/test_tpu_aot.py's tools/tpu_aot_compile.py) fail, and so would another test run at the same time.
-# libtpu's own switch for several loads, for this process and the ones it starts; not where the tests run on TPUs.
-if "tpu" not in os.environ["JAX_PLATFORMS"]:
+# libtpu's own switch for several loads, for this process and the ones it starts; not where the tests may run on TPUs
+# (JAX_PLATFORMS naming tpu, or empty: JAX picks the platform).
+if os.environ["JAX_PLATFORMS"] and "tpu" not in os.environ["JAX_PLATFORMS"]:
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 # Every program is written, however fast it compiled (the tiny models' compile in well under a second). No
 # size cap: with one, JAX's LRU scans the folder on each write, and a test that runs a model eagerly (thousands
