@@ -5,9 +5,11 @@
     data = TokenData.build(files, tok, held_out=0.05)   # documents joined with the EOS token
     batch = data.train_batch(step, batch=32, length=256, seed=0)    # int32 [32, 256], a pure function of step
 
-Documents are split into train and held-out by a hash of their path, so the split does not move when
-files are added. A batch is `batch` windows at offsets drawn from (seed, step) alone: a resumed run
-reads exactly the batches an uninterrupted one would.
+Documents are split into train and held-out by a hash of their path relative to the corpus root they were
+found under (`CorpusFile.relative`: the stdlib root, or the --data directory), so the split does not move
+when files are added, nor between machines that keep the same files under different roots. A batch is
+`batch` windows at offsets drawn from (seed, step) alone: a resumed run reads exactly the batches an
+uninterrupted one would.
 """
 
 from __future__ import annotations
@@ -21,13 +23,27 @@ import numpy as np
 
 EOS = "<|endoftext|>"  # separates documents; the trained model's end-of-sequence id
 TEXT_SUFFIXES = (".py", ".txt", ".md", ".rst")
+HELD_OUT = 0.05  # the share of documents held out (TokenData.build's default)
 
 
 class CorpusError(ValueError):
   """A corpus path that holds no text, or an unreadable file; the message names it."""
 
 
-def default_corpus() -> list[str]:
+class CorpusFile(str):
+  """A corpus file's path — a str, so open() and os.path take it as before — that also knows its name
+  relative to the corpus root it was found under (`relative`, '/'-separated): the name the held-out split
+  hashes."""
+
+  relative: str
+
+  def __new__(cls, root: str, relative: str) -> "CorpusFile":
+    self = super().__new__(cls, os.path.join(root, relative))
+    self.relative = relative.replace(os.sep, "/")
+    return self
+
+
+def default_corpus() -> list[CorpusFile]:
   """The Python standard library's own source files (every machine with Python has them), without
   its test suites and vendored packages; sorted, so a run is reproducible on one Python version."""
   root = sysconfig.get_paths()["stdlib"]
@@ -35,21 +51,24 @@ def default_corpus() -> list[str]:
   files = []
   for directory, subdirs, names in os.walk(root):
     subdirs[:] = sorted(d for d in subdirs if d not in skip)
-    files += [os.path.join(directory, n) for n in sorted(names) if n.endswith(".py")]
+    files += [CorpusFile(root, os.path.relpath(os.path.join(directory, n), root)) for n in sorted(names)
+              if n.endswith(".py")]
   if not files:
     raise CorpusError(f"no Python sources under {root!r} (this Python ships without its standard library's "
                       f"sources); give --data")
   return files
 
 
-def corpus_files(paths: list[str]) -> list[str]:
-  """Text files named by `paths`: files as given, directories walked for TEXT_SUFFIXES (sorted)."""
+def corpus_files(paths: list[str]) -> list[CorpusFile]:
+  """Text files named by `paths`: files as given (named by their base name), directories walked for
+  TEXT_SUFFIXES (sorted; named relative to the directory given)."""
   files = []
   for path in paths:
     if os.path.isfile(path):
-      files.append(path)
+      files.append(CorpusFile(os.path.dirname(path), os.path.basename(path)))
     elif os.path.isdir(path):
-      found = sorted(os.path.join(d, n) for d, _, names in os.walk(path) for n in names if n.endswith(TEXT_SUFFIXES))
+      found = sorted(CorpusFile(path, os.path.relpath(os.path.join(d, n), path)) for d, _, names in os.walk(path)
+                     for n in names if n.endswith(TEXT_SUFFIXES))
       if not found:
         raise CorpusError(f"--data {path!r} holds no {'/'.join(TEXT_SUFFIXES)} files")
       files += found
@@ -82,8 +101,12 @@ def train_bpe(files: list[str], vocab_size: int):
 
 
 def is_held_out(path: str, fraction: float) -> bool:
-  """Whether `path`'s document is held out: a hash of its name, stable across runs and machines."""
-  digest = hashlib.sha256(os.path.basename(path).encode() + os.path.dirname(path)[-40:].encode()).digest()
+  """Whether `path`'s document is held out: a hash of its name relative to its corpus root (a CorpusFile's
+  `relative`; a plain str is taken to be that name), the same on every run and machine. (The hash it
+  replaced, of the base name and the absolute directory's last 40 characters, moved files across the split
+  with the root: all of /usr/lib/python3.12/json, say, is within those 40 characters.)"""
+  name = path.relative if isinstance(path, CorpusFile) else path
+  digest = hashlib.sha256(name.encode()).digest()
   return int.from_bytes(digest[:4], "little") / 2**32 < fraction
 
 
@@ -94,7 +117,7 @@ class TokenData:
     self.train, self.held_out = train, held_out
 
   @classmethod
-  def build(cls, files: list[str], tok, held_out: float = 0.05) -> "TokenData":
+  def build(cls, files: list[str], tok, held_out: float = HELD_OUT) -> "TokenData":
     eos = tok.token_to_id(EOS)
     if eos is None:
       raise CorpusError(f"the tokenizer has no {EOS!r} token to separate documents")
