@@ -21,9 +21,14 @@ import jax.numpy as jnp
 
 from jax_mtp.config import MtpConfig
 from jax_mtp.indexer import selects_all
+from jax_mtp.mla import resolve_sparse_attention_impl
 from jax_mtp.model import TargetModel, init_target_caches
+from jax_mtp.platform import lowering_platform
 
 PREFILL_CHUNK_BYTES = 2**30  # one chunk's attention intermediates per device (1 GiB)
+# The radix top-k's per-slot words (jax_mtp.indexer.topk_selection_radix): scores, visibility, keys, the
+# above / tied masks and their two prefix sums, the ranks, the slot ids it scatters
+TOPK_WORDS_PER_SLOT = 9
 _MIN_CHUNK, _MAX_CHUNK = 16, 4096
 
 
@@ -33,13 +38,20 @@ def prefill_absorb(cfg: MtpConfig, capacity: int) -> bool:
 
 
 def auto_prefill_chunk(cfg: MtpConfig, batch: int, capacity: int, local_heads: int) -> int:
-  """Tokens per row per chunk: the largest power of two in [16, 4096] whose attention
-  intermediates (fp32 scores and probabilities per head and attended slot, plus the gathered
-  entries of the sparse form) fit PREFILL_CHUNK_BYTES for `batch` rows."""
-  if prefill_absorb(cfg, capacity):  # per query: K gathered latent + rope entries, N × K scores
+  """Tokens per row per chunk: the largest power of two in [16, 4096] whose per-query intermediates fit
+  PREFILL_CHUNK_BYTES for `batch` rows. Per query: with a dense cache (naive form) N × S fp32 scores and
+  probabilities; with a DSA cache the indexer's fp32 scores over the S slots and the top-k's temporaries
+  (TOPK_WORDS_PER_SLOT words a slot), plus XLA's sparse attention's K gathered [latent; k_pe] entries and
+  N × K fp32 scores and probabilities — or, where the fused kernel runs it (it gathers in registers), only
+  its [N, C] fp32 output."""
+  if prefill_absorb(cfg, capacity):
     k = cfg.index_topk
-    per_token = k * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * 4 + 2 * local_heads * k * 4
-  else:  # per query: N × S scores and probabilities
+    per_token = TOPK_WORDS_PER_SLOT * 4 * capacity
+    if resolve_sparse_attention_impl(cfg, lowering_platform(), local_heads) == "xla":
+      per_token += k * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * 4 + 2 * local_heads * k * 4
+    else:
+      per_token += local_heads * cfg.kv_lora_rank * 4
+  else:
     per_token = 2 * local_heads * capacity * 4
   chunk = _MAX_CHUNK
   while chunk > _MIN_CHUNK and batch * chunk * per_token > PREFILL_CHUNK_BYTES:

@@ -10,7 +10,7 @@ import pytest
 import jax_mtp
 from jax_mtp.config import ConfigError
 from jax_mtp.model import TargetModel, init_target_caches
-from jax_mtp.prefill import PREFILL_CHUNK_BYTES, auto_prefill_chunk, prefill_absorb, target_prefill
+from jax_mtp.prefill import PREFILL_CHUNK_BYTES, TOPK_WORDS_PER_SLOT, auto_prefill_chunk, prefill_absorb, target_prefill
 from tests.tolerances import assert_close
 
 
@@ -57,11 +57,22 @@ def test_speculative_with_chunked_prefill_equals_plain_greedy():
   assert result.tokens == expected
 
 
+def _h200_mesh():
+  from tests.lowered_step import H200  # noqa: PLC0415
+  return jax.sharding.AbstractMesh((1,), ("tp",), axis_types=(jax.sharding.AxisType.Auto,), abstract_device=H200)
+
+
 def test_auto_chunk_fits_the_budget():
   v32 = jax_mtp.deepseek_v32()
-  chunk = auto_prefill_chunk(v32, 1, 32768, local_heads=128)  # sparse form: K gathered entries per query
-  per_token = v32.index_topk * (v32.kv_lora_rank + v32.qk_rope_head_dim) * 4 + 2 * 128 * v32.index_topk * 4
+  topk_bytes = TOPK_WORDS_PER_SLOT * 4 * 32768  # the indexer's scores and the top-k's words over the slots
+  chunk = auto_prefill_chunk(v32, 1, 32768, local_heads=128)  # XLA's sparse form: K gathered entries per query
+  per_token = topk_bytes + v32.index_topk * (v32.kv_lora_rank + v32.qk_rope_head_dim) * 4 + 2 * 128 * v32.index_topk * 4
   assert chunk * per_token <= PREFILL_CHUNK_BYTES < 2 * chunk * per_token
+  with jax.sharding.use_abstract_mesh(_h200_mesh()):  # a CUDA program: the sparse-MLA kernel gathers in registers
+    kernel_chunk = auto_prefill_chunk(v32, 1, 32768, local_heads=128)
+  per_token = topk_bytes + 128 * v32.kv_lora_rank * 4
+  assert kernel_chunk * per_token <= PREFILL_CHUNK_BYTES < 2 * kernel_chunk * per_token
+  assert kernel_chunk > chunk
   v3 = jax_mtp.deepseek_v32(model_type="deepseek_v3", index_n_heads=0, index_head_dim=0, index_topk=0)  # dense: N × S scores per query
   assert auto_prefill_chunk(v3, 1, 32768, local_heads=128) == 32
   assert auto_prefill_chunk(v3, 8, 131072, local_heads=128) == 16  # the floor: 16 tokens per row
