@@ -189,12 +189,14 @@ def _validate(cfg: MtpConfig) -> None:
   if cfg.first_k_dense_replace > cfg.num_hidden_layers:
     raise ConfigError(
         f"first_k_dense_replace={cfg.first_k_dense_replace} exceeds num_hidden_layers={cfg.num_hidden_layers}")
-  for name in ("rms_norm_eps", "indexer_norm_eps", "latent_norm_eps"):
+  for name in ("rms_norm_eps", "indexer_norm_eps", "latent_norm_eps", "routed_scaling_factor"):
     value = getattr(cfg, name)
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-      raise ConfigError(f"{name}={getattr(cfg, name)!r} must be > 0")
-  if cfg.rope.factor < 1.0 or cfg.rope.theta <= 0:
-    raise ConfigError(f"rope factor={cfg.rope.factor} must be ≥ 1 and theta={cfg.rope.theta} > 0")
+    if not _is_number(value) or not 0 < value < math.inf:
+      raise ConfigError(f"{name}={value!r} must be > 0 and finite")
+  for name in ("norm_topk_prob", "rope_interleave", "indexer_rope_interleave"):
+    if not isinstance(getattr(cfg, name), bool):
+      raise ConfigError(f"{name}={getattr(cfg, name)!r} must be true or false")
+  _validate_rope(cfg.rope)
   _validate_indexer(cfg)
   block = cfg.fp8_block
   if not (isinstance(block, tuple) and len(block) == 2 and all(isinstance(b, int) and b > 0 for b in block)):
@@ -217,6 +219,23 @@ def _validate(cfg: MtpConfig) -> None:
   for name in ("dtype", "param_dtype"):
     if getattr(cfg, name) not in DTYPES:
       raise ConfigError(f"{name}={getattr(cfg, name)!r} must be float32, bfloat16 or float16")
+
+
+def _is_number(value: Any) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _validate_rope(rope: RopeConfig) -> None:
+  numbers = {name: getattr(rope, name) for name in ("theta", "factor", "beta_fast", "beta_slow", "mscale",
+                                                      "mscale_all_dim")}
+  for name, value in numbers.items():
+    if not _is_number(value) or not math.isfinite(value):
+      raise ConfigError(f"rope {name}={value!r} must be a finite number")
+  if rope.factor < 1.0 or rope.theta <= 0:
+    raise ConfigError(f"rope factor={rope.factor} must be ≥ 1 and theta={rope.theta} > 0")
+  value = rope.original_max_position_embeddings
+  if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+    raise ConfigError(f"rope original_max_position_embeddings={value!r} must be a positive integer")
 
 
 def _validate_indexer(cfg: MtpConfig) -> None:
@@ -273,6 +292,8 @@ def from_hf_config(source: str | os.PathLike | Mapping[str, Any], **overrides: A
   fields.update({key: hf.get(key, default) for key, default in _FAMILY[model_type].items()})
   if "n_group" in hf and hf["n_group"] is None:
     fields["n_group"] = fields["topk_group"] = 1
+  for key in ("rms_norm_eps", "routed_scaling_factor"):  # JSON may spell them as integers: JAX would take an int
+    fields[key] = float(fields[key]) if _is_number(fields[key]) and math.isfinite(fields[key]) else fields[key]
   fields["rope"] = _rope_from_hf(hf)
   fields["model_type"] = model_type
   fields.update(_dtypes_from_hf(hf))
@@ -303,7 +324,7 @@ def _read_hf_dict(source: str | os.PathLike | Mapping[str, Any]) -> dict[str, An
       data = json.load(f)
   except FileNotFoundError:
     raise ConfigError(f"config file {path!r} does not exist") from None
-  except json.JSONDecodeError as e:
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
     raise ConfigError(f"config file {path!r} is not valid JSON: {e}") from None
   if not isinstance(data, dict):
     raise ConfigError(f"config file {path!r} holds a {type(data).__name__}, expected a JSON object")
@@ -312,8 +333,19 @@ def _read_hf_dict(source: str | os.PathLike | Mapping[str, Any]) -> dict[str, An
 
 def _rope_from_hf(hf: Mapping[str, Any]) -> RopeConfig:
   """Reads `rope_scaling` (HF 4.x) or `rope_parameters` (HF 5.x); both carry the YaRN keys."""
-  params = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
-  theta = params.get("rope_theta", hf.get("rope_theta", 10000.0))
+  params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+  if not isinstance(params, Mapping):
+    raise ConfigError(f"rope_scaling / rope_parameters={params!r} must be an object")
+  try:
+    return _rope_from_params(dict(params), hf.get("rope_theta", 10000.0))
+  except ConfigError:
+    raise
+  except (TypeError, ValueError, OverflowError) as e:  # a value float() / int() cannot take
+    raise ConfigError(f"rope parameters {params!r} (rope_theta={hf.get('rope_theta')!r}): {e}") from None
+
+
+def _rope_from_params(params: dict[str, Any], theta: Any) -> RopeConfig:
+  theta = params.get("rope_theta", theta)
   kind = params.get("rope_type", params.get("type", "default"))
   if kind == "default":
     return RopeConfig(theta=float(theta))

@@ -34,6 +34,11 @@ class TextCodec:
     self.bos_id = _bos_to_add(directory, self._tok)
 
   def encode(self, text: str) -> list[int]:
+    try:  # argv holds bytes that are not UTF-8 as lone surrogates, which the tokenizer cannot take
+      text.encode("utf-8")
+    except UnicodeEncodeError as e:
+      raise TokenizerError(f"prompt {text!r} is not valid UTF-8 (characters {e.start}–{e.end - 1}); give UTF-8 "
+                           f"text or --prompt-ids") from None
     ids = self._tok.encode(text).ids
     if self.bos_id is not None and ids[:1] != [self.bos_id]:
       ids = [self.bos_id, *ids]
@@ -73,9 +78,12 @@ def eos_token_ids(directory: str) -> tuple[int, ...]:
       continue
     try:
       with open(path, encoding="utf-8") as f:
-        value = json.load(f).get("eos_token_id")
+        data = json.load(f)
     except (OSError, ValueError) as e:
       raise TokenizerError(f"cannot read {path!r}: {e}") from e
+    if not isinstance(data, dict):
+      raise TokenizerError(f"{path!r} holds {json.dumps(data)[:40]}, expected a JSON object")
+    value = data.get("eos_token_id")
     if value is None:
       continue
     ids = value if isinstance(value, list) else [value]

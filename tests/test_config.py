@@ -334,6 +334,48 @@ def test_non_positive_eps(key, value):
     from_hf_config(tiny_hf_config_dict(), **{key: value})
 
 
+@pytest.mark.parametrize("value", [[2.5], "2.5", 0.0, -1.0, float("inf"), True])
+def test_routed_scaling_factor_is_a_finite_positive_number(value):
+  with _raises(f"routed_scaling_factor={value!r} must be > 0 and finite"):
+    from_hf_config(_hf(routed_scaling_factor=value))
+
+
+def test_integer_eps_and_scaling_in_json_become_floats():
+  """JSON may write 1 for 1.0; JAX would take 2**31 as an int32 and overflow."""
+  cfg = from_hf_config(_hf(rms_norm_eps=2**31, routed_scaling_factor=3))
+  assert (cfg.rms_norm_eps, cfg.routed_scaling_factor) == (2.0**31, 3.0)
+  assert all(isinstance(x, float) for x in (cfg.rms_norm_eps, cfg.routed_scaling_factor))
+
+
+@pytest.mark.parametrize("key", ["norm_topk_prob", "rope_interleave", "indexer_rope_interleave"])
+def test_switches_are_true_or_false(key):
+  with _raises(f"{key}='yes' must be true or false"):
+    from_hf_config(_hf(**{key: "yes"}))
+
+
+@pytest.mark.parametrize("rope_scaling, match", [
+    (5, "rope_scaling / rope_parameters=5 must be an object"),
+    ([1, 2], "rope_scaling / rope_parameters=[1, 2] must be an object"),
+    ({"type": "yarn", "factor": [40], "original_max_position_embeddings": 16}, "rope parameters {'type': 'yarn'"),
+    ({"type": "yarn", "factor": 40, "original_max_position_embeddings": float("inf")}, "rope parameters"),
+    ({"type": "yarn", "factor": float("nan"), "original_max_position_embeddings": 16},
+     "rope factor=nan must be a finite number"),
+    ({"type": "yarn", "factor": 40, "original_max_position_embeddings": -3},
+     "rope original_max_position_embeddings=-3 must be a positive integer"),
+])
+def test_malformed_rope_parameters_are_config_errors(rope_scaling, match):
+  with _raises(match):
+    from_hf_config(_hf(rope_scaling=rope_scaling))
+  with _raises("rope parameters {} (rope_theta=[1]):"):
+    from_hf_config(_hf(rope_theta=[1], rope_scaling=None))
+
+
+def test_config_json_that_is_not_utf8_is_named(tmp_path):
+  (tmp_path / "config.json").write_bytes(b"\xff\xfe{}")
+  with _raises(f"config file {str(tmp_path / 'config.json')!r} is not valid JSON"):
+    from_hf_config(str(tmp_path))
+
+
 @pytest.mark.parametrize("key, value, expected", [
     ("hidden_act", "gelu", "silu"), ("scoring_func", "softmax", "sigmoid"), ("topk_method", "greedy", "noaux_tc"),
 ])
