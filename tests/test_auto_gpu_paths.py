@@ -1,0 +1,145 @@
+"""Every kernel `auto` runs on a GPU — the sparse-MLA attention, the DSA index scores, the FP8 grouped matmul (routed
+experts and dense FP8 linears) — has a bounded CI test at the model level on a CPU host, beside the full form's
+longer decodes (README, "Testing"): a tiny model decoding speculatively through the kernel (Pallas interpret mode
+on CPU) gives the tokens of plain greedy decoding through the XLA path, on the smallest config the kernel takes,
+with weights under which the kernel decides the tokens (`_quiet_embedding`); and for the FP8 kernel, `auto` puts it
+in the MTP step exported for an H200 (the DSA kernels' `auto` lowering is test_sparse_mla_kernel's,
+test_index_scores_kernel's and test_user_path_kernels'). A kernel's numerics (a 10% error is below what tokens
+show) are its own tests'."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AbstractMesh, AxisType
+
+import jax_mtp
+from jax_mtp import fp8, indexer
+from jax_mtp.kernels.fp8_grouped_matmul import KERNEL_NAME as FP8_KERNEL
+from jax_mtp.request import required_capacity
+from tests.lowered_step import H200
+
+ON_GPU = jax.default_backend() == "gpu"
+VOCAB = 512
+
+
+def _dsa_cfg(**overrides) -> jax_mtp.MtpConfig:
+  """The smallest bf16 model both DSA kernels take: 16 heads of each kind, power-of-two latent and rope widths,
+  top-16 of a longer cache."""
+  return jax_mtp.tiny(**{"vocab_size": VOCAB, "dtype": "bfloat16", "param_dtype": "bfloat16", "index_n_heads": 16,
+                         "num_attention_heads": 16, "kv_lora_rank": 16, "qk_rope_head_dim": 16, "index_topk": 16,
+                         **overrides})
+
+
+K = 2  # draft tokens per round: verification at T = 3, drafts at T = 1
+
+
+def _speculative(cfg, target, mtp, prompts, new: int) -> list[list[int]]:
+  spec = jax_mtp.Speculator(cfg, jax_mtp.make_mesh(1), K)
+  return spec.generate(spec.shard(target, mtp), prompts, new, capacity=required_capacity(cfg, prompts, new, K)).tokens
+
+
+def _plain(cfg, target, prompts, new: int) -> list[list[int]]:
+  """Plain greedy decoding at the speculative run's cache capacity (the CLI's rule)."""
+  plain = jax_mtp.TargetDecoder(cfg, jax_mtp.make_mesh(1))
+  return plain.generate(plain.shard(target), prompts, new, capacity=required_capacity(cfg, prompts, new, K))
+
+
+def _quiet_embedding(target: dict, gain: float = 0.1) -> dict:
+  """The target's params with the token embedding × `gain`. At init the embedding (normal(1)) dwarfs every
+  sublayer's output (weights normal(0.02)), so greedy tokens are a table of the last token alone and no kernel
+  decides them; × 0.1 lets attention and experts decide them (a kernel attending half its selection, or 20% off,
+  then changes the tokens: checked by breaking each)."""
+  return {**target, "embed_tokens": target["embed_tokens"] * gain}
+
+
+def _random_prompts(n_tokens, seed: int = 5) -> list[list[int]]:
+  rng = np.random.default_rng(seed)
+  return [[int(t) for t in rng.integers(0, VOCAB, n)] for n in n_tokens]
+
+
+@pytest.fixture(scope="module")
+def dsa_plain_xla():
+  """(params, prompts, plain greedy tokens through XLA's DSA) of the DSA config: prompts of 21 and 30 tokens, 8 new
+  (every cache past top-16: the selection and both kernels matter at every step)."""
+  cfg = _dsa_cfg(index_scores_impl="xla", sparse_attention_impl="xla")
+  target = _quiet_embedding(jax_mtp.init_target_params(cfg, jax.random.key(0)))
+  mtp = jax_mtp.init_params(cfg, jax.random.key(1))
+  prompts = _random_prompts((21, 30))
+  return (target, mtp), prompts, _plain(cfg, target, prompts, 8)
+
+
+def test_speculative_decoding_through_the_sparse_mla_kernel_gives_plain_xla_tokens(dsa_plain_xla):
+  """Target and drafter attend through the sparse-MLA kernel (interpret mode on CPU): prefill, verification at
+  T = 3 and drafts at T = 1 all take it; the tokens are plain greedy decoding's with XLA's attention."""
+  (target, mtp), prompts, plain = dsa_plain_xla
+  cfg = _dsa_cfg(index_scores_impl="xla", sparse_attention_impl="pallas_gpu")
+  assert _speculative(cfg, target, mtp, prompts, 8) == plain
+
+
+def test_speculative_decoding_through_the_index_scores_kernel_gives_plain_xla_tokens(dsa_plain_xla, monkeypatch):
+  """The indexer's scores through the fused kernel (its Triton form on a GPU; on CPU the same kernel in interpret
+  mode: the model asks for backend "gpu", which a CPU cannot lower), the cache rounded to its 256-slot blocks;
+  the tokens are plain greedy decoding's with XLA's scores."""
+  if not ON_GPU:
+    kernel = indexer.index_scores_pallas
+    monkeypatch.setattr(indexer, "index_scores_pallas", lambda *a, backend, **kw: kernel(*a, backend="interpret", **kw))
+  (target, mtp), prompts, plain = dsa_plain_xla
+  cfg = _dsa_cfg(index_scores_impl="pallas_gpu", sparse_attention_impl="xla")
+  assert required_capacity(cfg, prompts, 8, K) == 256
+  assert _speculative(cfg, target, mtp, prompts, 8) == plain
+
+
+def _quantize(w, block):
+  """(codes, scale_inv) by DeepSeek's block quantiser: amax / 448 per (B1 in × B0 out) block, partial edge blocks
+  included."""
+  *lead, rows, cols = w.shape
+  b_in, b_out = block[1], block[0]
+  padded = jnp.pad(w.astype(jnp.float32), [(0, 0)] * len(lead) + [(0, -rows % b_in), (0, -cols % b_out)])
+  blocks = padded.reshape(*lead, padded.shape[-2] // b_in, b_in, padded.shape[-1] // b_out, b_out)
+  amax = jnp.max(jnp.abs(blocks), axis=(-3, -1))
+  scale = jnp.where(amax > 0, amax / float(jnp.finfo(fp8.FP8).max), 1.0)
+  codes = (blocks / scale[..., :, None, :, None]).astype(fp8.FP8).reshape(padded.shape)
+  return codes[..., :rows, :cols], scale
+
+
+def _fp8_cfg(moe_impl: str) -> jax_mtp.MtpConfig:
+  """The smallest bf16 model whose experts and some dense linears the FP8 kernel takes (D = 256, F = 128: whole
+  128 × 128 blocks): one MoE target layer and the MTP layer; a dense MLA cache (index_topk above every position)
+  keeps the DSA kernels out of it."""
+  return jax_mtp.tiny(vocab_size=VOCAB, hidden_size=256, moe_intermediate_size=128, num_hidden_layers=1,
+                      first_k_dense_replace=0, dtype="bfloat16", param_dtype="bfloat16", index_topk=64,
+                      moe_impl=moe_impl)
+
+
+def test_speculative_decoding_through_the_fp8_kernel_gives_the_gather_impls_plain_tokens():
+  """FP8 codes + 128 × 128 block scales, as `--weights fp8` keeps them: the routed experts and the dense FP8
+  linears through the FP8 grouped matmul (interpret mode on CPU; `auto` on a GPU) decode speculatively the tokens
+  of plain greedy decoding with the gather impl dequantising the same codes."""
+  cfg = _fp8_cfg("fp8_grouped_gpu")
+  target = fp8.as_checkpoint_fp8(_quiet_embedding(jax_mtp.init_target_params(cfg, jax.random.key(0))),
+                                 cfg.fp8_block, _quantize)
+  mtp = fp8.as_checkpoint_fp8(jax_mtp.init_params(cfg, jax.random.key(1)), cfg.fp8_block, _quantize)
+  prompts = _random_prompts((9, 14))
+  assert _speculative(cfg, target, mtp, prompts, 6) == _plain(_fp8_cfg("gather"), target, prompts, 6)
+
+
+def test_auto_puts_the_fp8_kernel_in_the_mtp_step_exported_for_an_h200():
+  """moe_impl='auto' with FP8 weights, exported for an abstract H200 from this host: the kernel runs the three
+  routed-expert projections and every dense FP8 linear it takes, as the explicit impl does (a call names it)."""
+  def kernel_calls(moe_impl):
+    cfg = _fp8_cfg(moe_impl)
+    params = fp8.as_checkpoint_fp8(jax.eval_shape(lambda key: jax_mtp.init_params(cfg, key), jax.random.key(0)),
+                                   cfg.fp8_block, fp8.abstract_fp8)
+    caches = jax.eval_shape(lambda: jax_mtp.init_caches(cfg, 2, 64))
+    ids, hidden = jax.ShapeDtypeStruct((2, 1), jnp.int32), jax.ShapeDtypeStruct((2, 1, 256), jnp.bfloat16)
+    step = jax.jit(lambda p, i, pos, h, c: jax_mtp.MtpPredictor(cfg).apply({"params": p}, i, pos, h, c).hidden_BTD)
+    mesh = AbstractMesh((1,), ("tp",), axis_types=(AxisType.Auto,), abstract_device=H200)
+    with jax.sharding.use_abstract_mesh(mesh):
+      exported = jax.export.export(step, platforms=["cuda"], disabled_checks=[
+          jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])
+      return exported(params, ids, ids, hidden, caches).mlir_module().count(f'"{FP8_KERNEL}"')
+
+  calls = {impl: kernel_calls(impl) for impl in ("auto", "fp8_grouped_gpu", "gather")}
+  # gather dequantises the experts (the dense linears keep the kernel: the program is for a GPU)
+  assert calls["auto"] == calls["fp8_grouped_gpu"] == calls["gather"] + 3, calls
