@@ -14,6 +14,7 @@ from jax_mtp.kernels.index_scores import KERNEL_NAME as INDEX_SCORES
 from jax_mtp.kernels.sparse_mla import KERNEL_NAME as SPARSE_MLA
 from jax_mtp.request import required_capacity
 from tests.lowered_step import speculator_modules
+from tests.tolerances import assert_close
 
 
 def _kernel_cfg(**overrides):
@@ -59,16 +60,21 @@ def test_the_clis_gpu_programs_hold_both_kernels_at_an_odd_prompt_length(share):
 
 def test_index_sharing_runs_through_the_kernel_with_xlas_tokens():
   """k = 3 with the shared top-k: draft steps 2 and 3 attend over index_topk + 1 and + 2 slots, which the
-  kernel takes padded to its blocks (interpret mode on CPU); greedy tokens equal XLA's attention's."""
+  kernel takes padded to its blocks (interpret mode on CPU); greedy tokens equal XLA's attention's, and so do
+  the MTP layer's caches (draft step j's attention output is step j + 1's input, whose latent it writes: the
+  tokens alone cannot see the draft steps, since speculative output is the target's greedy output)."""
   prompts = [list(range(3, 24)), list(range(7, 30))]
-  tokens = {}
+  tokens, latents = {}, {}
   for impl in ("xla", "pallas_gpu"):
     cfg = _kernel_cfg(index_share_for_mtp_iteration=True, sparse_attention_impl=impl)
     spec = jax_mtp.Speculator(cfg, jax_mtp.make_mesh(1), 3)
-    params = spec.shard(jax_mtp.init_target_params(cfg, jax.random.key(0)),
-                        jax_mtp.init_params(cfg, jax.random.key(1)))
-    tokens[impl] = spec.generate(params, prompts, 6).tokens
+    target = jax_mtp.init_target_params(cfg, jax.random.key(0))
+    target["embed_tokens"] = target["embed_tokens"] * 0.1  # else the embedding alone decides the tokens
+    params = spec.shard(target, jax_mtp.init_params(cfg, jax.random.key(1)))
+    result = spec.generate(params, prompts, 6)
+    tokens[impl], latents[impl] = result.tokens, result.state.drafter_caches[0].latent_BSC
   assert tokens["pallas_gpu"] == tokens["xla"]
+  assert_close(latents["pallas_gpu"], latents["xla"], "bfloat16", "MTP latent cache, kernel vs XLA")
 
 
 def test_an_error_inside_a_run_is_one_line_and_exit_2(monkeypatch, capsys):
