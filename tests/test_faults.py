@@ -108,5 +108,7 @@ def test_unwritable_targets_are_one_clear_error_and_nothing_is_written(clean, tm
     save_params(str(blocker / "ckpt"), CFG, target, mtp)
   run = subprocess.run([sys.executable, "-m", "jax_mtp.train", "--preset", "tiny", "--out", str(blocker / "run"),
                         "--steps", "1"], capture_output=True, text=True, timeout=300)
-  assert run.returncode == 2 and run.stderr.strip().splitlines()[-1].startswith("error: cannot use"), run.stderr[-800:]
+  last = run.stderr.strip().splitlines()[-1]
+  assert run.returncode == 2 and last.startswith("error: --out ") and "is a file, not a directory" in last, \
+      run.stderr[-800:]
   assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
