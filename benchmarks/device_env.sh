@@ -1,4 +1,4 @@
-# Sourced by the device session scripts: CUDA JAX, multicast off, $OUT, and a machine line in $OUT.
+# Sourced by the device session scripts: CUDA JAX, multicast off, carried wheels, $OUT, and a machine line in $OUT.
 export PYTHONUNBUFFERED=1 JAX_PLATFORMS=cuda
 # NVLink multicast stays off on these machines (it can take shared GPUs down).
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
@@ -6,3 +6,7 @@ OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader;
   python3 -c "import jax, flax; print('jax', jax.__version__, 'flax', flax.__version__, jax.devices())"; } \
   2>&1 | tee "$OUT/machine.txt"
+if [ -d .whl ]; then  # tokamax and its deps, carried (the bf16 path's grouped matmul)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site || return 1
+fi

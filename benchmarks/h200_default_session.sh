@@ -18,10 +18,6 @@
 #   bench  speculative vs plain tokens/s of the embedded default, k = 1..5, and `decode --check` on the GPU
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
-if [ -d .whl ]; then  # tokamax and its deps, carried (the bf16 path's grouped matmul)
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site || exit 1
-fi
 QUIET="TPU|libtpu|Source Location|InitGoogle|E0000|learning/"
 case "${1:?stage}" in
   cost)

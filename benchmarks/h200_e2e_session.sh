@@ -6,10 +6,6 @@
 #   spec   speculative vs plain decoding of the embedded default, three runs (issue 29: a median of ≥ 3)
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
-if [ -d .whl ]; then  # tokamax and its deps, carried (the bf16 path's grouped matmul)
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site || exit 1
-fi
 QUIET="TPU|libtpu|Source Location|InitGoogle|E0000|learning/|Deprecat|return rule"
 run() {  # run SECONDS FILE CMD...: the command's output, filtered, to the terminal and $OUT/FILE
   local seconds=$1 file=$2; shift 2
