@@ -36,7 +36,7 @@ import jax.numpy as jnp  # noqa: E402
 import jax_mtp  # noqa: E402
 from benchmarks.hlo_collectives import Collective, collectives, total_bytes  # noqa: E402
 from jax_mtp.parallel import ShardedMtp  # noqa: E402
-from jax_mtp.sharding import make_mesh, named_shardings, padded_vocab, param_sharding, replicated  # noqa: E402
+from jax_mtp.sharding import SHARED_WITH_TARGET, make_mesh, named_shardings, padded_vocab, param_sharding, replicated  # noqa: E402
 
 PATHS = ("top_tokens", "logits")
 BATCH = 1
@@ -50,7 +50,7 @@ def abstract_params(sharded: ShardedMtp):
   vp = padded_vocab(cfg, sharded.tp)
 
   def place(path, x):
-    shape = (vp,) + x.shape[1:] if path[0].key in ("embed_tokens", "lm_head") else x.shape
+    shape = (vp,) + x.shape[1:] if path[0].key in SHARED_WITH_TARGET else x.shape
     return jax.ShapeDtypeStruct(shape, x.dtype, sharding=param_sharding(mesh, tuple(k.key for k in path)))
 
   return jax.tree_util.tree_map_with_path(place, shapes)

@@ -43,7 +43,7 @@ import numpy as np
 import jax_mtp
 from benchmarks.timing import copy_bandwidth
 from jax_mtp import decode, fp8
-from jax_mtp.drafter import SHARED_WITH_TARGET
+from jax_mtp.sharding import SHARED_WITH_TARGET
 from jax_mtp.generate import TargetDecoder
 from jax_mtp.kernels.fp8_grouped_matmul import KERNEL_NAME as FP8_KERNEL
 from jax_mtp.kernels.index_scores import KERNEL_NAME as INDEX_SCORES_KERNEL

@@ -30,11 +30,11 @@ from jax.sharding import Mesh
 from tqdm import tqdm
 
 from jax_mtp import fp8
-from jax_mtp.checkpoint_names import (CODES, COPY, EXPERTS, LINEAR, MTP, SCALES, SHARED, TARGET, Param,
+from jax_mtp.checkpoint_names import (CODES, COPY, EXPERTS, LINEAR, MTP, SCALES, TARGET, Param,
                                       check_tensors, plan)
 from jax_mtp.config import MtpConfig, from_hf_config
 from jax_mtp.safetensors_io import DEFAULT_BLOCK, FP8_DTYPE, CheckpointError, SafetensorsCheckpoint
-from jax_mtp.sharding import TP_AXIS, padded_vocab, param_sharding, validate_tp
+from jax_mtp.sharding import SHARED_WITH_TARGET, TP_AXIS, padded_vocab, param_sharding, validate_tp
 
 
 def load_hf_checkpoint(path: str | os.PathLike, *, cfg: MtpConfig | None = None, mesh: Mesh | None = None,
@@ -82,7 +82,7 @@ def load_opened(opened: Opened, *, progress: bool | None = None,
   cfg, ckpt, params, checks, mesh = opened
   _check_copies(ckpt, checks)
   trees = _build(ckpt, cfg, keep_fp8(ckpt, params) if fp8_weights else params, mesh, progress)
-  trees[MTP].update({name: trees[TARGET][name] for name in SHARED})
+  trees[MTP].update({name: trees[TARGET][name] for name in SHARED_WITH_TARGET})
   return (cfg.replace(fp8_block=ckpt.block) if fp8_weights else cfg), trees[TARGET], trees[MTP]
 
 
@@ -94,7 +94,7 @@ def load_mtp_only(path: str | os.PathLike, *, cfg: MtpConfig | None = None, mesh
   as `load_hf_checkpoint`."""
   cfg, ckpt = _open(path, cfg, dtype, mesh)
   params, checks = plan(cfg)
-  params = [p for p in params if p.tree == MTP or p.path[-1] in SHARED]
+  params = [p for p in params if p.tree == MTP or p.path[-1] in SHARED_WITH_TARGET]
   target_layer = re.compile(r"model\.layers\.(\d+)\.")
 
   def ignored(name: str) -> bool:
@@ -190,7 +190,7 @@ def _place(ckpt: SafetensorsCheckpoint, cfg: MtpConfig, p: Param, mesh: Mesh | N
   if mesh is None:
     return jax.device_put(read_param(ckpt, p, tuple(slice(0, n) for n in p.shape)))
   shape = p.shape
-  if p.path[-1] in SHARED:
+  if p.path[-1] in SHARED_WITH_TARGET:
     shape = (padded_vocab(cfg, mesh.shape[TP_AXIS]),) + shape[1:]
   sharding = param_sharding(mesh, p.path)
   arrays, last = [], (None, None)

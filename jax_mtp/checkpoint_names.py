@@ -25,6 +25,7 @@ import numpy as np
 from jax_mtp.config import MtpConfig
 from jax_mtp.model import init_target_params
 from jax_mtp.mtp import init_params
+from jax_mtp.sharding import SHARED_WITH_TARGET
 from jax_mtp.safetensors_io import FLOAT_DTYPES, FP8_DTYPE, CheckpointError, SafetensorsCheckpoint, scale_name
 
 TARGET, MTP = "target", "mtp"
@@ -74,7 +75,6 @@ NAME_TABLE = (
     ("model.layers.{m}.shared_head.head.weight", TARGET, "lm_head", CHECK),
     *((f"model.layers.{{m}}.{name}", MTP, f"layers_{{i}}/mtp_block/{path}", how) for name, path, how in _BLOCK),
 )
-SHARED = ("embed_tokens", "lm_head")  # the target's, shared with every MTP layer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +101,7 @@ def abstract_params(cfg: MtpConfig) -> dict[str, dict]:
   layers only, the embedding and head being the target's)."""
   target = jax.eval_shape(lambda key: init_target_params(cfg, key), jax.random.key(0))
   mtp = jax.eval_shape(lambda key: init_params(cfg, key), jax.random.key(0))
-  return {TARGET: target, MTP: {k: v for k, v in mtp.items() if k not in SHARED}}
+  return {TARGET: target, MTP: {k: v for k, v in mtp.items() if k not in SHARED_WITH_TARGET}}
 
 
 def plan(cfg: MtpConfig, trees: Iterable[str] = (TARGET, MTP)) -> tuple[list[Param], list[tuple[str, str]]]:

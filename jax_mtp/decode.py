@@ -39,7 +39,7 @@ from jax_mtp.kernels.fused_allreduce_rmsnorm import IMPLS, gpu_kernels
 from jax_mtp.model import init_target_params
 from jax_mtp.request import (check_caches_fit, required_capacity, stop_id_array, validate_prompts,
                              validate_temperature)
-from jax_mtp.sharding import make_mesh, validate_tp
+from jax_mtp.sharding import SHARED_WITH_TARGET, make_mesh, validate_tp
 from jax_mtp.speculative import SpecParams, SpecResult, Speculator
 from jax_mtp.tokenizer import TextCodec, eos_token_ids
 
@@ -348,7 +348,7 @@ def load(args: argparse.Namespace, cfg: jax_mtp.MtpConfig, mesh: Mesh) -> tuple[
       raise _BadInput(f"--weights fp8: the orbax checkpoint {args.checkpoint!r} stores no FP8 weights")
     if args.weights == "bf16" and stored_fp8:
       target, mtp = (fp8.dequantize_params(tree, cfg.param_dtype, cfg.fp8_block) for tree in (target, mtp))
-      mtp.update({name: target[name] for name in ("embed_tokens", "lm_head")})  # one shared copy
+      mtp.update({name: target[name] for name in SHARED_WITH_TARGET})  # one shared copy
   else:
     opened = open_hf_checkpoint(args.checkpoint, cfg=cfg, mesh=mesh)  # headers read and checked once
     fp8_weights = args.weights == "fp8"

@@ -40,9 +40,8 @@ from jax_mtp.draft_path import LOCAL_ARGMAX, greedy_draft_path
 from jax_mtp.indexer import Selection, selects_all
 from jax_mtp.mtp import MtpPredictor, init_caches, init_params
 from jax_mtp.kernels.fused_allreduce_rmsnorm import workspace_for_chain
-from jax_mtp.sharding import TensorParallel, param_specs, place_params
+from jax_mtp.sharding import SHARED_WITH_TARGET, TensorParallel, param_specs, place_params
 
-SHARED_WITH_TARGET = ("embed_tokens", "lm_head")
 
 
 class Window(NamedTuple):

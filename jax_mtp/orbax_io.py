@@ -26,7 +26,8 @@ import orbax.checkpoint as ocp
 from jax.sharding import Mesh, SingleDeviceSharding
 
 from jax_mtp import fp8
-from jax_mtp.checkpoint_names import MTP, SHARED, TARGET, abstract_params
+from jax_mtp.checkpoint_names import MTP, TARGET, abstract_params
+from jax_mtp.sharding import SHARED_WITH_TARGET
 from jax_mtp.config import MtpConfig, RopeConfig
 from jax_mtp.safetensors_io import CheckpointError
 from jax_mtp.sharding import TP_AXIS, padded_vocab, param_sharding, validate_tp
@@ -74,7 +75,7 @@ def save_params(directory: str | os.PathLike, cfg: MtpConfig, target_params: dic
   except OSError as e:
     raise CheckpointError(f"cannot write the checkpoint to {directory!r}: {e.strerror or e}; nothing written") from None
   trees = {TARGET: _unpadded(target_params, cfg),
-           MTP: {k: v for k, v in _unpadded(mtp_params, cfg).items() if k not in SHARED}}
+           MTP: {k: v for k, v in _unpadded(mtp_params, cfg).items() if k not in SHARED_WITH_TARGET}}
   kept = ["/".join(path) for path in fp8.fp8_paths(trees)]  # FP8 weights stay FP8 (jax_mtp.fp8)
   with _manager(directory, create=True) as manager:
     manager.save(step, args=ocp.args.Composite(**{
@@ -84,7 +85,7 @@ def save_params(directory: str | os.PathLike, cfg: MtpConfig, target_params: dic
 
 
 def _unpadded(params: dict, cfg: MtpConfig) -> dict:
-  return {k: (v[:cfg.vocab_size] if k in SHARED else v) for k, v in params.items()}
+  return {k: (v[:cfg.vocab_size] if k in SHARED_WITH_TARGET else v) for k, v in params.items()}
 
 
 def read_config(directory: str | os.PathLike) -> MtpConfig:
@@ -121,7 +122,7 @@ def restore_params(directory: str | os.PathLike, cfg: MtpConfig | None = None,
     restore = ocp.args.StandardRestore(targets, strict=False)  # strict=False: pad the vocab rows
     trees = manager.restore(step, args=ocp.args.Composite(**{PARAMS: restore}))[PARAMS]
   target = trees[TARGET]
-  return saved, target, {**trees[MTP], **{name: target[name] for name in SHARED}}
+  return saved, target, {**trees[MTP], **{name: target[name] for name in SHARED_WITH_TARGET}}
 
 
 def _config_from_json(data: dict) -> MtpConfig:
@@ -139,7 +140,7 @@ def _abstract_targets(cfg: MtpConfig, mesh: Mesh | None, fp8_kept: list[str]) ->
     if mesh is None:
       return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=SingleDeviceSharding(jax.devices()[0]))
     shape = leaf.shape
-    if keys[-1] in SHARED:  # orbax pads the saved rows with zeros (strict=False)
+    if keys[-1] in SHARED_WITH_TARGET:  # orbax pads the saved rows with zeros (strict=False)
       shape = (padded_vocab(cfg, mesh.shape[TP_AXIS]),) + shape[1:]
     return jax.ShapeDtypeStruct(shape, leaf.dtype, sharding=param_sharding(mesh, keys))
   abstract = abstract_params(cfg)

@@ -37,6 +37,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jax_mtp.config import MtpConfig
 from jax_mtp.fp8 import SCALE_SUFFIX
 
+# The target's embedding and head: split over the vocab (rows padded to a multiple of tp), and shared with every MTP
+# layer (one copy, as vLLM shares them).
+SHARED_WITH_TARGET = ("embed_tokens", "lm_head")
+
 TP_AXIS = "tp"
 DATA_AXIS = "data"  # training splits its batches over it (jax_mtp.training)
 
@@ -162,6 +166,6 @@ def shard_params(params, cfg: MtpConfig, mesh: Mesh):
   validate_tp(cfg, tp)
   params = dict(params)
   pad = padded_vocab(cfg, tp) - cfg.vocab_size
-  for name in ("embed_tokens", "lm_head"):
+  for name in SHARED_WITH_TARGET:
     params[name] = jax.numpy.pad(params[name], ((0, pad), (0, 0)))
   return place_params(params, mesh)

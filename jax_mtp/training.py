@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
-from jax_mtp.checkpoint_names import SHARED
+from jax_mtp.sharding import SHARED_WITH_TARGET
 from jax_mtp.config import MtpConfig
 from jax_mtp.indexer import INDEXER_TRAINING
 from jax_mtp.model import TargetModel, init_target_caches
@@ -77,12 +77,12 @@ def training_config(cfg: MtpConfig, length: int, dense: bool) -> MtpConfig:
 
 def split_params(target_params: dict, mtp_params: dict) -> dict:
   """{"target": ..., "mtp": ...} with the MTP tree's copies of the embedding and head dropped."""
-  return {"target": target_params, "mtp": {k: v for k, v in mtp_params.items() if k not in SHARED}}
+  return {"target": target_params, "mtp": {k: v for k, v in mtp_params.items() if k not in SHARED_WITH_TARGET}}
 
 
 def mtp_with_shared(params: dict) -> dict:
   """The MTP predictor's params: its layers plus the target's embedding and head."""
-  return {**params["mtp"], **{k: params["target"][k] for k in SHARED}}
+  return {**params["mtp"], **{k: params["target"][k] for k in SHARED_WITH_TARGET}}
 
 
 def forward(cfg: MtpConfig, params: dict, tokens_BL: jax.Array, *, frozen_target: bool = False) -> Forward:

@@ -37,7 +37,7 @@ def speculator_modules(cfg: jax_mtp.MtpConfig, prompts, max_new_tokens: int, k: 
   """The CLI's two programs — the prefill and the greedy round, at the capacity the CLI's request rule gives
   these prompts (`request.required_capacity`) — exported for an abstract H200, as MLIR text by name.
   `cfg.moe_impl` must be explicit: tokamax's Mosaic GPU kernel (GPU `auto`) reads the local GPU when traced."""
-  from jax_mtp.drafter import SHARED_WITH_TARGET  # noqa: PLC0415
+  from jax_mtp.sharding import SHARED_WITH_TARGET  # noqa: PLC0415
   from jax_mtp.model import init_target_params  # noqa: PLC0415
   from jax_mtp.request import pack_prompts, required_capacity, stop_id_array  # noqa: PLC0415
   from jax_mtp.speculative import SpecParams  # noqa: PLC0415

@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 
 from benchmarks import checkpoint_memory
-from jax_mtp.checkpoint import MTP, SHARED, plan
+from jax_mtp.checkpoint import MTP, plan
+from jax_mtp.sharding import SHARED_WITH_TARGET
 from jax_mtp.config import tiny
 
 MB = 1 << 20
@@ -68,7 +69,7 @@ def _params_bytes(mtp_only: bool = False) -> int:
   """Bytes of the loaded params (bf16); the drafter's: its MTP layer plus embed/head."""
   params, _ = plan(CFG)
   if mtp_only:
-    params = [p for p in params if p.tree == MTP or p.path[-1] in SHARED]
+    params = [p for p in params if p.tree == MTP or p.path[-1] in SHARED_WITH_TARGET]
   return sum(int(np.prod(p.shape)) * 2 for p in params)
 
 

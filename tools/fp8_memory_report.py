@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 import jax_mtp  # noqa: E402
 from jax_mtp import fp8  # noqa: E402
 from jax_mtp.request import cache_bytes  # noqa: E402
-from jax_mtp.sharding import param_specs  # noqa: E402
+from jax_mtp.sharding import SHARED_WITH_TARGET, param_specs  # noqa: E402
 
 HBM_GIB = {"v5p": 95, "v6e": 32, "H200": 141 * 10**9 / 2**30}
 
@@ -55,7 +55,7 @@ def main() -> None:
   cfg = jax_mtp.deepseek_v32()
   target = jax.eval_shape(lambda key: jax_mtp.init_target_params(cfg, key), jax.random.key(0))
   mtp = jax.eval_shape(lambda key: jax_mtp.init_params(cfg, key), jax.random.key(0))
-  mtp = {k: v for k, v in mtp.items() if k not in ("embed_tokens", "lm_head")}  # the target's are shared
+  mtp = {k: v for k, v in mtp.items() if k not in SHARED_WITH_TARGET}  # the target's are shared
   trees = {"bf16": {"target": target, "mtp": mtp},
            "fp8": {"target": fp8.as_checkpoint_fp8(target, cfg.fp8_block, fp8.abstract_fp8),
                    "mtp": fp8.as_checkpoint_fp8(mtp, cfg.fp8_block, fp8.abstract_fp8)}}

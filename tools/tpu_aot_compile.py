@@ -37,7 +37,7 @@ import jax_mtp  # noqa: E402
 from jax_mtp import fp8  # noqa: E402
 from jax_mtp.experts import resolve_expert_impl  # noqa: E402
 from jax_mtp.kernels.fused_allreduce_rmsnorm_tpu import KERNEL_NAME  # noqa: E402
-from jax_mtp.drafter import SHARED_WITH_TARGET  # noqa: E402
+from jax_mtp.sharding import SHARED_WITH_TARGET  # noqa: E402
 from jax_mtp.model import init_target_params  # noqa: E402
 from jax_mtp.parallel import ShardedMtp  # noqa: E402
 from jax_mtp.sharding import make_mesh, named_shardings, padded_vocab, param_specs, replicated  # noqa: E402
@@ -79,7 +79,7 @@ def round_args(cfg, mesh, batch: int, prompt: int, weights: str):
     target, drafter = (fp8.as_checkpoint_fp8(tree, cfg.fp8_block, fp8.abstract_fp8) for tree in (target, drafter))
   vocab = padded_vocab(cfg, tp)
   target = dict(target, **{name: jax.ShapeDtypeStruct((vocab, cfg.hidden_size), target[name].dtype)
-                           for name in ("embed_tokens", "lm_head")})
+                           for name in SHARED_WITH_TARGET})
   params = (placed(target, mesh, param_specs(target)), placed(drafter, mesh, param_specs(drafter)))
   rest = (jax.ShapeDtypeStruct((batch, prompt), jnp.int32), jax.ShapeDtypeStruct((batch,), jnp.int32),
           jax.eval_shape(lambda: jax.random.key(0)), jax.ShapeDtypeStruct((), jnp.float32),
