@@ -167,10 +167,9 @@ def random_weights(cfg: jax_mtp.MtpConfig, weights: str) -> tuple[jax_mtp.MtpCon
   mtp = jax_mtp.init_params(cfg, jax.random.key(1))
   if weights == "bf16":
     return cfg, target, mtp
-  from benchmarks.fp8_step import _quantize  # noqa: PLC0415
   block = (128, 128)
-  return (cfg.replace(fp8_block=block), fp8.as_checkpoint_fp8(target, block, _quantize),
-          fp8.as_checkpoint_fp8(mtp, block, _quantize))
+  return (cfg.replace(fp8_block=block), fp8.as_checkpoint_fp8(target, block, fp8.quantize),
+          fp8.as_checkpoint_fp8(mtp, block, fp8.quantize))
 
 
 def run_weights(args, weights: str, peak: float, bandwidth: float, out: list) -> None:

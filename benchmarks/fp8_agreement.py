@@ -17,7 +17,6 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_mtp
-from benchmarks.fp8_step import _quantize
 from benchmarks.mtp_step import PRESETS
 from jax_mtp import fp8
 
@@ -29,7 +28,7 @@ def main() -> None:
   p.add_argument("--capacity", type=int, default=4096)
   args = p.parse_args()
   cfg = PRESETS[args.preset]()
-  fp8_params = fp8.as_checkpoint_fp8(jax_mtp.init_params(cfg, jax.random.key(0)), cfg.fp8_block, _quantize)
+  fp8_params = fp8.as_checkpoint_fp8(jax_mtp.init_params(cfg, jax.random.key(0)), cfg.fp8_block, fp8.quantize)
   bf16_params = fp8.dequantize_params(fp8_params, cfg.param_dtype, cfg.fp8_block)
   model = jax_mtp.MtpPredictor(cfg)
   rng = np.random.default_rng(args.batch)

@@ -29,18 +29,6 @@ from benchmarks.mtp_step import PRESETS, cache_bytes_read
 from benchmarks.timing import copy_bandwidth, experts_touched
 from jax_mtp import fp8
 
-@functools.partial(jax.jit, static_argnums=1)
-def _quantize(w, block):
-  """(codes, scale_inv) of w (..., in, out) by DeepSeek's block quantiser (block = (B0 over out, B1
-  over in), scale = amax / 448), partial edge blocks included."""
-  *lead, rows, cols = w.shape
-  b_in, b_out = block[1], block[0]
-  padded = jnp.pad(w.astype(jnp.float32), [(0, 0)] * len(lead) + [(0, -rows % b_in), (0, -cols % b_out)])
-  blocks = padded.reshape(*lead, padded.shape[-2] // b_in, b_in, padded.shape[-1] // b_out, b_out)
-  amax = jnp.max(jnp.abs(blocks), axis=(-3, -1))
-  scale = jnp.where(amax > 0, amax / float(jnp.finfo(fp8.FP8).max), 1.0)
-  codes = (blocks / scale[..., :, None, :, None]).astype(fp8.FP8).reshape(padded.shape)
-  return codes[..., :rows, :cols], scale
 
 
 def tree_bytes(tree) -> int:
@@ -63,7 +51,7 @@ def step_bytes(params, cfg, touched: int) -> int:
 
 def fp8_tree(cfg):
   """Random params with the tensors a V3.2 checkpoint stores in FP8 as codes + block scales."""
-  return fp8.as_checkpoint_fp8(jax_mtp.init_params(cfg, jax.random.key(0)), cfg.fp8_block, _quantize)
+  return fp8.as_checkpoint_fp8(jax_mtp.init_params(cfg, jax.random.key(0)), cfg.fp8_block, fp8.quantize)
 
 
 def build_params(cfg):

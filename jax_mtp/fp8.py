@@ -19,6 +19,8 @@ fuses the conversion into its consumer (docs/design.md §8, "FP8 weights").
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -54,6 +56,20 @@ def dequantize(codes: jax.Array, scale_inv: jax.Array, dtype, block: tuple[int, 
   expanded = jnp.repeat(jnp.repeat(scale_inv.astype(jnp.float32), block[1], axis=-2)[..., :rows, :], block[0],
                         axis=-1)[..., :cols]
   return (codes.astype(jnp.float32) * expanded).astype(dtype)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def quantize(w: jax.Array, block: tuple[int, int]) -> tuple[jax.Array, jax.Array]:
+  """(codes, scale_inv) of w (..., in, out) by DeepSeek's block quantiser (block = (B0 over out, B1
+  over in), scale = amax / 448), partial edge blocks included: `dequantize`'s inverse up to e4m3 rounding."""
+  *lead, rows, cols = w.shape
+  b_in, b_out = block[1], block[0]
+  padded = jnp.pad(w.astype(jnp.float32), [(0, 0)] * len(lead) + [(0, -rows % b_in), (0, -cols % b_out)])
+  blocks = padded.reshape(*lead, padded.shape[-2] // b_in, b_in, padded.shape[-1] // b_out, b_out)
+  amax = jnp.max(jnp.abs(blocks), axis=(-3, -1))
+  scale = jnp.where(amax > 0, amax / float(jnp.finfo(FP8).max), 1.0)
+  codes = (blocks / scale[..., :, None, :, None]).astype(FP8).reshape(padded.shape)
+  return codes[..., :rows, :cols], scale
 
 
 def fp8_paths(params: dict, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:

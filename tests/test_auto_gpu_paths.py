@@ -90,19 +90,6 @@ def test_speculative_decoding_through_the_index_scores_kernel_gives_plain_xla_to
   assert _speculative(cfg, target, mtp, prompts, 8) == plain
 
 
-def _quantize(w, block):
-  """(codes, scale_inv) by DeepSeek's block quantiser: amax / 448 per (B1 in × B0 out) block, partial edge blocks
-  included."""
-  *lead, rows, cols = w.shape
-  b_in, b_out = block[1], block[0]
-  padded = jnp.pad(w.astype(jnp.float32), [(0, 0)] * len(lead) + [(0, -rows % b_in), (0, -cols % b_out)])
-  blocks = padded.reshape(*lead, padded.shape[-2] // b_in, b_in, padded.shape[-1] // b_out, b_out)
-  amax = jnp.max(jnp.abs(blocks), axis=(-3, -1))
-  scale = jnp.where(amax > 0, amax / float(jnp.finfo(fp8.FP8).max), 1.0)
-  codes = (blocks / scale[..., :, None, :, None]).astype(fp8.FP8).reshape(padded.shape)
-  return codes[..., :rows, :cols], scale
-
-
 def _fp8_cfg(moe_impl: str) -> jax_mtp.MtpConfig:
   """The smallest bf16 model whose experts and some dense linears the FP8 kernel takes (D = 256, F = 128: whole
   128 × 128 blocks): one MoE target layer and the MTP layer; a dense MLA cache (index_topk above every position)
@@ -118,8 +105,8 @@ def test_speculative_decoding_through_the_fp8_kernel_gives_the_gather_impls_plai
   of plain greedy decoding with the gather impl dequantising the same codes."""
   cfg = _fp8_cfg("fp8_grouped_gpu")
   target = fp8.as_checkpoint_fp8(_quiet_embedding(jax_mtp.init_target_params(cfg, jax.random.key(0))),
-                                 cfg.fp8_block, _quantize)
-  mtp = fp8.as_checkpoint_fp8(jax_mtp.init_params(cfg, jax.random.key(1)), cfg.fp8_block, _quantize)
+                                 cfg.fp8_block, fp8.quantize)
+  mtp = fp8.as_checkpoint_fp8(jax_mtp.init_params(cfg, jax.random.key(1)), cfg.fp8_block, fp8.quantize)
   prompts = _random_prompts((9, 14))
   assert _speculative(cfg, target, mtp, prompts, 6) == _plain(_fp8_cfg("gather"), target, prompts, 6)
 
