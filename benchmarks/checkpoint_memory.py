@@ -27,10 +27,12 @@ from safetensors.numpy import save_file
 from jax_mtp.checkpoint import load_hf_checkpoint
 from jax_mtp.checkpoint_names import EXPERTS, LINEAR, plan
 from jax_mtp.config import tiny
+from jax_mtp.export import to_hf_config
 from jax_mtp.sharding import make_mesh
-from tests.hf_checkpoint import hf_config_dict
 
 SHARD_BYTES = 2 << 30
+# config.json's declaration of DeepSeek's FP8 weights (128 × 128 blocks), as the written tensors are
+FP8_QUANTIZATION = dict(quant_method="fp8", fmt="e4m3", activation_scheme="dynamic", weight_block_size=[128, 128])
 CFG = tiny(vocab_size=32768, hidden_size=2048, intermediate_size=4096, moe_intermediate_size=1024,
            num_hidden_layers=4, first_k_dense_replace=1, num_attention_heads=16, q_lora_rank=512,
            kv_lora_rank=256, qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64, n_routed_experts=256,
@@ -56,7 +58,7 @@ def write(directory: str, cfg=CFG, shard_bytes: int = SHARD_BYTES) -> None:
   """A random FP8 checkpoint of `cfg`, in files of about `shard_bytes`, one file in memory at a time."""
   os.makedirs(directory, exist_ok=True)
   with open(os.path.join(directory, "config.json"), "w") as f:
-    json.dump(hf_config_dict(cfg), f)
+    json.dump({**to_hf_config(cfg), "quantization_config": FP8_QUANTIZATION}, f)
   weight_map, shard, size, files = {}, {}, 0, 0
   for name, value in _random_tensors(cfg, np.random.default_rng(0)):
     shard[name], size = value, size + value.nbytes
