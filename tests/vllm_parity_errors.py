@@ -1,7 +1,7 @@
 """The max |ours − vLLM| table of benchmarks/RESULTS.md: every committed vLLM fixture replayed through
 our target and MTP layer (the parity tests' own replay), V3 and V3.2-dense-equivalent. CPU, fp32.
 
-    python -m benchmarks.vllm_parity_errors
+    python -m tests.vllm_parity_errors
 """
 
 from __future__ import annotations
