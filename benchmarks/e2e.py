@@ -123,14 +123,13 @@ def round_floor_bytes(cfg, target: dict, drafter: dict, batch: int, k: int, cont
   total = weight_bytes(body, touched_share(cfg, batch * w)) + head  # verification over B·(k+1) tokens
   total += weight_bytes(drafter, touched_share(cfg, batch * w)) + head  # catch-up over the window
   total += k * (weight_bytes(drafter, touched_share(cfg, batch)) + head)  # k draft steps
-  layers_calls = cfg.num_hidden_layers * 1 + (k + 1)  # target layers once, the MTP layer k + 1 times
   if cfg.has_indexer and context > cfg.index_topk:
-    key_bytes = cfg.index_head_dim * jnp.dtype(cfg.index_key_dtype).itemsize + (4 if jnp.dtype(cfg.index_key_dtype).itemsize == 1 else 0)
+    key_dtype = jnp.dtype(cfg.index_key_dtype)
+    key_bytes = cfg.index_head_dim * key_dtype.itemsize + (4 if key_dtype.itemsize == 1 else 0)  # + fp8 scale
     entry_bytes = (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * jnp.dtype(cfg.dtype).itemsize
-    per_call_queries = {"target": batch * w, "mtp": batch}
-    total += layers_calls * batch * context * key_bytes
-    total += cfg.num_hidden_layers * per_call_queries["target"] * cfg.index_topk * entry_bytes
-    total += (batch * w + k * batch) * cfg.index_topk * entry_bytes
+    calls = cfg.num_hidden_layers + k + 1  # target layers once, the MTP layer k + 1 times: each reads the keys
+    queries = cfg.num_hidden_layers * batch * w + batch * w + k * batch  # each reads index_topk entries
+    total += calls * batch * context * key_bytes + queries * cfg.index_topk * entry_bytes
   return total
 
 
@@ -281,7 +280,8 @@ def print_row(row: dict, flush: bool = False) -> None:
     tps = ", ".join(f"{v:,.0f}" for v in row["tokens_per_s"].values())
     print(f"| {row['weights']} | {row['prompt']} | {row['batch']} | {row['capacity']} | {prefill['chunk']} | "
           f"{prefill['seconds']:.3f} | {prefill['tokens_per_s']:,.0f} | {prefill['mfu']:.1%} | "
-          f"{row['round_s'] * 1e3:.2f} | {row['round_floor_s'] * 1e3:.2f} | {row['round_floor_s'] / row['round_s']:.2f} | "
+          f"{row['round_s'] * 1e3:.2f} | {row['round_floor_s'] * 1e3:.2f} | "
+          f"{row['round_floor_s'] / row['round_s']:.2f} | "
           f"{row['plain_step_s'] * 1e3:.2f} | {tps} | {row['plain_tokens_per_s']:,.0f} | {p_impls} | {r_impls} |",
           flush=flush)
 

@@ -92,7 +92,8 @@ def _parser() -> argparse.ArgumentParser:
                  help="DSA's sparse MLA attention: xla, or the fused Pallas kernel (pallas_gpu); auto: the kernel on "
                       "GPUs where it takes the model, else xla")
   p.add_argument("--prefill-chunk", type=int, default=0, metavar="TOKENS",
-                 help="prompt tokens per row per prefill call; 0 (default): sized to 4 GiB of per-query buffers (jax_mtp.prefill)")
+                 help="prompt tokens per row per prefill call; 0 (default): sized to 4 GiB of per-query buffers "
+                      "(jax_mtp.prefill)")
   p.add_argument("--ignore-eos", action="store_true",
                  help="do not stop a row at the checkpoint's EOS ids (benchmarks, as vLLM's flag)")
   p.add_argument("--check", action="store_true",
