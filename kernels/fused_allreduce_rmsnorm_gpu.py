@@ -44,6 +44,9 @@ RMSNorm; only that path runs in GPU interpret mode (interpret mode has no semaph
 
 D that is not a multiple of 128 is zero-padded by the wrapper (zeros add nothing to Σh²; the mean
 divides by the true D) and the outputs are sliced back. Never uses NVLink multicast.
+
+The input limits, the grid, the padding, phase 2 by bulk copies and phase 4 are shared with the chained
+kernel through `fused_allreduce_rmsnorm_gpu_common.py`; this module holds the standalone protocol.
 """
 
 from __future__ import annotations
@@ -56,27 +59,11 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-KERNEL_NAME = "fused_allreduce_rmsnorm_gpu"
-DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32))
-MAX_D = 16384  # a row is kept in registers: D/128 fp32 values per thread
-SXM_SMS = 132  # SMs on an H100/H200 SXM: the grid bound when the mesh does not say
-_LANES = 128  # threads in a warpgroup
-_CHUNK = 1024  # columns per register chunk
+from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu_common import (KERNEL_NAME, add_rmsnorm_rows, chunks, communicating_grid,
+                                                                load, pad_lanes, push_rows_tma, stage_scratch,
+                                                                validate_gpu_inputs)
+
 PUSH_MODES = ("tma", "st")  # phase 2's protocols: production's first, the other for benchmarks/
-_STAGE_BYTES = 160 * 1024  # SMEM for push="tma"'s staged rows (227 KiB per SM)
-
-
-def validate_gpu_inputs(x_partial_TD, residual_TD, weight_D) -> None:
-  """What the GPU kernel supports beyond `validate_inputs`: bf16/fp32, 1 ≤ T, 1 ≤ D ≤ MAX_D."""
-  t, d = x_partial_TD.shape
-  if jnp.dtype(x_partial_TD.dtype) not in DTYPES:
-    raise ValueError(f"dtype {x_partial_TD.dtype} is not supported by {KERNEL_NAME}; use one of "
-                     f"{[str(dt) for dt in DTYPES]}")
-  if weight_D.dtype != x_partial_TD.dtype:
-    raise ValueError(f"weight dtype {weight_D.dtype} != activation dtype {x_partial_TD.dtype}")
-  if t < 1 or not 1 <= d <= MAX_D:
-    raise ValueError(f"shape (T={t}, D={d}) is not supported by {KERNEL_NAME}: need T ≥ 1 and "
-                     f"1 ≤ D ≤ {MAX_D} (a row is held in registers)")
 
 
 def check_gpu_runtime(devices) -> None:
@@ -102,43 +89,6 @@ def check_gpu_runtime(devices) -> None:
                        f"for {len(devices)} GPUs")
 
 
-def resident_ctas() -> int:
-  """CTAs that can all be resident at once (one per SM: SMEM use allows no more), so spin-waiting
-  CTAs never wait on one that is not scheduled: the SM count of the mesh's devices (`num_cores`,
-  e.g. 114 on an H100 PCIe), or SXM_SMS where it is not known (an abstract mesh without it)."""
-  cores = jax.sharding.get_abstract_mesh().abstract_device
-  cores = None if cores is None else cores.num_cores
-  return SXM_SMS if cores is None else int(cores)
-
-
-def communicating_grid(t: int) -> int:
-  """CTAs of a kernel whose CTAs spin-wait on peers: one per row up to `resident_ctas()`, so all
-  are resident."""
-  return min(t, resident_ctas())
-
-
-def pad_lanes(x_partial_TD, residual_TD, weight_D):
-  """Zero-pads D to a multiple of 128 (zeros add nothing to Σh²; the mean divides by the true D)."""
-  pad = -x_partial_TD.shape[1] % _LANES
-  if not pad:
-    return x_partial_TD, residual_TD, weight_D
-  x_partial_TD, residual_TD = (jnp.pad(a, ((0, 0), (0, pad))) for a in (x_partial_TD, residual_TD))
-  return x_partial_TD, residual_TD, jnp.pad(weight_D, (0, pad))
-
-
-def _chunks(d: int) -> tuple[tuple[int, int], ...]:
-  """(start, width) column chunks of a D that is a multiple of 128."""
-  width = next(c for c in (_CHUNK, 512, 256, _LANES) if d % c == 0)
-  return tuple((c0, width) for c0 in range(0, d, width))
-
-
-def _load(ref, itemsize: int):
-  """A 1-D GMEM slice into registers, 16-byte vectors per thread where the width allows."""
-  (width,) = ref.shape
-  vec = min(width // _LANES, 16 // itemsize)
-  return plgpu.load(ref, layout=plgpu.Layout.WG_STRIDED((width,), vec))
-
-
 def _peer_barrier(sem, me, n: int, axis: str) -> None:
   """Signal this CTA's `sem` on every peer and wait for theirs; `sem` ends at zero."""
   for k in range(1, n):
@@ -146,70 +96,20 @@ def _peer_barrier(sem, me, n: int, axis: str) -> None:
   pl.semaphore_wait(sem, n - 1)
 
 
-def _push_rows(x_ref, recv_ref, rows, me, n: int, axis: str, chunks) -> None:
+def _push_rows(x_ref, recv_ref, rows, me, n: int, axis: str, row_chunks) -> None:
   """Phase 2: my partial rows into slot `me` of every device's receive buffer (mine included)."""
   @rows
   def _(row):
-    xs = [_load(x_ref.at[row, pl.ds(c0, width)], x_ref.dtype.itemsize) for c0, width in chunks]
+    xs = [load(x_ref.at[row, pl.ds(c0, width)], x_ref.dtype.itemsize) for c0, width in row_chunks]
     for k in range(n):  # k = 0: my own slot
       dst = recv_ref if k == 0 else plgpu.remote_ref(recv_ref, {axis: lax.rem(me + k, n)})
-      for (c0, width), x in zip(chunks, xs):
+      for (c0, width), x in zip(row_chunks, xs):
         dst.at[me, row, pl.ds(c0, width)][...] = x
-
-
-def _push_rows_tma(x_ref, recv_ref, stage, bars, me, n: int, axis: str, t: int, grid: int, lead=()) -> None:
-  """Phase 2 by bulk copies: B = len(stage) of my rows at a time GMEM → SMEM (TMA), then SMEM →
-  slot `me` of every device's receive buffer (peers first, mine last), one elected thread.
-  `lead`: indices before (slot, row) in the receive buffer (the workspace's call parity)."""
-  slots, cta = stage.shape[0], lax.axis_index("cta")
-
-  @pl.loop(0, pl.cdiv(t, grid), step=slots)
-  def _(i0):
-    batch = [(s, cta + (i0 + s) * grid) for s in range(slots)]
-    for s, row in batch:
-      @pl.when(row < t)
-      def _():
-        plgpu.copy_gmem_to_smem(x_ref.at[row], stage.at[s], bars.at[s],
-                                oob_mode=plgpu.OOBFillMode.PROMISE_IN_BOUNDS)
-    for s, row in batch:
-      @pl.when(row < t)
-      def _():
-        plgpu.barrier_wait(bars.at[s])
-        for k in (*range(1, n), 0):
-          dst = recv_ref if k == 0 else plgpu.remote_ref(recv_ref, {axis: lax.rem(me + k, n)})
-          plgpu.copy_smem_to_gmem(stage.at[s], dst.at[(*lead, me, row)])
-    plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the slots may be refilled
-  plgpu.wait_smem_to_gmem(0)  # the writes are complete: phase 3 may signal
-
-
-def _add_rmsnorm_rows(slots, res_ref, w_ref, normed_ref, new_res_ref, rows, chunks, d_true, eps) -> None:
-  """Phase 4: h = residual + Σ_j slots[j] (fixed order, fp32) → new_residual, rmsnorm(h)·w → normed.
-  Every load of a row is issued before its first store (stores may alias loads for the compiler)."""
-  itemsize = res_ref.dtype.itemsize
-
-  @rows
-  def _(row):
-    hs = []
-    for c0, width in chunks:
-      cols = pl.ds(c0, width)
-      acc = _load(slots[0].at[row, cols], itemsize).astype(jnp.float32)
-      for slot in slots[1:]:
-        acc = acc + _load(slot.at[row, cols], itemsize).astype(jnp.float32)
-      hs.append(_load(res_ref.at[row, cols], itemsize).astype(jnp.float32) + acc)
-    ws = [_load(w_ref.at[pl.ds(c0, width)], itemsize) for c0, width in chunks]
-    sq = hs[0] * hs[0]
-    for h in hs[1:]:  # chunks share one layout: sum them elementwise, then one 128-thread reduction
-      sq = sq + h * h
-    inv_rms = lax.rsqrt(jnp.sum(sq) * (1.0 / d_true) + eps)
-    for (c0, width), h, w in zip(chunks, hs, ws):
-      cols = pl.ds(c0, width)
-      new_res_ref.at[row, cols][...] = h.astype(new_res_ref.dtype)
-      normed_ref.at[row, cols][...] = (h * inv_rms * w.astype(jnp.float32)).astype(normed_ref.dtype)
 
 
 def _kernel(x_ref, res_ref, w_ref, normed_ref, new_res_ref, *rest, n: int, axis: str | None, t: int,
             grid: int, d_true: int, eps: float, push: str, entry_barrier: bool):
-  chunks = _chunks(x_ref.shape[1])
+  row_chunks = chunks(x_ref.shape[1])
   rows = pl.loop(lax.axis_index("cta"), t, step=grid)
   if n == 1:
     slots = [x_ref]
@@ -219,12 +119,12 @@ def _kernel(x_ref, res_ref, w_ref, normed_ref, new_res_ref, *rest, n: int, axis:
     if entry_barrier:
       _peer_barrier(sems.at[1], me, n, axis)
     if push == "tma":
-      _push_rows_tma(x_ref, recv_ref, *stage_bars, me, n, axis, t, grid)
+      push_rows_tma(x_ref, recv_ref, *stage_bars, me, n, axis, t, grid)
     else:
-      _push_rows(x_ref, recv_ref, rows, me, n, axis, chunks)
+      _push_rows(x_ref, recv_ref, rows, me, n, axis, row_chunks)
     _peer_barrier(sems.at[0], me, n, axis)
     slots = [recv_ref.at[j] for j in range(n)]
-  _add_rmsnorm_rows(slots, res_ref, w_ref, normed_ref, new_res_ref, rows, chunks, d_true, eps)
+  add_rmsnorm_rows(slots, res_ref, w_ref, normed_ref, new_res_ref, rows, row_chunks, d_true, eps)
 
 
 def _scratch(n: int, t: int, d: int, grid: int, dtype, push: str, entry_barrier: bool) -> tuple:
@@ -232,13 +132,7 @@ def _scratch(n: int, t: int, d: int, grid: int, dtype, push: str, entry_barrier:
   if n == 1:
     return ()
   sems = (plgpu.SemaphoreType.REGULAR((2 if entry_barrier else 1,)),)
-  return sems if push == "st" else sems + _stage_scratch(t, d, grid, dtype)
-
-
-def _stage_scratch(t: int, d: int, grid: int, dtype) -> tuple:
-  """push="tma"'s SMEM: B row slots and their TMA barriers."""
-  slots = max(1, min(pl.cdiv(t, grid), _STAGE_BYTES // (d * dtype.itemsize)))
-  return plgpu.SMEM((slots, d), dtype), plgpu.Barrier(num_barriers=slots)
+  return sems if push == "st" else sems + stage_scratch(t, d, grid, dtype)
 
 
 def fused_allreduce_rmsnorm_gpu(x_partial_TD, residual_TD, weight_D, eps: float, *, axis_name: str | None,

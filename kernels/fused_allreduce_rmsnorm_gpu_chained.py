@@ -59,10 +59,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.mosaic.gpu import utils as mgpu_utils
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu import (_LANES, KERNEL_NAME, _add_rmsnorm_rows, _chunks,
-                                                        _push_rows_tma, _stage_scratch, communicating_grid,
-                                                        pad_lanes,
-                                                        validate_gpu_inputs)
+from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu_common import (KERNEL_NAME, LANES, add_rmsnorm_rows, chunks,
+                                                                communicating_grid, pad_lanes, push_rows_tma,
+                                                                stage_scratch, validate_gpu_inputs)
 
 CHAINED_KERNEL_NAME = f"{KERNEL_NAME}_chained"
 SYNC_KERNEL_NAME = f"{KERNEL_NAME}_sync"
@@ -90,7 +89,7 @@ class GpuWorkspace(NamedTuple):
 
 def _counters_size(grid: int, n: int) -> int:
   """flags [G, n] then epoch [G], int32, padded to whole 128-lane rows (one zeroing store each)."""
-  return pl.cdiv(grid * (n + 1), _LANES) * _LANES
+  return pl.cdiv(grid * (n + 1), LANES) * LANES
 
 
 def _i32(value: int) -> ir.Value:
@@ -139,9 +138,9 @@ def _sync_kernel(counters_ref, recv_ref, sem, *, n: int, axis: str):
   barrier before this kernel, and the exchange is waited for, so no write is left in flight.
   A peer's first chained call follows its wait here, which follows my zeroing (released)."""
   del recv_ref  # an output only: allocated here, written by the chain
-  zeros = jnp.zeros((_LANES,), jnp.int32)
-  for start in range(0, counters_ref.shape[0], _LANES):
-    counters_ref[pl.ds(start, _LANES)] = zeros
+  zeros = jnp.zeros((LANES,), jnp.int32)
+  for start in range(0, counters_ref.shape[0], LANES):
+    counters_ref[pl.ds(start, LANES)] = zeros
   me = lax.axis_index(axis)
   for k in range(1, n):
     pl.semaphore_signal(sem, 1, device_id={axis: lax.rem(me + k, n)})
@@ -155,7 +154,7 @@ def gpu_workspace(axis_name: str, rows: int, cols: int, dtype) -> GpuWorkspace:
   n = _check_mesh(axis_name)
   if rows < 1 or cols < 1:
     raise ValueError(f"workspace shape ({rows}, {cols}) must be positive")
-  dtype, padded, grid = jnp.dtype(dtype), cols + (-cols % _LANES), communicating_grid(rows)
+  dtype, padded, grid = jnp.dtype(dtype), cols + (-cols % LANES), communicating_grid(rows)
   body = functools.partial(_sync_kernel, n=n, axis=axis_name)
   body = functools.update_wrapper(body, _sync_kernel)
   body.__name__ = SYNC_KERNEL_NAME
@@ -187,11 +186,11 @@ def _kernel(x_ref, res_ref, w_ref, recv_ref, counters_ref, normed_ref, new_res_r
   epoch_at = grid * n + cta
   call = counters_ref[epoch_at] + 1
   parity = lax.rem(call, 2)
-  _push_rows_tma(x_ref, recv_ref, stage, bars, lax.axis_index(axis), n, axis, t, grid, lead=(parity,))
+  push_rows_tma(x_ref, recv_ref, stage, bars, lax.axis_index(axis), n, axis, t, grid, lead=(parity,))
   _exchange(n)(counters_ref.at[pl.ds(cta * n, n)], counters_ref.at[pl.ds(epoch_at, 1)])
   rows = pl.loop(cta, t, step=grid)
   slots = [recv_ref.at[parity, j] for j in range(n)]
-  _add_rmsnorm_rows(slots, res_ref, w_ref, normed_ref, new_res_ref, rows, _chunks(x_ref.shape[1]), d_true, eps)
+  add_rmsnorm_rows(slots, res_ref, w_ref, normed_ref, new_res_ref, rows, chunks(x_ref.shape[1]), d_true, eps)
   counters_ref[epoch_at] = call
 
 
@@ -220,7 +219,7 @@ def fused_allreduce_rmsnorm_gpu_chained(x_partial_TD, residual_TD, weight_D, eps
   body = functools.update_wrapper(body, _kernel)
   body.__name__ = CHAINED_KERNEL_NAME
   normed, new_residual = plgpu.kernel(
-      body, out_type=(out, out), scratch_types=_stage_scratch(t, padded, grid, jnp.dtype(out.dtype)),
+      body, out_type=(out, out), scratch_types=stage_scratch(t, padded, grid, jnp.dtype(out.dtype)),
       grid=(grid,), grid_names=("cta",),
       compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane, skip_device_barrier=True),
   )(x_partial_TD, residual_TD, weight_D, workspace.recv, workspace.counters)

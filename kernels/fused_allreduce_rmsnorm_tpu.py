@@ -16,7 +16,8 @@ sizes (T ≤ 256 rows of D = 7168) that is one to four blocks and the latency is
 Signals from a peer already in the next block can only arrive after every peer signalled this
 block (it passed this block's barrier), so counting semaphores keep the barrier exact.
 For large T, `algorithm="two_shot"` runs the reduce-scatter + all-gather form instead
-(`fused_allreduce_rmsnorm_tpu_two_shot.py`), which sends 3/n as many bytes.
+(`fused_allreduce_rmsnorm_tpu_two_shot.py`), which sends 3/n as many bytes. The barrier, the VMEM
+budget and the norm expression both forms use are in `fused_allreduce_rmsnorm_tpu_common.py`.
 """
 
 from __future__ import annotations
@@ -29,25 +30,19 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from jax_mtp.kernels.fused_allreduce_rmsnorm_tpu_common import VMEM_BUDGET, VMEM_LIMIT, barrier, rmsnorm
+from jax_mtp.kernels.fused_allreduce_rmsnorm_tpu_two_shot import fused_allreduce_rmsnorm_tpu_two_shot
+
 KERNEL_NAME = "fused_allreduce_rmsnorm_tpu"
 ALGORITHMS = ("one_shot", "two_shot")
 _COLLECTIVE_ID = 7  # kernels with the same communication pattern may share an id
-_VMEM_BUDGET = 24 * 2**20  # receive buffer + double-buffered in/out blocks
-_VMEM_LIMIT = 48 * 2**20  # scoped VMEM limit requested from Mosaic (v5e/v6e have 128 MiB)
 
 
 def block_rows(t: int, d: int, n: int, itemsize: int) -> int:
   """Rows per block: all of T when it fits the VMEM budget, else the largest multiple of 8 that does."""
   per_row = d * (n * itemsize + 2 * 3 * itemsize + 2 * 2 * itemsize)  # recv slots, 3 in, 2 out (x2 buffers)
-  fit = max(8, (_VMEM_BUDGET // per_row) // 8 * 8)
+  fit = max(8, (VMEM_BUDGET // per_row) // 8 * 8)
   return t if t <= fit else fit
-
-
-def _barrier(me, n: int, axis: str) -> None:
-  barrier = pltpu.get_barrier_semaphore()
-  for k in range(1, n):
-    pl.semaphore_signal(barrier, 1, device_id={axis: lax.rem(me + k, n)})
-  pl.semaphore_wait(barrier, n - 1)
 
 
 def _exchange(x_ref, recv_ref, send_sems, recv_sems, me, n: int, axis: str) -> None:
@@ -68,16 +63,11 @@ def _exchange(x_ref, recv_ref, send_sems, recv_sems, me, n: int, axis: str) -> N
                                  recv_sem=recv_sems.at[src], device_id={axis: src}).wait_recv()
 
 
-def _rmsnorm(h, w_ref, eps: float):
-  """rmsnorm(h)·weight in fp32, the one expression both algorithms use."""
-  return h * lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + eps) * w_ref[...].astype(jnp.float32)
-
-
 def _kernel(x_ref, res_ref, w_ref, normed_ref, new_res_ref, *scratch, n: int, axis: str | None, eps: float):
   if n > 1:
     recv_ref, send_sems, recv_sems = scratch
     me = lax.axis_index(axis)
-    _barrier(me, n, axis)
+    barrier(me, n, axis)
     _exchange(x_ref, recv_ref, send_sems, recv_sems, me, n, axis)
     acc = recv_ref[0].astype(jnp.float32)
     for j in range(1, n):
@@ -86,7 +76,7 @@ def _kernel(x_ref, res_ref, w_ref, normed_ref, new_res_ref, *scratch, n: int, ax
     acc = x_ref[...].astype(jnp.float32)
   h = res_ref[...].astype(jnp.float32) + acc
   new_res_ref[...] = h.astype(new_res_ref.dtype)
-  normed_ref[...] = _rmsnorm(h, w_ref, eps).astype(normed_ref.dtype)
+  normed_ref[...] = rmsnorm(h, w_ref, eps).astype(normed_ref.dtype)
 
 
 def fused_allreduce_rmsnorm_tpu(x_partial_TD, residual_TD, weight_D, eps: float, *, axis_name: str | None,
@@ -102,8 +92,6 @@ def fused_allreduce_rmsnorm_tpu(x_partial_TD, residual_TD, weight_D, eps: float,
   t, d = x_partial_TD.shape
   n = 1 if axis_name is None else lax.axis_size(axis_name)
   if algorithm == "two_shot" and n > 1:
-    # Imported here: the two-shot module builds on this one's barrier and norm.
-    from jax_mtp.kernels.fused_allreduce_rmsnorm_tpu_two_shot import fused_allreduce_rmsnorm_tpu_two_shot
     return fused_allreduce_rmsnorm_tpu_two_shot(x_partial_TD, residual_TD, weight_D, eps, axis_name=axis_name,
                                                 interpret=interpret)
   rows = block_rows(t, d, n, x_partial_TD.dtype.itemsize)
@@ -123,7 +111,7 @@ def fused_allreduce_rmsnorm_tpu(x_partial_TD, residual_TD, weight_D, eps: float,
       out_shape=(out_shape, out_shape),
       scratch_shapes=scratch,
       # "arbitrary": blocks run in order on one core; every device walks the blocks in lockstep.
-      compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary",), vmem_limit_bytes=_VMEM_LIMIT,
+      compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary",), vmem_limit_bytes=VMEM_LIMIT,
                                            **params),
       interpret=interpret,
       name=KERNEL_NAME,

@@ -35,7 +35,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from jax_mtp.kernels.fused_allreduce_rmsnorm_tpu import _VMEM_BUDGET, _VMEM_LIMIT, _barrier, _rmsnorm
+from jax_mtp.kernels.fused_allreduce_rmsnorm_tpu_common import VMEM_BUDGET, VMEM_LIMIT, barrier, rmsnorm
 
 KERNEL_NAME = "fused_allreduce_rmsnorm_tpu_two_shot"
 _COLLECTIVE_ID = 8  # its own barrier, apart from the one-shot's
@@ -51,7 +51,7 @@ def two_shot_rows(t: int, d: int, n: int, itemsize: int) -> int:
   offset, within the VMEM budget, and no larger than T (no block overhangs the whole array)."""
   unit = n * sublanes(itemsize)
   per_row = d * itemsize * (1 + 2 + 2 * 2 + 2 * 2)  # part, gath, 2 in + 2 out (double-buffered)
-  fit = max(unit, _VMEM_BUDGET // per_row // unit * unit)
+  fit = max(unit, VMEM_BUDGET // per_row // unit * unit)
   return max(unit, min(fit, t // unit * unit))
 
 
@@ -78,14 +78,14 @@ def _kernel(x_ref, res_ref, w_ref, normed_ref, new_res_ref, part_ref, gath_ref, 
   c = part_ref.shape[1]
   me = lax.axis_index(axis)
   chunk = lambda j: pl.ds(pl.multiple_of(j * c, c), c)  # noqa: E731
-  _barrier(me, n, axis)
+  barrier(me, n, axis)
   part_ref[me] = x_ref[chunk(me), :]
   _push_to_peers(lambda peer: x_ref.at[chunk(peer)], part_ref, send_sems, rs_sems, me, n, axis)
   acc = part_ref[0].astype(jnp.float32)
   for j in range(1, n):
     acc = acc + part_ref[j].astype(jnp.float32)
   h = res_ref[chunk(me), :].astype(jnp.float32) + acc
-  gath_ref[me, 0] = _rmsnorm(h, w_ref, eps).astype(gath_ref.dtype)
+  gath_ref[me, 0] = rmsnorm(h, w_ref, eps).astype(gath_ref.dtype)
   gath_ref[me, 1] = h.astype(gath_ref.dtype)
   _push_to_peers(lambda peer: gath_ref.at[me], gath_ref, send_sems, ag_sems, me, n, axis)
   for j in range(n):
@@ -115,7 +115,7 @@ def fused_allreduce_rmsnorm_tpu_two_shot(x_partial_TD, residual_TD, weight_D, ep
       scratch_shapes=[pltpu.VMEM((n, rows // n, d), dtype), pltpu.VMEM((n, 2, rows // n, d), dtype),
                       pltpu.SemaphoreType.DMA((n,)), pltpu.SemaphoreType.DMA((n,)), pltpu.SemaphoreType.DMA((n,))],
       # "arbitrary": blocks run in order on one core; every device walks the blocks in lockstep.
-      compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary",), vmem_limit_bytes=_VMEM_LIMIT,
+      compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary",), vmem_limit_bytes=VMEM_LIMIT,
                                            collective_id=_COLLECTIVE_ID, has_side_effects=True),
       interpret=interpret,
       name=KERNEL_NAME,

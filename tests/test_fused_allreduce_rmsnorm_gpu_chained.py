@@ -20,7 +20,7 @@ import jax_mtp
 from jax_mtp.drafter import MtpDrafter, Window
 from jax_mtp.sharding import SHARED_WITH_TARGET
 from jax_mtp.kernels.fused_allreduce_rmsnorm import fused_allreduce_rmsnorm, fused_allreduce_rmsnorm_reference
-from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu import KERNEL_NAME, SXM_SMS, communicating_grid, resident_ctas
+from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu_common import KERNEL_NAME, SXM_SMS, communicating_grid, resident_ctas
 from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu_chained import (CHAIN_MAX_ROWS, CHAIN_MIN_CALLS, CHAINED_KERNEL_NAME,
                                                                 SYNC_KERNEL_NAME, GpuWorkspace,
                                                                 fused_allreduce_rmsnorm_gpu_chained, gpu_workspace,

@@ -127,7 +127,7 @@ def test_two_shot_with_several_row_blocks_and_a_partial_last_block(tp, t, dtype)
 def test_two_shot_has_no_races(mode, repeat, monkeypatch):
   """Three row blocks (a small VMEM budget), so the next block's pushes would race the last one's
   reads if the waits were wrong (dropping the receive waits is detected; checked by hand)."""
-  monkeypatch.setattr(two_shot, "_VMEM_BUDGET", 32 * 256 * 4 * 11)  # 32 rows of D = 256 fp32
+  monkeypatch.setattr(two_shot, "VMEM_BUDGET", 32 * 256 * 4 * 11)  # 32 rows of D = 256 fp32
   assert two_shot.two_shot_rows(80, 256, 4, 4) == 32
   harness = _harness.__wrapped__(4, "pallas_tpu", mode, "two_shot")  # uncached: traced under the patch
   _check(4, 80, 256, jnp.float32, mode=mode, seed=repeat, harness=harness)
