@@ -110,7 +110,7 @@ def plan(cfg: MtpConfig, trees: Iterable[str] = (TARGET, MTP)) -> tuple[list[Par
   for name, tree, path, how in NAME_TABLE:
     for fields in _layer_fields(cfg, name):
       path_keys = tuple(path.format(**fields).split("/"))
-      leaf = _lookup(abstract[tree], path_keys)
+      leaf = leaf_at(abstract[tree], path_keys)
       if leaf is None:  # not in this config (dense vs MoE layer, no indexer, no shared expert)
         continue
       if how == CHECK:
@@ -134,7 +134,8 @@ def _layer_fields(cfg: MtpConfig, name: str) -> list[dict]:
   return [{}]
 
 
-def _lookup(tree: dict, keys: tuple[str, ...]):
+def leaf_at(tree: dict, keys: tuple[str, ...]):
+  """The leaf of a nested dict at `keys` (a param path), or None where the tree has no such path."""
   for key in keys:
     if not isinstance(tree, dict) or key not in tree:
       return None

@@ -22,7 +22,7 @@ import jax
 import ml_dtypes
 import numpy as np
 
-from jax_mtp.checkpoint_names import COPY, EXPERTS, LINEAR, MTP, TARGET, _lookup, plan
+from jax_mtp.checkpoint_names import COPY, EXPERTS, LINEAR, MTP, TARGET, leaf_at, plan
 from jax_mtp.config import MtpConfig
 
 ARCHITECTURES = {"deepseek_v3": "DeepseekV3ForCausalLM", "deepseek_v32": "DeepseekV32ForCausalLM",
@@ -62,7 +62,7 @@ def hf_tensors(cfg: MtpConfig, target_params: dict, mtp_params: dict, storage_dt
   dtype, trees, out = STORAGE_DTYPES[storage_dtype], {TARGET: target_params, MTP: mtp_params}, {}
   params, _ = plan(cfg)
   for p in params:
-    leaf = _lookup(trees[p.tree], p.path)
+    leaf = leaf_at(trees[p.tree], p.path)
     if leaf is None:
       raise ValueError(f"params lack {'/'.join(p.path)} ({p.tree}), which {p.sources[0]} needs")
     value = np.asarray(jax.device_get(leaf), np.float32)[tuple(slice(0, n) for n in p.shape)]  # vocab unpadded
