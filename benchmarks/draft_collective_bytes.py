@@ -1,7 +1,7 @@
 """Bytes exchanged per MTP draft step by the two draft paths, read from compiled HLO.
 
 For the full DeepSeek-V3.2 config (vocab 129280, D 7168) on a tp-device CPU mesh, AOT-lowers and
-compiles (a) the whole tensor-parallel draft step (`jax_mtp.parallel.ShardedMtp.compiled_step`) and
+compiles (a) the whole tensor-parallel draft step (`jax_mtp.ShardedMtp.compiled_step`) and
 (b) the head alone (h [T, D] bf16 replicated, lm_head [V, D] bf16 vocab-sharded → tokens or logits),
 for path "top_tokens" (Opt-2: local argmax + all-gather of (value, index) pairs) and path "logits"
 (all-gather of the fp32 logits), with abstract inputs only (`jax.ShapeDtypeStruct` + `NamedSharding`):
@@ -35,7 +35,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import jax_mtp  # noqa: E402
 from benchmarks.hlo_collectives import Collective, collectives, total_bytes  # noqa: E402
-from jax_mtp.parallel import ShardedMtp  # noqa: E402
+from jax_mtp import ShardedMtp  # noqa: E402
 from jax_mtp.sharding import SHARED_WITH_TARGET, make_mesh, named_shardings, padded_vocab, param_sharding, replicated  # noqa: E402
 
 PATHS = ("top_tokens", "logits")

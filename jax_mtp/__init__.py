@@ -20,7 +20,7 @@ from jax_mtp.generate import TargetDecoder
 from jax_mtp.metrics import SpecMetrics
 from jax_mtp.model import TargetModel, TargetOutput, init_target_caches, init_target_params
 from jax_mtp.mtp import MtpLayer, MtpOutput, MtpPredictor, init_caches, init_params, validate_inputs
-from jax_mtp.parallel import ShardedMtp
+from jax_mtp.draft_path import ShardedMtp
 from jax_mtp.sharding import make_mesh
 from jax_mtp.speculative import SpecParams, SpecResult, Speculator
 

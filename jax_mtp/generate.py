@@ -16,11 +16,12 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jax_mtp.config import MtpConfig
+from jax_mtp.kernels.fused_allreduce_rmsnorm import check_impl_runtime
 from jax_mtp.model import TargetModel
-from jax_mtp.parallel import check_impl_runtime, jit_per_shard
 from jax_mtp.request import (check_caches_fit, pack_prompts, required_capacity, stop_id_array, validate_positive,
                              validate_prompts)
-from jax_mtp.sharding import TP_AXIS, param_specs_for, replicated, shard_params, tensor_parallel, validate_tp
+from jax_mtp.sharding import (TP_AXIS, jit_per_shard, param_specs_for, replicated, shard_params, tensor_parallel,
+                              validate_tp)
 from jax_mtp.prefill import target_prefill
 
 

@@ -91,7 +91,7 @@ class MtpPredictor(nn.Module):
 
   Call it for one draft step; `compute_logits` (full vocab, fp32) and `get_top_tokens` (greedy
   draft ids) read the step's hidden. Both take `spec_step_idx` like vLLM's, for a per-layer head.
-  Under tp (inside `shard_map`, see jax_mtp.parallel) the embedding and head rows are split over
+  Under tp (inside `shard_map`, see jax_mtp.sharding.jit_per_shard) the embedding and head rows are split over
   the vocab: `get_top_tokens` reduces (value, index) pairs and never gathers the logits.
   """
 

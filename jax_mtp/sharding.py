@@ -1,7 +1,7 @@
 """Tensor parallelism: the one module that names mesh axes, and the partition spec of every weight.
 
 One mesh axis, `tp`. Per-shard math lives in the Flax modules (they read `TensorParallel` for their
-local sizes and the axis to reduce over); `jax_mtp.parallel` wraps them once in `shard_map`.
+local sizes and the axis to reduce over); `jit_per_shard` wraps a per-shard function once in `shard_map`.
 
 Layout and the collectives each choice costs, per MTP step of T tokens:
 
@@ -169,3 +169,14 @@ def shard_params(params, cfg: MtpConfig, mesh: Mesh):
   for name in SHARED_WITH_TARGET:
     params[name] = jax.numpy.pad(params[name], ((0, pad), (0, 0)))
   return place_params(params, mesh)
+
+
+def jit_per_shard(per_shard, mesh: Mesh, in_specs: tuple, *, donate_argnums: tuple[int, ...] = ()):
+  """`per_shard` under `shard_map` on `mesh`, jitted: argument i is placed by `in_specs[i]` (a spec
+  tree, or one spec for the whole argument), every output is replicated over tp. The one place a
+  program of the package is wrapped in `shard_map` (the speculator's prefill and round, plain
+  decoding's steps, `ShardedMtp`'s draft step)."""
+  rep = replicated()
+  sharded = jax.shard_map(per_shard, mesh=mesh, in_specs=in_specs, out_specs=rep, check_vma=False)
+  return jax.jit(sharded, in_shardings=named_shardings(mesh, in_specs), out_shardings=named_shardings(mesh, rep),
+                 donate_argnums=donate_argnums)

@@ -58,14 +58,15 @@ from jax.sharding import Mesh
 from jax_mtp.acceptance import accept_greedy, accept_sampled, sample
 from jax_mtp.config import MtpConfig
 from jax_mtp.drafter import MtpDrafter, Window
+from jax_mtp.kernels.fused_allreduce_rmsnorm import check_impl_runtime
 from jax_mtp.metrics import SpecMetrics
-from jax_mtp.model import TargetModel, init_target_params
+from jax_mtp.model import TargetModel
 from jax_mtp.mtp import MtpPredictor
-from jax_mtp.parallel import check_impl_runtime, jit_per_shard
 from jax_mtp.prefill import apply_in_chunks, prefill_plan, target_prefill
 from jax_mtp.request import (check_caches_fit, pack_prompts, required_capacity, stop_id_array, validate_positive,
                              validate_prompts, validate_temperature)
-from jax_mtp.sharding import TP_AXIS, param_specs, replicated, shard_params, tensor_parallel, validate_tp
+from jax_mtp.sharding import (TP_AXIS, jit_per_shard, param_specs, replicated, shard_params, tensor_parallel,
+                              validate_tp)
 
 
 class SpecParams(NamedTuple):
@@ -306,11 +307,6 @@ class Speculator:
     if temperature is None:
       return self.target.apply(t_vars, hidden_BTD, method=TargetModel.get_top_tokens)
     return sample(self.target.apply(t_vars, hidden_BTD, method=TargetModel.compute_logits), temperature, key)
-
-
-def target_param_specs(cfg: MtpConfig) -> dict:
-  abstract = jax.eval_shape(lambda key: init_target_params(cfg, key), jax.random.key(0))
-  return param_specs(abstract)
 
 
 def _finite_rows(hidden_BTD: jax.Array, keep_axis: bool = False) -> jax.Array:

@@ -44,6 +44,14 @@ def gpu_kernels():
   return standalone, chained
 
 
+def check_impl_runtime(impl: str, mesh) -> None:
+  """Fails before a model is built when a Pallas impl cannot run on the mesh's devices. An AbstractMesh
+  (lowering/export only) is not checked; "pallas_tpu" is not either, because TPU interpret mode
+  (`pltpu.force_tpu_interpret_mode`) runs it on CPU devices."""
+  if impl == "pallas_gpu" and isinstance(mesh, jax.sharding.Mesh):
+    gpu_kernels()[0].check_gpu_runtime(mesh.devices.flat)
+
+
 def workspace_for_chain(impl: str, axis_name: str | None, axis_size: int, calls: int, rows: int, cols: int, dtype):
   """The shared workspace of `calls` chained "pallas_gpu" calls (`fused_allreduce_rmsnorm_gpu_chained.
   workspace_for_chain`), None for every other impl (which then imports no GPU kernel)."""

@@ -26,7 +26,7 @@ import jax_mtp
 from jax_mtp.checkpoint import load_hf_checkpoint, load_mtp_only
 from jax_mtp.config import ConfigError
 from jax_mtp.orbax_io import is_orbax_checkpoint, restore_params, save_params
-from jax_mtp.parallel import ShardedMtp
+from jax_mtp import ShardedMtp
 from jax_mtp.safetensors_io import CheckpointError, SafetensorsCheckpoint, dequantize_block
 from jax_mtp.sharding import make_mesh, shard_params
 from tests.hf_checkpoint import dequantize, hf_config_dict, quantize, write_checkpoint

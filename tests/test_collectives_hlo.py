@@ -18,7 +18,7 @@ from jax.sharding import PartitionSpec as P
 import jax_mtp
 from benchmarks.hlo_collectives import Collective, collectives, total_bytes
 from jax_mtp.kernels.vocab_argmax import vocab_parallel_argmax
-from jax_mtp.parallel import ShardedMtp
+from jax_mtp import ShardedMtp
 from jax_mtp.sharding import TP_AXIS, make_mesh, padded_vocab
 
 VOCAB = 4096

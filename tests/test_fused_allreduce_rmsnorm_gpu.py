@@ -21,7 +21,7 @@ import jax_mtp
 from jax_mtp.kernels.fused_allreduce_rmsnorm import fused_allreduce_rmsnorm
 from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu import PUSH_MODES, _with_protocol, fused_allreduce_rmsnorm_gpu
 from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu_common import KERNEL_NAME, MAX_D
-from jax_mtp.parallel import ShardedMtp
+from jax_mtp import ShardedMtp
 from jax_mtp.sharding import make_mesh
 from tests.test_kernel_lowering import _abstract_args
 from tests.tolerances import assert_close

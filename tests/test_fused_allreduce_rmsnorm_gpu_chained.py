@@ -26,9 +26,7 @@ from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu_chained import (CHAIN_MAX_ROWS,
                                                                 fused_allreduce_rmsnorm_gpu_chained, gpu_workspace,
                                                                 workspace_copies)
 from jax_mtp.model import TargetModel, init_target_caches, init_target_params
-from jax_mtp.parallel import jit_per_shard
-from jax_mtp.sharding import make_mesh, replicated, tensor_parallel
-from jax_mtp.speculative import target_param_specs
+from jax_mtp.sharding import jit_per_shard, make_mesh, param_specs, replicated, tensor_parallel
 from tests.tolerances import assert_close
 
 EPS = 1e-6
@@ -242,7 +240,6 @@ def test_draft_steps_chain_from_chain_min_steps(k, chained):
   cfg, tp, batch, capacity = jax_mtp.tiny(), 2, 2, 16
   mesh = AbstractMesh((tp,), ("tp",), axis_types=(AxisType.Auto,), abstract_device=H200)
   drafter = MtpDrafter(cfg, tensor_parallel(tp), "pallas_gpu")
-  shared = {name: spec for name, spec in target_param_specs(cfg).items() if name in SHARED_WITH_TARGET}
 
   def per_shard(own, target_shared, window, caches):
     return drafter.propose(drafter.variables(own, target_shared), window, caches, k)
@@ -253,10 +250,10 @@ def test_draft_steps_chain_from_chain_min_steps(k, chained):
                   jax.ShapeDtypeStruct((batch,), jnp.int32), jax.ShapeDtypeStruct((batch,), jnp.int32))
   params = jax.eval_shape(lambda key: jax_mtp.init_params(cfg, key), jax.random.key(0))
   own = {name: value for name, value in params.items() if name not in SHARED_WITH_TARGET}
-  target_shared = {name: params[name] for name in SHARED_WITH_TARGET}
+  target_shared = {name: params[name] for name in SHARED_WITH_TARGET}  # the target's arrays, by the same names
   caches = jax.eval_shape(lambda: drafter.init_caches(batch, capacity))
   with jax.sharding.use_abstract_mesh(mesh):
-    fn = jit_per_shard(per_shard, mesh, (drafter.param_specs(), shared, replicated(), replicated()))
+    fn = jit_per_shard(per_shard, mesh, (drafter.param_specs(), param_specs(target_shared), replicated(), replicated()))
     module = jax.export.export(fn, platforms=["cuda"])(own, target_shared, window, caches).mlir_module()
   # the catch-up (T = B·W) always runs the standalone kernel; the scanned step the chained or standalone one
   want = [KERNEL_NAME, SYNC_KERNEL_NAME, CHAINED_KERNEL_NAME] if chained else [KERNEL_NAME, KERNEL_NAME]
@@ -290,7 +287,7 @@ def test_target_fuses_every_layer_boundary(layers, batch, tokens, chained):
     caches = jax.eval_shape(lambda: init_target_caches(cfg, batch, tokens + 1))
     ids = jax.ShapeDtypeStruct((batch, tokens), jnp.int32)
     with jax.sharding.use_abstract_mesh(mesh):
-      fn = jit_per_shard(per_shard, mesh, (target_param_specs(cfg), replicated(), replicated(), replicated()))
+      fn = jit_per_shard(per_shard, mesh, (param_specs(params), replicated(), replicated(), replicated()))
       modules[impl] = jax.export.export(fn, platforms=["cuda"])(params, ids, ids, caches).mlir_module()
   want = [SYNC_KERNEL_NAME] + [CHAINED_KERNEL_NAME] * layers if chained else [KERNEL_NAME] * layers
   assert _mosaic_kinds(modules["pallas_gpu"]) == sorted(want)

@@ -20,7 +20,7 @@ import jax_mtp
 from jax_mtp.kernels import fused_allreduce_rmsnorm_tpu_two_shot as two_shot
 from jax_mtp.kernels.fused_allreduce_rmsnorm import choose_tpu_algorithm, fused_allreduce_rmsnorm
 from jax_mtp.kernels.fused_allreduce_rmsnorm_tpu import KERNEL_NAME, block_rows, fused_allreduce_rmsnorm_tpu
-from jax_mtp.parallel import ShardedMtp
+from jax_mtp import ShardedMtp
 from jax_mtp.sharding import make_mesh
 from tests.tolerances import assert_close
 

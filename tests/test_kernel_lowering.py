@@ -13,7 +13,7 @@ from jax.sharding import PartitionSpec as P
 
 import jax_mtp
 from jax_mtp.kernels.fused_allreduce_rmsnorm_tpu import KERNEL_NAME
-from jax_mtp.parallel import ShardedMtp
+from jax_mtp import ShardedMtp
 from jax_mtp.sharding import param_specs
 
 

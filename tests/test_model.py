@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 import jax_mtp
-from jax_mtp.parallel import jit_per_shard
-from jax_mtp.sharding import make_mesh, param_specs, replicated, shard_params, tensor_parallel
+from jax_mtp.sharding import jit_per_shard, make_mesh, param_specs, replicated, shard_params, tensor_parallel
 from tests.tolerances import assert_close
 
 B, T, CAPACITY = 2, 12, 16  # capacity > tiny index_topk (4): the DSA indexer runs in every layer

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import jax_mtp
-from jax_mtp.parallel import ShardedMtp
+from jax_mtp import ShardedMtp
 from jax_mtp.sharding import make_mesh, param_spec, validate_tp
 from tests.tolerances import assert_close
 

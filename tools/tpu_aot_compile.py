@@ -39,7 +39,7 @@ from jax_mtp.experts import resolve_expert_impl  # noqa: E402
 from jax_mtp.kernels.fused_allreduce_rmsnorm_tpu import KERNEL_NAME  # noqa: E402
 from jax_mtp.sharding import SHARED_WITH_TARGET  # noqa: E402
 from jax_mtp.model import init_target_params  # noqa: E402
-from jax_mtp.parallel import ShardedMtp  # noqa: E402
+from jax_mtp import ShardedMtp  # noqa: E402
 from jax_mtp.sharding import make_mesh, named_shardings, padded_vocab, param_specs, replicated  # noqa: E402
 from jax_mtp.speculative import Speculator  # noqa: E402
 
