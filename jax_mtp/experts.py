@@ -35,12 +35,11 @@ from jax_mtp.config import MOE_IMPLS as EXPERT_IMPLS
 _HIGHEST = jax.lax.Precision.HIGHEST
 
 
-# Gathered expert weights (T·K copies) up to which gathering also pays above E/4 assignments: the
-# embedded default (E = 8, K = 2, D = 256, F = 128, fp32; 0.4 MB an expert) runs a target forward on
-# CPU in 2.5 / 4.1 / 6.4 ms at T = 1 / 2 / 4 with gather vs 4.7 / 6.3 / 9.1 with ragged_dot; at
-# T = 5 / 6 / 8 two runs disagree by more than the difference (±20% noise on this 2-core box), and
-# speculative decoding at k = 4, 5 (verification T = 5, 6) ran 1.4× faster with gather
-# (benchmarks/RESULTS.md, "The embedded default"). ragged_dot wins from T = 32 (17.5 vs 26.8 ms).
+# Gathered expert weights (T·K copies) up to which gathering also pays above E/4 assignments: with small
+# experts (the embedded default: E = 8, K = 2, D = 256, F = 128, fp32; 0.4 MB an expert) a CPU target
+# forward gathers faster than ragged_dot at decode and verification sizes (T ≤ 6 for k ≤ 5), and
+# ragged_dot wins by T = 32 (benchmarks/RESULTS.md, "The embedded default: training on one H200,
+# speculative vs plain decoding on the H200 and on CPU").
 GATHER_BYTES = 2**23
 
 
@@ -54,8 +53,8 @@ def uses_gathered_experts(tokens: int, experts_per_token: int, num_experts: int,
 
 def tokamax_gpu_takes(w_gate_EDF) -> bool:
   """Whether tokamax's Mosaic-GPU kernel takes these expert weights: 16-bit (it rejects fp32
-  precision), and output dims D and F each < 64 or a multiple of 64 (its output tiling; seen on an
-  H200 with tokamax 0.0.17: F = 96 fails to lower, 32, 128, 256, 2048 run)."""
+  precision), and output dims D and F each < 64 or a multiple of 64 (its output tiling: tokamax 0.0.17
+  fails to lower F = 96)."""
   _, d, f = w_gate_EDF.shape
   return jnp.dtype(w_gate_EDF.dtype).itemsize == 2 and all(n < 64 or n % 64 == 0 for n in (d, f))
 
@@ -73,9 +72,11 @@ def resolve_expert_impl(impl: str, platform: str, tokens: int, experts_per_token
 
   `w_gate_EDF`: the local gate weights, or anything with their .shape and .dtype. An explicit impl
   runs as asked (it may target another platform than this process's default, as an AOT compile
-  for TPU from a CPU host does). "auto" (measured on one H200, benchmarks/RESULTS.md "Routed experts"):
-    gpu  tokamax_gpu at every T where the kernel takes the weights (`tokamax_gpu_takes`): faster
-         than gather already at T = 1, 3-11× ragged_dot above it; other weights as on cpu
+  for TPU from a CPU host does). "auto" (why: benchmarks/RESULTS.md, "Routed experts through tokamax's
+  grouped matmul on one H200"):
+    gpu  tokamax_gpu at every T where the kernel takes the weights (`tokamax_gpu_takes`): it reads the
+         picked experts once, where gather reads them twice and CUDA's ragged_dot all E; other
+         weights as on cpu
     tpu  tokamax_tpu at every T where it takes the weights (`tokamax_tpu_takes`), else as on cpu
          (AOT-compiled for v5e and v5p, tools/tpu_aot_compile.py; not timed on a TPU)
     cpu  gather at decode sizes (`uses_gathered_experts`: T·K ≤ E/4, or ≤ 2E small experts within
@@ -232,7 +233,8 @@ def _lax_grouped_matmul(lhs_AX, w_EXY, group_sizes_E):
 
 # tokamax's Mosaic-GPU block config, (block_m, block_n, block_k, num_stages): its sm90 default has
 # block_n = 64; 128 output columns per CTA halve the tiles a decode-size group is split into and
-# read each expert in longer runs (one H200, `python -m benchmarks.moe_experts --sweep`, RESULTS.md).
+# read each expert in longer runs (the block-config sweep: benchmarks/RESULTS.md, "Routed experts
+# through tokamax's grouped matmul on one H200").
 TOKAMAX_GPU_BLOCKS = (64, 128, 128, 4)
 
 

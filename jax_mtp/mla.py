@@ -170,11 +170,11 @@ class MLAttention(nn.Module):
 def resolve_sparse_attention_impl(cfg: MtpConfig, platform: str, local_heads: int) -> str:
   """"xla" or "pallas_gpu" (kernels/sparse_mla.py) for `cfg.sparse_attention_impl`.
 
-  "auto": the kernel on GPUs wherever it takes the model — measured on one H200 at V3.2's widths 1.6–2.1×
-  faster than XLA's form at B = 1, 8, 64 and T = 1, 4 (benchmarks/RESULTS.md), the V3.2 draft step 262–292 µs
-  faster at B = 64 —, xla elsewhere (no TPU kernel: Mosaic TPU has no row gather from HBM by data-dependent
-  ids in a block). An explicit "pallas_gpu" runs as asked — on a CPU in Pallas' interpret mode (tests), on
-  CUDA through Triton — unless it cannot take the model (`_sparse_kernel_problems`): then a ValueError names why."""
+  "auto": the kernel on GPUs wherever it takes the model (it keeps the gathered entries and the scores out of
+  HBM; why: benchmarks/RESULTS.md, "The sparse MLA in one Pallas pass"), xla elsewhere (no TPU kernel: Mosaic
+  TPU has no row gather from HBM by data-dependent ids in a block). An explicit "pallas_gpu" runs as asked —
+  on a CPU in Pallas' interpret mode (tests), on CUDA through Triton — unless it cannot take the model
+  (`_sparse_kernel_problems`): then a ValueError names why."""
   impl = cfg.sparse_attention_impl
   if impl == "xla":
     return "xla"
@@ -187,9 +187,9 @@ def resolve_sparse_attention_impl(cfg: MtpConfig, platform: str, local_heads: in
 
 
 def sparse_mla_config(local_heads: int, topk: int) -> dict:
-  """The kernel's launch config for this model: the fastest of a 36-config sweep at V3.2's widths, B = 64,
-  on one H200 (32 heads × 64 entries a program, 4 warps, 3 stages: 204 µs; 8 warps or 128 entries
-  slower or over shared memory; benchmarks/RESULTS.md), narrowed to what divides the model's heads and top-k."""
+  """The kernel's launch config for this model: 32 heads × 64 entries a program, 4 warps, 3 stages — the
+  fastest of the launch-config sweep at V3.2's widths (benchmarks/RESULTS.md, "The sparse MLA in one Pallas
+  pass") — narrowed to what divides the model's heads and top-k."""
   return dict(block_heads=32 if local_heads % 32 == 0 else 16,
               block_entries=next(e for e in (64, 32, 16) if topk % e == 0), num_warps=4, num_stages=3)
 
@@ -230,8 +230,9 @@ def sparse_latent_attention(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, selecti
   c = latent_BSC.shape[-1]
   # One gathered [latent; k_pe] entry per selected slot, and one query [q~; q_pe]: the two score terms are
   # one dot (no second [B, N, T, K] fp32 score array to add), and the output dot reads the same entries
-  # whole, its k_pe columns dropped from the output (the operand is not sliced). On an H200 the V3.2 step
-  # ran no measurably faster or slower for it (benchmarks/RESULTS.md, 10:11 run).
+  # whole, its k_pe columns dropped from the output (the operand is not sliced). The V3.2
+  # step's time did not measurably change for it (benchmarks/RESULTS.md, "After a change to the sparse
+  # attention").
   entries_BTKX = jnp.concatenate([_gather_selected(latent_BSC, selection.slots_BTK).astype(dot_dtype),
                                   _gather_selected(k_pe_BSR, selection.slots_BTK).astype(dot_dtype)], axis=-1)
   q_BTNX = jnp.concatenate([q_lat_BTNC.astype(dot_dtype), q_pe_BTNR.astype(dot_dtype)], axis=-1)
@@ -252,8 +253,9 @@ def dot_inputs(dtype) -> tuple[jnp.dtype, jax.lax.Precision]:
 
 def _heads_from_latent(o_lat_BTNC: jax.Array, w_uv_CNH: jax.Array, dot_dtype=jnp.float32) -> jax.Array:
   """o_h = W_UV_h · (the attention-weighted latent), fp32 [B, T, N, H]; the dot's inputs in `dot_dtype`
-  (bf16 in a bf16 model, as FlashMLA's bf16 output enters vLLM's W_UV product; in fp32 it was most likely
-  the 38 µs fp32 SIMT GEMM of the V3.2 step's profile at B = 64 on an H200, benchmarks/RESULTS.md)."""
+  (bf16 in a bf16 model, as FlashMLA's bf16 output enters vLLM's W_UV product; with fp32 inputs it most
+  likely was the fp32 SIMT GEMM in the V3.2 step's profile: benchmarks/RESULTS.md, "Where the FP8 draft
+  step's time goes")."""
   dot_dtype, precision = dot_inputs(dot_dtype)
   return jnp.einsum("btnc,cnh->btnh", o_lat_BTNC.astype(dot_dtype), w_uv_CNH.astype(dot_dtype), precision=precision,
                     preferred_element_type=jnp.float32)

@@ -8,10 +8,11 @@ where the rows a of `x` are sorted by expert and group e holds `group_sizes[e]` 
 (the contract of `jax_mtp.experts.grouped_experts`, as tokamax's and lax's ragged_dot have it); rows
 past Σ group_sizes are left unwritten. fp32 out.
 
-Why a kernel of ours (benchmarks/RESULTS.md "FP8 weights"): XLA dequantises every local expert to
-bf16 before tokamax's bf16 grouped matmul (3.3× the bf16 step at B = 64 on an H200), and tokamax's
-own quantized ragged_dot takes only fp16 activations and ran 0.01–0.29 of the FP8 floor (a probe
-on an H200 before this kernel, tokamax 0.0.17: 1.7× slower than its bf16 kernel at B = 256, 15× at B = 1).
+Why a kernel of ours: without it XLA dequantises every local expert to a bf16 copy in HBM before
+tokamax's bf16 grouped matmul, which makes the FP8 step slower than the bf16 one, and tokamax's own
+quantized ragged_dot (0.0.17) takes only fp16 activations and runs far below the FP8 bytes floor
+(benchmarks/RESULTS.md, "FP8 weights kept on the device vs the same weights in bf16", and
+"Measurements moved from docstrings (issue 30)").
 
 Layout. Pallas' Triton backend computes a ref's element offsets in int32 below 2^32 bytes, so a
 [256, 7168, 2048] code array (3.8e9 codes, DeepSeek-V3.2's experts on one device) wraps past 2^31
@@ -44,10 +45,11 @@ BLOCK = 128  # DeepSeek's FP8 block: 128 × 128 codes share one scale
 WORD = 4  # codes per uint32 word
 ROW_TILE = 16  # rows per tensor-core product of a group (Triton's dot needs M ≥ 16)
 MAX_ROW_TILE = 64  # one group (a dense linear): up to this many rows a product, so the codes are read once
-# Programs that keep an H200's 132 SMs streaming: at decode sizes few experts are picked (8 at B = 1),
-# and 8 × 16 column blocks of 7168-deep codes ran at 0.24 of the floor (benchmarks/RESULTS.md), so
-# the K loop is split until about this many programs have work.
-BUSY_PROGRAMS = 256  # 512 (split 4 at B = 1) ran no faster than 2 on an H200 (12-02 05:58 run)
+# Programs that keep a Hopper GPU's 132 SMs streaming: at decode sizes few experts are picked (8 at B = 1),
+# and their 8 × 16 column blocks of 7168-deep codes leave the K loop latency-bound, so it is split until
+# about this many programs have work (why 256 and not 512: benchmarks/RESULTS.md, "FP8 straight from the
+# codes", the K-split sweep).
+BUSY_PROGRAMS = 256
 
 
 def reference(x_AK, codes_EKN, scale_EkN, group_sizes_E) -> jax.Array:
@@ -117,10 +119,9 @@ BYTES_MIN_ROWS = 32  # one group of at least this many rows takes the "bytes" la
 
 def layout_for(experts: int, k: int, n: int, rows: int) -> str:
   """"bytes" for one group (a dense linear) of ≥ BYTES_MIN_ROWS rows whose codes Triton's int32 offsets
-  reach as bytes: a program multiplies whole 128 × 128 code tiles; "words" otherwise (the experts, and
-  few rows). Measured on one H200 (benchmarks/RESULTS.md, dense FP8 linears): at 64 rows bytes ran
-  o_proj in 72 µs against words' 97 and q_b_proj in 35 against 44; at 8 rows words was as fast or
-  faster (o_proj 48 against 64)."""
+  reach as bytes: a program multiplies whole 128 × 128 code tiles, which pays once the rows fill the
+  product; "words" otherwise (the experts, and few rows, where the words' split K loop was as fast or
+  faster). Why: benchmarks/RESULTS.md, "The dense FP8 linears: whole 128 × 128 tiles"."""
   return "bytes" if can_take_bytes(experts, k, n) and rows >= BYTES_MIN_ROWS else "words"
 
 

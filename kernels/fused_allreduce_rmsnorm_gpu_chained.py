@@ -1,12 +1,12 @@
 """Opt-1 on Hopper without XLA's per-kernel device barrier: a persistent workspace for a chain of
 fused all-reduce + residual + RMSNorm calls inside one jitted program (the k draft steps of a round).
 
-Why: jaxlib runs XLA's multi-GPU barrier before every Mosaic kernel that talks to peers (7–10 µs on
-2×H200, more than the whole kernel at T = 1; benchmarks/RESULTS.md). The barrier is what makes the
-default protocol safe: every call gets fresh, zero-initialised semaphores and receive buffers, and
-no peer can write into them before their owner got there. A chain can skip it
-(`CompilerParams(skip_device_barrier=True)`) if the memory peers write into is initialised once
-and the protocol itself keeps peers from overwriting what is still being read:
+Why: jaxlib runs XLA's multi-GPU barrier before every Mosaic kernel that talks to peers, and at decode
+sizes it costs about as much as the kernel itself (benchmarks/RESULTS.md, "Opt-1 on two H200s, this
+session"). The barrier is what makes the default protocol safe: every call gets fresh, zero-initialised
+semaphores and receive buffers, and no peer can write into them before their owner got there. A chain
+can skip it (`CompilerParams(skip_device_barrier=True)`) if the memory peers write into is initialised
+once and the protocol itself keeps peers from overwriting what is still being read:
 
     ws = gpu_workspace(axis, T, D, dtype)      # one sync kernel, behind XLA's barrier
     normed, h = fused_allreduce_rmsnorm_gpu_chained(x, r, w, eps, axis_name=axis, workspace=ws)
@@ -68,9 +68,8 @@ SYNC_KERNEL_NAME = f"{KERNEL_NAME}_sync"
 
 
 # Same-shape calls in a program from which chaining them pays: a chain costs a sync kernel and one
-# XLA barrier up front, then saves that barrier on every call. On 2×H200 (benchmarks/RESULTS.md,
-# µs per call at T = 1 / 8): m = 2 calls: 13.0 / 15.1 chained vs 14.3 / 14.5 standalone; m = 3:
-# 9.2 / 10.4 vs 12.2 / 13.3.
+# XLA barrier up front, then saves that barrier on every call; two calls do not repay it, three do
+# (benchmarks/RESULTS.md, "Opt-1 on two H200s, this session", the short chains).
 CHAIN_MIN_CALLS = 3
 # Rows up to which calls are chained: decode and verification sizes. The workspace holds 2·n·T·D
 # activations for the whole program (a standalone call's n·T·D receive buffer lives for the call).

@@ -5,14 +5,14 @@ scored, soft-maxed online and summed in registers — the gathered [B, T, K, C +
     s[h, k]  = scale · (q~[h] · latent[slot_k] + q_pe[h] · k_pe[slot_k])     (slot_k valid, else −∞)
     out[h]   = Σ_k softmax_k(s[h]) · latent[slot_k]                          fp32 [B, T, N, C]
 
-Why a kernel of ours (benchmarks/RESULTS.md, "Where the FP8 draft step's time goes"): XLA runs this as
-a gather that writes the selected entries to HBM (99 µs at B = 64 on an H200 for V3.2), a score GEMM,
-a max / sum / convert chain over the fp32 scores and an output GEMM: ~400 µs against ~40 µs for
-reading the 151 MB of selected entries once. FlashMLA's sparse decode kernel (vLLM's) does this pass
-on NVIDIA; JAX has none, so this is it in Pallas. Measured on one H200 at V3.2's widths: 1.6–2.1× XLA's
-form (B = 64, T = 1: 204–244 µs against 435), but at ~0.2 of its floor — `mma.sync` over 32-head blocks,
-~180 TFLOP/s; a 64-head block spills its [64, 512] fp32 accumulator with 4 warps. A Mosaic GPU kernel
-with wgmma and the output split over two warpgroups (FlashMLA's layout) is what would close the gap.
+Why a kernel of ours: XLA runs this as a gather that writes the selected entries to HBM, a score GEMM,
+a max / sum / convert chain over the fp32 scores and an output GEMM, each a pass through HBM, where the
+floor is one read of the selected entries (benchmarks/RESULTS.md, "Where the FP8 draft step's time
+goes"). FlashMLA's sparse decode kernel (vLLM's) does this pass on NVIDIA; JAX has none, so this is it
+in Pallas. It beats XLA's form at every measured size but stays well short of its floor (RESULTS.md,
+"The sparse MLA in one Pallas pass"): `mma.sync` over 32-head blocks is compute-bound, and a 64-head
+block spills its [64, 512] fp32 accumulator with 4 warps. A Mosaic GPU kernel with wgmma and the output
+split over two warpgroups (FlashMLA's layout) is what would close the gap.
 
 Grid (N / block_heads head blocks, splits, B·T queries), head blocks fastest. A program keeps its heads'
 [q~; q_pe] and an fp32 [block_heads, C] accumulator in registers, and walks its split's share of the
