@@ -17,16 +17,20 @@ map_source_kernels()  # before any module imports jax_mtp.kernels
 from jax_mtp.cache import LayerCache, init_layer_cache  # noqa: E402
 from jax_mtp.config import ConfigError, MtpConfig, RopeConfig, deepseek_v32, from_hf_config, glm5, tiny
 from jax_mtp.generate import TargetDecoder
+from jax_mtp.loader import DEFAULT_MODEL, Loaded, load
 from jax_mtp.metrics import SpecMetrics
 from jax_mtp.model import TargetModel, TargetOutput, init_target_caches, init_target_params
+from jax_mtp.moe import EXPERT_LOAD
 from jax_mtp.mtp import MtpLayer, MtpOutput, MtpPredictor, init_caches, init_params, validate_inputs
 from jax_mtp.draft_path import ShardedMtp
 from jax_mtp.sharding import make_mesh
 from jax_mtp.speculative import SpecParams, SpecResult, Speculator
+from jax_mtp.tokenizer import TextCodec
 
 __all__ = [
-    "ConfigError", "LayerCache", "MtpConfig", "MtpLayer", "MtpOutput", "MtpPredictor", "RopeConfig", "ShardedMtp",
-    "SpecMetrics", "SpecParams", "SpecResult", "Speculator", "TargetDecoder", "TargetModel", "TargetOutput",
-    "deepseek_v32", "from_hf_config", "glm5", "init_caches", "init_layer_cache", "init_params",
-    "init_target_caches", "init_target_params", "make_mesh", "tiny", "validate_inputs",
+    "DEFAULT_MODEL", "EXPERT_LOAD", "ConfigError", "LayerCache", "Loaded", "MtpConfig", "MtpLayer", "MtpOutput",
+    "MtpPredictor", "RopeConfig", "ShardedMtp", "SpecMetrics", "SpecParams", "SpecResult", "Speculator",
+    "TargetDecoder", "TargetModel", "TargetOutput", "TextCodec", "deepseek_v32", "from_hf_config", "glm5",
+    "init_caches", "init_layer_cache", "init_params", "init_target_caches", "init_target_params", "load",
+    "make_mesh", "tiny", "validate_inputs",
 ]

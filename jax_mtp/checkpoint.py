@@ -5,7 +5,8 @@ jax_mtp.checkpoint_names.
     cfg, mtp_params = load_mtp_only("DeepSeek-V3.2/")          # the drafter: MTP layers + embed/head
 
 FP8 weights (`F8_E4M3` + `weight_scale_inv`) are dequantised exactly (jax_mtp.safetensors_io), or kept
-as codes + block scales (`fp8_weights=True`, jax_mtp.fp8).
+as codes + block scales (`fp8_weights=True`, jax_mtp.fp8). Which a run takes, and where its checkpoint
+comes from (a directory, a Hugging Face repo, orbax), is jax_mtp.loader's to decide.
 
 Strict: every missing, unexpected, wrong-shape or wrong-dtype tensor is gathered into ONE
 `CheckpointError`. With a mesh, each param is built with `jax.make_array_from_callback`: each
@@ -64,22 +65,27 @@ class Opened(NamedTuple):
   params: list[Param]
   checks: list[tuple[str, str]]
   mesh: Mesh | None
+  fp8_stored: bool  # config.json declares DeepSeek's FP8 quantization (its weights may be kept as stored)
 
 
 def open_hf_checkpoint(path: str | os.PathLike, *, cfg: MtpConfig | None = None, mesh: Mesh | None = None,
-                       dtype: str | None = None) -> Opened:
+                       dtype: str | None = None, mtp_only: bool = False) -> Opened:
   """Reads a checkpoint's config and headers and checks every tensor (one CheckpointError); reads no
-  weight. The arguments are `load_hf_checkpoint`'s."""
-  cfg, ckpt = _open(path, cfg, dtype, mesh)
+  weight. The arguments are `load_hf_checkpoint`'s; `mtp_only`: the drafter's tensors alone (`load_mtp_only`)."""
+  cfg, ckpt, fp8_stored = _open(path, cfg, dtype, mesh)
   params, checks = plan(cfg)
-  check_tensors(ckpt, cfg, params, checks)
-  return Opened(cfg, ckpt, params, checks, mesh)
+  if mtp_only:
+    params = [p for p in params if p.tree == MTP or p.path[-1] in SHARED_WITH_TARGET]
+  ignored = (lambda name: not drafter_reads(cfg, name)) if mtp_only else (lambda name: False)
+  check_tensors(ckpt, cfg, params, checks, ignored)
+  return Opened(cfg, ckpt, params, checks, mesh, fp8_stored)
 
 
 def load_opened(opened: Opened, *, progress: bool | None = None,
                 fp8_weights: bool = False) -> tuple[MtpConfig, dict, dict]:
-  """`load_hf_checkpoint` of a checkpoint `open_hf_checkpoint` opened."""
-  cfg, ckpt, params, checks, mesh = opened
+  """`load_hf_checkpoint` of a checkpoint `open_hf_checkpoint` opened (with `mtp_only`, the target tree
+  holds the embedding and head alone)."""
+  cfg, ckpt, params, checks, mesh, _ = opened
   _check_copies(ckpt, checks)
   trees = _build(ckpt, cfg, keep_fp8(ckpt, params) if fp8_weights else params, mesh, progress)
   trees[MTP].update({name: trees[TARGET][name] for name in SHARED_WITH_TARGET})
@@ -92,19 +98,19 @@ def load_mtp_only(path: str | os.PathLike, *, cfg: MtpConfig | None = None, mesh
   """The drafter alone: the MTP layers plus the target's `embed_tokens` / `lm_head` (an
   `init_params` tree). The target layers and final norm are skipped unread; the rest is as strict
   as `load_hf_checkpoint`."""
-  cfg, ckpt = _open(path, cfg, dtype, mesh)
-  params, checks = plan(cfg)
-  params = [p for p in params if p.tree == MTP or p.path[-1] in SHARED_WITH_TARGET]
-  target_layer = re.compile(r"model\.layers\.(\d+)\.")
+  cfg, _, mtp = load_opened(open_hf_checkpoint(path, cfg=cfg, mesh=mesh, dtype=dtype, mtp_only=True),
+                            progress=progress, fp8_weights=fp8_weights)
+  return cfg, mtp
 
-  def ignored(name: str) -> bool:
-    match = target_layer.match(name)
-    return name == "model.norm.weight" or (match is not None and int(match[1]) < cfg.num_hidden_layers)
 
-  check_tensors(ckpt, cfg, params, checks, ignored)
-  _check_copies(ckpt, checks)
-  trees = _build(ckpt, cfg, keep_fp8(ckpt, params) if fp8_weights else params, mesh, progress)
-  return (cfg.replace(fp8_block=ckpt.block) if fp8_weights else cfg), {**trees[MTP], **trees[TARGET]}
+_TARGET_LAYER = re.compile(r"model\.layers\.(\d+)\.")
+
+
+def drafter_reads(cfg: MtpConfig, name: str) -> bool:
+  """Whether the drafter alone (`load_mtp_only`) reads checkpoint tensor `name`: all but the target
+  layers' and the final norm's."""
+  match = _TARGET_LAYER.match(name)
+  return name != "model.norm.weight" and (match is None or int(match[1]) >= cfg.num_hidden_layers)
 
 
 def _open(path, cfg: MtpConfig | None, dtype: str | None, mesh: Mesh | None):
@@ -119,7 +125,8 @@ def _open(path, cfg: MtpConfig | None, dtype: str | None, mesh: Mesh | None):
     cfg = cfg.replace(param_dtype=dtype)
   if mesh is not None:
     validate_tp(cfg, mesh.shape[TP_AXIS])
-  return cfg, SafetensorsCheckpoint(path, _block_size(path))
+  quant = quantization(path)
+  return cfg, SafetensorsCheckpoint(path, _block_size(quant)), bool(quant)
 
 
 def _check_same_model(cfg: MtpConfig, from_file: MtpConfig, path: str) -> None:
@@ -145,8 +152,8 @@ def quantization(path: str) -> dict:
   return quant
 
 
-def _block_size(path: str) -> tuple[int, int]:
-  block = quantization(path).get("weight_block_size", DEFAULT_BLOCK)
+def _block_size(quant: dict) -> tuple[int, int]:
+  block = quant.get("weight_block_size", DEFAULT_BLOCK)
   if (not isinstance(block, (list, tuple)) or len(block) != 2
       or not all(isinstance(b, int) and b > 0 for b in block)):
     raise CheckpointError(f"quantization_config.weight_block_size={block!r} must be two positive integers")
@@ -227,8 +234,10 @@ def keep_fp8(ckpt: SafetensorsCheckpoint, params: list[Param]) -> list[Param]:
 
 def fp8_split_problems(opened: Opened) -> list[str]:
   """Why the opened checkpoint's FP8 weights cannot be kept on its mesh (a device's share not whole
-  blocks), one line per tensor; [] when they can. Reads headers only."""
+  blocks), one line per tensor; [] when they can (no mesh: one device). Reads headers only."""
   ckpt, problems = opened.ckpt, []
+  if opened.mesh is None:
+    return problems
   for p in keep_fp8(ckpt, opened.params):
     if p.role != CODES:
       continue

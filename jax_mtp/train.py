@@ -30,7 +30,7 @@ import jax
 import numpy as np
 
 import jax_mtp
-from jax_mtp import corpus, training
+from jax_mtp import corpus, loader, training
 from jax_mtp.config import PRESETS
 from jax_mtp.sharding import make_data_mesh
 
@@ -53,7 +53,9 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--mode", choices=training.MODES, default="joint",
                  help="joint: target + MTP layer from scratch; distill: the MTP layer for --checkpoint's target")
   p.add_argument("--preset", choices=sorted(PRESETS), default="demo", help="architecture for joint training")
-  p.add_argument("--checkpoint", metavar="DIR", help="distill: the HF or orbax checkpoint whose target teaches")
+  p.add_argument("--checkpoint", metavar="DIR|REPO",
+                 help="distill: the checkpoint whose target teaches: a HF or orbax directory, or a Hugging Face "
+                      "repo id (owner/name)")
   p.add_argument("--fresh-mtp", action="store_true", help="distill: start the MTP layer from random weights")
   p.add_argument("--data", action="append", metavar="PATH", help="text files / directories (default: Python stdlib)")
   p.add_argument("--vocab-size", type=int, default=4096, help="BPE vocabulary when training from scratch")
@@ -108,9 +110,9 @@ def _check_paths(args: argparse.Namespace) -> None:
   if args.export:
     _check_export(args.export, args.out)
   if args.checkpoint is not None:
-    from jax_mtp.decode import checkpoint_config  # noqa: PLC0415
-    checkpoint_config(args.checkpoint)  # a HF or orbax directory whose config reads
-    if not os.path.isfile(os.path.join(args.checkpoint, "tokenizer.json")):
+    source = loader.locate(args.checkpoint)  # a HF or orbax directory, or a Hugging Face repo id
+    loader.checkpoint_config(source)  # whose config reads
+    if not os.path.isfile(os.path.join(source.directory, "tokenizer.json")):
       raise _BadInput(f"--checkpoint {args.checkpoint!r} has no tokenizer.json to read --data with")
 
 
@@ -144,14 +146,8 @@ def _model(args: argparse.Namespace, tok_vocab: int):
     key = jax.random.key(args.seed)
     return cfg, training.split_params(jax_mtp.init_target_params(cfg, jax.random.fold_in(key, 0)),
                                       jax_mtp.init_params(cfg, jax.random.fold_in(key, 1)))
-  from jax_mtp.decode import checkpoint_config  # noqa: PLC0415
-  from jax_mtp.orbax_io import is_orbax_checkpoint, restore_params  # noqa: PLC0415
-  from jax_mtp.checkpoint import load_hf_checkpoint  # noqa: PLC0415
-  cfg = checkpoint_config(args.checkpoint).replace(dtype="float32", param_dtype="float32")
-  if is_orbax_checkpoint(args.checkpoint):
-    _, target, mtp = restore_params(args.checkpoint, cfg)
-  else:
-    _, target, mtp = load_hf_checkpoint(args.checkpoint, cfg=cfg)
+  cfg = loader.checkpoint_config(args.checkpoint).replace(dtype="float32", param_dtype="float32")
+  _, target, mtp, _ = loader.load(args.checkpoint, cfg=cfg, weights="bf16")  # FP8 weights dequantised, to fp32
   if args.fresh_mtp:
     mtp = jax_mtp.init_params(cfg, jax.random.key(args.seed))
   return cfg, training.split_params(target, mtp)
@@ -161,7 +157,7 @@ def _tokenizer(args: argparse.Namespace, files: list[str]):
   """The checkpoint's tokenizer.json, the run's saved one (resume), or a new BPE (_start_run saves it)."""
   import tokenizers  # noqa: PLC0415
   saved = os.path.join(args.out, "tokenizer.json")
-  source = os.path.join(args.checkpoint, "tokenizer.json") if args.checkpoint else saved
+  source = os.path.join(loader.locate(args.checkpoint).directory, "tokenizer.json") if args.checkpoint else saved
   if os.path.isfile(source):
     return tokenizers.Tokenizer.from_file(source)
   return corpus.train_bpe(files, args.vocab_size)

@@ -150,19 +150,15 @@ np.testing.assert_array_equal(jnp.argmax(logits_BTV, axis=-1), top_BT)
 # Python's stdlib) reads a real snippet. Its DSA indexer keeps `index_topk` = 64 slots per query, so
 # past 64 tokens each query attends to the 64 its indexer scores highest, not to everything before it.
 # MLA sows each indexer call's selection into the `"dsa"` collection, and each router its tokens per
-# expert into `jax_mtp.moe.EXPERT_LOAD` (the counts training balances): asking for those collections
+# expert into `jax_mtp.EXPERT_LOAD` (the counts training balances): asking for those collections
 # as mutable returns them beside the output.
 
 # %%
 import matplotlib.pyplot as plt
 
-from jax_mtp.checkpoint import load_hf_checkpoint
-from jax_mtp.decode import DEFAULT_MODEL
-from jax_mtp.moe import EXPERT_LOAD
-from jax_mtp.tokenizer import TextCodec
-
-d_cfg, d_target, _ = load_hf_checkpoint(DEFAULT_MODEL)
-codec = TextCodec(DEFAULT_MODEL)
+default = jax_mtp.load(jax_mtp.DEFAULT_MODEL)  # any checkpoint: a directory or a Hugging Face repo id
+d_cfg, d_target = default.cfg, default.target
+codec = jax_mtp.TextCodec(jax_mtp.DEFAULT_MODEL)
 snippet = '''def read_config(path):
     """Read a JSON config file and return it as a dict."""
     import json
@@ -187,7 +183,7 @@ t = len(ids)
 target = jax_mtp.TargetModel(d_cfg)
 positions = np.arange(t)[None]
 out, sown = target.apply({"params": d_target}, ids[None], positions, jax_mtp.init_target_caches(d_cfg, 1, t),
-                         mutable=["dsa", EXPERT_LOAD])
+                         mutable=["dsa", jax_mtp.EXPERT_LOAD])
 print(f"{t} tokens; index_topk = {d_cfg.index_topk}")
 assert t > d_cfg.index_topk
 
@@ -210,8 +206,8 @@ plt.show()
 # typically the first tokens, the most recent ones, and scattered earlier ones its indexer chose.
 
 # %%
-moe_layers = [name for name in sorted(sown[EXPERT_LOAD]) if "mlp" in sown[EXPERT_LOAD][name]]
-load = np.stack([np.asarray(sown[EXPERT_LOAD][name]["mlp"]["gate"]["tokens_E"][0]) for name in moe_layers])
+moe_layers = [name for name in sorted(sown[jax_mtp.EXPERT_LOAD]) if "mlp" in sown[jax_mtp.EXPERT_LOAD][name]]
+load = np.stack([np.asarray(sown[jax_mtp.EXPERT_LOAD][name]["mlp"]["gate"]["tokens_E"][0]) for name in moe_layers])
 assert (load.sum(axis=1) == t * d_cfg.num_experts_per_tok).all()  # every token picks num_experts_per_tok experts
 fig, ax = plt.subplots(figsize=(6, 2.4))
 image = ax.imshow(load, cmap="viridis")

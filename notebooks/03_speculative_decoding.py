@@ -250,11 +250,8 @@ import time
 
 import matplotlib.pyplot as plt
 
-from jax_mtp.decode import DEFAULT_MODEL
-from jax_mtp.tokenizer import TextCodec
-
-d_cfg, d_target, d_mtp = load_hf_checkpoint(DEFAULT_MODEL)
-codec = TextCodec(DEFAULT_MODEL)
+d_cfg, d_target, d_mtp, _ = jax_mtp.load(jax_mtp.DEFAULT_MODEL)
+codec = jax_mtp.TextCodec(jax_mtp.DEFAULT_MODEL)
 texts = ["def fibonacci(n):\n", "class Stack:\n    def __init__(self):\n", "import os\nimport sys\n\n\ndef main("]
 d_prompts = [codec.encode(text) for text in texts]
 new_tokens = 48

@@ -13,7 +13,8 @@ import pytest
 
 from jax_mtp import corpus, decode
 from jax_mtp.config import demo, from_hf_config
-from jax_mtp.decode import DEFAULT_MODEL, TextStream
+from jax_mtp.decode import TextStream
+from jax_mtp.loader import DEFAULT_MODEL
 from jax_mtp.generate import TargetDecoder
 from jax_mtp.sharding import make_mesh
 from jax_mtp.speculative import Speculator

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from jax_mtp import decode
+from jax_mtp import decode, loader
 from jax_mtp.model import TargetModel
 from jax_mtp.prefill import target_prefill
 from jax_mtp.sharding import make_mesh
@@ -40,8 +40,9 @@ def checkpoint(request, tmp_path_factory):
 def _cli_loaded(directory: str, extra=()):
   """The config and params exactly as `decode.main` builds them for these flags."""
   args = decode._parser().parse_args(["--checkpoint", directory, "--dtype", "float32", *extra])
-  cfg = decode.with_flags(decode.checkpoint_config(directory), args)
-  return decode.load(args, cfg, make_mesh(args.tp))  # the config the weights run with, and the weights
+  cfg = decode.with_flags(loader.checkpoint_config(directory), args)
+  loaded = loader.load(directory, cfg=cfg, mesh=make_mesh(args.tp), weights=args.weights)
+  return loaded.cfg, loaded  # the config the weights run with, and the weights
 
 
 def test_teacher_forced_logits_match_hf_at_every_position(checkpoint):

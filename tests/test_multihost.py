@@ -141,7 +141,7 @@ def test_orbax_checkpoint_restored_by_two_processes_gives_the_tokens_of_one(one_
   import jax  # noqa: PLC0415
 
   import jax_mtp  # noqa: PLC0415
-  from jax_mtp.decode import WEIGHT_SEED  # noqa: PLC0415
+  from jax_mtp.loader import WEIGHT_SEED  # noqa: PLC0415
   from jax_mtp.orbax_io import save_params  # noqa: PLC0415
   cfg = jax_mtp.tiny()
   directory = str(tmp_path / "orbax")

@@ -19,17 +19,15 @@ REPO = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((REPO / "notebooks").glob("*.py"))
 # jax.experimental.pallas.tpu: JAX's own API (`force_tpu_interpret_mode`, `InterpretParams`), which runs
 # the Opt-1 TPU kernel on CPU devices in notebook 02.
-# tempfile: notebook 03 writes a checkpoint. jax_mtp.checkpoint and jax_mtp.reference.*: the loader and
-# the vLLM fixture format, public modules that `jax_mtp` does not re-export (they need safetensors).
+# tempfile: notebook 03 writes a checkpoint. jax_mtp.checkpoint and jax_mtp.reference.*: the HF reader beneath
+# `jax_mtp.load` and the vLLM fixture format, public modules that `jax_mtp` does not re-export (they need
+# safetensors).
 # time, matplotlib.pyplot: notebooks 01 and 03 time and plot the trained default.
 ALLOWED_IMPORTS = {"jax", "jax.numpy", "numpy", "jax_mtp", "jax.experimental.pallas.tpu", "tempfile", "time",
                    "matplotlib.pyplot"}
 PUBLIC_MODULES = {
     "jax_mtp.checkpoint": {"load_hf_checkpoint", "load_mtp_only"},
     "jax_mtp.reference": {"fixtures", "tiny_checkpoint"},
-    "jax_mtp.decode": {"DEFAULT_MODEL"},  # the embedded default's directory
-    "jax_mtp.tokenizer": {"TextCodec"},
-    "jax_mtp.moe": {"EXPERT_LOAD"},  # the routers' sown expert counts
 }
 # The kernels are not re-exported from `jax_mtp`: their public API is their modules (kernels/__init__.py),
 # of which a notebook may import the documented functions: the public wrapper (with `impl=`), the

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from jax_mtp import decode
-from jax_mtp.decode import DEFAULT_MODEL
+from jax_mtp.loader import DEFAULT_MODEL
 from jax_mtp.tokenizer import TextCodec, TokenizerError, eos_token_ids
 
 
