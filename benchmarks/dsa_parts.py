@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks.prefill_parts import radix_one_reduction
 from benchmarks.timing import copy_bandwidth, time_in_loop
 from jax_mtp.cache import causal_mask
 from jax_mtp.indexer import (SCORE_BLOCK_SLOTS, Selection, index_scores, quantize_keys, score_chunk, topk_selection,
@@ -91,7 +92,8 @@ def _rows(s: int, b: int, t: int, iters: int, bandwidth: float):
   scores = reference
   visible = causal_mask(positions, s)
   first = None
-  for name, select in [("lax.top_k", topk_selection), ("radix select", topk_selection_radix)]:
+  for name, select in [("lax.top_k", topk_selection), ("radix select (library)", topk_selection_radix),
+                       ("radix, one reduction a pass (before)", radix_one_reduction)]:
     fn = jax.jit(lambda x, v, select=select: select(x, v, K_TOP))
     seconds = time_in_loop(fn, (scores, visible), iters)
     chosen = np.sort(np.asarray(fn(scores, visible).slots_BTK), axis=-1)

@@ -24,7 +24,8 @@ Counts (stated, per token, all multiply-adds × 2):
                  uniform picks), the MTP layer's k + 1 times (catch-up + k draft steps, each with its touched
                  share) and the head k + 1 times, plus per layer and call the indexer keys of every row's
                  context and the index_topk selected [latent; k_pe] entries per query. Embedding rows aside.
-`--prefill-chunk` takes several values to time the prefill at each (0: the CLI's auto size). `--small` runs the
+`--prefill-chunk` takes several values to time the prefill at each (0: the CLI's auto size); `--profile` adds a
+per-part table of each prefill from a device trace. `--small` runs the
 tiny preset's widths, to check the script on a CPU.
 """
 
@@ -34,6 +35,7 @@ import argparse
 import json
 import os
 import statistics
+import tempfile
 import time
 
 import jax
@@ -41,6 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_mtp
+from benchmarks import step_profile
 from benchmarks.timing import copy_bandwidth
 from jax_mtp import decode, fp8
 from jax_mtp.sharding import SHARED_WITH_TARGET
@@ -214,6 +217,9 @@ def run_row(args, cfg, spec, params, prompt_len: int, batch: int, rng, peak: flo
                        "tokens_per_s": batch * prompt_len / seconds,
                        "mfu": batch * prefill_flops(cfg, prompt_len) / seconds / peak,
                        "impls": impls_in(prefill.as_text())}
+    if args.profile:
+      prefills[chunk]["profile"] = profile_prefill(prefill, prefill_args, seconds,
+                                                   f"prefill, prompt {prompt_len}, B = {batch}, chunk {used}")
     del state
   row["prefill"] = prefills
   state = prefill(*prefill_args)
@@ -235,6 +241,15 @@ def run_row(args, cfg, spec, params, prompt_len: int, batch: int, rng, peak: flo
   row["plain_tokens_per_s"] = batch / row["plain_step_s"]
   print_row(row, flush=True)
   return row
+
+
+def profile_prefill(prefill, prefill_args, seconds: float, label: str) -> dict:
+  """The compiled prefill's kernels summed per model part, from a device trace of one call (step_profile's)."""
+  trace_dir = tempfile.mkdtemp(prefix="e2e_prefill_")
+  with jax.profiler.trace(trace_dir):
+    jax.block_until_ready(prefill(*prefill_args))
+  return step_profile.summarize(step_profile.device_events(trace_dir), step_profile.op_names(prefill.as_text()), 1,
+                                seconds * 1e6, label)
 
 
 def plain_step_seconds(cfg, mesh, target_params, state, args) -> float:
@@ -301,6 +316,8 @@ def main(argv=None) -> int:
   parser.add_argument("--cli", nargs="*", default=[], help="further `python -m jax_mtp.decode` flags, e.g. "
                       "--moe-impl ragged_dot (given as --cli=--moe-impl --cli=ragged_dot)")
   parser.add_argument("--small", action="store_true", help="the tiny preset's widths, to check the script")
+  parser.add_argument("--profile", action="store_true", help="also trace one call of each prefill and print its "
+                      "kernels' time per model part (indexer scores / top-k, sparse attention, experts, ...)")
   parser.add_argument("--out", help="also write the rows as JSON to this file")
   args = parser.parse_args(argv)
   device = jax.devices()[0]

@@ -34,7 +34,10 @@ from benchmarks.mtp_step import PRESETS
 # (part, pattern in the op's name stack), first match wins; the patterns follow the flax module names.
 PARTS = (
     ("head (logits + argmax)", "get_top_tokens"),
+    ("indexer: scores", "/indexer/index_scores"),
+    ("indexer: top-k", "/indexer/topk"),
     ("indexer", "/indexer"),
+    ("attention: sparse core", "/sparse_attention"),
     ("attention (MLA, DSA)", "/self_attn"),
     ("router", "/mlp/gate"),
     ("shared expert", "/mlp/shared_experts"),
@@ -43,6 +46,11 @@ PARTS = (
     ("norms", "norm"),
     ("embedding", "_embed"),
 )
+
+
+# Kernels no HLO instruction names (Pallas's, tokamax's) by their own names: their part, whatever ran before them.
+KERNEL_PARTS = (("dsa_sparse_mla", "attention: sparse core"), ("dsa_index_scores", "indexer: scores"),
+                ("ragged_dot", "routed experts"))
 
 
 def part_of(op_name: str) -> str:
@@ -115,7 +123,8 @@ def short(op_name: str) -> str:
 
 def summarize(events, names: dict[str, str], calls: int, step_us: float, label: str) -> dict:
   """Per part and per kernel: calls and µs per step. A kernel no instruction is named after (Pallas's,
-  cuBLAS's) is placed by the last named kernel before it: its part, and "after <that op>"."""
+  cuBLAS's) is placed by its own name where KERNEL_PARTS knows it, else by the last named kernel before it: its part,
+  and "after <that op>"."""
   by_part = collections.defaultdict(lambda: [0, 0.0])
   by_op = collections.defaultdict(lambda: [0, 0.0, ""])
   anchor = ""
@@ -125,7 +134,7 @@ def summarize(events, names: dict[str, str], calls: int, step_us: float, label: 
       key, name = op, short(anchor)
     else:
       key, name = f"{op} after {short(anchor)[-60:]}", ""
-    part = part_of(anchor) if anchor else "other"
+    part = next((p for kernel, p in KERNEL_PARTS if kernel in op), part_of(anchor) if anchor else "other")
     by_part[part][0] += 1
     by_part[part][1] += us
     by_op[key][0] += 1

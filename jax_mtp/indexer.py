@@ -95,17 +95,25 @@ class Indexer(nn.Module):
     q_BTIJ = self._rope_first(q_BTIJ.astype(jnp.float32), rotary)
     w_BTI = self.weights_proj(x_BTD.astype(jnp.float32)) * cfg.index_n_heads**-0.5
     impl = resolve_index_scores_impl(cfg, lowering_platform(), cache.capacity)
+    with jax.named_scope("index_scores"):  # the parts' names in a device profile (benchmarks.step_profile)
+      scores_BTS = self._scores(q_BTIJ, w_BTI, positions_BT, cache, impl)
+    if self.is_mutable_collection(INDEXER_TRAINING):
+      self.sow(INDEXER_TRAINING, "scores_BTS", scores_BTS)
+    with jax.named_scope("topk"):
+      return topk_selection_radix(scores_BTS, causal_mask(positions_BT, cache.capacity), cfg.index_topk), cache
+
+  def _scores(self, q_BTIJ, w_BTI, positions_BT, cache: LayerCache, impl: str) -> jax.Array:
+    cfg = self.cfg
     if impl == "xla":
       scores_BTS = index_scores(q_BTIJ, cache.index_k_BSJ, w_BTI, cfg.index_head_dim**-0.5,
                                 chunk=score_chunk(*q_BTIJ.shape[:3], cache.capacity),
                                 k_scale_BS=cache.index_k_scale_BS, dot_dtype=cfg.dtype)
     else:
+      backend = impl.removeprefix("pallas_")  # GPU: slot blocks past a query block's positions are skipped
       scores_BTS = index_scores_pallas(q_BTIJ.astype(cfg.dtype), cache.index_k_BSJ, w_BTI, cfg.index_head_dim**-0.5,
                                        k_scale_BS=cache.index_k_scale_BS, block_slots=SCORE_BLOCK_SLOTS,
-                                       backend=impl.removeprefix("pallas_"))
-    if self.is_mutable_collection(INDEXER_TRAINING):
-      self.sow(INDEXER_TRAINING, "scores_BTS", scores_BTS)
-    return topk_selection_radix(scores_BTS, causal_mask(positions_BT, cache.capacity), cfg.index_topk), cache
+                                       positions_BT=None if backend == "tpu" else positions_BT, backend=backend)
+    return scores_BTS
 
   def _rope_first(self, x: jax.Array, rotary: Rotary) -> jax.Array:
     """RoPE on the first R dims (the indexer puts the rotary part first; MLA puts it last)."""
@@ -222,20 +230,40 @@ def topk_selection(scores_BTS: jax.Array, visible_BTS: jax.Array, topk: int) -> 
   return Selection(slots_BTK.astype(jnp.int32), jnp.take_along_axis(visible_BTS, slots_BTK, axis=-1))
 
 
+RADIX_DIGIT_BITS = 2  # bits a radix pass settles: 16 passes of 3 counts (benchmarks/RESULTS.md, issue 27's prefill)
+
+
 def topk_selection_radix(scores_BTS: jax.Array, visible_BTS: jax.Array, topk: int) -> Selection:
   """The slots `topk_selection` picks (ties → the lowest slots), listed in slot order, without a sort:
-  a radix select finds each query's k-th largest score in 8 passes of 4 bits over order-preserving
-  integer keys, then the slots above it (and enough of those equal to it) are compacted in order."""
-  b, t, s = scores_BTS.shape
-  k = min(topk, s)
+  a radix select finds each query's k-th largest score over order-preserving integer keys, RADIX_DIGIT_BITS
+  bits a pass (the largest digit whose prefix still has ≥ k keys at or above it), then the slots above it (and
+  enough of those equal to it) are compacted in order.
+
+  A pass's 2^bits − 1 candidate counts are separate reductions of the same keys, which XLA fuses into one read
+  of them; written as one reduction over a [B, T, candidates, S] comparison instead, every candidate re-reads
+  the keys (10× slower for a 2,048-token prefill chunk over 32K slots)."""
+  k = min(topk, scores_BTS.shape[-1])
+  keys_BTS = order_keys(scores_BTS, visible_BTS)
+  kth_BT = jnp.zeros(keys_BTS.shape[:2], jnp.uint32)
+  for shift in range(32 - RADIX_DIGIT_BITS, -1, -RADIX_DIGIT_BITS):
+    digit_BT = jnp.zeros_like(kth_BT)
+    for d in range(1, 2**RADIX_DIGIT_BITS):
+      at_least_BT = jnp.sum(keys_BTS >= (kth_BT | jnp.uint32(d << shift))[..., None], axis=-1, dtype=jnp.int32)
+      digit_BT = digit_BT + (at_least_BT >= k).astype(jnp.uint32)
+    kth_BT = kth_BT | (digit_BT << shift)
+  return select_from_kth(keys_BTS, visible_BTS, kth_BT, k)
+
+
+def order_keys(scores_BTS: jax.Array, visible_BTS: jax.Array) -> jax.Array:
+  """uint32 keys whose unsigned order is the scores' float order; invisible slots get −inf's key."""
   bits = jax.lax.bitcast_convert_type(jnp.where(visible_BTS, scores_BTS, -jnp.inf).astype(jnp.float32), jnp.uint32)
-  keys_BTS = jnp.where(bits >> 31 == 1, ~bits, bits | jnp.uint32(0x80000000))  # float order = unsigned order
-  kth_BT = jnp.zeros((b, t), jnp.uint32)
-  digits = jnp.arange(1, 16, dtype=jnp.uint32)
-  for shift in range(28, -1, -4):  # the largest prefix with at least k keys ≥ it, one hex digit at a time
-    candidates_BTD = kth_BT[..., None] | (digits << shift)
-    at_least_BTD = jnp.sum(keys_BTS[:, :, None, :] >= candidates_BTD[..., None], axis=-1, dtype=jnp.int32)
-    kth_BT = kth_BT | (jnp.sum(at_least_BTD >= k, axis=-1, dtype=jnp.uint32) << shift)
+  return jnp.where(bits >> 31 == 1, ~bits, bits | jnp.uint32(0x80000000))
+
+
+def select_from_kth(keys_BTS: jax.Array, visible_BTS: jax.Array, kth_BT: jax.Array, k: int) -> Selection:
+  """The k slots whose keys are above each query's k-th largest key `kth_BT`, and enough of those equal to it
+  (the lowest), compacted in slot order."""
+  b, t, s = keys_BTS.shape
   above_BTS, tied_BTS = keys_BTS > kth_BT[..., None], keys_BTS == kth_BT[..., None]
   ties_wanted_BT = k - jnp.sum(above_BTS, axis=-1, dtype=jnp.int32)
   chosen_BTS = above_BTS | (tied_BTS & (jnp.cumsum(tied_BTS, axis=-1, dtype=jnp.int32) <= ties_wanted_BT[..., None]))

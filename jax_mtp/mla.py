@@ -154,16 +154,17 @@ class MLAttention(nn.Module):
     cfg = self.cfg
     q_lat_BTNC, w_uv_CNH = self._latent_query(q_nope_BTNP)
     impl = resolve_sparse_attention_impl(cfg, lowering_platform(), self.num_local_heads)
-    if impl == "xla":
-      o_lat_BTNC = sparse_latent_attention(q_lat_BTNC, q_pe_BTNR, cache.latent_BSC, cache.k_pe_BSR, selection,
-                                           cfg.softmax_scale, dot_dtype=cfg.dtype)
-    else:  # the fused kernel (interpret mode where the program runs on a CPU, Triton on CUDA); its output in
-      # the cache's dtype, which _heads_from_latent's dot takes (the XLA path's fp32 is rounded there)
-      dtype = cache.latent_BSC.dtype
-      config = sparse_mla_config(self.num_local_heads, cfg.index_topk)
-      slots_BTK = pad_slots(jnp.where(selection.valid_BTK, selection.slots_BTK, -1), config["block_entries"])
-      o_lat_BTNC = sparse_mla(q_lat_BTNC.astype(dtype), q_pe_BTNR.astype(dtype), cache.latent_BSC,
-                              cache.k_pe_BSR.astype(dtype), slots_BTK, cfg.softmax_scale, out_dtype=dtype, **config)
+    with jax.named_scope("sparse_attention"):  # its kernels' part in a device profile (benchmarks.step_profile)
+      if impl == "xla":
+        o_lat_BTNC = sparse_latent_attention(q_lat_BTNC, q_pe_BTNR, cache.latent_BSC, cache.k_pe_BSR, selection,
+                                             cfg.softmax_scale, dot_dtype=cfg.dtype)
+      else:  # the fused kernel (interpret mode where the program runs on a CPU, Triton on CUDA); its output in
+        # the cache's dtype, which _heads_from_latent's dot takes (the XLA path's fp32 is rounded there)
+        dtype = cache.latent_BSC.dtype
+        config = sparse_mla_config(self.num_local_heads, cfg.index_topk)
+        slots_BTK = pad_slots(jnp.where(selection.valid_BTK, selection.slots_BTK, -1), config["block_entries"])
+        o_lat_BTNC = sparse_mla(q_lat_BTNC.astype(dtype), q_pe_BTNR.astype(dtype), cache.latent_BSC,
+                                cache.k_pe_BSR.astype(dtype), slots_BTK, cfg.softmax_scale, out_dtype=dtype, **config)
     return _heads_from_latent(o_lat_BTNC, w_uv_CNH, dot_dtype=cfg.dtype)
 
 

@@ -9,7 +9,10 @@ XLA runs this as a dot that writes fp32 logits and a fusion that reads them back
 program reads one block of `block_slots` keys once and writes T scores per slot.
 
 Grid (B, T / block_tokens, S / block_slots); a token block's q [tb·I, J] and w [tb·I, 1] stay resident while
-the row's keys stream past them.
+the row's keys stream past them. With the queries' positions (`positions_BT`, GPU and interpret backends) a program
+whose slot block starts past its token block's last position writes zeros without reading keys: those slots are
+invisible to every query of the block (slot s holds position s), so a prefill chunk scores only the causal part of
+the cache (half of it on average over a prompt) and an early decode step only the slots written so far.
 Keys enter the dot in q's dtype (bf16 in a bf16 model; float8 keys are widened through fp32 first,
 which every ptxas can convert) with fp32 accumulation; per-key fp8 scales multiply the fp32 logits.
 `backend`: "gpu" (Pallas' Triton backend, which JAX has deprecated in favour of Mosaic GPU: a port
@@ -30,10 +33,12 @@ BACKENDS = ("gpu", "tpu", "interpret")
 
 
 def index_scores_pallas(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, scale: float, *,
-                        k_scale_BS: jax.Array | None = None, block_slots: int = 256, block_tokens: int = 4,
-                        backend: str = "gpu") -> jax.Array:
+                        k_scale_BS: jax.Array | None = None, positions_BT: jax.Array | None = None,
+                        block_slots: int = 256, block_tokens: int = 4, backend: str = "gpu") -> jax.Array:
   """fp32 [B, T, S] index scores; S must be a multiple of `block_slots`. Queries go `block_tokens` at a
-  time (a grid axis; T is padded to a whole number of blocks): any T compiles to the same program body."""
+  time (a grid axis; T is padded to a whole number of blocks): any T compiles to the same program body.
+  `positions_BT` (int32, optional): each query's position; scores of slots past a token block's last position are
+  then 0 (not computed) instead of their q·k values — callers mask those slots as invisible anyway."""
   b, t, i, j = q_BTIJ.shape
   s = k_BSJ.shape[1]
   if backend not in BACKENDS:
@@ -44,6 +49,9 @@ def index_scores_pallas(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, s
     raise ValueError(f"shapes q {q_BTIJ.shape}, k {k_BSJ.shape}, w {w_BTI.shape} do not agree")
   if block_tokens < 1:
     raise ValueError(f"block_tokens={block_tokens} must be ≥ 1")
+  if positions_BT is not None and (backend == "tpu" or positions_BT.shape != (b, t)):
+    raise ValueError(f"positions_BT of shape {positions_BT.shape} cannot bound the slots on backend={backend!r} "
+                     f"(it needs shape {(b, t)} and the gpu or interpret backend)")
   tb = t if backend == "tpu" else min(t, block_tokens)  # Mosaic TPU blocks: 8-row multiples or the whole T
   padded = -(-t // tb) * tb  # padding queries have zero weights: their scores are 0 and dropped
   q = jnp.pad(q_BTIJ, [(0, 0), (0, padded - t), (0, 0), (0, 0)]).reshape(b, padded * i, j)
@@ -56,7 +64,11 @@ def index_scores_pallas(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, s
   if k_scale_BS is not None:
     inputs.append(k_scale_BS.astype(jnp.float32).reshape(b, 1, s))
     in_specs.append(pl.BlockSpec((None, 1, block_slots), lambda bi, ti, si: (bi, 0, si)))
-  kernel = functools.partial(_kernel, tokens=tb, heads=i, scale=scale, scaled=k_scale_BS is not None)
+  if positions_BT is not None:  # padding queries at −1: they never extend a block's visible slots
+    inputs.append(jnp.pad(positions_BT.astype(jnp.int32), [(0, 0), (0, padded - t)], constant_values=-1)[:, None])
+    in_specs.append(pl.BlockSpec((None, 1, tb), lambda bi, ti, si: (bi, 0, ti)))
+  kernel = functools.partial(_kernel, tokens=tb, heads=i, scale=scale, scaled=k_scale_BS is not None,
+                             bounded=positions_BT is not None, block_slots=block_slots)
   out = pl.pallas_call(
       kernel,
       grid=(b, padded // tb, s // block_slots),
@@ -70,8 +82,27 @@ def index_scores_pallas(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, s
   return out[:, :t]
 
 
-def _kernel(q_ref, k_ref, w_ref, *refs, tokens: int, heads: int, scale: float, scaled: bool):
-  (k_scale_ref, o_ref) = refs if scaled else (None, refs[0])
+def _kernel(q_ref, k_ref, w_ref, *refs, tokens: int, heads: int, scale: float, scaled: bool, bounded: bool,
+            block_slots: int):
+  refs = list(refs)
+  o_ref = refs.pop()
+  positions_ref = refs.pop() if bounded else None
+  k_scale_ref = refs.pop() if scaled else None
+  if not bounded:
+    _scores(q_ref, k_ref, w_ref, k_scale_ref, o_ref, tokens=tokens, heads=heads, scale=scale)
+    return
+  seen = pl.program_id(2) * block_slots <= jnp.max(positions_ref[...])
+
+  @pl.when(seen)
+  def _():
+    _scores(q_ref, k_ref, w_ref, k_scale_ref, o_ref, tokens=tokens, heads=heads, scale=scale)
+
+  @pl.when(jnp.logical_not(seen))
+  def _():
+    o_ref[...] = jnp.zeros(o_ref.shape, o_ref.dtype)
+
+
+def _scores(q_ref, k_ref, w_ref, k_scale_ref, o_ref, *, tokens: int, heads: int, scale: float):
   keys = k_ref[...]
   if jnp.issubdtype(keys.dtype, jnp.floating) and jnp.finfo(keys.dtype).bits == 8:
     keys = keys.astype(jnp.float32)  # e4m3 → f32 → the dot's dtype: no direct e4m3 → bf16 convert needed
@@ -81,7 +112,7 @@ def _kernel(q_ref, k_ref, w_ref, *refs, tokens: int, heads: int, scale: float, s
     rows = slice(t * heads, (t + 1) * heads)
     logits = jax.lax.dot_general(q_ref[rows, :], keys, (((1,), (1,)), ((), ())), precision=precision,
                                  preferred_element_type=jnp.float32)  # [I, block]
-    if scaled:
+    if k_scale_ref is not None:
       logits = logits * k_scale_ref[...]
     o_ref[t:t + 1, :] = jnp.sum(jnp.maximum(logits, 0.0) * w_ref[rows, :], axis=0, keepdims=True) * scale
 

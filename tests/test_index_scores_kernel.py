@@ -46,6 +46,27 @@ def test_kernel_equals_xla_and_the_formula(b, t, i, j, s, block, keys):
   assert_close(got, formula, "float32", what=f"kernel vs float64 formula, {keys} keys")
 
 
+@pytest.mark.parametrize("t,tokens", [(5, 4), (9, 4), (3, 1)])
+def test_positions_bound_the_scored_slots(t, tokens):
+  """With positions, every slot a query of its block can see is scored as without them, and slot blocks past a
+  token block's last position are 0 (skipped); positions span several slot blocks and pad the last token block."""
+  b, i, j, s, block = 2, 16, 16, 512, 128
+  q, k, w = _inputs(b, t, i, j, s, seed=3)
+  positions = jnp.asarray([[130 + 37 * n for n in range(t)], [0] * t], jnp.int32)
+  full = index_scores_pallas(q, k, w, 0.5, block_slots=block, block_tokens=tokens, backend="interpret")
+  got = index_scores_pallas(q, k, w, 0.5, positions_BT=positions, block_slots=block, block_tokens=tokens,
+                            backend="interpret")
+  pad = -(-t // tokens) * tokens - t
+  last_BT = np.repeat(np.asarray(jnp.pad(positions, [(0, 0), (0, pad)], constant_values=-1))
+                      .reshape(b, -1, tokens).max(-1), tokens, axis=1)[:, :t]
+  scored_BTS = np.arange(s)[None, None] // block * block <= last_BT[..., None]
+  np.testing.assert_array_equal(np.asarray(got), np.where(scored_BTS, np.asarray(full), 0.0))
+  assert scored_BTS[1, :, :block].all() and not scored_BTS[1, :, block:].any()  # row 1 sits at position 0
+  assert scored_BTS[0].sum() < scored_BTS[0].size  # some blocks were skipped
+  visible = np.arange(s)[None, None] <= np.asarray(positions)[..., None]
+  assert scored_BTS[visible].all()
+
+
 def test_kernel_refuses_what_it_cannot_run():
   q, k, w = _inputs(1, 1, 16, 16, 200)
   with pytest.raises(ValueError, match="200 is not a multiple of block_slots=128"):
@@ -54,6 +75,9 @@ def test_kernel_refuses_what_it_cannot_run():
     index_scores_pallas(q, k[:, :128], w, 1.0, block_slots=128, backend="cuda")
   with pytest.raises(ValueError, match="do not agree"):
     index_scores_pallas(q, k[:, :128, :8], w, 1.0, block_slots=128, backend="interpret")
+  with pytest.raises(ValueError, match="cannot bound the slots on backend='tpu'"):
+    index_scores_pallas(q, k[:, :128], w, 1.0, positions_BT=jnp.zeros((1, 1), jnp.int32), block_slots=128,
+                        backend="tpu")
 
 
 def _kernel_cfg(**overrides):

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Issue 27's prefill at 32K on one H200, one stage per call (each inside one 600 s call):
+#   parts    the index-scores kernel (every slot block vs the causal ones, 4 / 8 / 16 queries a program) and the
+#            top-k variants at a 32K prompt's 2,048-token chunk, each with its kernels from a device trace; then the
+#            32K prefill through benchmarks.e2e with its per-part profile
+set -uo pipefail
+source "$(dirname "$0")/device_env.sh"
+QUIET="TPU|libtpu|Source Location|InitGoogle|E0000|E1203|I0000|errors.h|learning/|Deprecat|return rule|^$"
+run() {  # run SECONDS FILE CMD...: the command's output, filtered, to the terminal and $OUT/FILE
+  local seconds=$1 file=$2; shift 2
+  timeout "$seconds" "$@" 2>&1 | grep --line-buffered -v -E "$QUIET" | tee "$OUT/$file"
+}
+case "${1:?stage}" in
+  parts)
+    run 200 prefill_parts.md python3 -m benchmarks.prefill_parts --capacity 33280 --chunk 2048 --position 16384 \
+      --trace
+    run 280 e2e_32k_profile.md python3 -m benchmarks.e2e --prompt 32768 --batch 1 --profile --iters 5 \
+      --out "$OUT/e2e_32k.json"
+    ;;
+  *) echo "unknown stage $1"; exit 2 ;;
+esac

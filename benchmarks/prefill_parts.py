@@ -1,0 +1,144 @@
+"""The indexer's two per-query parts of a long prompt's prefill chunk at DeepSeek-V3.2 widths, each variant timed
+and its kernels listed from a device trace: the index scores over the cache (the fused kernel scoring every slot
+block, or only those up to the chunk's positions) and the top-k over those scores (XLA's sort, the library's radix
+select, and radix selects with other digit widths whose candidate counts are written as separate reductions).
+
+    python -m benchmarks.prefill_parts --capacity 33280 --chunk 2048 --position 16384
+
+The chunk's queries sit at positions [position, position + chunk) of a `capacity`-slot cache. Floors at the copy
+bandwidth measured in the same run: scores = the visible keys read + the scores written; top-k = the scores read
+once. Every top-k variant's selected set is checked against `lax.top_k`'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import tempfile
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks.step_profile import device_events, op_names
+from benchmarks.timing import copy_bandwidth, time_in_loop
+from jax_mtp.cache import causal_mask
+from jax_mtp.indexer import (SCORE_BLOCK_SLOTS, order_keys, select_from_kth, topk_selection,
+                             topk_selection_radix)
+from jax_mtp.kernels.index_scores import index_scores_pallas
+
+I, J, K_TOP = 64, 128, 2048  # V3.2's indexer heads, head dim, index_topk
+
+
+def radix_siblings(digit_bits: int):
+  """A radix select with `digit_bits` per pass whose 2^bits − 1 candidate counts are separate reductions of the
+  same keys (XLA may fuse siblings into one pass over the keys)."""
+  def select(scores_BTS, visible_BTS, topk):
+    k = min(topk, scores_BTS.shape[-1])
+    keys_BTS = order_keys(scores_BTS, visible_BTS)
+    kth_BT = jnp.zeros(keys_BTS.shape[:2], jnp.uint32)
+    for shift in range(32 - digit_bits, -1, -digit_bits):
+      counts = [jnp.sum(keys_BTS >= (kth_BT | jnp.uint32(d << shift))[..., None], axis=-1, dtype=jnp.int32)
+                for d in range(1, 2**digit_bits)]
+      digit_BT = sum((c >= k).astype(jnp.uint32) for c in counts)
+      kth_BT = kth_BT | (digit_BT << shift)
+    return select_from_kth(keys_BTS, visible_BTS, kth_BT, k)
+  return select
+
+
+def radix_one_reduction(scores_BTS, visible_BTS, topk):
+  """The radix select as it was before issue 27's prefill work: 4 bits a pass, the 15 candidate counts as one
+  reduction over a [B, T, 15, S] comparison."""
+  k = min(topk, scores_BTS.shape[-1])
+  keys_BTS = order_keys(scores_BTS, visible_BTS)
+  kth_BT = jnp.zeros(keys_BTS.shape[:2], jnp.uint32)
+  digits = jnp.arange(1, 16, dtype=jnp.uint32)
+  for shift in range(28, -1, -4):
+    candidates_BTD = kth_BT[..., None] | (digits << shift)
+    at_least_BTD = jnp.sum(keys_BTS[:, :, None, :] >= candidates_BTD[..., None], axis=-1, dtype=jnp.int32)
+    kth_BT = kth_BT | (jnp.sum(at_least_BTD >= k, axis=-1, dtype=jnp.uint32) << shift)
+  return select_from_kth(keys_BTS, visible_BTS, kth_BT, k)
+
+
+TOPK_VARIANTS = {"lax.top_k": topk_selection, "radix (library: 2-bit siblings)": topk_selection_radix,
+                 "radix 4-bit, one reduction (before)": radix_one_reduction,
+                 "radix 1-bit siblings": radix_siblings(1), "radix 4-bit siblings": radix_siblings(4)}
+
+
+def kernels_of(fn, args, calls: int = 3, top: int = 6) -> str:
+  """The `top` kernels of `calls` traced calls of jitted `fn`: "name µs/call; …", from a device trace."""
+  compiled = fn.lower(*args).compile()
+  names = op_names(compiled.as_text())
+  jax.block_until_ready(compiled(*args))
+  trace_dir = tempfile.mkdtemp(prefix="prefill_parts_")
+  with jax.profiler.trace(trace_dir):
+    for _ in range(calls):
+      out = compiled(*args)
+    jax.block_until_ready(out)
+  per_op = collections.Counter()
+  for _, op, us in device_events(trace_dir):
+    per_op[(names.get(op, op).split("/")[-1] + f" [{op}]")[-70:]] += us / calls
+  return "; ".join(f"{op} {us:,.0f}" for op, us in per_op.most_common(top))
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--capacity", type=int, default=33280)
+  parser.add_argument("--chunk", type=int, nargs="+", default=[2048])
+  parser.add_argument("--position", type=int, default=16384, help="the chunk's first position")
+  parser.add_argument("--block-tokens", type=int, nargs="+", default=[4, 8, 16])
+  parser.add_argument("--topk", nargs="+", default=list(TOPK_VARIANTS), choices=list(TOPK_VARIANTS))
+  parser.add_argument("--iters", type=int, default=5)
+  parser.add_argument("--trace", action="store_true", help="list each variant's top kernels from a device trace")
+  args = parser.parse_args(argv)
+  bandwidth = copy_bandwidth()
+  print(f"prefill parts at V3.2 widths on {jax.devices()[0].device_kind}, jax {jax.__version__}, copy bandwidth "
+        f"{bandwidth / 1e12:.2f} TB/s; S = {args.capacity}, chunk at position {args.position}\n")
+  print("| T | part | variant | µs | floor µs | floor / time | check | kernels (µs / call) |")
+  print("|---:|---|---|---:|---:|---:|---|---|")
+  for t in args.chunk:
+    for row in _rows(args, t, bandwidth):
+      print("| " + " | ".join(str(x) for x in (t, *row)) + " |", flush=True)
+  return 0
+
+
+def _rows(args, t: int, bandwidth: float):
+  s, p0 = args.capacity, args.position
+  keys = jax.random.split(jax.random.key(0), 3)
+  k_BSJ = jax.random.normal(keys[0], (1, s, J), jnp.bfloat16)
+  q_BTIJ = jax.random.normal(keys[1], (1, t, I, J), jnp.bfloat16)
+  w_BTI = jax.random.normal(keys[2], (1, t, I), jnp.float32)
+  positions = jnp.arange(p0, p0 + t, dtype=jnp.int32)[None]
+  visible = causal_mask(positions, s)
+  floor_us = lambda nbytes: nbytes / bandwidth * 1e6  # noqa: E731
+  backend = "gpu" if jax.default_backend() == "gpu" else "interpret"
+  full = None
+  for bounded in (False, True):
+    for tb in args.block_tokens:
+      fn = jax.jit(lambda q, k, w, pos, tb=tb, bounded=bounded: index_scores_pallas(
+          q, k, w, J**-0.5, positions_BT=pos if bounded else None, block_slots=SCORE_BLOCK_SLOTS, block_tokens=tb,
+          backend=backend))
+      call = (q_BTIJ, k_BSJ, w_BTI, positions)
+      seconds = time_in_loop(fn, call, args.iters)
+      out = fn(*call)
+      full = out if full is None else full
+      same = bool(jnp.all(jnp.where(visible, out == full, True)))
+      read = min(s, p0 + t) if bounded else s
+      nbytes = read * J * 2 + t * s * 4
+      yield ("scores", f"kernel, {'causal blocks' if bounded else 'every block'}, {tb} queries a program",
+             f"{seconds * 1e6:,.0f}", f"{floor_us(nbytes):,.0f}", f"{floor_us(nbytes) / seconds / 1e6:.2f}",
+             f"visible equal: {same}", kernels_of(fn, call) if args.trace else "")
+  scores = full
+  want = None
+  for name in args.topk:
+    fn = jax.jit(lambda x, v, select=TOPK_VARIANTS[name]: select(x, v, K_TOP))
+    seconds = time_in_loop(fn, (scores, visible), args.iters)
+    chosen = np.sort(np.asarray(fn(scores, visible).slots_BTK), axis=-1)
+    want = chosen if want is None else want
+    yield ("top-k", name, f"{seconds * 1e6:,.0f}", f"{floor_us(scores.nbytes):,.0f}",
+           f"{floor_us(scores.nbytes) / seconds / 1e6:.2f}", f"same set: {bool((chosen == want).all())}",
+           kernels_of(fn, (scores, visible)) if args.trace else "")
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
