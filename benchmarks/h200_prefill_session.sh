@@ -3,6 +3,8 @@
 #   parts    the index-scores kernel (every slot block vs the causal ones, 4 / 8 / 16 queries a program) and the
 #            top-k variants at a 32K prompt's 2,048-token chunk, each with its kernels from a device trace; then the
 #            32K prefill through benchmarks.e2e with its per-part profile
+#   parts2   after the new top-k: the top-k variants at decode's shapes (T = 4; B = 1, 64; 32K and 128K slots), then
+#            the 32K prefill at the auto chunk, 4,096 and 8,192 with its per-part profile
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 QUIET="TPU|libtpu|Source Location|InitGoogle|E0000|E1203|I0000|errors.h|learning/|Deprecat|return rule|^$"
@@ -16,6 +18,11 @@ case "${1:?stage}" in
       --trace
     run 280 e2e_32k_profile.md python3 -m benchmarks.e2e --prompt 32768 --batch 1 --profile --iters 5 \
       --out "$OUT/e2e_32k.json"
+    ;;
+  parts2)
+    run 150 dsa_parts_t4.md python3 -m benchmarks.dsa_parts --capacity 33280 131072 --batch 1 64 --tokens 4 --iters 10
+    run 360 e2e_32k_chunks.md python3 -m benchmarks.e2e --prompt 32768 --batch 1 --prefill-chunk 0 4096 8192 \
+      --profile --iters 5 --out "$OUT/e2e_32k_chunks.json"
     ;;
   *) echo "unknown stage $1"; exit 2 ;;
 esac
