@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.prefill_parts import radix_one_reduction
+from benchmarks.prefill_parts import radix_one_reduction, radix_siblings
 from benchmarks.timing import copy_bandwidth, time_in_loop
 from jax_mtp.cache import causal_mask
 from jax_mtp.indexer import (SCORE_BLOCK_SLOTS, Selection, index_scores, quantize_keys, score_chunk, topk_selection,
@@ -29,6 +29,7 @@ from jax_mtp.kernels.index_scores import index_scores_pallas
 from jax_mtp.mla import sparse_latent_attention
 
 I, J, K_TOP, N, C, R = 64, 128, 2048, 128, 512, 64  # indexer heads / dim, index_topk, MLA heads, latent, rope
+PARTS = ("scores", "top-k", "attention")
 
 
 def main(argv=None) -> int:
@@ -37,6 +38,7 @@ def main(argv=None) -> int:
   parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
   parser.add_argument("--tokens", type=int, nargs="+", default=[1], help="queries per row (k + 1 in verification)")
   parser.add_argument("--iters", type=int, default=20)
+  parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS, help="which parts to time")
   args = parser.parse_args(argv)
   bandwidth = copy_bandwidth()
   print(f"DSA parts at V3.2 widths on {jax.devices()[0].device_kind}, jax {jax.__version__}, "
@@ -46,12 +48,12 @@ def main(argv=None) -> int:
   for s in args.capacity:
     for b in args.batch:
       for t in args.tokens:
-        for row in _rows(s, b, t, args.iters, bandwidth):
+        for row in _rows(s, b, t, args.iters, bandwidth, args.parts):
           print("| " + " | ".join(str(x) for x in (s, b, t, *row)) + " |", flush=True)
   return 0
 
 
-def _rows(s: int, b: int, t: int, iters: int, bandwidth: float):
+def _rows(s: int, b: int, t: int, iters: int, bandwidth: float, parts=PARTS):
   normal = _normal_on_device(iter(jax.random.split(jax.random.key(0), 8)))
   keys32, q, w = normal((b, s, J)), normal((b, t, I, J)), normal((b, t, I))
   positions = jnp.broadcast_to(jnp.arange(s - t, s, dtype=jnp.int32), (b, t))
@@ -73,10 +75,12 @@ def _rows(s: int, b: int, t: int, iters: int, bandwidth: float):
     reference = out if reference is None else reference
     err = float(jnp.max(jnp.abs(out - reference)) / jnp.max(jnp.abs(reference)))
     nbytes = keys.nbytes + (0 if k_scale is None else k_scale.nbytes)
+    if "scores" not in parts:  # the first variant's scores feed the top-k
+      break
     yield ("scores", name, f"{seconds * 1e6:,.0f}", f"{floor_us(nbytes):,.1f}", f"{floor_us(nbytes) / seconds / 1e6:.2f}",
            f"rel err {err:.1e}")
   backend = jax.default_backend()
-  if backend in ("gpu", "tpu") and s % SCORE_BLOCK_SLOTS == 0:  # the fused kernel, against the bf16 XLA row
+  if "scores" in parts and backend in ("gpu", "tpu") and s % SCORE_BLOCK_SLOTS == 0:  # the fused kernel
     bf16_keys = keys32.astype(jnp.bfloat16)
     for name, keys, k_scale in [("bf16 keys, fused kernel", bf16_keys, None), ("fp8 keys, fused kernel", keys8, scale)]:
       fn = jax.jit(lambda q, k, w, ks: index_scores_pallas(q.astype(jnp.bfloat16), k, w, J**-0.5, k_scale_BS=ks,
@@ -92,8 +96,9 @@ def _rows(s: int, b: int, t: int, iters: int, bandwidth: float):
   scores = reference
   visible = causal_mask(positions, s)
   first = None
-  for name, select in [("lax.top_k", topk_selection), ("radix select (library)", topk_selection_radix),
-                       ("radix, one reduction a pass (before)", radix_one_reduction)]:
+  for name, select in [] if "top-k" not in parts else [("lax.top_k", topk_selection), ("radix select (library)", topk_selection_radix),
+                       ("radix 4-bit, one reduction a pass", radix_one_reduction),
+                       ("radix 2-bit, sibling reductions", radix_siblings(2))]:
     fn = jax.jit(lambda x, v, select=select: select(x, v, K_TOP))
     seconds = time_in_loop(fn, (scores, visible), iters)
     chosen = np.sort(np.asarray(fn(scores, visible).slots_BTK), axis=-1)
@@ -101,6 +106,8 @@ def _rows(s: int, b: int, t: int, iters: int, bandwidth: float):
     yield ("top-k", name, f"{seconds * 1e6:,.0f}", f"{floor_us(scores.nbytes):,.1f}",
            f"{floor_us(scores.nbytes) / seconds / 1e6:.2f}", f"same set: {bool((chosen == first).all())}")
 
+  if "attention" not in parts:
+    return
   selection = topk_selection(scores, visible, K_TOP)
   latent, k_pe = normal((b, s, C), jnp.bfloat16), normal((b, s, R), jnp.bfloat16)
   q_lat, q_pe = normal((b, t, N, C), scale=0.05), normal((b, t, N, R), jnp.bfloat16, 0.05)

@@ -47,8 +47,8 @@ def radix_siblings(digit_bits: int):
 
 
 def radix_one_reduction(scores_BTS, visible_BTS, topk):
-  """The radix select as it was before issue 27's prefill work: 4 bits a pass, the 15 candidate counts as one
-  reduction over a [B, T, 15, S] comparison."""
+  """A radix select of 4 bits a pass whose 15 candidate counts are one reduction over a [B, T, 15, S] comparison
+  (the library's only form before issue 27's prefill work; its form for few queries now)."""
   k = min(topk, scores_BTS.shape[-1])
   keys_BTS = order_keys(scores_BTS, visible_BTS)
   kth_BT = jnp.zeros(keys_BTS.shape[:2], jnp.uint32)
@@ -60,9 +60,9 @@ def radix_one_reduction(scores_BTS, visible_BTS, topk):
   return select_from_kth(keys_BTS, visible_BTS, kth_BT, k)
 
 
-TOPK_VARIANTS = {"lax.top_k": topk_selection, "radix (library: 2-bit siblings)": topk_selection_radix,
-                 "radix 4-bit, one reduction (before)": radix_one_reduction,
-                 "radix 1-bit siblings": radix_siblings(1), "radix 4-bit siblings": radix_siblings(4)}
+TOPK_VARIANTS = {"lax.top_k": topk_selection, "radix (library)": topk_selection_radix,
+                 "radix 4-bit, one reduction": radix_one_reduction, "radix 1-bit siblings": radix_siblings(1),
+                 "radix 2-bit siblings": radix_siblings(2), "radix 4-bit siblings": radix_siblings(4)}
 
 
 def kernels_of(fn, args, calls: int = 3, top: int = 6) -> str:

@@ -230,28 +230,47 @@ def topk_selection(scores_BTS: jax.Array, visible_BTS: jax.Array, topk: int) -> 
   return Selection(slots_BTK.astype(jnp.int32), jnp.take_along_axis(visible_BTS, slots_BTK, axis=-1))
 
 
-RADIX_DIGIT_BITS = 2  # bits a radix pass settles: 16 passes of 3 counts (benchmarks/RESULTS.md, issue 27's prefill)
+# Queries (B·T) up to which a radix pass counts its candidates as one reduction (benchmarks/RESULTS.md, issue 27's
+# prefill): few queries leave sibling reductions too few rows to fill a GPU; many re-read the keys per candidate.
+RADIX_ONE_REDUCTION_QUERIES = 32
 
 
 def topk_selection_radix(scores_BTS: jax.Array, visible_BTS: jax.Array, topk: int) -> Selection:
   """The slots `topk_selection` picks (ties → the lowest slots), listed in slot order, without a sort:
-  a radix select finds each query's k-th largest score over order-preserving integer keys, RADIX_DIGIT_BITS
-  bits a pass (the largest digit whose prefix still has ≥ k keys at or above it), then the slots above it (and
-  enough of those equal to it) are compacted in order.
+  a radix select finds each query's k-th largest score over order-preserving integer keys, a digit a pass (the
+  largest digit whose prefix still has ≥ k keys at or above it), then the slots above it (and enough of those
+  equal to it) are compacted in order.
 
-  A pass's 2^bits − 1 candidate counts are separate reductions of the same keys, which XLA fuses into one read
-  of them; written as one reduction over a [B, T, candidates, S] comparison instead, every candidate re-reads
-  the keys (10× slower for a 2,048-token prefill chunk over 32K slots)."""
+  How a pass counts its candidates depends on the number of queries, never the result: up to
+  RADIX_ONE_REDUCTION_QUERIES, 4-bit digits whose 15 counts are one reduction over a [B, T, 15, S] comparison
+  (15 rows per query keep the device busy; each re-reads the keys); beyond, 2-bit digits whose 3 counts are
+  separate reductions of the same keys, which XLA fuses into one read of them per pass."""
   k = min(topk, scores_BTS.shape[-1])
   keys_BTS = order_keys(scores_BTS, visible_BTS)
+  b, t, _ = keys_BTS.shape
+  count = _kth_key_one_reduction if b * t <= RADIX_ONE_REDUCTION_QUERIES else _kth_key_sibling_reductions
+  return select_from_kth(keys_BTS, visible_BTS, count(keys_BTS, k), k)
+
+
+def _kth_key_one_reduction(keys_BTS: jax.Array, k: int) -> jax.Array:
   kth_BT = jnp.zeros(keys_BTS.shape[:2], jnp.uint32)
-  for shift in range(32 - RADIX_DIGIT_BITS, -1, -RADIX_DIGIT_BITS):
+  digits = jnp.arange(1, 16, dtype=jnp.uint32)
+  for shift in range(28, -1, -4):
+    candidates_BTD = kth_BT[..., None] | (digits << shift)
+    at_least_BTD = jnp.sum(keys_BTS[:, :, None, :] >= candidates_BTD[..., None], axis=-1, dtype=jnp.int32)
+    kth_BT = kth_BT | (jnp.sum(at_least_BTD >= k, axis=-1, dtype=jnp.uint32) << shift)
+  return kth_BT
+
+
+def _kth_key_sibling_reductions(keys_BTS: jax.Array, k: int) -> jax.Array:
+  kth_BT = jnp.zeros(keys_BTS.shape[:2], jnp.uint32)
+  for shift in range(30, -1, -2):
     digit_BT = jnp.zeros_like(kth_BT)
-    for d in range(1, 2**RADIX_DIGIT_BITS):
+    for d in range(1, 4):
       at_least_BT = jnp.sum(keys_BTS >= (kth_BT | jnp.uint32(d << shift))[..., None], axis=-1, dtype=jnp.int32)
       digit_BT = digit_BT + (at_least_BT >= k).astype(jnp.uint32)
     kth_BT = kth_BT | (digit_BT << shift)
-  return select_from_kth(keys_BTS, visible_BTS, kth_BT, k)
+  return kth_BT
 
 
 def order_keys(scores_BTS: jax.Array, visible_BTS: jax.Array) -> jax.Array:

@@ -10,7 +10,7 @@ MLA's form per chunk: with a DSA cache (capacity > index_topk) the sparse absorb
 attends over its ≤ index_topk selected entries, as vLLM's sparse FlashMLA prefill does — since the
 naive form would expand kv_b_proj over every slot and score all of them for every chunk; dense
 caches (V3, or capacity ≤ index_topk) keep the naive form. The chunk size comes from
-`cfg.prefill_chunk`, or (0) from `auto_prefill_chunk`: the largest power of two ≤ 4096 whose
+`cfg.prefill_chunk`, or (0) from `auto_prefill_chunk`: the largest power of two ≤ 8192 whose
 attention intermediates fit PREFILL_CHUNK_BYTES.
 """
 
@@ -25,7 +25,9 @@ from jax_mtp.mla import resolve_sparse_attention_impl
 from jax_mtp.model import TargetModel, init_target_caches
 from jax_mtp.platform import lowering_platform
 
-PREFILL_CHUNK_BYTES = 4 * 2**30  # one chunk's per-query intermediates per device (4 GiB: larger chunks measured faster)
+# One chunk's per-query intermediates per device: larger chunks keep the experts' and attention's matmuls on the
+# tensor cores (benchmarks/RESULTS.md, issue 27: the 32K prompt's chunks of 2,048 / 4,096 / 8,192 tokens)
+PREFILL_CHUNK_BYTES = 8 * 2**30
 # The radix top-k's per-slot words (jax_mtp.indexer.topk_selection_radix): scores, visibility, keys, the
 # above / tied masks and their two prefix sums, the ranks, the slot ids it scatters
 TOPK_WORDS_PER_SLOT = 9

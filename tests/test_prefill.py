@@ -74,7 +74,7 @@ def test_auto_chunk_fits_the_budget():
   assert kernel_chunk * per_token <= PREFILL_CHUNK_BYTES < 2 * kernel_chunk * per_token
   assert kernel_chunk > chunk
   v3 = jax_mtp.deepseek_v32(model_type="deepseek_v3", index_n_heads=0, index_head_dim=0, index_topk=0)  # dense: N × S scores per query
-  assert auto_prefill_chunk(v3, 1, 32768, local_heads=128) == 128
+  assert auto_prefill_chunk(v3, 1, 32768, local_heads=128) == 256
   assert auto_prefill_chunk(v3, 8, 131072, local_heads=128) == 16  # the floor: 16 tokens per row
   assert auto_prefill_chunk(jax_mtp.tiny(), 1, 64, local_heads=4) == 8192  # the ceiling
 

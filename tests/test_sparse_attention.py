@@ -9,6 +9,7 @@ import pytest
 
 import jax_mtp
 from jax_mtp.cache import causal_mask
+from jax_mtp import indexer
 from jax_mtp.indexer import (SCORE_CHUNK_ELEMENTS, index_scores, score_chunk, topk_selection,
                               topk_selection_radix)
 from tests.tolerances import assert_close
@@ -54,10 +55,13 @@ def test_selection_is_the_top_k_of_visible_slots():
 
 
 @pytest.mark.parametrize("b,t,s,k", [(2, 3, 300, 8), (1, 1, 5000, 2048), (3, 2, 40, 64), (2, 2, 1000, 100),
-                                     (1, 4, 129, 1)])
-def test_radix_selection_picks_the_top_k_set(b, t, s, k):
+                                     (1, 4, 129, 1), (4, 9, 700, 64)])
+@pytest.mark.parametrize("one_reduction_queries", [0, 10**6], ids=["sibling reductions", "one reduction"])
+def test_radix_selection_picks_the_top_k_set(b, t, s, k, one_reduction_queries, monkeypatch):
   """The radix select picks the slots lax.top_k picks — ties (many equal scores) to the lowest slots,
-  invalid fillers where fewer than k are visible (k > S included), negative and -inf scores."""
+  invalid fillers where fewer than k are visible (k > S included), negative and -inf scores — in both forms of
+  its passes (4-bit digits counted by one reduction; 2-bit digits by sibling reductions)."""
+  monkeypatch.setattr(indexer, "RADIX_ONE_REDUCTION_QUERIES", one_reduction_queries)
   rng = np.random.default_rng(s)
   scores = jnp.asarray(rng.standard_normal((b, t, s)), jnp.float32)
   scores = scores.at[:, :, ::7].set(0.5).at[0, 0, :50].set(-3.0)
