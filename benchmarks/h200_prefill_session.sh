@@ -5,6 +5,9 @@
 #            32K prefill through benchmarks.e2e with its per-part profile
 #   parts2   after the new top-k: the top-k variants at decode's shapes (T = 4; B = 1, 64; 32K and 128K slots), then
 #            the 32K prefill at the auto chunk, 4,096 and 8,192 with its per-part profile
+#   e2e3     the top-k forms at B·T = 4 … 256 (the one-reduction threshold), then benchmarks.e2e at B = 1 (32K, 8K,
+#            1K prompts, the auto chunk)
+#   e2e4     benchmarks.e2e at B = 8 and 64 (1K and 4K prompts): the round at B = 64, 4K context
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 QUIET="TPU|libtpu|Source Location|InitGoogle|E0000|E1203|I0000|errors.h|learning/|Deprecat|return rule|^$"
@@ -23,6 +26,15 @@ case "${1:?stage}" in
     run 150 dsa_parts_t4.md python3 -m benchmarks.dsa_parts --capacity 33280 131072 --batch 1 64 --tokens 4 --iters 10
     run 360 e2e_32k_chunks.md python3 -m benchmarks.e2e --prompt 32768 --batch 1 --prefill-chunk 0 4096 8192 \
       --profile --iters 5 --out "$OUT/e2e_32k_chunks.json"
+    ;;
+  e2e3)
+    run 100 topk_rows.md python3 -m benchmarks.dsa_parts --capacity 33280 --batch 1 4 8 16 64 --tokens 4 \
+      --parts top-k --iters 10
+    run 440 e2e_b1.md python3 -m benchmarks.e2e --prompt 32768 8192 1024 --batch 1 --iters 5 --out "$OUT/e2e_b1.json"
+    ;;
+  e2e4)
+    run 400 e2e_b8_b64.md python3 -m benchmarks.e2e --prompt 1024 4096 --batch 8 64 --max-prefill-tokens 300000 \
+      --iters 5 --out "$OUT/e2e_b8_b64.json"
     ;;
   *) echo "unknown stage $1"; exit 2 ;;
 esac
