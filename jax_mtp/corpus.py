@@ -10,11 +10,16 @@ found under (`CorpusFile.relative`: the stdlib root, or the --data directory), s
 when files are added, nor between machines that keep the same files under different roots. A batch is
 `batch` windows at offsets drawn from (seed, step) alone: a resumed run reads exactly the batches an
 uninterrupted one would.
+
+A trained model's directory may carry `training_corpus.json`, the record of the files it trained on and held
+out (paths relative to the stdlib root); `unseen_files(model_dir)` is its held-out files as this Python has them:
+text to measure it on that it never read, on any machine.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import sys
 import sysconfig
@@ -24,6 +29,7 @@ import numpy as np
 EOS = "<|endoftext|>"  # separates documents; the trained model's end-of-sequence id
 TEXT_SUFFIXES = (".py", ".txt", ".md", ".rst")
 HELD_OUT = 0.05  # the share of documents held out (TokenData.build's default)
+TRAINING_RECORD = "training_corpus.json"  # in a model's directory: the stdlib files it trained on and held out
 
 
 class CorpusError(ValueError):
@@ -108,6 +114,28 @@ def is_held_out(path: str, fraction: float) -> bool:
   name = path.relative if isinstance(path, CorpusFile) else path
   digest = hashlib.sha256(name.encode()).digest()
   return int.from_bytes(digest[:4], "little") / 2**32 < fraction
+
+
+def unseen_files(model_dir: str) -> list[CorpusFile]:
+  """This Python's default-corpus files that the model in `model_dir` never trained on: those its training record
+  (`model_dir`/training_corpus.json) lists as "held_out", matched by the path relative to the stdlib root, so the
+  same names on every machine whatever the root. A file the record names on neither side (absent from the
+  training machine's Python) is left out too, though the model never read it: a newer Python's new files carry
+  trained text under new names (3.13's pathlib/_local.py and sysconfig/__init__.py are most of 3.12's pathlib.py
+  and sysconfig.py, which it trained on). Not filtered by `is_held_out`: the record, not today's split rule, says
+  what the model read (on its training image no file the rule holds out is unseen)."""
+  path = os.path.join(model_dir, TRAINING_RECORD)
+  try:
+    with open(path) as f:
+      held_out = set(json.load(f)["held_out"])
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise CorpusError(f"{model_dir!r} has no readable record of the files it trained on: {path!r} must hold a "
+                      f"\"held_out\" list of paths relative to the stdlib root ({e})") from None
+  files = [f for f in default_corpus() if f.relative in held_out]
+  if not files:
+    raise CorpusError(f"none of the {len(held_out)} stdlib files {path!r} lists as held out is in this Python's "
+                      f"standard library ({sysconfig.get_paths()['stdlib']!r})")
+  return files
 
 
 class TokenData:

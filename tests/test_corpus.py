@@ -1,7 +1,9 @@
 """The training corpus' held-out split (jax_mtp.corpus): a hash of each file's path relative to the corpus root
 it was found under, so one tree is split the same way wherever it lies, and the standard library the same way
-on every machine that has the same Python."""
+on every machine that has the same Python; and a model's record of the files it trained on
+(corpus.unseen_files), read by relative name, so the same files count as unseen wherever the stdlib lies."""
 
+import json
 import os
 import shutil
 import sysconfig
@@ -60,8 +62,58 @@ def test_the_standard_library_is_named_relative_to_its_root():
 
 def test_the_rule_is_pinned():
   """The hash itself, pinned on names of the standard library: a change would move documents across the split
-  (and the reasoning of test_default_model's held-out files with them)."""
+  (and a model trained under it would have its held-out text measured on text it trained on)."""
   names = ["abc.py", "json/decoder.py", "operator.py", "importlib/util.py", "fractions.py", "encodings/cp737.py"]
   assert [n for n in names if corpus.is_held_out(n, corpus.HELD_OUT)] == [
       "abc.py", "operator.py", "importlib/util.py", "encodings/cp737.py"]
   assert all(corpus.is_held_out(n, 1.0) and not corpus.is_held_out(n, 0.0) for n in names)
+
+
+def _stdlib_at(monkeypatch, root, names) -> None:
+  """A stand-in standard library: `names` (relative, '/'-separated) under `root`, which default_corpus walks."""
+  for name in names:
+    os.makedirs(os.path.dirname(os.path.join(root, name)), exist_ok=True)
+    with open(os.path.join(root, name), "w") as f:
+      f.write(f"# {name}\n")
+  monkeypatch.setattr(corpus.sysconfig, "get_paths", lambda: {"stdlib": str(root)})
+
+
+def _model_with_record(model_dir, **record) -> str:
+  os.makedirs(model_dir)
+  with open(os.path.join(model_dir, corpus.TRAINING_RECORD), "w") as f:
+    json.dump(record, f)
+  return str(model_dir)
+
+
+def test_unseen_files_are_the_records_held_out_files_here_wherever_the_stdlib_lies(tmp_path, monkeypatch):
+  """Matched by relative name under any root: a file the record holds out (here or not), never one it trained on,
+  nor one it does not name (a newer Python's new files may carry trained text under a new name)."""
+  model = _model_with_record(tmp_path / "model", trained=["a.py", "pkg/b.py"],
+                             held_out=["c.py", "pkg/d.py", "gone.py"])
+  for root in (tmp_path / "lib", tmp_path / "a much longer root" / "lib" / "python3.99"):
+    _stdlib_at(monkeypatch, root, ["a.py", "c.py", "new.py", "pkg/b.py", "pkg/d.py", "pkg/new.py"])
+    files = corpus.unseen_files(model)
+    assert [f.relative for f in files] == ["c.py", "pkg/d.py"]
+    assert files[1] == os.path.join(root, "pkg", "d.py")
+
+
+@pytest.mark.parametrize("record, match", [
+    (None, "has no readable record of the files it trained on.*No such file"),
+    ({"trained": ["a.py"]}, "has no readable record.*'held_out'"),
+    ({"held_out": ["gone.py"]}, "none of the 1 stdlib files .* lists as held out is in this Python"),
+])
+def test_unseen_files_without_a_usable_record_is_one_error(tmp_path, monkeypatch, record, match):
+  _stdlib_at(monkeypatch, tmp_path / "lib", ["a.py"])
+  model = _model_with_record(tmp_path / "model", **record) if record else str(tmp_path)
+  with pytest.raises(corpus.CorpusError, match=match):
+    corpus.unseen_files(model)
+
+
+def test_the_embedded_default_carries_its_record():
+  """The default's record ships beside its weights: 494 trained + 23 held-out names, disjoint, relative."""
+  from jax_mtp.loader import DEFAULT_MODEL  # noqa: PLC0415
+  with open(os.path.join(DEFAULT_MODEL, corpus.TRAINING_RECORD)) as f:
+    record = json.load(f)
+  trained, held_out = set(record["trained"]), set(record["held_out"])
+  assert (len(trained), len(held_out)) == (494, 23) and not trained & held_out
+  assert not any(os.path.isabs(name) or "\\" in name for name in trained | held_out)

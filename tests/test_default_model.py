@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 
 import pytest
 
@@ -46,40 +45,32 @@ def test_json_text_prompt(capsys):
   assert all(len(tokens) <= 12 for tokens in result["tokens"])
 
 
-# The default's training corpus, reconstructed (the file's "what" says how): the stdlib files it trained on,
-# by their path relative to the stdlib root.
-TRAINING_CORPUS = os.path.join(os.path.dirname(__file__), "golden", "default_model_corpus.json")
-
-
-def unseen_held_out_files() -> list[corpus.CorpusFile]:
-  """This Python's stdlib files that the path rule holds out (`corpus.is_held_out`) and the default never read:
-  held out when it was trained (under the absolute-path hash of that time), or not in its corpus at all."""
-  with open(TRAINING_CORPUS) as f:
-    trained = set(json.load(f)["trained"])
-  return [f for f in corpus.default_corpus() if corpus.is_held_out(f, corpus.HELD_OUT) and f.relative not in trained]
+# Measured on CPU (2026-12): 2.21 on these four windows, with Python 3.13.0's files (0.62, 0.34, 0.25 per position)
+# and with 3.12.1's; 2.02-2.76 over seven other draws of four windows on each. 1.8 leaves room for another Python's
+# versions of the files; a model that drafts worse than that has regressed.
+ACCEPTANCE_FLOOR = 1.8
 
 
 def test_held_out_acceptance_at_k3():
-  """Four windows of the stdlib files both held out by the path rule and unseen by the default, 48 new tokens
-  each: speculative == plain greedy, and the mean acceptance length is ≥ 1.8."""
+  """Four windows of the stdlib files the default held out when it trained (`corpus.unseen_files`: its record,
+  training_corpus.json, by path relative to the stdlib root), 48 new tokens each: speculative == plain greedy,
+  and the mean acceptance length is ≥ ACCEPTANCE_FLOOR."""
   import tokenizers  # noqa: PLC0415
   from jax_mtp.checkpoint import load_hf_checkpoint  # noqa: PLC0415
   tok = tokenizers.Tokenizer.from_file(f"{DEFAULT_MODEL}/tokenizer.json")
   try:
-    files = unseen_held_out_files()
-  except corpus.CorpusError as e:
+    corpus.default_corpus()
+  except corpus.CorpusError as e:  # a Python without its standard library's sources
     pytest.skip(str(e))
-  if not files:  # e.g. the default's own image: every file the rule holds out there, it trained on
-    pytest.skip("no stdlib file here is both held out by the path rule and unseen by the default")
-  data = corpus.TokenData.build(files, tok)
-  assert not data.train.size  # every file held out: the windows are theirs
+  files = corpus.unseen_files(DEFAULT_MODEL)  # the record ships with the model: without it, this fails
+  data = corpus.TokenData.build(files, tok, held_out=1.0)  # every file on the held-out side: windows are theirs
   prompts = [row.tolist() for row in data.held_out_batches(1, 4, 48)[0]]
   cfg, target, mtp = load_hf_checkpoint(DEFAULT_MODEL, progress=False)
   spec = Speculator(cfg, make_mesh(1), 3)
   result = spec.generate(spec.shard(target, mtp), prompts, 48)
   plain = TargetDecoder(cfg, make_mesh(1))
   assert result.tokens == plain.generate(plain.shard(target), prompts, 48, capacity=None)
-  assert result.metrics.acceptance_length_mean >= 1.8, result.metrics.as_dict()
+  assert result.metrics.acceptance_length_mean >= ACCEPTANCE_FLOOR, result.metrics.as_dict()
 
 
 def test_text_stream_prints_what_is_new_and_holds_back_split_characters():
