@@ -35,8 +35,9 @@ BACKENDS = ("gpu", "tpu", "interpret")
 def index_scores_pallas(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, scale: float, *,
                         k_scale_BS: jax.Array | None = None, positions_BT: jax.Array | None = None,
                         block_slots: int = 256, block_tokens: int = 4, backend: str = "gpu") -> jax.Array:
-  """fp32 [B, T, S] index scores; S must be a multiple of `block_slots`. Queries go `block_tokens` at a
-  time (a grid axis; T is padded to a whole number of blocks): any T compiles to the same program body.
+  """fp32 [B, T, S] index scores; S must be a multiple of `block_slots`. Queries go in blocks (a grid axis; T is
+  padded to a whole number of blocks) of the largest power of two ≤ min(T, `block_tokens`) (the whole T on TPUs):
+  any T compiles to one program body.
   `positions_BT` (int32, optional): each query's position; scores of slots past a token block's last position are
   then 0 (not computed) instead of their q·k values — callers mask those slots as invisible anyway."""
   b, t, i, j = q_BTIJ.shape
@@ -52,7 +53,8 @@ def index_scores_pallas(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, s
   if positions_BT is not None and (backend == "tpu" or positions_BT.shape != (b, t)):
     raise ValueError(f"positions_BT of shape {positions_BT.shape} cannot bound the slots on backend={backend!r} "
                      f"(it needs shape {(b, t)} and the gpu or interpret backend)")
-  tb = t if backend == "tpu" else min(t, block_tokens)  # Mosaic TPU blocks: 8-row multiples or the whole T
+  # Mosaic TPU blocks: 8-row multiples or the whole T. Triton's arrays are powers of 2 long: the largest ≤ both.
+  tb = t if backend == "tpu" else 1 << (min(t, block_tokens).bit_length() - 1)
   padded = -(-t // tb) * tb  # padding queries have zero weights: their scores are 0 and dropped
   q = jnp.pad(q_BTIJ, [(0, 0), (0, padded - t), (0, 0), (0, 0)]).reshape(b, padded * i, j)
   w = jnp.pad(w_BTI.astype(jnp.float32), [(0, 0), (0, padded - t), (0, 0)]).reshape(b, padded * i, 1)

@@ -14,7 +14,7 @@ from jax.sharding import PartitionSpec as P
 import jax_mtp
 from jax_mtp.indexer import index_scores, quantize_keys, resolve_index_scores_impl
 from jax_mtp.kernels.index_scores import KERNEL_NAME, index_scores_pallas
-from tests.lowered_step import mtp_step_module
+from tests.lowered_step import H200, mtp_step_module
 from tests.tolerances import assert_close
 from tests.tpu_toolchain import requires_libtpu
 
@@ -46,7 +46,7 @@ def test_kernel_equals_xla_and_the_formula(b, t, i, j, s, block, keys):
   assert_close(got, formula, "float32", what=f"kernel vs float64 formula, {keys} keys")
 
 
-@pytest.mark.parametrize("t,tokens", [(5, 4), (9, 4), (3, 1)])
+@pytest.mark.parametrize("t,tokens", [(5, 4), (9, 4), (3, 1), (3, 4)])
 def test_positions_bound_the_scored_slots(t, tokens):
   """With positions, every slot a query of its block can see is scored as without them, and slot blocks past a
   token block's last position are 0 (skipped); positions span several slot blocks and pad the last token block."""
@@ -65,6 +65,21 @@ def test_positions_bound_the_scored_slots(t, tokens):
   assert scored_BTS[0].sum() < scored_BTS[0].size  # some blocks were skipped
   visible = np.arange(s)[None, None] <= np.asarray(positions)[..., None]
   assert scored_BTS[visible].all()
+
+
+@pytest.mark.parametrize("t", [1, 2, 3, 5, 7])
+def test_kernel_lowers_for_cuda_at_any_t(t):
+  """Exported for CUDA (Pallas's Triton lowering runs here, on any host), with and without positions: Triton takes
+  only arrays whose lengths are powers of 2, so a query block of 3 once failed on the GPU alone."""
+  q, k, w = _inputs(1, t, 16, 16, 512)
+  checks = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
+  h200 = jax.sharding.AbstractMesh((1,), ("tp",), axis_types=(jax.sharding.AxisType.Auto,), abstract_device=H200)
+  for positions in (None, jnp.arange(t, dtype=jnp.int32)[None]):
+    fn = jax.jit(lambda q, k, w, p: index_scores_pallas(q.astype(jnp.bfloat16), k.astype(jnp.bfloat16), w, 0.5,
+                                                        positions_BT=p, block_slots=256, backend="gpu"))
+    with jax.sharding.use_abstract_mesh(h200):
+      text = jax.export.export(fn, platforms=["cuda"], disabled_checks=checks)(q, k, w, positions).mlir_module()
+    assert KERNEL_NAME in text
 
 
 def test_kernel_refuses_what_it_cannot_run():
