@@ -35,6 +35,7 @@ from jax_mtp.config import DTYPES, INDEX_SCORES_IMPLS, MOE_IMPLS, SPARSE_ATTENTI
 from jax_mtp.decode_output import Progress, TextStream, exit_code, print_result
 from jax_mtp.generate import TargetDecoder
 from jax_mtp.kernels.fused_allreduce_rmsnorm import IMPLS, gpu_kernels
+from jax_mtp.prefill import PREFILL_CHUNK_BYTES
 from jax_mtp.request import (check_caches_fit, required_capacity, stop_id_array, validate_prompts,
                              validate_temperature)
 from jax_mtp.sharding import make_mesh, validate_tp
@@ -89,8 +90,8 @@ def _parser() -> argparse.ArgumentParser:
                  help="DSA's sparse MLA attention: xla, or the fused Pallas kernel (pallas_gpu); auto: the kernel on "
                       "GPUs where it takes the model, else xla")
   p.add_argument("--prefill-chunk", type=int, default=0, metavar="TOKENS",
-                 help="prompt tokens per row per prefill call; 0 (default): sized to 4 GiB of per-query buffers "
-                      "(jax_mtp.prefill)")
+                 help="prompt tokens per row per prefill call; 0 (default): sized to "
+                      f"{PREFILL_CHUNK_BYTES // 2**30} GiB of per-query buffers (jax_mtp.prefill)")
   p.add_argument("--ignore-eos", action="store_true",
                  help="do not stop a row at the checkpoint's EOS ids (benchmarks, as vLLM's flag)")
   p.add_argument("--check", action="store_true",
