@@ -23,9 +23,10 @@ import numpy as np
 from benchmarks.prefill_parts import radix_one_reduction, radix_siblings
 from benchmarks.timing import copy_bandwidth, time_in_loop
 from jax_mtp.cache import causal_mask
-from jax_mtp.indexer import (SCORE_BLOCK_SLOTS, Selection, index_scores, quantize_keys, score_chunk, topk_selection,
+from jax_mtp.indexer import (SCORE_BLOCK_SLOTS, Selection, quantize_keys, score_chunk, topk_selection,
                               topk_selection_radix)
 from jax_mtp.kernels.index_scores import index_scores_pallas
+from jax_mtp.kernels.index_scores import reference as index_scores
 from jax_mtp.mla import sparse_latent_attention
 
 I, J, K_TOP, N, C, R = 64, 128, 2048, 128, 512, 64  # indexer heads / dim, index_topk, MLA heads, latent, rope
@@ -84,7 +85,7 @@ def _rows(s: int, b: int, t: int, iters: int, bandwidth: float, parts=PARTS):
     bf16_keys = keys32.astype(jnp.bfloat16)
     for name, keys, k_scale in [("bf16 keys, fused kernel", bf16_keys, None), ("fp8 keys, fused kernel", keys8, scale)]:
       fn = jax.jit(lambda q, k, w, ks: index_scores_pallas(q.astype(jnp.bfloat16), k, w, J**-0.5, k_scale_BS=ks,
-                                                           block_slots=SCORE_BLOCK_SLOTS, backend=backend))
+                                                           backend=backend))
       seconds = time_in_loop(fn, (q, keys, w, k_scale), iters)
       out = fn(q, keys, w, k_scale)
       xla = index_scores(q, keys, w, J**-0.5, k_scale_BS=k_scale, dot_dtype=jnp.bfloat16)

@@ -23,9 +23,9 @@ import numpy as np
 from benchmarks.step_profile import device_events, op_names
 from benchmarks.timing import copy_bandwidth, time_in_loop
 from jax_mtp.cache import causal_mask
-from jax_mtp.indexer import (SCORE_BLOCK_SLOTS, order_keys, select_from_kth, topk_selection,
+from jax_mtp.indexer import (order_keys, select_from_kth, topk_selection,
                              topk_selection_radix)
-from jax_mtp.kernels.index_scores import index_scores_pallas
+from jax_mtp.kernels.index_scores import Config, index_scores_pallas
 
 I, J, K_TOP = 64, 128, 2048  # V3.2's indexer heads, head dim, index_topk
 
@@ -116,7 +116,7 @@ def _rows(args, t: int, bandwidth: float):
   for bounded in (False, True):
     for tb in args.block_tokens:
       fn = jax.jit(lambda q, k, w, pos, tb=tb, bounded=bounded: index_scores_pallas(
-          q, k, w, J**-0.5, positions_BT=pos if bounded else None, block_slots=SCORE_BLOCK_SLOTS, block_tokens=tb,
+          q, k, w, J**-0.5, positions_BT=pos if bounded else None, config=Config(block_tokens=tb),
           backend=backend))
       call = (q_BTIJ, k_BSJ, w_BTI, positions)
       seconds = time_in_loop(fn, call, args.iters)

@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 from jax_mtp.cache import LayerCache, causal_mask, write_at_positions
 from jax_mtp.config import MtpConfig
-from jax_mtp.kernels.index_scores import index_scores_pallas
+from jax_mtp.kernels import index_scores as scores_kernel
 from jax_mtp.layers import LayerNorm, Rotary, apply_rope, linear
 from jax_mtp.platform import lowering_platform
 
@@ -105,14 +105,14 @@ class Indexer(nn.Module):
   def _scores(self, q_BTIJ, w_BTI, positions_BT, cache: LayerCache, impl: str) -> jax.Array:
     cfg = self.cfg
     if impl == "xla":
-      scores_BTS = index_scores(q_BTIJ, cache.index_k_BSJ, w_BTI, cfg.index_head_dim**-0.5,
-                                chunk=score_chunk(*q_BTIJ.shape[:3], cache.capacity),
-                                k_scale_BS=cache.index_k_scale_BS, dot_dtype=cfg.dtype)
+      scores_BTS = scores_kernel.reference(q_BTIJ, cache.index_k_BSJ, w_BTI, cfg.index_head_dim**-0.5,
+                                           chunk=score_chunk(*q_BTIJ.shape[:3], cache.capacity),
+                                           k_scale_BS=cache.index_k_scale_BS, dot_dtype=cfg.dtype)
     else:
       backend = impl.removeprefix("pallas_")  # GPU: slot blocks past a query block's positions are skipped
-      scores_BTS = index_scores_pallas(q_BTIJ.astype(cfg.dtype), cache.index_k_BSJ, w_BTI, cfg.index_head_dim**-0.5,
-                                       k_scale_BS=cache.index_k_scale_BS, block_slots=SCORE_BLOCK_SLOTS,
-                                       positions_BT=None if backend == "tpu" else positions_BT, backend=backend)
+      scores_BTS = scores_kernel.index_scores_pallas(
+          q_BTIJ.astype(cfg.dtype), cache.index_k_BSJ, w_BTI, cfg.index_head_dim**-0.5,
+          k_scale_BS=cache.index_k_scale_BS, positions_BT=None if backend == "tpu" else positions_BT, backend=backend)
     return scores_BTS
 
   def _rope_first(self, x: jax.Array, rotary: Rotary) -> jax.Array:
@@ -122,15 +122,16 @@ class Indexer(nn.Module):
     return jnp.concatenate([rotated, x[..., r:]], axis=-1)
 
 
-SCORE_BLOCK_SLOTS = 256  # slots per program of the fused kernel
+SCORE_BLOCK_SLOTS = scores_kernel.Config().block_slots  # slots per program of the fused kernel
 
 
 def resolve_index_scores_impl(cfg: MtpConfig, platform: str, capacity: int) -> str:
   """"xla" or the fused kernel ("pallas_gpu" / "pallas_tpu") for `cfg.index_scores_impl`.
 
-  "auto" (measured on one H200, benchmarks/RESULTS.md "The fused index-scores kernel"):
-    gpu  pallas_gpu wherever the kernel takes the model: 1.4× (B = 1) to 4× (B = 64) faster than
-         XLA's bf16 scores at 128K, the B = 64 draft step 1.41× faster; xla otherwise
+  "auto":
+    gpu  pallas_gpu wherever the kernel takes the model (faster than XLA's bf16 scores at every B and T it was
+         timed at: benchmarks/RESULTS.md, "The fused index-scores kernel" and issue 27's prefill sections);
+         xla otherwise
     tpu, cpu  xla (the kernel is compiled for v5e / v6e through libtpu but not timed on a TPU)
   An explicit kernel runs as asked (it may target another platform than this process's, as an AOT
   compile does) unless it cannot take the model (`_kernel_problems`): then a ValueError names why."""
@@ -187,43 +188,10 @@ def quantize_keys(k_BTJ: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
   return (k_BTJ / scale_BT[..., None]).astype(dtype), scale_BT
 
 
-def index_scores(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, scale: float, *,
-                 chunk: int | None = None, k_scale_BS: jax.Array | None = None, dot_dtype=jnp.float32) -> jax.Array:
-  """I[b, t, s] = Σ_i w[b, t, i] · ReLU(q[b, t, i] · k[b, s]) · scale, fp32 [B, T, S], computed
-  `chunk` slots at a time (None: all at once). `k_scale_BS`: per-token scales of float8 keys.
-
-  q and the keys enter the q·k dot in `dot_dtype` with fp32 accumulation: float32 is exact
-  (HIGHEST); bfloat16 (a bf16 model's) rounds q as the keys already are, runs on the matrix
-  units and never writes an up-cast copy of the keys (the official kernel rounds both to FP8)."""
-  precision = jax.lax.Precision.HIGHEST if jnp.dtype(dot_dtype) == jnp.float32 else jax.lax.Precision.DEFAULT
-  q_BTIJ, w_BTI = q_BTIJ.astype(dot_dtype), w_BTI.astype(jnp.float32)
-  b, s, j = k_BSJ.shape
-
-  def scores(chunk_keys):
-    k_BCJ, k_scale_BC = chunk_keys  # k_scale_BC: None for unscaled keys
-    logits_BTIC = jnp.einsum("btij,bcj->btic", q_BTIJ, k_BCJ.astype(dot_dtype), precision=precision,
-                             preferred_element_type=jnp.float32)
-    if k_scale_BC is not None:
-      logits_BTIC = logits_BTIC * k_scale_BC[:, None, None, :]  # per-key scale: outside the dot, exact
-    return jnp.einsum("btic,bti->btc", jax.nn.relu(logits_BTIC) * scale, w_BTI, precision=jax.lax.Precision.HIGHEST)
-
-  if chunk is None or chunk >= s:
-    return scores((k_BSJ, k_scale_BS))
-
-  def chunked(x_BS_):  # [B, S, ...] → [chunks, B, chunk, ...], zero-padded past S
-    x_BS_ = jnp.pad(x_BS_, [(0, 0), (0, chunks * chunk - s)] + [(0, 0)] * (x_BS_.ndim - 2))
-    return x_BS_.reshape(b, chunks, chunk, *x_BS_.shape[2:]).swapaxes(0, 1)
-
-  chunks = -(-s // chunk)
-  scales = None if k_scale_BS is None else chunked(k_scale_BS)
-  scores_NBTC = jax.lax.map(scores, (chunked(k_BSJ), scales))
-  return jnp.moveaxis(scores_NBTC, 0, 2).reshape(b, q_BTIJ.shape[1], chunks * chunk)[..., :s]
-
-
 def topk_selection(scores_BTS: jax.Array, visible_BTS: jax.Array, topk: int) -> Selection:
   """The `topk` highest-scoring visible slots (all visible ones, and invalid fillers, if fewer), by
-  `lax.top_k` (a sort): the reference `topk_selection_radix` is tested against and measured beside
-  (benchmarks.dsa_parts: the radix select is 1.1–3.2× faster at 32K–128K slots on an H200)."""
+  `lax.top_k` (a sort): the reference `topk_selection_radix` is tested against and timed beside
+  (benchmarks.dsa_parts, benchmarks.prefill_parts; RESULTS.md)."""
   k = min(topk, scores_BTS.shape[-1])
   masked = jnp.where(visible_BTS, scores_BTS, -jnp.inf)
   _, slots_BTK = jax.lax.top_k(masked, k)

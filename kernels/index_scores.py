@@ -1,27 +1,28 @@
-"""The DSA indexer's scores in one Pallas kernel: q·k on the matrix units, ReLU, the weighted sum over
-the indexer heads in registers — the [B, T, I, S] logits never reach HBM.
+"""The DSA indexer's scores: the op, its XLA reference and one Pallas kernel that keeps the [B, T, I, S] logits out
+of HBM (q·k on the matrix units, ReLU and the weighted sum over the indexer heads in registers).
 
     I[b, t, s] = scale · Σ_i w[b, t, i] · ReLU(q[b, t, i] · k[b, s] · k_scale[b, s])
 
-XLA runs this as a dot that writes fp32 logits and a fusion that reads them back: at 64 heads that is
-64 × 4 bytes per (query, slot) against the 2 bytes of key the step must read, and the scores sit at
-0.12–0.25 of their floor on an H200 at B ≥ 8 (benchmarks/RESULTS.md, "Long-context DSA"). Here each
-program reads one block of `block_slots` keys once and writes T scores per slot.
+`reference` is XLA's formulation (a dot that writes fp32 logits, then a fusion that reads them back: 64 heads × 4
+bytes per (query, slot) against the 2 bytes of key a step must read), in slot chunks so the logits never exist
+whole; it is also the model's "xla" impl. `index_scores_pallas` is the kernel: each program reads one block of
+`Config.block_slots` keys once and writes its query block's scores over them.
 
-Grid (B, T / block_tokens, S / block_slots); a token block's q [tb·I, J] and w [tb·I, 1] stay resident while
-the row's keys stream past them. With the queries' positions (`positions_BT`, GPU and interpret backends) a program
-whose slot block starts past its token block's last position writes zeros without reading keys: those slots are
+Grid (B, T / block_tokens, S / block_slots); a query block's q [tb·I, J] and w [tb·I, 1] stay resident while the
+row's keys stream past them. With the queries' positions (`positions_BT`, GPU and interpret backends) a program
+whose slot block starts past its query block's last position writes zeros without reading keys: those slots are
 invisible to every query of the block (slot s holds position s), so a prefill chunk scores only the causal part of
 the cache (half of it on average over a prompt) and an early decode step only the slots written so far.
-Keys enter the dot in q's dtype (bf16 in a bf16 model; float8 keys are widened through fp32 first,
-which every ptxas can convert) with fp32 accumulation; per-key fp8 scales multiply the fp32 logits.
-`backend`: "gpu" (Pallas' Triton backend, which JAX has deprecated in favour of Mosaic GPU: a port
-is due once this kernel is measured), "tpu" (Mosaic) or "interpret" (any host, for tests). The
-reference is `jax_mtp.indexer.index_scores` (XLA); `MtpConfig.index_scores_impl` picks it.
+Keys enter the dot in q's dtype (bf16 in a bf16 model; float8 keys are widened through fp32 first, which every
+ptxas can convert) with fp32 accumulation; per-key fp8 scales multiply the fp32 logits.
+`backend`: "gpu" (Pallas's Triton backend, which JAX has deprecated in favour of Mosaic GPU: issue 28's port),
+"tpu" (Mosaic) or "interpret" (any host, for tests). `MtpConfig.index_scores_impl` picks the kernel or the
+reference (`jax_mtp.indexer.resolve_index_scores_impl`); measurements: benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -32,34 +33,95 @@ KERNEL_NAME = "dsa_index_scores"
 BACKENDS = ("gpu", "tpu", "interpret")
 
 
-def index_scores_pallas(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, scale: float, *,
-                        k_scale_BS: jax.Array | None = None, positions_BT: jax.Array | None = None,
-                        block_slots: int = 256, block_tokens: int = 4, backend: str = "gpu") -> jax.Array:
-  """fp32 [B, T, S] index scores; S must be a multiple of `block_slots`. Queries go in blocks (a grid axis; T is
-  padded to a whole number of blocks) of the largest power of two ≤ min(T, `block_tokens`) (the whole T on TPUs):
-  any T compiles to one program body.
-  `positions_BT` (int32, optional): each query's position; scores of slots past a token block's last position are
-  then 0 (not computed) instead of their q·k values — callers mask those slots as invisible anyway."""
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """The kernel's launch parameters. `block_tokens` is an upper bound: `config_for` sets what a call runs."""
+
+  block_slots: int = 256  # slots per program; the cache capacity must be a multiple (indexer.kernel_capacity)
+  block_tokens: int = 4  # queries per program (RESULTS, issue 27: 4 beat 8 and 16 at a 2,048-token chunk)
+  num_warps: int = 4
+  num_stages: int = 2
+
+
+def config_for(tokens: int, backend: str, config: Config | None = None) -> Config:
+  """The launch of a `tokens`-query call: on TPUs the whole T is one block (Mosaic blocks are 8-row multiples or
+  the whole dimension); elsewhere the largest power of two ≤ min(T, block_tokens) (Triton's arrays are powers of 2
+  long: a block of 3 queries does not lower)."""
+  config = config or Config()
+  block = tokens if backend == "tpu" else 1 << (min(tokens, config.block_tokens).bit_length() - 1)
+  return dataclasses.replace(config, block_tokens=block)
+
+
+def check_operands(q_BTIJ, k_BSJ, w_BTI, *, k_scale_BS, positions_BT, config: Config, backend: str) -> None:
+  """A ValueError naming the offending value where the kernel cannot take these operands."""
   b, t, i, j = q_BTIJ.shape
   s = k_BSJ.shape[1]
   if backend not in BACKENDS:
     raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")
-  if s % block_slots:
-    raise ValueError(f"cache capacity {s} is not a multiple of block_slots={block_slots}")
+  if s % config.block_slots:
+    raise ValueError(f"cache capacity {s} is not a multiple of block_slots={config.block_slots}")
   if k_BSJ.shape != (b, s, j) or w_BTI.shape != (b, t, i):
     raise ValueError(f"shapes q {q_BTIJ.shape}, k {k_BSJ.shape}, w {w_BTI.shape} do not agree")
-  if block_tokens < 1:
-    raise ValueError(f"block_tokens={block_tokens} must be ≥ 1")
+  if k_scale_BS is not None and k_scale_BS.shape != (b, s):
+    raise ValueError(f"k_scale_BS of shape {k_scale_BS.shape} does not match the keys' {(b, s)}")
+  if config.block_tokens < 1:
+    raise ValueError(f"block_tokens={config.block_tokens} must be ≥ 1")
   if positions_BT is not None and (backend == "tpu" or positions_BT.shape != (b, t)):
     raise ValueError(f"positions_BT of shape {positions_BT.shape} cannot bound the slots on backend={backend!r} "
                      f"(it needs shape {(b, t)} and the gpu or interpret backend)")
-  # Mosaic TPU blocks: 8-row multiples or the whole T. Triton's arrays are powers of 2 long: the largest ≤ both.
-  tb = t if backend == "tpu" else 1 << (min(t, block_tokens).bit_length() - 1)
+
+
+def reference(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, scale: float, *, chunk: int | None = None,
+              k_scale_BS: jax.Array | None = None, dot_dtype=jnp.float32) -> jax.Array:
+  """fp32 [B, T, S] index scores by XLA, `chunk` slots at a time (None: all at once). `k_scale_BS`: per-token
+  scales of float8 keys.
+
+  q and the keys enter the q·k dot in `dot_dtype` with fp32 accumulation: float32 is exact (HIGHEST); bfloat16 (a
+  bf16 model's) rounds q as the keys already are, runs on the matrix units and never writes an up-cast copy of the
+  keys (the official kernel rounds both to FP8)."""
+  precision = jax.lax.Precision.HIGHEST if jnp.dtype(dot_dtype) == jnp.float32 else jax.lax.Precision.DEFAULT
+  q_BTIJ, w_BTI = q_BTIJ.astype(dot_dtype), w_BTI.astype(jnp.float32)
+  b, s, j = k_BSJ.shape
+
+  def scores(chunk_keys):
+    k_BCJ, k_scale_BC = chunk_keys  # k_scale_BC: None for unscaled keys
+    logits_BTIC = jnp.einsum("btij,bcj->btic", q_BTIJ, k_BCJ.astype(dot_dtype), precision=precision,
+                             preferred_element_type=jnp.float32)
+    if k_scale_BC is not None:
+      logits_BTIC = logits_BTIC * k_scale_BC[:, None, None, :]  # per-key scale: outside the dot, exact
+    return jnp.einsum("btic,bti->btc", jax.nn.relu(logits_BTIC) * scale, w_BTI, precision=jax.lax.Precision.HIGHEST)
+
+  if chunk is None or chunk >= s:
+    return scores((k_BSJ, k_scale_BS))
+
+  def chunked(x_BS_):  # [B, S, ...] → [chunks, B, chunk, ...], zero-padded past S
+    x_BS_ = jnp.pad(x_BS_, [(0, 0), (0, chunks * chunk - s)] + [(0, 0)] * (x_BS_.ndim - 2))
+    return x_BS_.reshape(b, chunks, chunk, *x_BS_.shape[2:]).swapaxes(0, 1)
+
+  chunks = -(-s // chunk)
+  scales = None if k_scale_BS is None else chunked(k_scale_BS)
+  scores_NBTC = jax.lax.map(scores, (chunked(k_BSJ), scales))
+  return jnp.moveaxis(scores_NBTC, 0, 2).reshape(b, q_BTIJ.shape[1], chunks * chunk)[..., :s]
+
+
+def index_scores_pallas(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, scale: float, *,
+                        k_scale_BS: jax.Array | None = None, positions_BT: jax.Array | None = None,
+                        config: Config | None = None, backend: str = "gpu") -> jax.Array:
+  """fp32 [B, T, S] index scores by the kernel (S a multiple of `config.block_slots`); queries go in blocks of
+  `config_for`'s size (a grid axis; T padded to a whole number of blocks), so any T compiles to one program body.
+  `positions_BT` (int32, optional): each query's position; scores of slots past a query block's last position are
+  then 0 (not computed) instead of their q·k values — callers mask those slots as invisible anyway."""
+  b, t, i, j = q_BTIJ.shape
+  s = k_BSJ.shape[1]
+  config = config_for(t, backend, config)
+  check_operands(q_BTIJ, k_BSJ, w_BTI, k_scale_BS=k_scale_BS, positions_BT=positions_BT, config=config,
+                 backend=backend)
+  tb, block_slots = config.block_tokens, config.block_slots
   padded = -(-t // tb) * tb  # padding queries have zero weights: their scores are 0 and dropped
   q = jnp.pad(q_BTIJ, [(0, 0), (0, padded - t), (0, 0), (0, 0)]).reshape(b, padded * i, j)
   w = jnp.pad(w_BTI.astype(jnp.float32), [(0, 0), (0, padded - t), (0, 0)]).reshape(b, padded * i, 1)
   inputs = [q, k_BSJ, w]
-  # token blocks outside slot blocks: a row's keys (S·J·2 bytes, 8 MiB at 32K) stay in L2 across token blocks
+  # query blocks outside slot blocks: a row's keys (S·J·2 bytes, 8 MiB at 32K) stay in L2 across query blocks
   in_specs = [pl.BlockSpec((None, tb * i, j), lambda bi, ti, si: (bi, ti, 0)),
               pl.BlockSpec((None, block_slots, j), lambda bi, ti, si: (bi, si, 0)),
               pl.BlockSpec((None, tb * i, 1), lambda bi, ti, si: (bi, ti, 0))]
@@ -77,7 +139,7 @@ def index_scores_pallas(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, s
       in_specs=in_specs,
       out_specs=pl.BlockSpec((None, tb, block_slots), lambda bi, ti, si: (bi, ti, si)),
       out_shape=jax.ShapeDtypeStruct((b, padded, s), jnp.float32),
-      compiler_params=_compiler_params(backend),
+      compiler_params=_compiler_params(backend, config),
       interpret=backend == "interpret",
       name=KERNEL_NAME,
   )(*inputs)
@@ -119,10 +181,10 @@ def _scores(q_ref, k_ref, w_ref, k_scale_ref, o_ref, *, tokens: int, heads: int,
     o_ref[t:t + 1, :] = jnp.sum(jnp.maximum(logits, 0.0) * w_ref[rows, :], axis=0, keepdims=True) * scale
 
 
-def _compiler_params(backend: str):
+def _compiler_params(backend: str, config: Config):
   if backend == "gpu":
     from jax.experimental.pallas import triton as pl_triton  # noqa: PLC0415 (GPU-only module)
-    return pl_triton.CompilerParams(num_warps=4, num_stages=2)
+    return pl_triton.CompilerParams(num_warps=config.num_warps, num_stages=config.num_stages)
   if backend == "tpu":
     from jax.experimental.pallas import tpu as pltpu  # noqa: PLC0415
     return pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "parallel"))

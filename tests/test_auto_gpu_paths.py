@@ -14,7 +14,8 @@ import pytest
 from jax.sharding import AbstractMesh, AxisType
 
 import jax_mtp
-from jax_mtp import fp8, indexer
+from jax_mtp import fp8
+from jax_mtp.kernels import index_scores as scores_kernel
 from jax_mtp.kernels.fp8_grouped_matmul import KERNEL_NAME as FP8_KERNEL
 from jax_mtp.request import required_capacity
 from tests.lowered_step import H200
@@ -82,8 +83,9 @@ def test_speculative_decoding_through_the_index_scores_kernel_gives_plain_xla_to
   mode: the model asks for backend "gpu", which a CPU cannot lower), the cache rounded to its 256-slot blocks;
   the tokens are plain greedy decoding's with XLA's scores."""
   if not ON_GPU:
-    kernel = indexer.index_scores_pallas
-    monkeypatch.setattr(indexer, "index_scores_pallas", lambda *a, backend, **kw: kernel(*a, backend="interpret", **kw))
+    kernel = scores_kernel.index_scores_pallas
+    monkeypatch.setattr(scores_kernel, "index_scores_pallas",
+                        lambda *a, backend, **kw: kernel(*a, backend="interpret", **kw))
   (target, mtp), prompts, plain = dsa_plain_xla
   cfg = _dsa_cfg(index_scores_impl="pallas_gpu", sparse_attention_impl="xla")
   assert required_capacity(cfg, prompts, 8, K) == 256

@@ -12,8 +12,8 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_mtp
-from jax_mtp.indexer import index_scores, quantize_keys, resolve_index_scores_impl
-from jax_mtp.kernels.index_scores import KERNEL_NAME, index_scores_pallas
+from jax_mtp.indexer import quantize_keys, resolve_index_scores_impl
+from jax_mtp.kernels.index_scores import KERNEL_NAME, Config, index_scores_pallas, reference
 from tests.lowered_step import H200, mtp_step_module
 from tests.tolerances import assert_close
 from tests.tpu_toolchain import requires_libtpu
@@ -36,8 +36,9 @@ def test_kernel_equals_xla_and_the_formula(b, t, i, j, s, block, keys):
     dot = jnp.bfloat16
   elif keys == "bfloat16":
     k, dot = k.astype(jnp.bfloat16), jnp.bfloat16
-  got = index_scores_pallas(q.astype(dot), k, w, 0.25, k_scale_BS=k_scale, block_slots=block, backend="interpret")
-  xla = index_scores(q, k, w, 0.25, k_scale_BS=k_scale, dot_dtype=dot)
+  got = index_scores_pallas(q.astype(dot), k, w, 0.25, k_scale_BS=k_scale, config=Config(block_slots=block),
+                            backend="interpret")
+  xla = reference(q, k, w, 0.25, k_scale_BS=k_scale, dot_dtype=dot)
   assert_close(got, xla, "float32", what=f"kernel vs XLA, {keys} keys")
   # float64 on the values the dot sees (q rounded to the dot dtype, keys dequantised)
   q64 = np.asarray(q.astype(dot), np.float64)
@@ -53,8 +54,9 @@ def test_positions_bound_the_scored_slots(t, tokens):
   b, i, j, s, block = 2, 16, 16, 512, 128
   q, k, w = _inputs(b, t, i, j, s, seed=3)
   positions = jnp.asarray([[130 + 37 * n for n in range(t)], [0] * t], jnp.int32)
-  full = index_scores_pallas(q, k, w, 0.5, block_slots=block, block_tokens=tokens, backend="interpret")
-  got = index_scores_pallas(q, k, w, 0.5, positions_BT=positions, block_slots=block, block_tokens=tokens,
+  config = Config(block_slots=block, block_tokens=tokens)
+  full = index_scores_pallas(q, k, w, 0.5, config=config, backend="interpret")
+  got = index_scores_pallas(q, k, w, 0.5, positions_BT=positions, config=config,
                             backend="interpret")
   pad = -(-t // tokens) * tokens - t
   last_BT = np.repeat(np.asarray(jnp.pad(positions, [(0, 0), (0, pad)], constant_values=-1))
@@ -76,7 +78,7 @@ def test_kernel_lowers_for_cuda_at_any_t(t):
   h200 = jax.sharding.AbstractMesh((1,), ("tp",), axis_types=(jax.sharding.AxisType.Auto,), abstract_device=H200)
   for positions in (None, jnp.arange(t, dtype=jnp.int32)[None]):
     fn = jax.jit(lambda q, k, w, p: index_scores_pallas(q.astype(jnp.bfloat16), k.astype(jnp.bfloat16), w, 0.5,
-                                                        positions_BT=p, block_slots=256, backend="gpu"))
+                                                        positions_BT=p, backend="gpu"))
     with jax.sharding.use_abstract_mesh(h200):
       text = jax.export.export(fn, platforms=["cuda"], disabled_checks=checks)(q, k, w, positions).mlir_module()
     assert KERNEL_NAME in text
@@ -85,13 +87,13 @@ def test_kernel_lowers_for_cuda_at_any_t(t):
 def test_kernel_refuses_what_it_cannot_run():
   q, k, w = _inputs(1, 1, 16, 16, 200)
   with pytest.raises(ValueError, match="200 is not a multiple of block_slots=128"):
-    index_scores_pallas(q, k, w, 1.0, block_slots=128, backend="interpret")
+    index_scores_pallas(q, k, w, 1.0, config=Config(block_slots=128), backend="interpret")
   with pytest.raises(ValueError, match="backend='cuda'"):
-    index_scores_pallas(q, k[:, :128], w, 1.0, block_slots=128, backend="cuda")
+    index_scores_pallas(q, k[:, :128], w, 1.0, config=Config(block_slots=128), backend="cuda")
   with pytest.raises(ValueError, match="do not agree"):
-    index_scores_pallas(q, k[:, :128, :8], w, 1.0, block_slots=128, backend="interpret")
+    index_scores_pallas(q, k[:, :128, :8], w, 1.0, config=Config(block_slots=128), backend="interpret")
   with pytest.raises(ValueError, match="cannot bound the slots on backend='tpu'"):
-    index_scores_pallas(q, k[:, :128], w, 1.0, positions_BT=jnp.zeros((1, 1), jnp.int32), block_slots=128,
+    index_scores_pallas(q, k[:, :128], w, 1.0, positions_BT=jnp.zeros((1, 1), jnp.int32), config=Config(block_slots=128),
                         backend="tpu")
 
 

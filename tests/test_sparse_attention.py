@@ -10,8 +10,9 @@ import pytest
 import jax_mtp
 from jax_mtp.cache import causal_mask
 from jax_mtp import indexer
-from jax_mtp.indexer import (SCORE_CHUNK_ELEMENTS, index_scores, score_chunk, topk_selection,
+from jax_mtp.indexer import (SCORE_CHUNK_ELEMENTS, score_chunk, topk_selection,
                               topk_selection_radix)
+from jax_mtp.kernels.index_scores import reference as index_scores
 from tests.tolerances import assert_close
 
 
