@@ -8,6 +8,9 @@
 #   e2e3     the top-k forms at B·T = 4 … 256 (the one-reduction threshold), then benchmarks.e2e at B = 1 (32K, 8K,
 #            1K prompts, the auto chunk)
 #   e2e4     benchmarks.e2e at B = 8 and 64 (1K and 4K prompts): the round at B = 64, 4K context
+#   verify   (not run yet) the verification forward at B = 8, 64, 256 with 4K and 32K caches, each row's kernels per
+#            part (issue 27: 0.43 of its floor at B = 256, out of memory at B = 256 × 32K on 2026-12-02)
+#   fp8      (not run yet) benchmarks.e2e with FP8 weights kept as codes: 1K and 32K prompts at B = 1 and 64
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 QUIET="TPU|libtpu|Source Location|InitGoogle|E0000|E1203|I0000|errors.h|learning/|Deprecat|return rule|^$"
@@ -35,6 +38,14 @@ case "${1:?stage}" in
   e2e4)
     run 400 e2e_b8_b64.md python3 -m benchmarks.e2e --prompt 1024 4096 --batch 8 64 --max-prefill-tokens 300000 \
       --iters 5 --out "$OUT/e2e_b8_b64.json"
+    ;;
+  verify)
+    run 560 verify.md python3 -m benchmarks.verify_forward --layers 4 -k 3 --forms absorbed --batch 8 64 256 \
+      --capacity 4096 32768 --profile --iters 5
+    ;;
+  fp8)
+    run 560 e2e_fp8.md python3 -m benchmarks.e2e --weights fp8 --prompt 1024 32768 --batch 1 64 \
+      --max-prefill-tokens 70000 --iters 5 --out "$OUT/e2e_fp8.json"
     ;;
   *) echo "unknown stage $1"; exit 2 ;;
 esac

@@ -9,7 +9,8 @@ D 7168), random bf16 weights, caches of `--capacity` with every row at position 
 read whole; the routed experts only those the routing picked, counted per layer from the router's
 output) / copy bandwidth measured in the same run; cache bytes are not in it. `absorb` is MLA's
 form: "naive" re-expands kv_b_proj over the cache (what the speculator runs today), "absorbed" is
-the decode form. Tokens are checked equal across experts impls of one form.
+the decode form. Tokens are checked equal across experts impls of one form. `--profile` adds each row's kernels
+per model part from a device trace.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_mtp
+from benchmarks import step_profile
 from benchmarks.timing import copy_bandwidth, experts_touched, time_carrying
 from jax_mtp.model import TargetModel, init_target_caches, init_target_params
 
@@ -51,6 +53,8 @@ def main(argv=None) -> int:
   parser.add_argument("--forms", nargs="+", default=["naive", "absorbed"], choices=["naive", "absorbed"])
   parser.add_argument("--iters", type=int, default=10)
   parser.add_argument("--small", action="store_true", help="the tiny preset's widths, to check the script")
+  parser.add_argument("--profile", action="store_true", help="also print each row's kernels per model part, from a "
+                      "device trace (benchmarks.step_profile)")
   args = parser.parse_args(argv)
   cfg = target_config(args.layers, args.small)
   params = init_target_params(cfg, jax.random.key(0))
@@ -86,7 +90,17 @@ def main(argv=None) -> int:
         reference = tokens if reference is None else reference
         print(f"| {capacity} | {batch} | {batch * w} | {form} | {moe_impl} | {touched} | {seconds * 1e3:,.2f} | "
               f"{floor * 1e3:,.2f} | {floor / seconds:.2f} | {bool(np.all(tokens == reference))} |")
+        if args.profile:
+          profile_row(verify, (params, ids, positions, caches), f"S = {capacity}, B = {batch}, {form}, {moe_impl}")
   return 0
+
+
+def profile_row(verify, call_args, label: str, calls: int = 3) -> None:
+  """The row's kernels summed per model part from a trace of `calls` calls (caches donated call to call)."""
+  *fixed, caches = call_args
+  compiled = jax.jit(verify, donate_argnums=len(call_args) - 1).lower(*call_args).compile()
+  step_us, events = step_profile.profile(compiled, (*fixed, jax.tree.map(jnp.copy, caches)), calls)
+  step_profile.summarize(events, step_profile.op_names(compiled.as_text()), calls, step_us, label)
 
 
 if __name__ == "__main__":
