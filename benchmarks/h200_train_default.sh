@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Trains the embedded default on one H200 and measures it (python -m jax_mtp.train; README "The embedded default"):
+# Trains the embedded default on one H200 and measures it (python -m jax_mtp.train; benchmarks/README.md "The
+# embedded default"):
 #   the demo preset, joint objective, on the image's Python stdlib sources, for at most TRAIN_S seconds (the run
 #   saves every 250 steps; a cut run is exported from its latest save); the HF export comes back in
-#   $OUT/default_model; then speculative vs plain tokens/s of the export, B = 1, k = 1..5, fp32 on the GPU.
+#   $OUT/default_model, with the run's training_corpus.json (the stdlib files it trained on and held out); then
+#   speculative vs plain tokens/s of the export on the files it held out, B = 1, k = 1..5, fp32 on the GPU.
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 ARGS=(--preset demo --steps "${STEPS:-3000}" --batch 64 --seq-len 256 --lr 3e-3 --warmup 200 --log-every 100

@@ -13,7 +13,8 @@ uninterrupted one would.
 
 A trained model's directory may carry `training_corpus.json`, the record of the files it trained on and held
 out (paths relative to the stdlib root); `unseen_files(model_dir)` is its held-out files as this Python has them:
-text to measure it on that it never read, on any machine.
+text to measure it on that it never read, on any machine. `training_record(data, stdlib)` is that record for a
+TokenData (python -m jax_mtp.train writes it into the run's directory and the export).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
 import sys
 import sysconfig
 
@@ -127,10 +129,14 @@ def unseen_files(model_dir: str) -> list[CorpusFile]:
   path = os.path.join(model_dir, TRAINING_RECORD)
   try:
     with open(path) as f:
-      held_out = set(json.load(f)["held_out"])
+      record = json.load(f)
+    held_out = set(record["held_out"])
   except (OSError, ValueError, KeyError, TypeError) as e:
     raise CorpusError(f"{model_dir!r} has no readable record of the files it trained on: {path!r} must hold a "
                       f"\"held_out\" list of paths relative to the stdlib root ({e})") from None
+  if record.get("corpus", "stdlib") != "stdlib":  # the embedded default's record predates the key
+    raise CorpusError(f"{model_dir!r} trained on --data files, not the stdlib ({path!r} names them relative to "
+                      f"{record.get('root')!r}): measure it on its own held-out files")
   files = [f for f in default_corpus() if f.relative in held_out]
   if not files:
     raise CorpusError(f"none of the {len(held_out)} stdlib files {path!r} lists as held out is in this Python's "
@@ -141,8 +147,10 @@ def unseen_files(model_dir: str) -> list[CorpusFile]:
 class TokenData:
   """Train and held-out token streams (documents joined by EOS)."""
 
-  def __init__(self, train: np.ndarray, held_out: np.ndarray):
+  def __init__(self, train: np.ndarray, held_out: np.ndarray, trained_files: list[str] = (),
+               held_out_files: list[str] = ()):
     self.train, self.held_out = train, held_out
+    self.trained_files, self.held_out_files = list(trained_files), list(held_out_files)  # the files of each split
 
   @classmethod
   def build(cls, files: list[str], tok, held_out: float = HELD_OUT) -> "TokenData":
@@ -150,14 +158,17 @@ class TokenData:
     if eos is None:
       raise CorpusError(f"the tokenizer has no {EOS!r} token to separate documents")
     streams: dict[bool, list[int]] = {True: [], False: []}
+    split: dict[bool, list[str]] = {True: [], False: []}
     texts = [read_text(f) for f in files]
     for path, encoding in zip(files, tok.encode_batch(texts)):
-      streams[is_held_out(path, held_out)] += encoding.ids + [eos]
+      side = is_held_out(path, held_out)
+      streams[side] += encoding.ids + [eos]
+      split[side].append(path)
     train, test = (np.asarray(streams[k], np.int32) for k in (False, True))
-    if not test.size:  # a one-file corpus: hold out its tail
+    if not test.size:  # a one-file corpus: hold out its tail (the file is trained on: no held-out file)
       cut = int(len(train) * (1 - held_out))
       train, test = train[:cut], train[cut:]
-    return cls(train, test)
+    return cls(train, test, split[False], split[True])
 
   def check_windows(self, length: int) -> None:
     """Both splits hold a window of `length` tokens (else a CorpusError naming the shortfall)."""
@@ -172,6 +183,30 @@ class TokenData:
     """`count` fixed held-out batches (the same every call)."""
     rng = np.random.default_rng(12345)
     return [_windows(self.held_out, rng, batch, length) for _ in range(count)]
+
+
+def training_record(data: TokenData, stdlib: bool) -> dict:
+  """TRAINING_RECORD's contents for a model trained on `data`'s train split: the files of each split by name
+  relative to "root", and the two splits' token counts. `stdlib`: `data` is default_corpus()'s, its files named
+  relative to the stdlib root (`CorpusFile.relative`, what unseen_files matches). Otherwise (--data) they are
+  named relative to their common directory, so that files of two --data directories keep distinct names, and
+  the record says "corpus": "data" (unseen_files, which looks its names up in the stdlib, refuses it)."""
+  files = data.trained_files + data.held_out_files
+  if stdlib:
+    root = sysconfig.get_paths()["stdlib"]
+    names = {f: f.relative for f in files}
+  else:
+    root = os.path.commonpath([os.path.dirname(os.path.abspath(f)) for f in files]) if files else ""
+    names = {f: os.path.relpath(os.path.abspath(f), root).replace(os.sep, "/") for f in files}
+  python = platform.python_version()
+  where = "the stdlib" if stdlib else "the --data files' common directory"
+  what = (f"The files this model trained on (`trained`) and held out (`held_out`) as python -m jax_mtp.train split "
+          f"them on Python {python}, relative to `root` ({where}); the token counts are the two splits'.")
+  if not data.held_out_files:
+    what += " No file is held out: the held-out tokens are the tail of the one file it trained on."
+  return {"what": what, "corpus": "stdlib" if stdlib else "data", "root": root, "python": python,
+          "train_tokens": int(data.train.size), "held_out_tokens": int(data.held_out.size),
+          "held_out": [names[f] for f in data.held_out_files], "trained": [names[f] for f in data.trained_files]}
 
 
 def _windows(stream: np.ndarray, rng: np.random.Generator, batch: int, length: int) -> np.ndarray:

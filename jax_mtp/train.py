@@ -13,8 +13,13 @@ and it resumes from the latest one, reading the batches an uninterrupted run wou
 curve). A line per `--log-every` steps reports the losses, tokens/s and, every `--eval-every`, the
 held-out teacher-forced draft acceptance. `--export DIR` writes a HF checkpoint (config.json,
 safetensors, tokenizer.json, generation_config.json) that `python -m jax_mtp.decode --checkpoint`
-runs. Every flag, path and the data are checked before any work is done or any file is written (a
-rejected command leaves `--out` as it was). Exit 0 on success, 2 on bad input with an `error: ...` line.
+runs. Joint training records the files its split trains on and holds out (training_corpus.json,
+`corpus.training_record`: the default corpus by path relative to the stdlib root, --data files relative to
+their common directory) under `--out` when the run starts, and the export carries it (an `--export-only`
+export too), where `corpus.unseen_files` and benchmarks/spec_vs_plain.py read it; a distilled export carries
+none (its target read the checkpoint's training text, which the run does not know). Every flag, path and
+the data are checked before any work is done or any file is written (a rejected command leaves `--out` as it
+was). Exit 0 on success, 2 on bad input with an `error: ...` line.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from jax_mtp.sharding import make_data_mesh
 
 RUN_KEYS = ("mode", "preset", "checkpoint", "data", "vocab_size", "seq_len", "batch", "seed", "steps", "lr", "warmup",
             "dense_steps", "mtp_weight", "distill_targets", "fresh_mtp")  # what a resumed run must repeat
-RUN_FILES = ("run.json", "tokenizer.json", "state", "log.jsonl")  # what a run writes under --out
+RUN_FILES = ("run.json", "tokenizer.json", corpus.TRAINING_RECORD, "state", "log.jsonl")  # what a run writes under --out
 
 
 class _BadInput(ValueError):
@@ -190,13 +195,29 @@ def _check_same_run(args: argparse.Namespace, run: dict) -> None:
       raise _BadInput(f"--out {args.out!r} holds another run: {', '.join(diff)}; give a new --out")
 
 
-def _start_run(args: argparse.Namespace, run: dict, tok) -> None:
-  """The run's first files, once every check has passed: run.json and the tokenizer it trained."""
+def _start_run(args: argparse.Namespace, run: dict, tok, data: corpus.TokenData) -> None:
+  """The run's first files, once every check has passed: run.json, the tokenizer it trained and, training a
+  target (joint), the record of the files it trains on and holds out."""
   os.makedirs(args.out, exist_ok=True)
   if not os.path.isfile(os.path.join(args.out, "run.json")):
     _atomic_write(os.path.join(args.out, "run.json"), json.dumps(run, indent=2) + "\n")
   if args.checkpoint is None and not os.path.isfile(os.path.join(args.out, "tokenizer.json")):
     _atomic_write(os.path.join(args.out, "tokenizer.json"), tok.to_str())
+  if args.mode == "joint" and not os.path.isfile(os.path.join(args.out, corpus.TRAINING_RECORD)):
+    record = corpus.training_record(data, stdlib=args.data is None)
+    _atomic_write(os.path.join(args.out, corpus.TRAINING_RECORD), json.dumps(record, indent=1) + "\n")
+
+
+def _export(args: argparse.Namespace, cfg, params: dict, tok) -> None:
+  """The HF checkpoint, with the run's training record beside it (joint: the target trained here)."""
+  from jax_mtp.export import save_hf_checkpoint  # noqa: PLC0415
+  extra = {}
+  if args.mode == "joint":
+    with open(os.path.join(args.out, corpus.TRAINING_RECORD), encoding="utf-8") as f:
+      extra[corpus.TRAINING_RECORD] = f.read()
+  save_hf_checkpoint(args.export, cfg, params["target"], training.mtp_with_shared(params), tokenizer=tok,
+                     eos_ids=(tok.token_to_id(corpus.EOS),), storage_dtype=args.export_dtype, extra_files=extra)
+  print(f"exported {args.export}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -211,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     data = corpus.TokenData.build(files, tok)
     data.check_windows(args.seq_len)
     cfg, params = _model(args, tok.get_vocab_size())
-    _start_run(args, run, tok)
+    _start_run(args, run, tok, data)
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
@@ -225,11 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"error: {e}", file=sys.stderr)
     return 2
   if args.export:
-    from jax_mtp.export import save_hf_checkpoint  # noqa: PLC0415
-    mtp = training.mtp_with_shared(params)
-    save_hf_checkpoint(args.export, cfg, params["target"], mtp, tokenizer=tok,
-                       eos_ids=(tok.token_to_id(corpus.EOS),), storage_dtype=args.export_dtype)
-    print(f"exported {args.export}", file=sys.stderr)
+    _export(args, cfg, params, tok)
   return 0
 
 

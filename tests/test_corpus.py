@@ -8,6 +8,7 @@ import os
 import shutil
 import sysconfig
 
+import numpy as np
 import pytest
 
 from jax_mtp import corpus
@@ -117,3 +118,21 @@ def test_the_embedded_default_carries_its_record():
   trained, held_out = set(record["trained"]), set(record["held_out"])
   assert (len(trained), len(held_out)) == (494, 23) and not trained & held_out
   assert not any(os.path.isabs(name) or "\\" in name for name in trained | held_out)
+
+
+def test_a_record_of_data_files_names_them_from_their_common_directory_and_is_not_read_as_the_stdlibs(
+    tmp_path, monkeypatch):
+  """training_record of --data files (two directories with the same names): relative to their common directory,
+  so the names stay distinct, each on the side its split put it; unseen_files refuses it (its names are not the
+  stdlib's)."""
+  files = corpus.corpus_files([_tree(tmp_path / "data" / "a"), _tree(tmp_path / "data" / "b")])
+  held = [f for f in files if os.path.basename(f) == "m1.py"]
+  data = corpus.TokenData(np.zeros(3, np.int32), np.zeros(2, np.int32), [f for f in files if f not in held], held)
+  record = corpus.training_record(data, stdlib=False)
+  assert record["corpus"] == "data" and record["root"] == str(tmp_path / "data")
+  assert record["held_out"] == ["a/pkg/m1.py", "b/pkg/m1.py"] and len(record["trained"]) == 78
+  assert (record["train_tokens"], record["held_out_tokens"]) == (3, 2)
+  model = _model_with_record(tmp_path / "model", **record)
+  _stdlib_at(monkeypatch, tmp_path / "lib", ["a/pkg/m1.py"])
+  with pytest.raises(corpus.CorpusError, match="trained on --data files, not the stdlib"):
+    corpus.unseen_files(model)

@@ -233,6 +233,42 @@ def test_a_refused_run_leaves_out_free_and_other_data_is_another_run(tmp_path, c
   assert f"holds another run: --data={[os.path.abspath(other)]!r} (the run has {[os.path.abspath(data)]!r})" in err
 
 
+def test_a_run_and_its_export_record_the_files_it_trained_on_and_held_out(tmp_path, monkeypatch, capsys):
+  """Joint training on the default corpus (here a stand-in standard library) writes training_corpus.json under
+  --out when it starts, and an --export-only of the run (as benchmarks/h200_train_default.sh exports a run cut
+  short) puts it in the export: the files the run's split put on each side, by name relative to the stdlib root,
+  which corpus.unseen_files reads back as the files the model never read. A distilled export carries none."""
+  held = ["abc.py", "operator.py", "importlib/util.py", "encodings/cp737.py", "pkg/m7.py"]  # by is_held_out's hash
+  trained = ["fractions.py", "json/decoder.py"] + [f"pkg/m{i}.py" for i in range(7)]
+  root = tmp_path / "lib" / "python3.99"
+  for i, name in enumerate(held + trained):
+    os.makedirs(os.path.dirname(root / name), exist_ok=True)
+    (root / name).write_text("".join(f"x{j % 7} = y{(j * i) % 5} + {j % 3}\n" for j in range(100)))
+  monkeypatch.setattr(corpus.sysconfig, "get_paths", lambda: {"stdlib": str(root)})
+  files = corpus.default_corpus()
+  split = corpus.TokenData.build(files, corpus.train_bpe(files, 300))
+  assert sorted(f.relative for f in split.held_out_files) == sorted(held)
+
+  out, model = tmp_path / "run", tmp_path / "model"
+  argv = ["--preset", "tiny", "--vocab-size", "300", "--steps", "2", "--batch", "8", "--seq-len", "16",
+          "--eval-batches", "1", "--save-every", "2", "--out", str(out)]
+  assert train_main(argv) == 0
+  record = json.loads((out / corpus.TRAINING_RECORD).read_text())
+  assert record["corpus"] == "stdlib" and record["root"] == str(root)
+  assert record["trained"] == [f.relative for f in split.trained_files]
+  assert record["held_out"] == [f.relative for f in split.held_out_files]
+  assert (record["train_tokens"], record["held_out_tokens"]) == (split.train.size, split.held_out.size)
+  assert train_main([*argv, "--export-only", "--export", str(model)]) == 0
+  assert json.loads((model / corpus.TRAINING_RECORD).read_text()) == record
+  assert corpus.unseen_files(str(model)) == split.held_out_files
+
+  distill = ["--mode", "distill", "--checkpoint", str(model), "--steps", "1", "--batch", "8", "--seq-len", "16",
+             "--eval-batches", "1", "--out", str(tmp_path / "distill"), "--export", str(tmp_path / "distilled")]
+  assert train_main(distill) == 0
+  assert not (tmp_path / "distill" / corpus.TRAINING_RECORD).exists()
+  assert not (tmp_path / "distilled" / corpus.TRAINING_RECORD).exists()
+
+
 def test_corpus_split_and_batches_are_deterministic(tmp_path):
   files = corpus.corpus_files([_corpus(tmp_path / "c")])
   assert files == sorted(files) and len(files) == 12
