@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The routed experts on one H200 (jax 0.11.2 image + tokamax carried as wheels in .whl/, see
-# README "Working on jax_mtp"): `bash benchmarks/h200_moe_session.sh [experts|verify|all]`.
+# benchmarks/README.md "Device sessions"): `bash benchmarks/h200_moe_session.sh [experts|verify|all]`.
 #   experts: GPU tests of the tokamax path, benchmarks.moe_experts (with the block-config sweep),
 #            benchmarks.mtp_step per experts impl   (~6 min)
 #   verify:  the GPU tests again, benchmarks.verify_forward (4-layer full-width V3.2 target, k = 3)   (~8 min)

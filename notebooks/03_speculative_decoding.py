@@ -311,5 +311,5 @@ plt.show()
 # a 4-layer, 7M-parameter target is not bound by reading its weights. On a CPU a step is compute-bound,
 # verifying k + 1 tokens costs several plain steps, and speculative decoding does not pay; on an H200
 # a step costs a fixed ~1.5 ms per call, a round (queued ahead of the host) ~1.25 plain steps, and
-# k = 3 runs 1.79× plain decoding (README, "The embedded default"). On a model whose step reads
+# k = 3 runs 1.56× plain decoding (median of 3 runs; README, "The embedded default"). On a model whose step reads
 # gigabytes of weights, the same acceptance buys its speed-up everywhere.

@@ -7,7 +7,7 @@ objects (each its own jit), which a disk cache keyed by the program serves after
 jax version and flags, so a stale folder is only unused). The settings go into the environment too, so the
 processes tests start (`python -m jax_mtp.decode`, the multi-process runs, the notebooks' kernels) share it.
 
-`@pytest.mark.full`: the cases beyond the bounded form CI runs (README, "Testing"); they skip, with a reason
+`@pytest.mark.full`: the cases beyond the bounded form CI runs (docs/testing.md); they skip, with a reason
 naming the switch, unless `JAX_MTP_FULL_TESTS=1`; a case that is full-only for some fixture params skips itself
 with `FULL_ONLY` unless `FULL_TESTS`."""
 
@@ -41,7 +41,7 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
 
 FULL_TESTS = os.environ.get("JAX_MTP_FULL_TESTS") == "1"
-FULL_ONLY = "full form only: run with JAX_MTP_FULL_TESTS=1 (README, Testing)"  # the skip reason
+FULL_ONLY = "full form only: run with JAX_MTP_FULL_TESTS=1 (docs/testing.md)"  # the skip reason
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,6 +1,6 @@
 """Every kernel `auto` runs on a GPU — the sparse-MLA attention, the DSA index scores, the FP8 grouped matmul (routed
 experts and dense FP8 linears) — has a bounded CI test at the model level on a CPU host, beside the full form's
-longer decodes (README, "Testing"): a tiny model decoding speculatively through the kernel (Pallas interpret mode
+longer decodes (docs/testing.md): a tiny model decoding speculatively through the kernel (Pallas interpret mode
 on CPU) gives the tokens of plain greedy decoding through the XLA path, on the smallest config the kernel takes,
 with weights under which the kernel decides the tokens (`_quiet_embedding`); and for the FP8 kernel, `auto` puts it
 in the MTP step exported for an H200 (the DSA kernels' `auto` lowering is test_sparse_mla_kernel's,
