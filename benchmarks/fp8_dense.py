@@ -20,7 +20,7 @@ import numpy as np
 
 from benchmarks.timing import copy_bandwidth, time_in_loop
 from jax_mtp import fp8
-from jax_mtp.kernels.fp8_grouped_matmul import fp8_grouped_matmul, reference, split_k_for
+from jax_mtp.kernels.fp8_grouped_matmul import Config, fp8_grouped_matmul, reference, split_k_for
 
 # (name, K, N) of the MTP layer's FP8 linears that take whole 128 × 128 blocks
 SHAPES = (("o_proj", 16384, 7168), ("q_b_proj", 1536, 24576), ("q_a_proj", 7168, 1536),
@@ -60,8 +60,8 @@ def main() -> None:
       configs = [(w, s, None) for w in WARPS for s in args.stages]
       configs += [(4, s, split) for s in args.stages for split in SPLITS if blocks % split == 0] if gpu else []
       for (warps, stages, split), layout in itertools.product(configs, args.layouts):
-        call = jax.jit(functools.partial(fp8_grouped_matmul, backend=backend, num_warps=warps, num_stages=stages,
-                                         split_k=split, layout=layout))
+        call = jax.jit(functools.partial(fp8_grouped_matmul, backend=backend, config=Config(
+            num_warps=warps, num_stages=stages, split_k=split, layout=layout)))
         label = (f"{layout}: {warps}, {stages}, "
                  + (f"auto ({split_k_for(rows, 1, k, n)})" if split is None else str(split)))
         try:

@@ -24,7 +24,7 @@ import numpy as np
 from benchmarks.timing import copy_bandwidth, time_call
 from jax_mtp import fp8
 from jax_mtp.experts import tokamax_gpu_grouped_matmul
-from jax_mtp.kernels.fp8_grouped_matmul import fp8_grouped_matmul, split_k_for
+from jax_mtp.kernels.fp8_grouped_matmul import Config, fp8_grouped_matmul, split_k_for
 
 TOP_K = 8
 # (num_warps, num_stages, split_k; None = the kernel's choice): 8 warps and 2 ran 0.5-0.6× slower at
@@ -90,7 +90,7 @@ def main() -> None:
       floor = touched * k * n / bandwidth
       for warps, stages, split in configs:
         kernel = jax.jit(functools.partial(fp8_grouped_matmul, backend="gpu" if gpu else "interpret",
-                                           num_warps=warps, num_stages=stages, split_k=split))
+                                           config=Config(num_warps=warps, num_stages=stages, split_k=split)))
         split = f"auto ({split_k_for(a, args.experts, k, n)})" if split is None else split
         try:
           seconds = time_call(kernel, (x, codes, scales, sizes), args.iters)

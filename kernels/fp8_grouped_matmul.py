@@ -33,6 +33,7 @@ differs from it only in summation order.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -89,8 +90,8 @@ def row_tile_for(rows: int, experts: int) -> int:
   return min(MAX_ROW_TILE, max(ROW_TILE, 1 << (rows - 1).bit_length()))
 
 
-def check_operands(x_AK, codes_EKN, scale_EkN, group_sizes_E) -> None:
-  """One clear error for operands the kernel does not take."""
+def check_operands(x_AK, codes_EKN, scale_EkN, group_sizes_E, config: Config | None = None) -> None:
+  """One clear error for operands (and a completed launch `config`) the kernel does not take."""
   a, k = x_AK.shape
   e, k2, n = codes_EKN.shape
   if codes_EKN.dtype != jnp.float8_e4m3fn:
@@ -103,6 +104,13 @@ def check_operands(x_AK, codes_EKN, scale_EkN, group_sizes_E) -> None:
     raise ValueError(f"group_sizes {group_sizes_E.shape} must give one size per expert of codes {codes_EKN.shape}")
   if e * k * n // WORD >= MAX_WORDS:
     raise ValueError(f"codes {codes_EKN.shape}: {e * k * n // WORD:,} words exceed the kernel's int32 offsets")
+  if config is None:
+    return
+  if config.split_k < 1 or (k // BLOCK) % config.split_k:
+    raise ValueError(f"split_k={config.split_k} must divide the {k // BLOCK} blocks of K = {k}")
+  if config.layout not in LAYOUTS[1:] or (config.layout == "bytes" and not can_take_bytes(e, k, n)):
+    raise ValueError(f"layout={config.layout!r} does not take codes {codes_EKN.shape} (one of {LAYOUTS}; 'bytes': "
+                     f"one group of fewer than {MAX_WORDS:,} codes)")
 
 
 def split_k_for(rows: int, experts: int, k: int, n: int) -> int:
@@ -130,39 +138,52 @@ def can_take_bytes(experts: int, k: int, n: int) -> bool:
   return experts == 1 and k * n < MAX_WORDS
 
 
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """The kernel's launch: Triton's `num_warps` / `num_stages`; `split_k`, the parts of the K loop run by separate
+  programs and summed after; `layout`, how a program reads the codes ("words" or "bytes", which needs one group);
+  `row_tile`, the rows of one tensor-core product. None / "auto": `config_for` chooses from the operands."""
+
+  num_warps: int = 4
+  num_stages: int = 3
+  split_k: int | None = None
+  layout: str = "auto"
+  row_tile: int | None = None
+
+
+def config_for(rows: int, experts: int, k: int, n: int, config: Config | None = None) -> Config:
+  """`config` (default: Config()) with what it leaves open chosen for `rows` × [K, N] over `experts` groups:
+  `split_k_for`, `layout_for`, `row_tile_for`."""
+  config = config or Config()
+  return dataclasses.replace(
+      config, split_k=split_k_for(rows, experts, k, n) if config.split_k is None else config.split_k,
+      layout=layout_for(experts, k, n, rows) if config.layout == "auto" else config.layout,
+      row_tile=row_tile_for(rows, experts) if config.row_tile is None else config.row_tile)
+
+
 def fp8_grouped_matmul(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: jax.Array, group_sizes_E: jax.Array, *,
-                       backend: str = "gpu", num_warps: int = 4, num_stages: int = 3,
-                       split_k: int | None = None, layout: str = "auto") -> jax.Array:
+                       backend: str = "gpu", config: Config | None = None) -> jax.Array:
   """fp32 [A, N]: the rows of group e (sorted, consecutive) times expert e's FP8 weight (codes
-  [E, K, N], block scales [E, K/128, N/128]). `num_warps` / `num_stages`: Triton's launch config;
-  `split_k`: parts of the K loop run by separate programs and summed after (None: `split_k_for`);
-  `layout`: how a program reads the codes (`layout_for`; "bytes" needs one group)."""
+  [E, K, N], block scales [E, K/128, N/128]), launched as `config_for` completes `config`."""
   if backend not in BACKENDS:
     raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")
-  check_operands(x_AK, codes_EKN, scale_EkN, group_sizes_E)
   a, k = x_AK.shape
   e, _, n = codes_EKN.shape
-  split_k = split_k_for(a, e, k, n) if split_k is None else split_k
-  if split_k < 1 or (k // BLOCK) % split_k:
-    raise ValueError(f"split_k={split_k} must divide the {k // BLOCK} blocks of K = {k}")
-  layout = layout_for(e, k, n, a) if layout == "auto" else layout
-  if layout not in LAYOUTS or (layout == "bytes" and not can_take_bytes(e, k, n)):
-    raise ValueError(f"layout={layout!r} does not take codes {codes_EKN.shape} (one of {LAYOUTS}; 'bytes': one "
-                     f"group of fewer than {MAX_WORDS:,} codes)")
-  sizes = group_sizes_E.astype(jnp.int32)
-  starts = jnp.cumsum(sizes) - sizes
+  config = config_for(a, e, k, n, config)
+  check_operands(x_AK, codes_EKN, scale_EkN, group_sizes_E, config)
   if backend == "auto":
-    call = functools.partial(fp8_grouped_matmul, num_warps=num_warps, num_stages=num_stages, split_k=split_k,
-                             layout=layout)
+    call = functools.partial(fp8_grouped_matmul, config=config)
     return jax.lax.platform_dependent(x_AK, codes_EKN, scale_EkN, group_sizes_E,
                                       cpu=functools.partial(call, backend="interpret"),
                                       default=functools.partial(call, backend="gpu"))
-  tile = row_tile_for(a, e)
+  sizes = group_sizes_E.astype(jnp.int32)
+  starts = jnp.cumsum(sizes) - sizes
+  tile, split_k = config.row_tile, config.split_k
   # `tile` spare rows: a tile starting at a group's last row reads (and discards) in bounds
   x_pad = jnp.pad(x_AK.astype(jnp.bfloat16), ((0, tile), (0, 0)))
-  if layout == "bytes":
-    return _one_group_from_bytes(x_pad, codes_EKN[0], scale_EkN[0].astype(jnp.float32), group_sizes_E[0], a, tile,
-                                 split_k, backend, num_warps, num_stages)
+  if config.layout == "bytes":
+    return _one_group_from_bytes(x_pad, codes_EKN[0], scale_EkN[0].astype(jnp.float32), group_sizes_E[0], a,
+                                 config, backend)
   kernel = functools.partial(_kernel, blocks=k // BLOCK // split_k, tile=tile)
   out_planes = pl.pallas_call(
       kernel,
@@ -170,7 +191,7 @@ def fp8_grouped_matmul(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: jax.Arr
       in_specs=[pl.BlockSpec()] * 5,  # whole arrays: the rows a program reads are data
       out_specs=pl.BlockSpec(),
       out_shape=jax.ShapeDtypeStruct((split_k, a + tile, n), jnp.float32),
-      compiler_params=_compiler_params(backend, num_warps, num_stages),
+      compiler_params=_compiler_params(backend, config),
       interpret=backend == "interpret",
       name=KERNEL_NAME,
   )(starts, sizes, x_pad, as_words(codes_EKN), scale_EkN.astype(jnp.float32))
@@ -179,11 +200,11 @@ def fp8_grouped_matmul(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: jax.Arr
   return out_planes.reshape(a, n // BLOCK, WORD, BLOCK // WORD).transpose(0, 1, 3, 2).reshape(a, n)
 
 
-def _one_group_from_bytes(x_pad, codes_KN, scale_kN, rows, a: int, tile: int, split_k: int, backend: str,
-                          num_warps: int, num_stages: int) -> jax.Array:
+def _one_group_from_bytes(x_pad, codes_KN, scale_kN, rows, a: int, config: Config, backend: str) -> jax.Array:
   """One group (a dense linear): a program owns 128 output columns and one K part, and multiplies
   whole [128, 128] code tiles, read as bytes and widened to bf16 (via f32), on the tensor cores."""
   k, n = codes_KN.shape
+  tile, split_k = config.row_tile, config.split_k
   kernel = functools.partial(_bytes_kernel, blocks=k // BLOCK // split_k, tile=tile, tiles=-(-a // tile))
   out = pl.pallas_call(
       kernel,
@@ -191,7 +212,7 @@ def _one_group_from_bytes(x_pad, codes_KN, scale_kN, rows, a: int, tile: int, sp
       in_specs=[pl.BlockSpec()] * 4,
       out_specs=pl.BlockSpec(),
       out_shape=jax.ShapeDtypeStruct((split_k, a + tile, n), jnp.float32),
-      compiler_params=_compiler_params(backend, num_warps, num_stages),
+      compiler_params=_compiler_params(backend, config),
       interpret=backend == "interpret",
       name=KERNEL_NAME,
   )(jnp.reshape(rows, (1,)).astype(jnp.int32), x_pad, codes_KN, scale_kN)
@@ -256,8 +277,8 @@ def _kernel(starts_ref, sizes_ref, x_ref, words_ref, scale_ref, o_ref, *, blocks
   jax.lax.fori_loop(0, (size + tile - 1) // tile, row_tile, 0)
 
 
-def _compiler_params(backend: str, num_warps: int, num_stages: int):
+def _compiler_params(backend: str, config: Config):
   if backend == "gpu":
     from jax.experimental.pallas import triton as pl_triton  # noqa: PLC0415 (GPU-only module)
-    return pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+    return pl_triton.CompilerParams(num_warps=config.num_warps, num_stages=config.num_stages)
   return None

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jax_mtp import fp8
-from jax_mtp.kernels.fp8_grouped_matmul import fp8_grouped_matmul, layout_for, reference
+from jax_mtp.kernels.fp8_grouped_matmul import Config, fp8_grouped_matmul, layout_for, reference
 from tests.tolerances import assert_close
 
 BACKEND = "gpu" if jax.default_backend() == "gpu" else "interpret"
@@ -23,8 +23,10 @@ def test_bytes_layout_equals_the_formula_the_words_layout_and_the_dequantised_pr
   scale = jnp.asarray(rng.uniform(1e-3, 1e-2, (1, k // 128, n // 128)), jnp.float32)
   x = jnp.asarray(rng.standard_normal((rows, k)), jnp.bfloat16)
   sizes = jnp.asarray([group], jnp.int32)
-  got = np.asarray(fp8_grouped_matmul(x, codes, scale, sizes, backend=BACKEND, split_k=split_k, layout="bytes"))
-  words = np.asarray(fp8_grouped_matmul(x, codes, scale, sizes, backend=BACKEND, split_k=split_k, layout="words"))
+  got = np.asarray(fp8_grouped_matmul(x, codes, scale, sizes, backend=BACKEND,
+                                      config=Config(split_k=split_k, layout="bytes")))
+  words = np.asarray(fp8_grouped_matmul(x, codes, scale, sizes, backend=BACKEND,
+                                        config=Config(split_k=split_k, layout="words")))
   assert_close(got[:group], np.asarray(reference(x, codes, scale, sizes))[:group], "float32", "bytes vs formula")
   assert_close(got[:group], words[:group], "float32", "bytes vs words layout")
   exact = np.asarray(x[:group], np.float32) @ np.asarray(fp8.dequantize(codes[0], scale[0], jnp.float32, (128, 128)))
@@ -38,7 +40,8 @@ def test_the_layout_is_bytes_for_one_group_of_many_rows_within_int32_offsets_onl
   assert layout_for(1, 65536, 65536, 64) == "words"  # 2^32 codes: past int32 byte offsets
   x, codes = jnp.zeros((2, 128), jnp.bfloat16), jnp.zeros((3, 128, 128), jnp.float8_e4m3fn)
   with pytest.raises(ValueError, match="layout='bytes' does not take codes \\(3, 128, 128\\)"):
-    fp8_grouped_matmul(x, codes, jnp.zeros((3, 1, 1)), jnp.zeros((3,), jnp.int32), backend="interpret", layout="bytes")
+    fp8_grouped_matmul(x, codes, jnp.zeros((3, 1, 1)), jnp.zeros((3,), jnp.int32), backend="interpret",
+                       config=Config(layout="bytes"))
   with pytest.raises(ValueError, match="layout='tiles'"):
     fp8_grouped_matmul(x, codes[:1], jnp.zeros((1, 1, 1)), jnp.zeros((1,), jnp.int32), backend="interpret",
-                       layout="tiles")
+                       config=Config(layout="tiles"))

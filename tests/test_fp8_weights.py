@@ -212,7 +212,7 @@ def test_fp8_grouped_matmul_equals_its_formula_and_the_dequantised_product(e, k,
   Σ sizes; the kernel (interpret mode) vs its jnp formula and vs x times the exactly dequantised
   weights (x is bf16 in both: the kernel's activations are bf16). K split into parts or not (None: the
   kernel's choice, 4 parts for the last case). On a GPU the compiled kernel runs."""
-  from jax_mtp.kernels.fp8_grouped_matmul import fp8_grouped_matmul, reference  # noqa: PLC0415
+  from jax_mtp.kernels.fp8_grouped_matmul import Config, fp8_grouped_matmul, reference  # noqa: PLC0415
   rng = np.random.default_rng(e + k)
   rows = sum(sizes) + 3  # 3 rows past the groups (another device's assignments): not written
   codes = jnp.asarray(rng.standard_normal((e, k, n)) * 20, jnp.float8_e4m3fn)
@@ -220,7 +220,7 @@ def test_fp8_grouped_matmul_equals_its_formula_and_the_dequantised_product(e, k,
   x = jnp.asarray(rng.standard_normal((rows, k)), jnp.bfloat16)
   sizes = jnp.asarray(sizes, jnp.int32)
   backend = "gpu" if jax.default_backend() == "gpu" else "interpret"
-  got = np.asarray(fp8_grouped_matmul(x, codes, scale, sizes, backend=backend, split_k=split_k))[:sum(sizes)]
+  got = np.asarray(fp8_grouped_matmul(x, codes, scale, sizes, backend=backend, config=Config(split_k=split_k)))[:sum(sizes)]
   assert_close(got, np.asarray(reference(x, codes, scale, sizes))[:sum(sizes)], "float32", "kernel vs formula")
   weights = np.asarray(fp8.dequantize(codes, scale, jnp.float32, (128, 128)))  # fp32: exact
   ids = np.repeat(np.arange(e), np.asarray(sizes))
@@ -229,7 +229,7 @@ def test_fp8_grouped_matmul_equals_its_formula_and_the_dequantised_product(e, k,
 
 
 def test_fp8_grouped_matmul_refuses_what_it_cannot_take():
-  from jax_mtp.kernels.fp8_grouped_matmul import fp8_grouped_matmul  # noqa: PLC0415
+  from jax_mtp.kernels.fp8_grouped_matmul import Config, fp8_grouped_matmul  # noqa: PLC0415
   x, codes, sizes = jnp.zeros((2, 128)), jnp.zeros((3, 128, 200), jnp.float8_e4m3fn), jnp.zeros((3,), jnp.int32)
   with pytest.raises(ValueError, match="multiples of 128"):
     fp8_grouped_matmul(x, codes, jnp.zeros((3, 1, 2)), sizes, backend="interpret")
@@ -238,7 +238,8 @@ def test_fp8_grouped_matmul_refuses_what_it_cannot_take():
   with pytest.raises(ValueError, match="float8_e4m3fn"):
     fp8_grouped_matmul(x, codes[..., :128].astype(jnp.bfloat16), jnp.zeros((3, 1, 1)), sizes, backend="interpret")
   with pytest.raises(ValueError, match="split_k=3 must divide the 1 blocks"):
-    fp8_grouped_matmul(x, codes[..., :128], jnp.zeros((3, 1, 1)), sizes, backend="interpret", split_k=3)
+    fp8_grouped_matmul(x, codes[..., :128], jnp.zeros((3, 1, 1)), sizes, backend="interpret",
+                       config=Config(split_k=3))
   with pytest.raises(ValueError, match="one size per expert"):
     fp8_grouped_matmul(x, codes[..., :128], jnp.zeros((3, 1, 1)), sizes[:2], backend="interpret")
   # V3.2's 256 experts on one device (3.8e9 codes, past int32 element offsets as bytes) are 9.4e8 words: taken
