@@ -26,6 +26,9 @@ DTYPES = ("float32", "bfloat16", "float16")  # compute (`dtype`) and parameter (
 INDEX_CACHE_DTYPES = ("auto", *DTYPES, "float8_e4m3fn")
 INDEX_SCORES_IMPLS = ("auto", "xla", "pallas_gpu", "pallas_tpu")
 SPARSE_ATTENTION_IMPLS = ("auto", "xla", "pallas_gpu")
+KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8")  # the MLA cache's (`kv_cache_dtype`)
+# Latent values per fp32 scale in an fp8 MLA cache: FlashMLA's / vLLM's fp8_ds_mla tiles (4 scales for V3.2's 512).
+KV_FP8_GROUP = 128
 
 
 class ConfigError(ValueError):
@@ -114,11 +117,15 @@ class MtpConfig:
   # DSA's sparse MLA attention over the selected slots (decode, verification, sparse prefill): XLA, or
   # the fused Pallas kernel (kernels/sparse_mla.py); see jax_mtp.mla.resolve_sparse_attention_impl.
   sparse_attention_impl: str = "auto"
+  # The MLA cache: "auto" = `dtype`; "bfloat16"; "fp8" = float8_e4m3fn latent codes with one fp32 scale per
+  # `kv_scale_group` values and the rope key in `dtype` (vLLM's fp8_ds_mla: 656 bytes a token at V3.2's widths
+  # against 1,152 in bf16). No checkpoint config names it (a serving flag, as vLLM's --kv-cache-dtype).
+  kv_cache_dtype: str = "auto"
   # The fields above from `dtype` on say how the model runs, not what it is (RUN_SETTINGS): a
   # checkpoint's config.json may differ from the running config in these only.
 
   RUN_SETTINGS = ("dtype", "param_dtype", "moe_impl", "index_cache_dtype", "prefill_chunk", "index_scores_impl",
-                  "sparse_attention_impl")
+                  "sparse_attention_impl", "kv_cache_dtype")
 
   def __post_init__(self):
     _validate(self)
@@ -135,6 +142,17 @@ class MtpConfig:
   def index_key_dtype(self) -> str:
     """The indexer key cache's storage dtype (`index_cache_dtype`, "auto" resolved)."""
     return self.dtype if self.index_cache_dtype == "auto" else self.index_cache_dtype
+
+  @property
+  def mla_cache_dtype(self) -> str:
+    """The MLA latent cache's storage dtype (`kv_cache_dtype`, "auto" resolved; "fp8" is float8_e4m3fn)."""
+    return {"auto": self.dtype, "fp8": "float8_e4m3fn"}.get(self.kv_cache_dtype, self.kv_cache_dtype)
+
+  @property
+  def kv_scale_group(self) -> int:
+    """Latent values per fp32 scale in an fp8 MLA cache: KV_FP8_GROUP (128), or the whole latent where it is
+    narrower (the small test and demo models; one scale per token then)."""
+    return min(KV_FP8_GROUP, self.kv_lora_rank)
 
   @property
   def softmax_scale(self) -> float:
@@ -208,6 +226,11 @@ def _validate(cfg: MtpConfig) -> None:
                       f"{cfg.num_nextn_predict_layers} (each MTP layer has its own indexer)")
   if cfg.index_cache_dtype not in INDEX_CACHE_DTYPES:
     raise ConfigError(f"index_cache_dtype={cfg.index_cache_dtype!r} is not one of {INDEX_CACHE_DTYPES}")
+  if cfg.kv_cache_dtype not in KV_CACHE_DTYPES:
+    raise ConfigError(f"kv_cache_dtype={cfg.kv_cache_dtype!r} is not one of {KV_CACHE_DTYPES}")
+  if cfg.kv_cache_dtype == "fp8" and cfg.kv_lora_rank % cfg.kv_scale_group:
+    raise ConfigError(f"kv_cache_dtype='fp8' stores one scale per {KV_FP8_GROUP} latent values; kv_lora_rank="
+                      f"{cfg.kv_lora_rank} is not a multiple of {KV_FP8_GROUP} (use kv_cache_dtype='auto' or 'bfloat16')")
   if cfg.moe_impl not in MOE_IMPLS:
     raise ConfigError(f"moe_impl={cfg.moe_impl!r} is not one of {MOE_IMPLS}")
   if cfg.index_scores_impl not in INDEX_SCORES_IMPLS:

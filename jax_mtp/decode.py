@@ -31,7 +31,7 @@ import jax
 
 import jax_mtp
 from jax_mtp import distributed, loader
-from jax_mtp.config import DTYPES, INDEX_SCORES_IMPLS, MOE_IMPLS, SPARSE_ATTENTION_IMPLS
+from jax_mtp.config import DTYPES, INDEX_SCORES_IMPLS, KV_CACHE_DTYPES, MOE_IMPLS, SPARSE_ATTENTION_IMPLS
 from jax_mtp.decode_output import Progress, TextStream, exit_code, print_result
 from jax_mtp.generate import TargetDecoder
 from jax_mtp.kernels.fused_allreduce_rmsnorm import IMPLS, gpu_kernels
@@ -89,6 +89,10 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--sparse-attention-impl", choices=SPARSE_ATTENTION_IMPLS, default="auto",
                  help="DSA's sparse MLA attention: xla, or the fused Pallas kernel (pallas_gpu); auto: the kernel on "
                       "GPUs where it takes the model, else xla")
+  p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
+                 help="the MLA cache: auto (default): the compute dtype; bfloat16; fp8: e4m3 latent + one fp32 scale "
+                      "per 128 values + the rope key in the compute dtype (656 bytes a token at V3.2's widths against "
+                      "1,152 in bf16; vLLM's fp8_ds_mla); the sparse attention then runs in XLA")
   p.add_argument("--prefill-chunk", type=int, default=0, metavar="TOKENS",
                  help="prompt tokens per row per prefill call; 0 (default): sized to "
                       f"{PREFILL_CHUNK_BYTES // 2**30} GiB of per-query buffers (jax_mtp.prefill)")
@@ -296,11 +300,11 @@ def _check_impl(impl: str) -> None:
 
 def with_flags(cfg: jax_mtp.MtpConfig, args: argparse.Namespace) -> jax_mtp.MtpConfig:
   """The model's config with what --dtype (auto: the config's own), --moe-impl, --index-scores-impl,
-  --sparse-attention-impl and --prefill-chunk set."""
+  --sparse-attention-impl, --kv-cache-dtype and --prefill-chunk set."""
   if args.dtype != "auto":
     cfg = cfg.replace(dtype=args.dtype, param_dtype=args.dtype)
   return cfg.replace(moe_impl=args.moe_impl, index_scores_impl=args.index_scores_impl,
-                     sparse_attention_impl=args.sparse_attention_impl,
+                     sparse_attention_impl=args.sparse_attention_impl, kv_cache_dtype=args.kv_cache_dtype,
                      prefill_chunk=args.prefill_chunk)
 
 

@@ -23,6 +23,13 @@ Scores are masked to slots ≤ the query's position and, with DSA (cache longer 
 the indexer's top-k: the naive form masks the dense scores; the absorbed form gathers the K selected
 latent / rope entries per query and attends over those only (`_absorbed_sparse`), reading B·T·K
 entries instead of the whole cache. scale = qk_head_dim^-0.5 · mscale² (config.softmax_scale).
+
+An fp8 MLA cache (`kv_cache_dtype="fp8"`, jax_mtp.cache) stores e4m3 latent codes with one fp32 scale per group of
+`kv_scale_group` values (amax → 448, `quantize_latent`), written wherever the latent is (`write_latent`: prefill
+chunks, decode steps, verification, target and MTP layers). The naive and dense absorbed forms dequantise the cache
+they read (`read_latent`); the sparse form gathers the selected codes and their scales and dequantises only those,
+so it moves ~57 % of the bf16 cache's bytes (656 of 1,152 a token at V3.2's widths). The Pallas sparse-MLA kernel
+reads bf16 entries: with an fp8 cache `auto` runs XLA's sparse form and an explicit "pallas_gpu" is refused.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ import jax.numpy as jnp
 
 from jax_mtp.cache import LayerCache, causal_mask, write_at_positions
 from jax_mtp.config import MtpConfig
-from jax_mtp.indexer import INDEXER_TRAINING, Indexer, Selection, selects_all
+from jax_mtp.indexer import INDEXER_TRAINING, Indexer, Selection, quantize_keys, selects_all
 from jax_mtp.kernels.sparse_mla import sparse_mla
 from jax_mtp.layers import RMSNorm, Rotary, apply_rope, linear
 from jax_mtp.sharding import TensorParallel
@@ -82,8 +89,7 @@ class MLAttention(nn.Module):
     kv_BTL = self.kv_a_proj_with_mqa(x_BTD)
     latent_BTC = self.kv_a_layernorm(kv_BTL[..., :cfg.kv_lora_rank])
     k_pe_BTR = apply_rope(kv_BTL[..., cfg.kv_lora_rank:], rotary, interleaved=cfg.rope_interleave)
-    cache = cache._replace(latent_BSC=write_at_positions(cache.latent_BSC, latent_BTC, positions_BT),
-                           k_pe_BSR=write_at_positions(cache.k_pe_BSR, k_pe_BTR, positions_BT))
+    cache = write_latent(cache, latent_BTC, k_pe_BTR, positions_BT)
 
     if selects_all(cfg, cache.capacity):
       visible_BTS = causal_mask(positions_BT, cache.capacity)
@@ -114,7 +120,8 @@ class MLAttention(nn.Module):
 
   def _naive(self, q_nope_BTNP, q_pe_BTNR, cache: LayerCache, visible_BTS) -> jax.Array:
     cfg = self.cfg
-    kv_BSNK = self.kv_b_proj(cache.latent_BSC).reshape(*cache.latent_BSC.shape[:2], self.num_local_heads, -1)
+    kv_BSNK = self.kv_b_proj(read_latent(cache, cfg.dtype)).reshape(*cache.latent_BSC.shape[:2],
+                                                                    self.num_local_heads, -1)
     k_nope_BSNP, v_BSNH = kv_BSNK[..., :cfg.qk_nope_head_dim], kv_BSNK[..., cfg.qk_nope_head_dim:]
     scores_BNTS = (jnp.einsum("btnp,bsnp->bnts", q_nope_BTNP, k_nope_BSNP, precision=_HIGHEST,
                               preferred_element_type=jnp.float32)
@@ -140,7 +147,7 @@ class MLAttention(nn.Module):
     keeps the exact form until a bf16 one is shown to keep that equality."""
     cfg = self.cfg
     q_lat_BTNC, w_uv_CNH = self._latent_query(q_nope_BTNP)
-    latent_BSC = cache.latent_BSC.astype(jnp.float32)
+    latent_BSC = read_latent(cache, jnp.float32)
     scores_BNTS = (jnp.einsum("btnc,bsc->bnts", q_lat_BTNC, latent_BSC, precision=_HIGHEST)
                    + jnp.einsum("btnr,bsr->bnts", q_pe_BTNR, cache.k_pe_BSR, precision=_HIGHEST,
                                 preferred_element_type=jnp.float32))
@@ -157,7 +164,8 @@ class MLAttention(nn.Module):
     with jax.named_scope("sparse_attention"):  # its kernels' part in a device profile (benchmarks.step_profile)
       if impl == "xla":
         o_lat_BTNC = sparse_latent_attention(q_lat_BTNC, q_pe_BTNR, cache.latent_BSC, cache.k_pe_BSR, selection,
-                                             cfg.softmax_scale, dot_dtype=cfg.dtype)
+                                             cfg.softmax_scale, dot_dtype=cfg.dtype,
+                                             latent_scale_BSG=cache.latent_scale_BSG)
       else:  # the fused kernel (interpret mode where the program runs on a CPU, Triton on CUDA); its output in
         # the cache's dtype, which _heads_from_latent's dot takes (the XLA path's fp32 is rounded there)
         dtype = cache.latent_BSC.dtype
@@ -172,7 +180,8 @@ def resolve_sparse_attention_impl(cfg: MtpConfig, platform: str, local_heads: in
   """"xla" or "pallas_gpu" (kernels/sparse_mla.py) for `cfg.sparse_attention_impl`.
 
   "auto": the kernel on GPUs wherever it takes the model (it keeps the gathered entries and the scores out of
-  HBM; why: benchmarks/RESULTS.md, "The sparse MLA in one Pallas pass"), xla elsewhere (no TPU kernel: Mosaic
+  HBM; why: benchmarks/RESULTS.md, "The sparse MLA in one Pallas pass") — not with an fp8 MLA cache, whose
+  codes and scales the kernel does not read (XLA's sparse form dequantises the gathered entries) —, xla elsewhere (no TPU kernel: Mosaic
   TPU has no row gather from HBM by data-dependent ids in a block). An explicit "pallas_gpu" runs as asked —
   on a CPU in Pallas' interpret mode (tests), on CUDA through Triton — unless it cannot take the model
   (`_sparse_kernel_problems`): then a ValueError names why."""
@@ -208,6 +217,8 @@ def _sparse_kernel_problems(cfg: MtpConfig, local_heads: int) -> list[str]:
   problems = []
   if jnp.dtype(cfg.dtype) == jnp.float32:
     problems.append("the model computes in float32 (the kernel's dots are bf16/fp16)")
+  if cfg.kv_cache_dtype == "fp8":
+    problems.append("kv_cache_dtype='fp8': the kernel reads bf16/fp16 latent entries, not fp8 codes and scales")
   dims = {"kv_lora_rank": cfg.kv_lora_rank, "qk_rope_head_dim": cfg.qk_rope_head_dim}
   for name, value in dims.items():
     if value < 16 or value & (value - 1):
@@ -220,9 +231,11 @@ def _sparse_kernel_problems(cfg: MtpConfig, local_heads: int) -> list[str]:
 
 
 def sparse_latent_attention(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, selection: Selection, scale: float, *,
-                            dot_dtype=jnp.float32) -> jax.Array:
+                            dot_dtype=jnp.float32, latent_scale_BSG: jax.Array | None = None) -> jax.Array:
   """softmax(q~·c + q_pe·k_pe) over each query's selected entries, times those latents: fp32
-  [B, T, N, C]. Gathers the K selected entries per query and reads them in the cache's dtype.
+  [B, T, N, C]. Gathers the K selected entries per query and reads them in the cache's dtype;
+  `latent_scale_BSG` (an fp8 cache's scales): the gathered codes and their scales are dequantised,
+  only those K entries a query, never the cache.
 
   The two dots take their inputs in `dot_dtype` and accumulate in fp32: float32 is exact
   (HIGHEST); bfloat16 (a bf16 model's) rounds the query and the probabilities to bf16 as FlashMLA
@@ -234,7 +247,10 @@ def sparse_latent_attention(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, selecti
   # whole, its k_pe columns dropped from the output (the operand is not sliced). The V3.2
   # step's time did not measurably change for it (benchmarks/RESULTS.md, "After a change to the sparse
   # attention").
-  entries_BTKX = jnp.concatenate([_gather_selected(latent_BSC, selection.slots_BTK).astype(dot_dtype),
+  latent_BTKC = _gather_selected(latent_BSC, selection.slots_BTK)
+  if latent_scale_BSG is not None:
+    latent_BTKC = dequantize_latent(latent_BTKC, _gather_selected(latent_scale_BSG, selection.slots_BTK), dot_dtype)
+  entries_BTKX = jnp.concatenate([latent_BTKC.astype(dot_dtype),
                                   _gather_selected(k_pe_BSR, selection.slots_BTK).astype(dot_dtype)], axis=-1)
   q_BTNX = jnp.concatenate([q_lat_BTNC.astype(dot_dtype), q_pe_BTNR.astype(dot_dtype)], axis=-1)
   scores_BNTK = jnp.einsum("btnx,btkx->bntk", q_BTNX, entries_BTKX, precision=precision,
@@ -260,6 +276,39 @@ def _heads_from_latent(o_lat_BTNC: jax.Array, w_uv_CNH: jax.Array, dot_dtype=jnp
   dot_dtype, precision = dot_inputs(dot_dtype)
   return jnp.einsum("btnc,cnh->btnh", o_lat_BTNC.astype(dot_dtype), w_uv_CNH.astype(dot_dtype), precision=precision,
                     preferred_element_type=jnp.float32)
+
+
+def quantize_latent(latent_BTC: jax.Array, group: int) -> tuple[jax.Array, jax.Array]:
+  """(float8_e4m3fn codes [B, T, C], fp32 scales [B, T, C / group]) with latent ≈ codes · scale per group of
+  `group` consecutive values: scale = max(amax, 1e-12) / 448 in fp32 (the indexer's `quantize_keys` per group)."""
+  b, t, c = latent_BTC.shape
+  codes_BTGc, scale_BTG = quantize_keys(latent_BTC.astype(jnp.float32).reshape(b, t, c // group, group),
+                                        jnp.float8_e4m3fn)
+  return codes_BTGc.reshape(b, t, c), scale_BTG
+
+
+def dequantize_latent(codes__C: jax.Array, scale__G: jax.Array, dtype) -> jax.Array:
+  """codes · scale per group ([..., C] codes, [..., G] scales, C / G values a group), in fp32, cast to `dtype`."""
+  g = scale__G.shape[-1]
+  grouped = codes__C.astype(jnp.float32).reshape(*codes__C.shape[:-1], g, -1) * scale__G[..., None]
+  return grouped.reshape(codes__C.shape).astype(dtype)
+
+
+def write_latent(cache: LayerCache, latent_BTC: jax.Array, k_pe_BTR: jax.Array, positions_BT: jax.Array) -> LayerCache:
+  """The tokens' latent and rope key written at their positions; an fp8 cache stores the latent's codes and scales."""
+  k_pe_BSR = write_at_positions(cache.k_pe_BSR, k_pe_BTR, positions_BT)
+  if cache.latent_scale_BSG is None:
+    return cache._replace(latent_BSC=write_at_positions(cache.latent_BSC, latent_BTC, positions_BT), k_pe_BSR=k_pe_BSR)
+  codes_BTC, scale_BTG = quantize_latent(latent_BTC, latent_BTC.shape[-1] // cache.latent_scale_BSG.shape[-1])
+  return cache._replace(latent_BSC=write_at_positions(cache.latent_BSC, codes_BTC, positions_BT), k_pe_BSR=k_pe_BSR,
+                        latent_scale_BSG=write_at_positions(cache.latent_scale_BSG, scale_BTG, positions_BT))
+
+
+def read_latent(cache: LayerCache, dtype) -> jax.Array:
+  """The whole latent cache [B, S, C] in `dtype` (dequantised where it is fp8): the dense forms read every slot."""
+  if cache.latent_scale_BSG is None:
+    return cache.latent_BSC.astype(dtype)
+  return dequantize_latent(cache.latent_BSC, cache.latent_scale_BSG, dtype)
 
 
 def _gather_selected(cache_BS_: jax.Array, slots_BTK: jax.Array) -> jax.Array:
