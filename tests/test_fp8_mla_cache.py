@@ -118,22 +118,26 @@ def test_sparse_form_dequantises_the_gathered_entries_as_the_whole_cache():
                                                                                      selection, 0.1)))
 
 
-@pytest.mark.parametrize("share", [False, True], ids=["own top-k", "index_share"])
-def test_speculative_equals_plain_greedy_with_the_fp8_cache(share):
+@pytest.mark.parametrize("share,dtype", [(False, "float32"), (True, "float32"), (False, "bfloat16")],
+                         ids=["own top-k", "index_share", "bf16 model"])
+def test_speculative_equals_plain_greedy_with_the_fp8_cache(share, dtype):
   """Both decoders write and read the fp8 cache (target and MTP layers), so their greedy tokens are equal
   exactly; prompts past index_topk = 4, so the sparse form (and with index_share the drafter's reused
-  selection) reads the gathered codes."""
-  cfg = jax_mtp.tiny(vocab_size=32, kv_lora_rank=128, kv_cache_dtype="fp8", index_share_for_mtp_iteration=share)
-  target_params = jax_mtp.init_target_params(cfg, jax.random.key(7))
-  mtp_params = jax_mtp.init_params(cfg, jax.random.key(8))
-  prompts = [[3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5], [2, 7, 1, 8]]
+  selection) reads the gathered codes; in a bf16 model it dequantises them to bf16 for the dots."""
+  cfg = jax_mtp.tiny(vocab_size=8, kv_lora_rank=128, kv_cache_dtype="fp8", index_share_for_mtp_iteration=share,
+                     dtype=dtype, param_dtype=dtype)
+  target_params = jax_mtp.init_target_params(cfg, jax.random.key(0))
+  mtp_params = jax_mtp.init_params(cfg, jax.random.key(1))
+  prompts = [[3, 1, 4, 1, 5, 7, 2, 6, 5, 3, 5], [2, 7, 1, 0]]
   decoder = jax_mtp.TargetDecoder(cfg, jax_mtp.make_mesh(1))
-  plain = decoder.generate(decoder.shard(target_params), prompts, 10, capacity=32)
+  plain = decoder.generate(decoder.shard(target_params), prompts, 16, capacity=40)
   spec = jax_mtp.Speculator(cfg, jax_mtp.make_mesh(1), 3)
-  result = spec.generate(spec.shard(target_params, mtp_params), prompts, 10, capacity=32)
+  result = spec.generate(spec.shard(target_params, mtp_params), prompts, 16, capacity=40)
   assert result.tokens == plain
+  if dtype == "float32":  # drafts accepted in part (rollback over the fp8 cache); these bf16 weights accept none
+    assert 0 < sum(result.metrics.accepted_per_position) < 3 * result.metrics.rounds
   for cache in (result.state.target_caches[0], result.state.drafter_caches[0]):
-    assert cache.latent_BSC.dtype == jnp.float8_e4m3fn and cache.latent_scale_BSG.shape == (2, 32, 1)
+    assert cache.latent_BSC.dtype == jnp.float8_e4m3fn and cache.latent_scale_BSG.shape == (2, 40, 1)
     assert np.any(np.asarray(cache.latent_scale_BSG) > 0)
 
 
@@ -186,6 +190,8 @@ def test_cli_flag(capsys):
   """--kv-cache-dtype fp8 decodes the random tiny model and --check finds speculative == plain; a bad value is
   exit 2 with one error line."""
   assert decode.main(["--random-tiny", "--kv-cache-dtype", "fp8", "--max-new-tokens", "6", "--check"]) == 0
+  assert decode.main(["--random-tiny", "--kv-cache-dtype", "fp8", "--max-new-tokens", "4", "--tp", "2",
+                      "--check"]) == 0  # the scales are replicated over tp with the rest of the cache
   capsys.readouterr()
   assert decode.main(["--random-tiny", "--kv-cache-dtype", "fp4"]) == 2
   out, err = capsys.readouterr()
