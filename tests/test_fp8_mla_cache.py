@@ -15,10 +15,12 @@ from jax_mtp import decode
 from jax_mtp.cache import init_layer_cache
 from jax_mtp.config import ConfigError
 from jax_mtp.indexer import Selection
+from jax_mtp.kernels.sparse_mla import KERNEL_NAME as SPARSE_MLA_KERNEL
 from jax_mtp.layers import rotary_for_positions
 from jax_mtp.mla import (MLAttention, dequantize_latent, quantize_latent, read_latent, resolve_sparse_attention_impl,
                          sparse_latent_attention)
 from jax_mtp.request import cache_bytes
+from tests.lowered_step import mtp_step_module
 from tests.tolerances import assert_close
 
 E4M3_MAX = 448.0
@@ -172,6 +174,16 @@ def test_sparse_kernel_is_not_chosen_for_an_fp8_cache():
   assert resolve_sparse_attention_impl(fp8, "gpu", 16) == "xla"
   with pytest.raises(ValueError, match="kv_cache_dtype='fp8': the kernel reads bf16/fp16 latent entries"):
     resolve_sparse_attention_impl(fp8.replace(sparse_attention_impl="pallas_gpu"), "gpu", 16)
+
+
+def test_step_lowered_for_cuda_reads_the_fp8_cache_without_the_kernel():
+  """The MTP draft step exported for an H200 with `auto`: over a bf16 cache it holds the sparse-MLA kernel (the
+  control); over an fp8 cache it holds XLA's sparse form, reading e4m3 codes, and no kernel."""
+  widths = dict(dtype="bfloat16", param_dtype="bfloat16", kv_lora_rank=128, qk_rope_head_dim=16,
+                num_attention_heads=16, index_topk=16, index_n_heads=16)
+  assert SPARSE_MLA_KERNEL in mtp_step_module(jax_mtp.tiny(**widths), "cuda", 2, 64)
+  fp8 = mtp_step_module(jax_mtp.tiny(kv_cache_dtype="fp8", **widths), "cuda", 2, 64)
+  assert SPARSE_MLA_KERNEL not in fp8 and "f8E4M3FN" in fp8
 
 
 def test_config_values():
