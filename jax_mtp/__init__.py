@@ -5,8 +5,8 @@ Dimension letters used in tensor names (`x_BTD`) and einsum strings:
   B batch            T tokens in this call      S cache slots (positions)   D model (hidden_size)
   V vocab            N attention heads          P qk_nope_head_dim           R qk_rope_head_dim
   H v_head_dim       K experts per token        Q q_lora_rank                C kv_lora_rank
-  E routed experts   F expert hidden            G expert groups              I indexer heads
-  J indexer head dim A token-expert assignments (T·K)
+  E routed experts   F expert hidden            G expert groups; of an fp8 latent cache, its 128-value scale groups
+  I indexer heads    J indexer head dim         A token-expert assignments (T·K)
   M draft tokens per round (k)   W verify window (k + 1)   O output-token slots
 """
 
