@@ -13,6 +13,7 @@ compile is reported, not fatal).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import time
 
@@ -21,8 +22,8 @@ import jax.numpy as jnp
 
 from benchmarks.timing import copy_bandwidth, time_in_loop
 from jax_mtp.indexer import Selection
-from jax_mtp.kernels.sparse_mla import sparse_mla, splits_for
-from jax_mtp.mla import sparse_latent_attention, sparse_mla_config
+from jax_mtp.kernels.sparse_mla import Config, model_config, sparse_mla, splits_for
+from jax_mtp.mla import sparse_latent_attention
 
 N, C, R, K_TOP = 128, 512, 64, 2048
 SCALE = 192**-0.5
@@ -91,24 +92,25 @@ def _problem(b: int, t: int, s: int):
 
 def _time_kernel(problem, base, config, iters, backend):
   fn = jax.jit(lambda ql, qp, lat, kp, sl: sparse_mla(ql, qp, lat, kp, sl, SCALE, backend=backend,
-                                                      out_dtype=jnp.bfloat16, **config))
+                                                      out_dtype=jnp.bfloat16, config=config))
   out = fn(*problem).astype(jnp.float32)
   err = float(jnp.max(jnp.abs(out - base)) / jnp.max(jnp.abs(base)))
   return time_in_loop(fn, problem, iters), err
 
 
-def _name(config: dict) -> str:
-  return " ".join(f"{k.replace('block_', '').replace('num_', '')} {v}" for k, v in config.items())
+def _name(config: Config) -> str:
+  return " ".join(f"{k.replace('block_', '').replace('num_', '')} {v}" for k, v in dataclasses.asdict(config).items()
+                  if v is not None)
 
 
 def _configs_for_table(queries: int):
   """The config the model calls the kernel with, and the splits around `splits_for`'s pick."""
-  default = sparse_mla_config(N, K_TOP)
-  auto = splits_for(queries, N // default["block_heads"], K_TOP, default["block_entries"])
+  default = model_config(N, K_TOP)
+  auto = splits_for(queries, N // default.block_heads, K_TOP, default.block_entries)
   yield default
   for splits in sorted({max(1, auto // 2), auto * 2} - {auto}):
     if splits <= 16:
-      yield dict(default, splits=splits)
+      yield dataclasses.replace(default, splits=splits)
 
 
 def _sweep(b: int, s: int, iters: int, bandwidth: float, flops: float, backend: str):
@@ -119,7 +121,7 @@ def _sweep(b: int, s: int, iters: int, bandwidth: float, flops: float, backend: 
   print("| config | µs | floor / time | rel err vs XLA |")
   print("|---|---:|---:|---:|")
   for bh, be, warps, stages in itertools.product((16, 32, 64), (32, 64, 128), (4, 8), (2, 3)):
-    config = dict(block_heads=bh, block_entries=be, num_warps=warps, num_stages=stages)
+    config = Config(block_heads=bh, block_entries=be, num_warps=warps, num_stages=stages)
     try:
       seconds, err = _time_kernel(problem, base, config, iters, backend)
     except Exception as e:  # noqa: BLE001 (a config Triton cannot compile: reported, the sweep goes on)

@@ -41,7 +41,7 @@ import jax.numpy as jnp
 from jax_mtp.cache import LayerCache, causal_mask, write_at_positions
 from jax_mtp.config import MtpConfig
 from jax_mtp.indexer import INDEXER_TRAINING, Indexer, Selection, quantize_keys, selects_all
-from jax_mtp.kernels.sparse_mla import sparse_mla
+from jax_mtp.kernels import sparse_mla as sparse_mla_kernel
 from jax_mtp.layers import RMSNorm, Rotary, apply_rope, linear
 from jax_mtp.sharding import TensorParallel
 from jax_mtp.platform import lowering_platform
@@ -169,10 +169,11 @@ class MLAttention(nn.Module):
       else:  # the fused kernel (interpret mode where the program runs on a CPU, Triton on CUDA); its output in
         # the cache's dtype, which _heads_from_latent's dot takes (the XLA path's fp32 is rounded there)
         dtype = cache.latent_BSC.dtype
-        config = sparse_mla_config(self.num_local_heads, cfg.index_topk)
-        slots_BTK = pad_slots(jnp.where(selection.valid_BTK, selection.slots_BTK, -1), config["block_entries"])
-        o_lat_BTNC = sparse_mla(q_lat_BTNC.astype(dtype), q_pe_BTNR.astype(dtype), cache.latent_BSC,
-                                cache.k_pe_BSR.astype(dtype), slots_BTK, cfg.softmax_scale, out_dtype=dtype, **config)
+        config = sparse_mla_kernel.model_config(self.num_local_heads, cfg.index_topk)
+        slots_BTK = pad_slots(jnp.where(selection.valid_BTK, selection.slots_BTK, -1), config.block_entries)
+        o_lat_BTNC = sparse_mla_kernel.sparse_mla(
+            q_lat_BTNC.astype(dtype), q_pe_BTNR.astype(dtype), cache.latent_BSC, cache.k_pe_BSR.astype(dtype),
+            slots_BTK, cfg.softmax_scale, config=config, out_dtype=dtype)
     return _heads_from_latent(o_lat_BTNC, w_uv_CNH, dot_dtype=cfg.dtype)
 
 
@@ -194,14 +195,6 @@ def resolve_sparse_attention_impl(cfg: MtpConfig, platform: str, local_heads: in
   if problems:
     raise ValueError(f"sparse_attention_impl={impl!r} cannot run here: {'; '.join(problems)} (use 'xla' or 'auto')")
   return impl
-
-
-def sparse_mla_config(local_heads: int, topk: int) -> dict:
-  """The kernel's launch config for this model: 32 heads × 64 entries a program, 4 warps, 3 stages — the
-  fastest of the launch-config sweep at V3.2's widths (benchmarks/RESULTS.md, "The sparse MLA in one Pallas
-  pass") — narrowed to what divides the model's heads and top-k."""
-  return dict(block_heads=32 if local_heads % 32 == 0 else 16,
-              block_entries=next(e for e in (64, 32, 16) if topk % e == 0), num_warps=4, num_stages=3)
 
 
 def pad_slots(slots_BTK: jax.Array, multiple: int) -> jax.Array:

@@ -34,6 +34,7 @@ platform the program is lowered for: interpret on CPU, Triton elsewhere). The re
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -58,9 +59,38 @@ def splits_for(queries: int, head_blocks: int, entries: int, block_entries: int)
   return splits
 
 
-def check_operands(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, block_heads: int,
-                   block_entries: int, splits: int) -> None:
-  """One clear error for operands the kernel does not take."""
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """The kernel's launch: heads and selected entries a program takes, `splits` of each query's entries over
+  separate programs merged by log-sum-exp (None: `splits_for`), Triton's `num_warps` / `num_stages`."""
+
+  block_heads: int = 32
+  block_entries: int = 32
+  splits: int | None = None
+  num_warps: int = 4
+  num_stages: int = 2
+
+
+def model_config(local_heads: int, topk: int) -> Config:
+  """The launch a model's calls start from: 32 heads × 64 entries a program, 4 warps, 3 stages — the fastest of
+  the launch-config sweep at V3.2's widths (benchmarks/RESULTS.md, "The sparse MLA in one Pallas pass") — narrowed
+  to what divides the model's heads and top-k."""
+  return Config(block_heads=32 if local_heads % 32 == 0 else 16,
+                block_entries=next(e for e in (64, 32, 16) if topk % e == 0), num_warps=4, num_stages=3)
+
+
+def config_for(queries: int, heads: int, entries: int, config: Config | None = None) -> Config:
+  """`config` (default: Config()) for a call of `queries` queries × `heads` heads over `entries` selected slots:
+  blocks no larger than the call, `splits` by `splits_for` where it is left open."""
+  config = config or Config()
+  block_heads, block_entries = min(config.block_heads, heads), min(config.block_entries, entries)
+  splits = splits_for(queries, heads // block_heads, entries, block_entries) if config.splits is None else config.splits
+  return dataclasses.replace(config, block_heads=block_heads, block_entries=block_entries, splits=splits)
+
+
+def check_operands(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, config: Config) -> None:
+  """One clear error for operands (and a completed launch `config`) the kernel does not take."""
+  block_heads, block_entries, splits = config.block_heads, config.block_entries, config.splits
   b, t, n, c = q_lat_BTNC.shape
   r = q_pe_BTNR.shape[-1]
   s = latent_BSC.shape[1]
@@ -79,24 +109,21 @@ def check_operands(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, block
 
 
 def sparse_mla(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax.Array, k_pe_BSR: jax.Array,
-               slots_BTK: jax.Array, scale: float, *, block_heads: int = 32, block_entries: int = 32,
-               splits: int | None = None, num_warps: int = 4, num_stages: int = 2, out_dtype=jnp.float32,
+               slots_BTK: jax.Array, scale: float, *, config: Config | None = None, out_dtype=jnp.float32,
                backend: str = "auto") -> jax.Array:
   """[B, T, N, C] in `out_dtype`: each query's heads attending over its selected slots (`slots_BTK`
-  int32, −1 = not attended). Queries and cache in one 16-bit dtype. `block_heads` / `block_entries` /
-  `splits` (None: `splits_for`) / `num_warps` / `num_stages`: the launch config (see the module
-  docstring). One split writes `out_dtype` straight from its fp32 accumulator; splits write fp32
+  int32, −1 = not attended). Queries and cache in one 16-bit dtype; launched as `config_for` completes `config`
+  (see the module docstring). One split writes `out_dtype` straight from its fp32 accumulator; splits write fp32
   partials, combined in fp32, then cast."""
   if backend not in BACKENDS:
     raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")
   b, t, n, c = q_lat_BTNC.shape
   k = slots_BTK.shape[-1]
-  block_heads, block_entries = min(block_heads, n), min(block_entries, k)
-  splits = splits_for(b * t, n // block_heads, k, block_entries) if splits is None else splits
-  check_operands(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, block_heads, block_entries, splits)
+  config = config_for(b * t, n, k, config)
+  check_operands(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, config)
+  block_heads, block_entries, splits = config.block_heads, config.block_entries, config.splits
   if backend == "auto":
-    call = functools.partial(sparse_mla, scale=scale, block_heads=block_heads, block_entries=block_entries,
-                             splits=splits, num_warps=num_warps, num_stages=num_stages, out_dtype=out_dtype)
+    call = functools.partial(sparse_mla, scale=scale, config=config, out_dtype=out_dtype)
     return jax.lax.platform_dependent(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK,
                                       cpu=functools.partial(call, backend="interpret"),
                                       default=functools.partial(call, backend="gpu"))
@@ -118,7 +145,7 @@ def sparse_mla(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax.Arra
                  pl.BlockSpec((None, None, block_heads), lambda h, p, q: (q, p, h))],
       out_shape=[jax.ShapeDtypeStruct((b * t, splits, n, c), out_dtype if splits == 1 else jnp.float32),
                  jax.ShapeDtypeStruct((b * t, splits, n), jnp.float32)],
-      compiler_params=_compiler_params(backend, num_warps, num_stages),
+      compiler_params=_compiler_params(backend, config),
       interpret=backend == "interpret",
       name=KERNEL_NAME,
   )(q_lat_BTNC.reshape(b * t, n, c), q_pe_BTNR.reshape(b * t, n, r), latent_BSC, k_pe_BSR,
@@ -166,8 +193,8 @@ def _kernel(q_lat_ref, q_pe_ref, latent_ref, k_pe_ref, slots_ref, out_ref, lse_r
   lse_ref[...] = jnp.where(seen, row_max + jnp.log(jnp.where(seen, row_sum, 1.0)), -jnp.inf)
 
 
-def _compiler_params(backend: str, num_warps: int, num_stages: int):
+def _compiler_params(backend: str, config: Config):
   if backend == "gpu":
     from jax.experimental.pallas import triton as pl_triton  # noqa: PLC0415 (GPU-only module)
-    return pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+    return pl_triton.CompilerParams(num_warps=config.num_warps, num_stages=config.num_stages)
   return None

@@ -15,7 +15,7 @@ import pytest
 
 import jax_mtp
 from jax_mtp.indexer import Selection
-from jax_mtp.kernels.sparse_mla import KERNEL_NAME, combine_splits, sparse_mla, splits_for
+from jax_mtp.kernels.sparse_mla import KERNEL_NAME, Config, combine_splits, sparse_mla, splits_for
 from jax_mtp.mla import MLAttention, resolve_sparse_attention_impl, sparse_latent_attention
 from tests.conftest import FULL_ONLY, FULL_TESTS
 from tests.lowered_step import mtp_step_module
@@ -62,8 +62,8 @@ CASES = [  # b, t, n, c, r, s, k, block_heads, block_entries, splits
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_kernel_equals_the_formula_and_xla(b, t, n, c, r, s, k, bh, be, splits, dtype):
   q_lat, q_pe, latent, k_pe, slots, valid = _problem(b, t, n, c, r, s, k, dtype, seed=b + t + n)
-  got = sparse_mla(q_lat, q_pe, latent, k_pe, jnp.where(valid, slots, -1), 0.125, block_heads=bh,
-                   block_entries=be, splits=splits, backend="interpret")
+  got = sparse_mla(q_lat, q_pe, latent, k_pe, jnp.where(valid, slots, -1), 0.125,
+                   config=Config(block_heads=bh, block_entries=be, splits=splits), backend="interpret")
   assert got.dtype == jnp.float32 and got.shape == (b, t, n, c)
   # bf16 / fp16 probabilities enter the output dot (as FlashMLA's and the XLA path's): the 16-bit row
   assert_close(got, _formula(q_lat, q_pe, latent, k_pe, slots, valid, 0.125), "bfloat16", what="kernel vs formula")
@@ -75,8 +75,8 @@ def test_a_split_with_nothing_attended_weighs_nothing():
   """Slots 8.. of every query are padding: the second of two splits sees none and must add nothing."""
   q_lat, q_pe, latent, k_pe, slots, valid = _problem(2, 1, 16, 32, 16, 64, 16, "bfloat16", padded=0.0)
   valid = valid.at[..., 8:].set(False)
-  got = sparse_mla(q_lat, q_pe, latent, k_pe, jnp.where(valid, slots, -1), 0.5, block_heads=16, block_entries=8,
-                   splits=2, backend="interpret")
+  got = sparse_mla(q_lat, q_pe, latent, k_pe, jnp.where(valid, slots, -1), 0.5,
+                   config=Config(block_heads=16, block_entries=8, splits=2), backend="interpret")
   assert np.all(np.isfinite(np.asarray(got)))
   assert_close(got, _formula(q_lat, q_pe, latent, k_pe, slots, valid, 0.5), "bfloat16", what="half-padded")
 
@@ -86,7 +86,7 @@ def test_a_16_bit_output_is_the_fp32_output_rounded(splits):
   """out_dtype: one split rounds its fp32 accumulator once; splits round the fp32 combination once."""
   q_lat, q_pe, latent, k_pe, slots, valid = _problem(2, 2, 16, 32, 16, 64, 32, "bfloat16")
   call = functools.partial(sparse_mla, q_lat, q_pe, latent, k_pe, jnp.where(valid, slots, -1), 0.3,
-                           block_heads=16, block_entries=16, splits=splits, backend="interpret")
+                           config=Config(block_heads=16, block_entries=16, splits=splits), backend="interpret")
   got = call(out_dtype=jnp.bfloat16)
   assert got.dtype == jnp.bfloat16
   np.testing.assert_array_equal(np.asarray(got), np.asarray(call().astype(jnp.bfloat16)))
@@ -122,9 +122,9 @@ def test_kernel_refuses_what_it_cannot_run():
   with pytest.raises(ValueError, match="one 16-bit float dtype.*float32"):
     call(q_lat.astype(jnp.float32), q_pe, latent, k_pe, slots)
   with pytest.raises(ValueError, match="16 heads are not a multiple of block_heads=12"):
-    call(q_lat, q_pe, latent, k_pe, slots, block_heads=12)
+    call(q_lat, q_pe, latent, k_pe, slots, config=Config(block_heads=12))
   with pytest.raises(ValueError, match="32 selected slots are not a multiple of splits=3"):
-    call(q_lat, q_pe, latent, k_pe, slots, block_entries=16, splits=3)
+    call(q_lat, q_pe, latent, k_pe, slots, config=Config(block_entries=16, splits=3))
 
 
 def _kernel_cfg(**overrides):
