@@ -23,41 +23,32 @@ import numpy as np
 from benchmarks.step_profile import device_events, op_names
 from benchmarks.timing import copy_bandwidth, time_in_loop
 from jax_mtp.cache import causal_mask
-from jax_mtp.indexer import (order_keys, select_from_kth, topk_selection,
-                             topk_selection_radix)
+from jax_mtp.indexer import (kth_key_one_reduction, kth_key_sibling_reductions, order_keys, select_from_kth,
+                             topk_selection, topk_selection_radix)
 from jax_mtp.kernels.index_scores import Config, index_scores_pallas
 
 I, J, K_TOP = 64, 128, 2048  # V3.2's indexer heads, head dim, index_topk
 
 
-def radix_siblings(digit_bits: int):
-  """A radix select with `digit_bits` per pass whose 2^bits − 1 candidate counts are separate reductions of the
-  same keys (XLA may fuse siblings into one pass over the keys)."""
+def radix_select(kth_key, **options):
+  """A radix select whose k-th key comes from `kth_key(keys, k, **options)` (jax_mtp.indexer's two forms), then the
+  library's compaction: one form of the library's select, whatever the number of queries."""
   def select(scores_BTS, visible_BTS, topk):
     k = min(topk, scores_BTS.shape[-1])
     keys_BTS = order_keys(scores_BTS, visible_BTS)
-    kth_BT = jnp.zeros(keys_BTS.shape[:2], jnp.uint32)
-    for shift in range(32 - digit_bits, -1, -digit_bits):
-      counts = [jnp.sum(keys_BTS >= (kth_BT | jnp.uint32(d << shift))[..., None], axis=-1, dtype=jnp.int32)
-                for d in range(1, 2**digit_bits)]
-      digit_BT = sum((c >= k).astype(jnp.uint32) for c in counts)
-      kth_BT = kth_BT | (digit_BT << shift)
-    return select_from_kth(keys_BTS, visible_BTS, kth_BT, k)
+    return select_from_kth(keys_BTS, visible_BTS, kth_key(keys_BTS, k, **options), k)
   return select
 
 
-def radix_one_reduction(scores_BTS, visible_BTS, topk):
-  """A radix select of 4 bits a pass whose 15 candidate counts are one reduction over a [B, T, 15, S] comparison
-  (the library's only form before issue 27's prefill work; its form for few queries now)."""
-  k = min(topk, scores_BTS.shape[-1])
-  keys_BTS = order_keys(scores_BTS, visible_BTS)
-  kth_BT = jnp.zeros(keys_BTS.shape[:2], jnp.uint32)
-  digits = jnp.arange(1, 16, dtype=jnp.uint32)
-  for shift in range(28, -1, -4):
-    candidates_BTD = kth_BT[..., None] | (digits << shift)
-    at_least_BTD = jnp.sum(keys_BTS[:, :, None, :] >= candidates_BTD[..., None], axis=-1, dtype=jnp.int32)
-    kth_BT = kth_BT | (jnp.sum(at_least_BTD >= k, axis=-1, dtype=jnp.uint32) << shift)
-  return select_from_kth(keys_BTS, visible_BTS, kth_BT, k)
+def radix_siblings(digit_bits: int):
+  """A radix select with `digit_bits` per pass whose 2^bits − 1 candidate counts are separate reductions of the
+  same keys (XLA may fuse siblings into one pass over the keys)."""
+  return radix_select(kth_key_sibling_reductions, digit_bits=digit_bits)
+
+
+# 4 bits a pass, the 15 candidate counts as one reduction over a [B, T, 15, S] comparison (the library's only form
+# before issue 27's prefill work; its form for few queries now)
+radix_one_reduction = radix_select(kth_key_one_reduction)
 
 
 TOPK_VARIANTS = {"lax.top_k": topk_selection, "radix (library)": topk_selection_radix,

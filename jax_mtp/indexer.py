@@ -216,11 +216,12 @@ def topk_selection_radix(scores_BTS: jax.Array, visible_BTS: jax.Array, topk: in
   k = min(topk, scores_BTS.shape[-1])
   keys_BTS = order_keys(scores_BTS, visible_BTS)
   b, t, _ = keys_BTS.shape
-  count = _kth_key_one_reduction if b * t <= RADIX_ONE_REDUCTION_QUERIES else _kth_key_sibling_reductions
+  count = kth_key_one_reduction if b * t <= RADIX_ONE_REDUCTION_QUERIES else kth_key_sibling_reductions
   return select_from_kth(keys_BTS, visible_BTS, count(keys_BTS, k), k)
 
 
-def _kth_key_one_reduction(keys_BTS: jax.Array, k: int) -> jax.Array:
+def kth_key_one_reduction(keys_BTS: jax.Array, k: int) -> jax.Array:
+  """Each query's k-th largest key, 4 bits a pass, the 15 candidates counted by one reduction."""
   kth_BT = jnp.zeros(keys_BTS.shape[:2], jnp.uint32)
   digits = jnp.arange(1, 16, dtype=jnp.uint32)
   for shift in range(28, -1, -4):
@@ -230,11 +231,13 @@ def _kth_key_one_reduction(keys_BTS: jax.Array, k: int) -> jax.Array:
   return kth_BT
 
 
-def _kth_key_sibling_reductions(keys_BTS: jax.Array, k: int) -> jax.Array:
+def kth_key_sibling_reductions(keys_BTS: jax.Array, k: int, digit_bits: int = 2) -> jax.Array:
+  """Each query's k-th largest key, `digit_bits` a pass (a divisor of 32), the 2^bits − 1 candidates counted by
+  separate reductions of the same keys."""
   kth_BT = jnp.zeros(keys_BTS.shape[:2], jnp.uint32)
-  for shift in range(30, -1, -2):
+  for shift in range(32 - digit_bits, -1, -digit_bits):
     digit_BT = jnp.zeros_like(kth_BT)
-    for d in range(1, 4):
+    for d in range(1, 2**digit_bits):
       at_least_BT = jnp.sum(keys_BTS >= (kth_BT | jnp.uint32(d << shift))[..., None], axis=-1, dtype=jnp.int32)
       digit_BT = digit_BT + (at_least_BT >= k).astype(jnp.uint32)
     kth_BT = kth_BT | (digit_BT << shift)
