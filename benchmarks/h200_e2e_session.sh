@@ -7,10 +7,6 @@
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 QUIET="TPU|libtpu|Source Location|InitGoogle|E0000|learning/|Deprecat|return rule"
-run() {  # run SECONDS FILE CMD...: the command's output, filtered, to the terminal and $OUT/FILE
-  local seconds=$1 file=$2; shift 2
-  timeout "$seconds" "$@" 2>&1 | grep --line-buffered -v -E "$QUIET" | tee "$OUT/$file"
-}
 case "${1:?stage}" in
   e2e)
     run 120 gpu_tests.txt python3 -m pytest -q -p no:cacheprovider tests/test_user_path_kernels.py \

@@ -14,10 +14,6 @@
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 QUIET="TPU|libtpu|Source Location|InitGoogle|E0000|E1203|I0000|errors.h|learning/|Deprecat|return rule|^$"
-run() {  # run SECONDS FILE CMD...: the command's output, filtered, to the terminal and $OUT/FILE
-  local seconds=$1 file=$2; shift 2
-  timeout "$seconds" "$@" 2>&1 | grep --line-buffered -v -E "$QUIET" | tee "$OUT/$file"
-}
 case "${1:?stage}" in
   parts)
     run 200 prefill_parts.md python3 -m benchmarks.prefill_parts --capacity 33280 --chunk 2048 --position 16384 \
