@@ -20,6 +20,7 @@ from jax_mtp.layers import rotary_for_positions
 from jax_mtp.mla import (MLAttention, dequantize_latent, quantize_latent, read_latent, resolve_sparse_attention_impl,
                          sparse_latent_attention)
 from jax_mtp.request import cache_bytes
+from tests.greedy import plain_and_speculative
 from tests.lowered_step import mtp_step_module
 from tests.tolerances import assert_close
 
@@ -131,10 +132,7 @@ def test_speculative_equals_plain_greedy_with_the_fp8_cache(share, dtype):
   target_params = jax_mtp.init_target_params(cfg, jax.random.key(0))
   mtp_params = jax_mtp.init_params(cfg, jax.random.key(1))
   prompts = [[3, 1, 4, 1, 5, 7, 2, 6, 5, 3, 5], [2, 7, 1, 0]]
-  decoder = jax_mtp.TargetDecoder(cfg, jax_mtp.make_mesh(1))
-  plain = decoder.generate(decoder.shard(target_params), prompts, 16, capacity=40)
-  spec = jax_mtp.Speculator(cfg, jax_mtp.make_mesh(1), 3)
-  result = spec.generate(spec.shard(target_params, mtp_params), prompts, 16, capacity=40)
+  plain, result = plain_and_speculative(cfg, target_params, mtp_params, prompts, 16, capacity=40)
   assert result.tokens == plain
   if dtype == "float32":  # drafts accepted in part (rollback over the fp8 cache); these bf16 weights accept none
     assert 0 < sum(result.metrics.accepted_per_position) < 3 * result.metrics.rounds

@@ -13,6 +13,7 @@ from jax_mtp import indexer
 from jax_mtp.indexer import (SCORE_CHUNK_ELEMENTS, score_chunk, topk_selection,
                               topk_selection_radix)
 from jax_mtp.kernels.index_scores import reference as index_scores
+from tests.greedy import plain_and_speculative
 from tests.tolerances import assert_close
 
 
@@ -130,10 +131,8 @@ def test_fp8_index_cache_speculative_equals_plain_greedy():
   target_params = jax_mtp.init_target_params(cfg, jax.random.key(7))
   mtp_params = jax_mtp.init_params(cfg, jax.random.key(8))
   prompts = [[3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5], [2, 7, 1, 8]]
-  decoder = jax_mtp.TargetDecoder(cfg, jax_mtp.make_mesh(1))
-  plain = decoder.generate(decoder.shard(target_params), prompts, 10, capacity=32)
-  spec = jax_mtp.Speculator(cfg, jax_mtp.make_mesh(1), 3)
-  assert spec.generate(spec.shard(target_params, mtp_params), prompts, 10, capacity=32).tokens == plain
+  plain, result = plain_and_speculative(cfg, target_params, mtp_params, prompts, 10, capacity=32)
+  assert result.tokens == plain
 
 
 def test_bad_index_cache_dtype_is_named():

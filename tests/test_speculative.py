@@ -16,6 +16,7 @@ from jax_mtp.acceptance import accept_greedy, accept_sampled
 from jax_mtp.drafter import MtpDrafter
 from jax_mtp.sharding import tensor_parallel
 from tests.conftest import FULL_ONLY, FULL_TESTS
+from tests.greedy import plain_and_speculative
 from tests.tolerances import SAMPLING_MIN_PVALUE, assert_close
 
 SMALL_VOCAB = 8  # the random MTP layer's drafts are sometimes right: partial acceptance is exercised
@@ -399,10 +400,7 @@ def test_speculative_equals_plain_past_index_topk(family, dtype, k):
   mtp_params = jax_mtp.init_params(cfg, jax.random.key(1))
   rng = np.random.default_rng(5)
   prompts = [[int(t) for t in rng.integers(0, SMALL_VOCAB, n)] for n in (17, 29, 23)]
-  decoder = jax_mtp.TargetDecoder(cfg, jax_mtp.make_mesh(1))
-  plain = decoder.generate(decoder.shard(target_params), prompts, 16, capacity=2 * CAPACITY)
-  spec = jax_mtp.Speculator(cfg, jax_mtp.make_mesh(1), k)
-  result = spec.generate(spec.shard(target_params, mtp_params), prompts, 16, capacity=2 * CAPACITY)
+  plain, result = plain_and_speculative(cfg, target_params, mtp_params, prompts, 16, capacity=2 * CAPACITY, k=k)
   assert result.tokens == plain
 
 
