@@ -90,7 +90,7 @@ def row_tile_for(rows: int, experts: int) -> int:
   return min(MAX_ROW_TILE, max(ROW_TILE, 1 << (rows - 1).bit_length()))
 
 
-def check_operands(x_AK, codes_EKN, scale_EkN, group_sizes_E, config: Config | None = None) -> None:
+def check_operands(x_AK, codes_EKN, scale_EkN, group_sizes_E, config: Config) -> None:
   """One clear error for operands (and a completed launch `config`) the kernel does not take."""
   a, k = x_AK.shape
   e, k2, n = codes_EKN.shape
@@ -104,8 +104,6 @@ def check_operands(x_AK, codes_EKN, scale_EkN, group_sizes_E, config: Config | N
     raise ValueError(f"group_sizes {group_sizes_E.shape} must give one size per expert of codes {codes_EKN.shape}")
   if e * k * n // WORD >= MAX_WORDS:
     raise ValueError(f"codes {codes_EKN.shape}: {e * k * n // WORD:,} words exceed the kernel's int32 offsets")
-  if config is None:
-    return
   if config.split_k < 1 or (k // BLOCK) % config.split_k:
     raise ValueError(f"split_k={config.split_k} must divide the {k // BLOCK} blocks of K = {k}")
   if config.layout not in LAYOUTS[1:] or (config.layout == "bytes" and not can_take_bytes(e, k, n)):
