@@ -105,15 +105,13 @@ class Indexer(nn.Module):
   def _scores(self, q_BTIJ, w_BTI, positions_BT, cache: LayerCache, impl: str) -> jax.Array:
     cfg = self.cfg
     if impl == "xla":
-      scores_BTS = scores_kernel.reference(q_BTIJ, cache.index_k_BSJ, w_BTI, cfg.index_head_dim**-0.5,
-                                           chunk=score_chunk(*q_BTIJ.shape[:3], cache.capacity),
-                                           k_scale_BS=cache.index_k_scale_BS, dot_dtype=cfg.dtype)
-    else:
-      backend = impl.removeprefix("pallas_")  # GPU: slot blocks past a query block's positions are skipped
-      scores_BTS = scores_kernel.index_scores_pallas(
-          q_BTIJ.astype(cfg.dtype), cache.index_k_BSJ, w_BTI, cfg.index_head_dim**-0.5,
-          k_scale_BS=cache.index_k_scale_BS, positions_BT=None if backend == "tpu" else positions_BT, backend=backend)
-    return scores_BTS
+      return scores_kernel.reference(q_BTIJ, cache.index_k_BSJ, w_BTI, cfg.index_head_dim**-0.5,
+                                     chunk=score_chunk(*q_BTIJ.shape[:3], cache.capacity),
+                                     k_scale_BS=cache.index_k_scale_BS, dot_dtype=cfg.dtype)
+    backend = impl.removeprefix("pallas_")  # GPU: slot blocks past a query block's positions are skipped
+    return scores_kernel.index_scores_pallas(
+        q_BTIJ.astype(cfg.dtype), cache.index_k_BSJ, w_BTI, cfg.index_head_dim**-0.5,
+        k_scale_BS=cache.index_k_scale_BS, positions_BT=None if backend == "tpu" else positions_BT, backend=backend)
 
   def _rope_first(self, x: jax.Array, rotary: Rotary) -> jax.Array:
     """RoPE on the first R dims (the indexer puts the rotary part first; MLA puts it last)."""
