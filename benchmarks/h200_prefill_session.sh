@@ -8,9 +8,11 @@
 #   e2e3     the top-k forms at B·T = 4 … 256 (the one-reduction threshold), then benchmarks.e2e at B = 1 (32K, 8K,
 #            1K prompts, the auto chunk)
 #   e2e4     benchmarks.e2e at B = 8 and 64 (1K and 4K prompts): the round at B = 64, 4K context
-#   verify   (not run yet) the verification forward at B = 8, 64, 256 with 4K and 32K caches, each row's kernels per
-#            part (issue 27: 0.43 of its floor at B = 256, out of memory at B = 256 × 32K on 2026-12-02)
-#   fp8      (not run yet) benchmarks.e2e with FP8 weights kept as codes: 1K and 32K prompts at B = 1 and 64
+#   tests    the GPU tests of the kernels on the user's path and of the FP8 MLA cache (the TPU cases skip there)
+#   verify4k the verification forward at B = 8, 64, 256 with a 4K cache (B = 256: its kernels per part)
+#   verify32k the verification forward at B = 64, 256 with a 32K cache, its kernels per part (issue 27: 0.43 of its
+#            floor at B = 256, out of memory at B = 256 × 32K on 2026-12-02)
+#   fp8      benchmarks.e2e with FP8 weights kept as codes: 1K and 32K prompts at B = 1, 1K at B = 64
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 QUIET="TPU|libtpu|Source Location|InitGoogle|E0000|E1203|I0000|errors.h|learning/|Deprecat|return rule|^$"
@@ -35,13 +37,26 @@ case "${1:?stage}" in
     run 400 e2e_b8_b64.md python3 -m benchmarks.e2e --prompt 1024 4096 --batch 8 64 --max-prefill-tokens 300000 \
       --iters 5 --out "$OUT/e2e_b8_b64.json"
     ;;
-  verify)
-    run 560 verify.md python3 -m benchmarks.verify_forward --layers 4 -k 3 --forms absorbed --batch 8 64 256 \
-      --capacity 4096 32768 --profile --iters 5
+  tests)  # -v --tb=short: each test's verdict as it ends and the failures' reasons, even if the call's time runs out
+    run 240 gpu_tests.txt python3 -m pytest -v --tb=short -p no:cacheprovider tests/test_index_scores_kernel.py \
+      tests/test_user_path_kernels.py tests/test_sparse_mla_kernel.py tests/test_fp8_mla_cache.py \
+      tests/test_fp8_dense_layout.py tests/test_experts_gpu.py -k "not tpu"
+    ;;
+  verify4k)
+    run 170 verify_4k.md python3 -m benchmarks.verify_forward --layers 4 -k 3 --forms absorbed --batch 8 64 \
+      --capacity 4096 --iters 5
+    run 170 verify_4k_b256.md python3 -m benchmarks.verify_forward --layers 4 -k 3 --forms absorbed --batch 256 \
+      --capacity 4096 --profile --iters 5
+    ;;
+  verify32k)
+    run 300 verify_32k.md python3 -m benchmarks.verify_forward --layers 4 -k 3 --forms absorbed --batch 64 256 \
+      --capacity 32768 --profile --iters 5
     ;;
   fp8)
-    run 560 e2e_fp8.md python3 -m benchmarks.e2e --weights fp8 --prompt 1024 32768 --batch 1 64 \
-      --max-prefill-tokens 70000 --iters 5 --out "$OUT/e2e_fp8.json"
+    run 280 e2e_fp8.md python3 -m benchmarks.e2e --weights fp8 --prompt 1024 32768 --batch 1 --iters 5 \
+      --out "$OUT/e2e_fp8_b1.json"
+    run 200 e2e_fp8_b64.md python3 -m benchmarks.e2e --weights fp8 --prompt 1024 --batch 64 \
+      --max-prefill-tokens 70000 --iters 5 --out "$OUT/e2e_fp8_b64.json"
     ;;
   *) echo "unknown stage $1"; exit 2 ;;
 esac

@@ -37,15 +37,17 @@ def time_call(fn, args, iters: int, repeats: int = 3) -> float:
   return statistics.median(runs)
 
 
-def time_carrying(fn, args, iters: int, repeats: int = 3):
+def time_carrying(fn, args, iters: int, repeats: int = 3, *, copy_state: bool = True):
   """(seconds per call, last output) of `fn(*args) -> (output, new_state)` whose last argument is a
   state (the caches) it updates: each call's new state is fed to the next and donated, as the decode
   loop does, so the caches are updated in place. Timing it without donation would time a copy of
   every cache per call (1.4 GB at B = 8 and 128K slots). Calls must be idempotent in their output
-  (the same tokens written at the same positions)."""
+  (the same tokens written at the same positions). `copy_state=False` donates the caller's state
+  itself (it is invalid afterwards): no second copy of caches that fill the device (47 GB at B = 256,
+  32K slots, 4 layers)."""
   *fixed, state = args
   step = jax.jit(fn, donate_argnums=len(args) - 1)
-  out, state = step(*fixed, jax.tree.map(jnp.copy, state))  # a copy: the caller's state stays valid
+  out, state = step(*fixed, jax.tree.map(jnp.copy, state) if copy_state else state)
   jax.block_until_ready(out)
   runs = []
   for _ in range(repeats):
@@ -81,6 +83,7 @@ def time_in_loop(fn, args, iters: int, repeats: int = 3) -> float:
 def experts_touched(model, params, *args, **static) -> list[int]:
   """Distinct routed experts each MoE layer's router picked in `model(*args, **static)`, in layer
   order (from the ids `jax_mtp.moe.MoE` sows; jitted, params and args passed as arguments, `static`
-  keyword arguments such as absorb= fixed at trace time)."""
-  _, state = jax.jit(lambda p, *a: model.apply({"params": p}, *a, mutable=["intermediates"], **static))(params, *args)
+  keyword arguments such as absorb= fixed at trace time). Only the ids leave the program: returning the
+  updated caches too would hold a second copy of every cache at once."""
+  state = jax.jit(lambda p, *a: model.apply({"params": p}, *a, mutable=["intermediates"], **static)[1])(params, *args)
   return [len(np.unique(np.asarray(ids))) for ids in jax.tree.leaves(state)]

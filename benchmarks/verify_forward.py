@@ -69,8 +69,9 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(batch)
     ids = jnp.asarray(rng.integers(0, cfg.vocab_size, (batch, w)), jnp.int32)
     positions = jnp.asarray(capacity // 2 + np.arange(w)[None].repeat(batch, 0), jnp.int32)
-    caches = init_target_caches(cfg, batch, capacity)
-    touched = experts_touched(TargetModel(cfg), params, ids, positions, caches, absorb=True)  # as timed
+    # fresh caches for each call that donates them: one set lives at a time (B = 256 × 32K fills the device)
+    touched = experts_touched(TargetModel(cfg), params, ids, positions, init_target_caches(cfg, batch, capacity),
+                              absorb=True)  # as timed
     floor = floor_bytes(params, cfg, touched) / bandwidth
     for form in args.forms:
       reference = None
@@ -82,7 +83,8 @@ def main(argv=None) -> int:
           return model.apply({"params": p}, out.hidden_BTD, method=model.get_top_tokens), out.caches
 
         try:
-          seconds, tokens = time_carrying(verify, (params, ids, positions, caches), args.iters)
+          seconds, tokens = time_carrying(verify, (params, ids, positions, init_target_caches(cfg, batch, capacity)),
+                                          args.iters, copy_state=False)
         except Exception as e:  # e.g. out of memory for the naive form at large B: a row, not the end
           print(f"| {capacity} | {batch} | {batch * w} | {form} | {moe_impl} | {touched} | failed: {type(e).__name__} | | | |")
           continue
@@ -91,15 +93,16 @@ def main(argv=None) -> int:
         print(f"| {capacity} | {batch} | {batch * w} | {form} | {moe_impl} | {touched} | {seconds * 1e3:,.2f} | "
               f"{floor * 1e3:,.2f} | {floor / seconds:.2f} | {bool(np.all(tokens == reference))} |")
         if args.profile:
-          profile_row(verify, (params, ids, positions, caches), f"S = {capacity}, B = {batch}, {form}, {moe_impl}")
+          profile_row(verify, (params, ids, positions, init_target_caches(cfg, batch, capacity)),
+                      f"S = {capacity}, B = {batch}, {form}, {moe_impl}")
   return 0
 
 
 def profile_row(verify, call_args, label: str, calls: int = 3) -> None:
-  """The row's kernels summed per model part from a trace of `calls` calls (caches donated call to call)."""
-  *fixed, caches = call_args
+  """The row's kernels summed per model part from a trace of `calls` calls (caches donated call to call: the
+  caller's are consumed)."""
   compiled = jax.jit(verify, donate_argnums=len(call_args) - 1).lower(*call_args).compile()
-  step_us, events = step_profile.profile(compiled, (*fixed, jax.tree.map(jnp.copy, caches)), calls)
+  step_us, events = step_profile.profile(compiled, call_args, calls)
   step_profile.summarize(events, step_profile.op_names(compiled.as_text()), calls, step_us, label)
 
 
