@@ -1,0 +1,156 @@
+"""The DSA indexer's scores on Pallas's Mosaic GPU backend (Hopper: TMA copies, wgmma): the op of
+`kernels/index_scores.py` without Pallas's deprecated Triton backend (issue 28).
+
+    I[b, t, s] = scale · Σ_i w[b, t, i] · ReLU(q[b, t, i] · k[b, s])
+
+Transposed on the tensor cores: for each query t of a block, logitsᵀ = K · q_tᵀ is one wgmma with M = the step's
+slots (`Config.block_slots`), N = the indexer heads, K = the head dim, so the weighted sum over heads is a
+reduction along each accumulator row (in a thread and its quad: no shared-memory round trip), and the row of
+scores lands in the layout a slot vector is stored from. A CTA holds its query block's q [tb, I, J] and w [tb, I]
+in shared memory and streams its share of the row's keys past them through `emit_pipeline` (TMA, several steps
+in flight); the grid is (B, T / tb, splits) with `splits` CTAs sharing a row's slots, enough CTAs to fill the
+machine at decode's batch sizes.
+
+With `positions_BT`, a step whose first slot lies past its query block's last position writes zeros without a
+dot (those slots are invisible to every query of the block: slot s holds position s); its keys are still copied
+(the pipeline's grid is static). Keys in q's dtype only (bf16 / f16): float8 keys need a dequantising copy into
+shared memory first (wgmma has no bf16 × fp8 form) — `check_operands` refuses them until then.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+KERNEL_NAME = "dsa_index_scores_mgpu"
+MIN_STEPS_PER_CTA = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """Launch parameters. `splits` = 0: `config_for` picks it."""
+
+  block_slots: int = 128  # slots per pipeline step: the wgmma's M (a multiple of 64)
+  block_tokens: int = 4  # queries per CTA: q [tb, I, J] stays in shared memory
+  splits: int = 0  # CTAs per (row, query block), each over S / splits slots
+  max_concurrent_steps: int = 4  # key blocks in flight
+
+
+def config_for(batch: int, tokens: int, slots: int, config: Config | None = None, cores: int = 132) -> Config:
+  """The call's launch: query blocks of min(T, block_tokens); `splits` the smallest divisor of the row's steps
+  that gives ≥ 2 CTAs per core while each CTA keeps ≥ MIN_STEPS_PER_CTA steps (its q block is loaded once per CTA:
+  64 KiB at V3.2 widths, as much as two steps of keys), else the most CTAs that rule allows."""
+  config = config or Config()
+  tb = min(tokens, config.block_tokens)
+  splits = config.splits
+  if not splits:
+    steps = max(slots // config.block_slots, 1)
+    query_blocks = batch * -(-tokens // tb)
+    allowed = [d for d in range(1, steps + 1) if steps % d == 0 and (steps // d >= MIN_STEPS_PER_CTA or d == 1)]
+    splits = next((d for d in allowed if query_blocks * d >= 2 * cores), allowed[-1])
+  return dataclasses.replace(config, block_tokens=tb, splits=splits)
+
+
+def check_operands(q_BTIJ, k_BSJ, w_BTI, *, positions_BT, config: Config) -> None:
+  """A ValueError naming the offending value where the kernel cannot take these operands."""
+  b, t, i, j = q_BTIJ.shape
+  s = k_BSJ.shape[1]
+  if k_BSJ.shape != (b, s, j) or w_BTI.shape != (b, t, i):
+    raise ValueError(f"shapes q {q_BTIJ.shape}, k {k_BSJ.shape}, w {w_BTI.shape} do not agree")
+  if q_BTIJ.dtype not in (jnp.bfloat16, jnp.float16) or k_BSJ.dtype != q_BTIJ.dtype:
+    raise ValueError(f"q {q_BTIJ.dtype} and keys {k_BSJ.dtype} must both be bfloat16 or float16 (wgmma's inputs; "
+                     f"float8 keys are not dequantised by this kernel yet)")
+  if config.block_slots % 64 or s % (config.block_slots * config.splits):
+    raise ValueError(f"cache capacity {s} is not a multiple of block_slots={config.block_slots} × "
+                     f"splits={config.splits} (block_slots a multiple of 64)")
+  if i % 8 or i > 256 or (j * 2) % 32:
+    raise ValueError(f"index heads {i} (a multiple of 8, ≤ 256) or head dim {j} (a multiple of 16) do not fit wgmma")
+  if positions_BT is not None and positions_BT.shape != (b, t):
+    raise ValueError(f"positions_BT of shape {positions_BT.shape} does not match the queries' {(b, t)}")
+
+
+def index_scores_mgpu(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, scale: float, *,
+                      positions_BT: jax.Array | None = None, config: Config | None = None,
+                      interpret: bool = False) -> jax.Array:
+  """fp32 [B, T, S] index scores (S a multiple of block_slots × splits). `positions_BT` (int32, optional): each
+  query's position; scores of slots in steps past a query block's last position are then 0 (not computed).
+  `interpret`: Pallas's GPU interpreter (any host: the tests)."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # noqa: PLC0415 (a GPU backend's module)
+
+  b, t, i, j = q_BTIJ.shape
+  s = k_BSJ.shape[1]
+  config = config_for(b, t, s, config)
+  check_operands(q_BTIJ, k_BSJ, w_BTI, positions_BT=positions_BT, config=config)
+  tb, bs, splits = config.block_tokens, config.block_slots, config.splits
+  padded = -(-t // tb) * tb  # padding queries have zero weights: their scores are 0 and dropped
+  q = jnp.pad(q_BTIJ, [(0, 0), (0, padded - t), (0, 0), (0, 0)]).reshape(b, padded * i, j)  # TMA: ≤ 5 dims
+  w = jnp.pad(w_BTI.astype(jnp.float32), [(0, 0), (0, padded - t), (0, 0)])
+  if positions_BT is None:
+    last_BQ = jnp.full((b, padded // tb), s - 1, jnp.int32)
+  else:  # padding queries at −1: they never extend a block's visible slots
+    pos = jnp.pad(positions_BT.astype(jnp.int32), [(0, 0), (0, padded - t)], constant_values=-1)
+    last_BQ = pos.reshape(b, padded // tb, tb).max(-1)
+  share = s // splits  # slots per CTA
+  steps = share // bs
+  item_bits = jnp.dtype(q.dtype).itemsize * 8
+  swizzle = plgpu.find_swizzle(j * item_bits)
+  operand = (plgpu.TilingTransform((8, swizzle * 8 // item_bits)), plgpu.SwizzleTransform(swizzle))
+
+  def body(q_gmem, k_gmem, w_gmem, last_gmem, o_gmem, q_smem, w_smem, o_smem, loaded):
+    bi, qi, si = lax.axis_index("b"), lax.axis_index("q"), lax.axis_index("s")
+    plgpu.copy_gmem_to_smem(q_gmem.at[bi, pl.ds(qi * tb * i, tb * i)], q_smem, loaded)
+    plgpu.copy_gmem_to_smem(w_gmem.at[bi, pl.ds(qi * tb, tb)], w_smem, loaded)
+    plgpu.barrier_wait(loaded)
+    last = last_gmem[bi, qi]
+    first = si * share
+    o_row = o_gmem.at[bi, pl.ds(qi * tb, tb)]
+
+    def step(indices, k_smem):
+      (st,) = indices
+      out = o_smem.at[st % 2]  # two score buffers: a step writes one while the other's copy to HBM drains
+      plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+
+      @pl.when(first + st * bs <= last)
+      def _():
+        for n in range(tb):
+          def dot(acc_ref, n=n):
+            plgpu.wgmma(acc_ref, k_smem, q_smem.at[pl.ds(n * i, i)].transpose((1, 0)))
+            return acc_ref[...]
+          logits = pl.run_scoped(dot, plgpu.ACC((bs, i), jnp.float32))  # [slots, heads]
+          w_row = plgpu.load(w_smem.at[n], layout=plgpu.Layout.WGMMA.reduce(0))
+          weighted = jnp.maximum(logits, 0.0) * lax.broadcast_in_dim(w_row, (bs, i), [1])
+          out[n] = weighted.sum(axis=1) * scale
+
+      @pl.when(first + st * bs > last)
+      def _():
+        for n in range(tb):
+          out[n] = plgpu.layout_cast(jnp.zeros((bs,), jnp.float32), plgpu.Layout.WGMMA.reduce(1))
+
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(out, o_row.at[:, pl.ds(first + st * bs, bs)])
+
+    plgpu.emit_pipeline(
+        step,
+        grid=(steps,),
+        in_specs=[plgpu.BlockSpec((bs, j), lambda st: (st, 0), transforms=operand)],
+        max_concurrent_steps=min(config.max_concurrent_steps, steps),
+    )(k_gmem.at[bi, pl.ds(first, share)])
+    plgpu.wait_smem_to_gmem(0)
+
+  kernel = plgpu.kernel(
+      body,
+      out_type=jax.ShapeDtypeStruct((b, padded, s), jnp.float32),
+      scratch_types=[plgpu.SMEM((tb * i, j), q.dtype, transforms=operand), plgpu.SMEM((tb, i), jnp.float32),
+                     plgpu.SMEM((2, tb, bs), jnp.float32),
+                     plgpu.Barrier(num_arrivals=2)],
+      grid=(b, padded // tb, splits),
+      grid_names=("b", "q", "s"),
+      kernel_name=KERNEL_NAME,
+      interpret=plgpu.InterpretGPUParams() if interpret else None,
+  )
+  return kernel(q, k_BSJ, w, last_BQ)[:, :t]
+

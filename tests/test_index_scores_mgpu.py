@@ -1,0 +1,91 @@
+"""The index-scores kernel on Pallas Mosaic GPU (kernels/index_scores_mgpu.py): equal to XLA's formulation and to
+a float64 formula on awkward shapes (bf16 / f16), with and without the positions bound, in Pallas's GPU interpreter
+(TMA copies, barriers and wgmma simulated on the CPU); lowered for CUDA at any T (the Mosaic GPU lowering runs on
+any host); refused with the offending values where it cannot run. On a GPU, the same cases run compiled."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jax_mtp.kernels.index_scores import reference
+from jax_mtp.kernels.index_scores_mgpu import KERNEL_NAME, Config, config_for, index_scores_mgpu
+from tests.tolerances import assert_close
+
+ON_GPU = jax.devices()[0].platform == "gpu"
+
+
+def _inputs(b, t, i, j, s, dtype, seed=0):
+  rng = np.random.default_rng(seed)
+  normal = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)  # noqa: E731
+  return normal(b, t, i, j).astype(dtype), normal(b, s, j).astype(dtype), normal(b, t, i)
+
+
+def _scores(*args, **kwargs):
+  return index_scores_mgpu(*args, interpret=not ON_GPU, **kwargs)
+
+
+@pytest.mark.parametrize("b,t,i,j,s,block,splits", [(1, 1, 16, 16, 128, 64, 1), (3, 3, 8, 32, 384, 128, 3),
+                                                     (2, 5, 16, 64, 512, 64, 2), (1, 4, 64, 128, 256, 128, 0)])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_kernel_equals_xla_and_the_formula(b, t, i, j, s, block, splits, dtype):
+  q, k, w = _inputs(b, t, i, j, s, dtype)
+  got = _scores(q, k, w, 0.25, config=Config(block_slots=block, splits=splits))
+  assert_close(got, reference(q, k, w, 0.25, dot_dtype=dtype), "float32", what="kernel vs XLA")
+  q64, k64 = np.asarray(q.astype(jnp.float32), np.float64), np.asarray(k.astype(jnp.float32), np.float64)
+  formula = np.einsum("btis,bti->bts", np.maximum(np.einsum("btij,bsj->btis", q64, k64), 0) * 0.25, np.asarray(w))
+  assert_close(got, formula, "float32", what="kernel vs float64 formula")
+
+
+@pytest.mark.parametrize("t,tokens", [(5, 4), (3, 1), (3, 4)])
+def test_positions_bound_the_scored_slots(t, tokens):
+  """Steps past a query block's last position are exactly 0; every slot a query of its block can see is scored as
+  without positions (two programs: equal up to the fp32 accumulation order)."""
+  b, i, j, s, block = 2, 16, 32, 512, 64
+  q, k, w = _inputs(b, t, i, j, s, "bfloat16", seed=3)
+  positions = jnp.asarray([[130 + 37 * n for n in range(t)], [0] * t], jnp.int32)
+  config = Config(block_slots=block, block_tokens=tokens, splits=2)
+  full = np.asarray(_scores(q, k, w, 0.5, config=config))
+  got = np.asarray(_scores(q, k, w, 0.5, positions_BT=positions, config=config))
+  pad = -(-t // tokens) * tokens - t
+  last_BT = np.repeat(np.asarray(jnp.pad(positions, [(0, 0), (0, pad)], constant_values=-1))
+                      .reshape(b, -1, tokens).max(-1), tokens, axis=1)[:, :t]
+  scored_BTS = np.arange(s)[None, None] // block * block <= last_BT[..., None]
+  np.testing.assert_array_equal(got[~scored_BTS], 0.0)
+  assert_close(np.where(scored_BTS, got, 0.0), np.where(scored_BTS, full, 0.0), "float32", what="scored slots")
+  assert scored_BTS[1, :, :block].all() and not scored_BTS[1, :, block:].any()  # row 1 sits at position 0
+  visible = np.arange(s)[None, None] <= np.asarray(positions)[..., None]
+  assert scored_BTS[visible].all()
+
+
+@pytest.mark.parametrize("t", [1, 2, 3, 5, 7])
+def test_kernel_lowers_for_cuda_at_any_t(t):
+  """The Mosaic GPU lowering (TMA descriptors, wgmma operand layouts) at V3.2's widths, with and without positions."""
+  args = (jax.ShapeDtypeStruct((2, t, 64, 128), jnp.bfloat16), jax.ShapeDtypeStruct((2, 4096, 128), jnp.bfloat16),
+          jax.ShapeDtypeStruct((2, t, 64), jnp.float32))
+  for positions in (None, jax.ShapeDtypeStruct((2, t), jnp.int32)):
+    fn = jax.jit(lambda q, k, w, p: index_scores_mgpu(q, k, w, 0.5, positions_BT=p))
+    text = fn.trace(*args, positions).lower(lowering_platforms=("cuda",)).as_text()
+    assert "mosaic_gpu" in text and KERNEL_NAME in text
+
+
+def test_config_fills_the_machine():
+  assert config_for(1, 4, 131072).splits == 256  # 1 query block: 264 CTAs wanted, each ≥ 4 of the 1,024 steps
+  assert config_for(64, 4, 131072).splits == 8  # 64 query blocks × 8 ≥ 264
+  assert config_for(64, 4, 131072).block_tokens == 4 and config_for(2, 3, 256).block_tokens == 3
+  assert config_for(1, 1, 256).splits == 1  # 2 steps: one CTA
+  assert config_for(8, 1, 4096).splits == 8  # 32 steps: 8 × 8 = 64 CTAs of 4 steps
+
+
+def test_kernel_refuses_what_it_cannot_run():
+  q, k, w = _inputs(1, 1, 16, 16, 256, "bfloat16")
+  with pytest.raises(ValueError, match="200 is not a multiple of block_slots=128"):
+    index_scores_mgpu(q, k[:, :200], w, 1.0)
+  with pytest.raises(ValueError, match="float8_e4m3fn must both be bfloat16"):
+    index_scores_mgpu(q, k.astype(jnp.float8_e4m3fn), w, 1.0)
+  with pytest.raises(ValueError, match="do not agree"):
+    index_scores_mgpu(q, k[..., :8], w, 1.0)
+  with pytest.raises(ValueError, match="index heads 12"):
+    index_scores_mgpu(q[:, :, :12], k, w[:, :, :12], 1.0)
+  with pytest.raises(ValueError, match=r"positions_BT of shape \(1, 2\)"):
+    index_scores_mgpu(q, k, w, 1.0, positions_BT=jnp.zeros((1, 2), jnp.int32))
