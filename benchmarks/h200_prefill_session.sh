@@ -12,6 +12,8 @@
 #   verify4k the verification forward at B = 8, 64, 256 with a 4K cache (B = 256: its kernels per part)
 #   verify32k the verification forward at B = 64, 256 with a 32K cache, its kernels per part (issue 27: 0.43 of its
 #            floor at B = 256, out of memory at B = 256 × 32K on 2026-12-02)
+#   mgpu     the Mosaic GPU index scores: tests compiled, timed beside Triton and XLA at decode and prefill shapes;
+#            the re-runs of the GPU failures; B = 256 × 32K through the verification forward
 #   fp8      benchmarks.e2e with FP8 weights kept as codes: 1K and 32K prompts at B = 1, 1K at B = 64
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
@@ -57,6 +59,19 @@ case "${1:?stage}" in
       --out "$OUT/e2e_fp8_b1.json"
     run 200 e2e_fp8_b64.md python3 -m benchmarks.e2e --weights fp8 --prompt 1024 --batch 64 \
       --max-prefill-tokens 70000 --iters 5 --out "$OUT/e2e_fp8_b64.json"
+    ;;
+  mgpu)  # the Mosaic GPU index scores (tests compiled, timed beside Triton and XLA), the GPU failures' re-runs, the
+    # FP8 MLA cache's GPU tests, then B = 256 × 32K through the verification forward with one set of caches
+    run 200 gpu_tests_mgpu.txt python3 -m pytest -v --tb=short -p no:cacheprovider tests/test_index_scores_mgpu.py \
+      tests/test_user_path_kernels.py::test_index_sharing_runs_through_the_kernel_with_xlas_tokens \
+      tests/test_index_scores_kernel.py::test_positions_bound_the_scored_slots tests/test_fp8_mla_cache.py \
+      tests/test_auto_gpu_paths.py -k "index_scores_kernel or mgpu or fp8_mla or positions or index_sharing"
+    run 90 index_scores_mgpu.md python3 -m benchmarks.dsa_parts --capacity 32768 131072 --batch 1 64 --tokens 4 \
+      --parts scores --iters 10
+    run 60 index_scores_mgpu_prefill.md python3 -m benchmarks.dsa_parts --capacity 33280 --batch 1 --tokens 2048 \
+      --parts scores --iters 5
+    run 190 verify_32k_b256.md python3 -m benchmarks.verify_forward --layers 4 -k 3 --forms absorbed --batch 256 \
+      --capacity 32768 --profile --iters 5
     ;;
   *) echo "unknown stage $1"; exit 2 ;;
 esac

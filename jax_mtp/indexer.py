@@ -30,6 +30,7 @@ from typing import NamedTuple
 from jax_mtp.cache import LayerCache, causal_mask, write_at_positions
 from jax_mtp.config import MtpConfig
 from jax_mtp.kernels import index_scores as scores_kernel
+from jax_mtp.kernels import index_scores_mgpu as scores_mgpu
 from jax_mtp.layers import LayerNorm, Rotary, apply_rope, linear
 from jax_mtp.platform import lowering_platform
 
@@ -108,6 +109,11 @@ class Indexer(nn.Module):
       return scores_kernel.reference(q_BTIJ, cache.index_k_BSJ, w_BTI, cfg.index_head_dim**-0.5,
                                      chunk=score_chunk(*q_BTIJ.shape[:3], cache.capacity),
                                      k_scale_BS=cache.index_k_scale_BS, dot_dtype=cfg.dtype)
+    if impl == "mosaic_gpu":  # on a CPU (tests) the same kernel in Pallas's GPU interpreter; picked at trace time
+      # (lax.platform_dependent would lower the interpreter's ordered callbacks into a CUDA program's cond)
+      return scores_mgpu.index_scores_mgpu(q_BTIJ.astype(cfg.dtype), cache.index_k_BSJ, w_BTI,
+                                           cfg.index_head_dim**-0.5, positions_BT=positions_BT,
+                                           interpret=lowering_platform() == "cpu")
     backend = impl.removeprefix("pallas_")  # GPU: slot blocks past a query block's positions are skipped
     return scores_kernel.index_scores_pallas(
         q_BTIJ.astype(cfg.dtype), cache.index_k_BSJ, w_BTI, cfg.index_head_dim**-0.5,
@@ -124,7 +130,8 @@ SCORE_BLOCK_SLOTS = scores_kernel.Config().block_slots  # slots per program of t
 
 
 def resolve_index_scores_impl(cfg: MtpConfig, platform: str, capacity: int) -> str:
-  """"xla" or the fused kernel ("pallas_gpu" / "pallas_tpu") for `cfg.index_scores_impl`.
+  """"xla" or a fused kernel ("pallas_gpu": Pallas Triton, "mosaic_gpu": Pallas Mosaic GPU, "pallas_tpu") for
+  `cfg.index_scores_impl`.
 
   "auto":
     gpu  pallas_gpu wherever the kernel takes the model (faster than XLA's bf16 scores at every B and T it was
@@ -139,6 +146,9 @@ def resolve_index_scores_impl(cfg: MtpConfig, platform: str, capacity: int) -> s
   if impl == "auto":
     return "pallas_gpu" if platform == "gpu" and not _kernel_problems(cfg, capacity) else "xla"
   problems = _kernel_problems(cfg, capacity)
+  if impl == "mosaic_gpu" and jnp.dtype(cfg.index_key_dtype) != jnp.dtype(cfg.dtype):
+    problems.append(f"the Mosaic GPU kernel takes keys in the model's dtype only, not "
+                    f"index_cache_dtype={cfg.index_cache_dtype!r}")
   if problems:
     raise ValueError(f"index_scores_impl={impl!r} cannot run here: {'; '.join(problems)} (use 'xla' or 'auto')")
   return impl

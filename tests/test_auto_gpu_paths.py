@@ -78,16 +78,19 @@ def test_speculative_decoding_through_the_sparse_mla_kernel_gives_plain_xla_toke
   assert _speculative(cfg, target, mtp, prompts, 8) == plain
 
 
-def test_speculative_decoding_through_the_index_scores_kernel_gives_plain_xla_tokens(dsa_plain_xla, monkeypatch):
-  """The indexer's scores through the fused kernel (its Triton form on a GPU; on CPU the same kernel in interpret
-  mode: the model asks for backend "gpu", which a CPU cannot lower), the cache rounded to its 256-slot blocks;
-  the tokens are plain greedy decoding's with XLA's scores."""
+@pytest.mark.parametrize("impl", ["pallas_gpu", "mosaic_gpu"])
+def test_speculative_decoding_through_the_index_scores_kernel_gives_plain_xla_tokens(dsa_plain_xla, monkeypatch,
+                                                                                    impl):
+  """The indexer's scores through a fused kernel (Triton's or Mosaic GPU's on a GPU; on CPU the same kernel in
+  interpret mode: for Triton the model asks for backend "gpu", which a CPU cannot lower; Mosaic GPU's picks its
+  interpreter by platform itself), the cache rounded to its 256-slot blocks; the tokens are plain greedy
+  decoding's with XLA's scores."""
   if not ON_GPU:
     kernel = scores_kernel.index_scores_pallas
     monkeypatch.setattr(scores_kernel, "index_scores_pallas",
                         lambda *a, backend, **kw: kernel(*a, backend="interpret", **kw))
   (target, mtp), prompts, plain = dsa_plain_xla
-  cfg = _dsa_cfg(index_scores_impl="pallas_gpu", sparse_attention_impl="xla")
+  cfg = _dsa_cfg(index_scores_impl=impl, sparse_attention_impl="xla")
   assert required_capacity(cfg, prompts, 8, K) == 256
   assert _speculative(cfg, target, mtp, prompts, 8) == plain
 

@@ -8,8 +8,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import jax_mtp
+from jax_mtp.indexer import resolve_index_scores_impl
 from jax_mtp.kernels.index_scores import reference
 from jax_mtp.kernels.index_scores_mgpu import KERNEL_NAME, Config, config_for, index_scores_mgpu
+from tests.lowered_step import mtp_step_module
 from tests.tolerances import assert_close
 
 ON_GPU = jax.devices()[0].platform == "gpu"
@@ -89,3 +92,15 @@ def test_kernel_refuses_what_it_cannot_run():
     index_scores_mgpu(q[:, :, :12], k, w[:, :, :12], 1.0)
   with pytest.raises(ValueError, match=r"positions_BT of shape \(1, 2\)"):
     index_scores_mgpu(q, k, w, 1.0, positions_BT=jnp.zeros((1, 2), jnp.int32))
+
+
+def _model_cfg(**overrides):
+  return jax_mtp.tiny(dtype="bfloat16", param_dtype="bfloat16", index_n_heads=16, index_scores_impl="mosaic_gpu",
+                      **overrides)
+
+
+def test_the_kernel_is_in_the_clis_lowered_step_when_asked_for():
+  assert KERNEL_NAME in mtp_step_module(_model_cfg(), "cuda", 2, 512)
+  assert resolve_index_scores_impl(_model_cfg(), "gpu", 512) == "mosaic_gpu"
+  with pytest.raises(ValueError, match="keys in the model's dtype only, not index_cache_dtype='float8_e4m3fn'"):
+    resolve_index_scores_impl(_model_cfg(index_cache_dtype="float8_e4m3fn"), "gpu", 512)
