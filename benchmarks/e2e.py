@@ -50,6 +50,7 @@ from jax_mtp.sharding import SHARED_WITH_TARGET
 from jax_mtp.generate import TargetDecoder
 from jax_mtp.kernels.fp8_grouped_matmul import KERNEL_NAME as FP8_KERNEL
 from jax_mtp.kernels.index_scores import KERNEL_NAME as INDEX_SCORES_KERNEL
+from jax_mtp.kernels.index_scores_mgpu import KERNEL_NAME as INDEX_SCORES_MGPU_KERNEL
 from jax_mtp.kernels.sparse_mla import KERNEL_NAME as SPARSE_MLA_KERNEL
 from jax_mtp.model import init_target_params
 from jax_mtp.prefill import prefill_plan
@@ -137,10 +138,14 @@ def round_floor_bytes(cfg, target: dict, drafter: dict, batch: int, k: int, cont
 
 
 def impls_in(hlo: str) -> dict[str, str]:
-  """What ran for each DSA / experts part, by the kernels' names in a compiled program's HLO text."""
-  experts = ("fp8_grouped_matmul (Pallas)" if FP8_KERNEL in hlo else "tokamax (Mosaic GPU)" if "mosaic" in hlo.lower()
+  """What ran for each DSA / experts part, by the kernels' names in a compiled program's HLO text (one instruction
+  a line: the index-scores Mosaic GPU calls' lines are set aside before looking for tokamax's Mosaic GPU kernel)."""
+  others = "\n".join(line for line in hlo.splitlines() if INDEX_SCORES_MGPU_KERNEL not in line)
+  experts = ("fp8_grouped_matmul (Pallas)" if FP8_KERNEL in hlo else "tokamax (Mosaic GPU)" if "mosaic" in others.lower()
              else "lax.ragged_dot" if "ragged-dot" in hlo or "ragged_dot" in hlo else "gather (XLA)")
-  return {"index scores": "Pallas kernel" if INDEX_SCORES_KERNEL in hlo else "XLA",
+  scores = ("Pallas Mosaic GPU kernel" if INDEX_SCORES_MGPU_KERNEL in hlo else
+            "Pallas Triton kernel" if INDEX_SCORES_KERNEL in hlo else "XLA")
+  return {"index scores": scores,
           "sparse attention": "Pallas kernel" if SPARSE_MLA_KERNEL in hlo else "XLA",
           "experts": experts}
 

@@ -62,7 +62,7 @@ case "${1:?stage}" in
     ;;
   mgpu)  # the Mosaic GPU index scores (tests compiled, timed beside Triton and XLA), the GPU failures' re-runs, the
     # FP8 MLA cache's GPU tests, then B = 256 × 32K through the verification forward with one set of caches
-    run 200 gpu_tests_mgpu.txt python3 -m pytest -v --tb=short -p no:cacheprovider tests/test_index_scores_mgpu.py \
+    run 170 gpu_tests_mgpu.txt python3 -m pytest -v --tb=short -p no:cacheprovider tests/test_index_scores_mgpu.py \
       tests/test_user_path_kernels.py::test_index_sharing_runs_through_the_kernel_with_xlas_tokens \
       tests/test_index_scores_kernel.py::test_positions_bound_the_scored_slots tests/test_fp8_mla_cache.py \
       tests/test_auto_gpu_paths.py -k "index_scores_kernel or mgpu or fp8_mla or positions or index_sharing"
@@ -70,7 +70,7 @@ case "${1:?stage}" in
       --parts scores --iters 10
     run 60 index_scores_mgpu_prefill.md python3 -m benchmarks.dsa_parts --capacity 33280 --batch 1 --tokens 2048 \
       --parts scores --iters 5
-    run 190 verify_32k_b256.md python3 -m benchmarks.verify_forward --layers 4 -k 3 --forms absorbed --batch 256 \
+    run 170 verify_32k_b256.md python3 -m benchmarks.verify_forward --layers 4 -k 3 --forms absorbed --batch 256 \
       --capacity 32768 --profile --iters 5
     ;;
   *) echo "unknown stage $1"; exit 2 ;;

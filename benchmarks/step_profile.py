@@ -50,6 +50,7 @@ PARTS = (
 
 # Kernels no HLO instruction names (Pallas's, tokamax's) by their own names: their part, whatever ran before them.
 KERNEL_PARTS = (("dsa_sparse_mla", "attention: sparse core"), ("dsa_index_scores", "indexer: scores"),
+                ("dsa_scores_mgpu", "indexer: scores"),
                 ("ragged_dot", "routed experts"))
 
 

@@ -80,10 +80,18 @@ def time_in_loop(fn, args, iters: int, repeats: int = 3) -> float:
   return statistics.median(runs)
 
 
-def experts_touched(model, params, *args, **static) -> list[int]:
+def experts_touched(model, params, *args, donate_state: bool = False, **static) -> list[int]:
   """Distinct routed experts each MoE layer's router picked in `model(*args, **static)`, in layer
   order (from the ids `jax_mtp.moe.MoE` sows; jitted, params and args passed as arguments, `static`
-  keyword arguments such as absorb= fixed at trace time). Only the ids leave the program: returning the
-  updated caches too would hold a second copy of every cache at once."""
-  state = jax.jit(lambda p, *a: model.apply({"params": p}, *a, mutable=["intermediates"], **static)[1])(params, *args)
+  keyword arguments such as absorb= fixed at trace time). Without `donate_state` only the ids leave the
+  program (returning the updated caches would hold a second copy of every cache at once), and XLA writes each
+  layer's cache update into a copy. `donate_state`: the last argument (the caches) is donated and the updated
+  caches returned, aliasing it: the update is in place, no copy (a copy is 10 GiB a layer at B = 256 × 32K, out of
+  memory beside a 4-layer target on the H200, 2026-12-03 10:15); the caller's caches are consumed."""
+  def apply(p, *a):
+    return model.apply({"params": p}, *a, mutable=["intermediates"], **static)
+  if donate_state:
+    _, state = jax.jit(apply, donate_argnums=len(args))(params, *args)
+  else:
+    state = jax.jit(lambda p, *a: apply(p, *a)[1])(params, *args)
   return [len(np.unique(np.asarray(ids))) for ids in jax.tree.leaves(state)]

@@ -71,7 +71,7 @@ def main(argv=None) -> int:
     positions = jnp.asarray(capacity // 2 + np.arange(w)[None].repeat(batch, 0), jnp.int32)
     # fresh caches for each call that donates them: one set lives at a time (B = 256 × 32K fills the device)
     touched = experts_touched(TargetModel(cfg), params, ids, positions, init_target_caches(cfg, batch, capacity),
-                              absorb=True)  # as timed
+                              donate_state=True, absorb=True)  # as timed
     floor = floor_bytes(params, cfg, touched) / bandwidth
     for form in args.forms:
       reference = None

@@ -84,8 +84,9 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--moe-impl", choices=MOE_IMPLS, default="auto",
                  help="routed experts' implementation (jax_mtp.experts); auto: by platform and size")
   p.add_argument("--index-scores-impl", choices=INDEX_SCORES_IMPLS, default="auto",
-                 help="DSA indexer scores: xla, or the fused Pallas kernel (pallas_gpu / pallas_tpu); auto: "
-                      "the kernel on GPUs where it takes the model, else xla")
+                 help="DSA indexer scores: xla, or a fused Pallas kernel (mosaic_gpu: Mosaic GPU; pallas_gpu: "
+                      "Triton; pallas_tpu); auto: on GPUs mosaic_gpu where it takes the model (Triton's for fp8 "
+                      "index keys), else xla")
   p.add_argument("--sparse-attention-impl", choices=SPARSE_ATTENTION_IMPLS, default="auto",
                  help="DSA's sparse MLA attention: xla, or the fused Pallas kernel (pallas_gpu); auto: the kernel on "
                       "GPUs where it takes the model, else xla")
@@ -266,6 +267,9 @@ def _prompts(prompt: list[str] | None, prompt_ids: list[str] | None, source: loa
   return texts, codec, [codec.encode(text) for text in texts]
 
 
+KERNEL_PLATFORMS = {"pallas_gpu": "gpu", "mosaic_gpu": "gpu", "pallas_tpu": "tpu"}  # the DSA kernels' platforms
+
+
 def _check_kernel_impls(cfg: jax_mtp.MtpConfig, capacity: int, tp: int) -> None:
   """Explicit DSA kernels (index scores, sparse attention) must suit the model, the cache and this machine."""
   from jax_mtp.indexer import resolve_index_scores_impl, selects_all  # noqa: PLC0415
@@ -279,9 +283,9 @@ def _check_kernel_impls(cfg: jax_mtp.MtpConfig, capacity: int, tp: int) -> None:
   for flag, impl, resolve in checks:
     if impl in ("auto", "xla"):
       continue
-    if impl != f"pallas_{platform}":
-      raise _BadInput(f"{flag}={impl} runs on {impl.removeprefix('pallas_')}; this machine's JAX platform is "
-                      f"{platform}")
+    runs_on = KERNEL_PLATFORMS[impl]
+    if runs_on != platform:
+      raise _BadInput(f"{flag}={impl} runs on {runs_on}; this machine's JAX platform is {platform}")
     resolve()  # ValueError naming what the kernel cannot take
 
 

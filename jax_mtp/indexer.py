@@ -134,9 +134,10 @@ def resolve_index_scores_impl(cfg: MtpConfig, platform: str, capacity: int) -> s
   `cfg.index_scores_impl`.
 
   "auto":
-    gpu  pallas_gpu wherever the kernel takes the model (faster than XLA's bf16 scores at every B and T it was
-         timed at: benchmarks/RESULTS.md, "The fused index-scores kernel" and issue 27's prefill sections);
-         xla otherwise
+    gpu  mosaic_gpu wherever it takes the model (keys in the model's dtype: 1.2–1.9x the Triton kernel at every
+         shape both were timed at, benchmarks/RESULTS.md "Index scores on Mosaic GPU"); pallas_gpu (Triton) for
+         float8 index keys, which the Mosaic GPU kernel does not dequantise yet (faster than XLA's bf16 scores
+         at every B and T it was timed at); xla where neither takes the model
     tpu, cpu  xla (the kernel is compiled for v5e / v6e through libtpu but not timed on a TPU)
   An explicit kernel runs as asked (it may target another platform than this process's, as an AOT
   compile does) unless it cannot take the model (`_kernel_problems`): then a ValueError names why."""
@@ -144,11 +145,10 @@ def resolve_index_scores_impl(cfg: MtpConfig, platform: str, capacity: int) -> s
   if impl == "xla":
     return "xla"
   if impl == "auto":
-    return "pallas_gpu" if platform == "gpu" and not _kernel_problems(cfg, capacity) else "xla"
-  problems = _kernel_problems(cfg, capacity)
-  if impl == "mosaic_gpu" and jnp.dtype(cfg.index_key_dtype) != jnp.dtype(cfg.dtype):
-    problems.append(f"the Mosaic GPU kernel takes keys in the model's dtype only, not "
-                    f"index_cache_dtype={cfg.index_cache_dtype!r}")
+    if platform != "gpu" or _kernel_problems(cfg, capacity):
+      return "xla"
+    return "pallas_gpu" if _mosaic_problems(cfg) else "mosaic_gpu"
+  problems = _kernel_problems(cfg, capacity) + (_mosaic_problems(cfg) if impl == "mosaic_gpu" else [])
   if problems:
     raise ValueError(f"index_scores_impl={impl!r} cannot run here: {'; '.join(problems)} (use 'xla' or 'auto')")
   return impl
@@ -164,6 +164,13 @@ def kernel_capacity(cfg: MtpConfig, positions: int) -> int:
   if selects_all(cfg, positions) or _kernel_problems(cfg, rounded):
     return positions
   return rounded
+
+
+def _mosaic_problems(cfg: MtpConfig) -> list[str]:
+  """Why the Mosaic GPU kernel cannot take this model where the Triton one can (none: it can)."""
+  if jnp.dtype(cfg.index_key_dtype) != jnp.dtype(cfg.dtype):
+    return [f"the Mosaic GPU kernel takes keys in the model's dtype only, not index_cache_dtype={cfg.index_cache_dtype!r}"]
+  return []
 
 
 def _kernel_problems(cfg: MtpConfig, capacity: int) -> list[str]:

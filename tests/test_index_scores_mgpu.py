@@ -10,6 +10,7 @@ import pytest
 
 import jax_mtp
 from jax_mtp.indexer import resolve_index_scores_impl
+from jax_mtp.kernels.index_scores import KERNEL_NAME as TRITON_KERNEL
 from jax_mtp.kernels.index_scores import reference
 from jax_mtp.kernels.index_scores_mgpu import KERNEL_NAME, Config, config_for, index_scores_mgpu
 from tests.lowered_step import mtp_step_module
@@ -95,12 +96,17 @@ def test_kernel_refuses_what_it_cannot_run():
 
 
 def _model_cfg(**overrides):
-  return jax_mtp.tiny(dtype="bfloat16", param_dtype="bfloat16", index_n_heads=16, index_scores_impl="mosaic_gpu",
-                      **overrides)
+  return jax_mtp.tiny(**{"dtype": "bfloat16", "param_dtype": "bfloat16", "index_n_heads": 16,
+                         "index_scores_impl": "mosaic_gpu", **overrides})
 
 
 def test_the_kernel_is_in_the_clis_lowered_step_when_asked_for():
   assert KERNEL_NAME in mtp_step_module(_model_cfg(), "cuda", 2, 512)
+  # auto: this kernel on CUDA for keys in the model's dtype, Triton's for fp8 keys, neither on a TPU
+  assert KERNEL_NAME in mtp_step_module(_model_cfg(index_scores_impl="auto"), "cuda", 2, 512)
+  fp8_keys = mtp_step_module(_model_cfg(index_scores_impl="auto", index_cache_dtype="float8_e4m3fn"), "cuda", 2, 512)
+  assert KERNEL_NAME not in fp8_keys and TRITON_KERNEL in fp8_keys
+  assert KERNEL_NAME not in mtp_step_module(_model_cfg(index_scores_impl="auto"), "tpu", 2, 512)
   assert resolve_index_scores_impl(_model_cfg(), "gpu", 512) == "mosaic_gpu"
   with pytest.raises(ValueError, match="keys in the model's dtype only, not index_cache_dtype='float8_e4m3fn'"):
     resolve_index_scores_impl(_model_cfg(index_cache_dtype="float8_e4m3fn"), "gpu", 512)
