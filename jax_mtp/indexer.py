@@ -112,8 +112,8 @@ class Indexer(nn.Module):
     if impl == "mosaic_gpu":  # on a CPU (tests) the same kernel in Pallas's GPU interpreter; picked at trace time
       # (lax.platform_dependent would lower the interpreter's ordered callbacks into a CUDA program's cond)
       return scores_mgpu.index_scores_mgpu(q_BTIJ.astype(cfg.dtype), cache.index_k_BSJ, w_BTI,
-                                           cfg.index_head_dim**-0.5, positions_BT=positions_BT,
-                                           interpret=lowering_platform() == "cpu")
+                                           cfg.index_head_dim**-0.5, k_scale_BS=cache.index_k_scale_BS,
+                                           positions_BT=positions_BT, interpret=lowering_platform() == "cpu")
     backend = impl.removeprefix("pallas_")  # GPU: slot blocks past a query block's positions are skipped
     return scores_kernel.index_scores_pallas(
         q_BTIJ.astype(cfg.dtype), cache.index_k_BSJ, w_BTI, cfg.index_head_dim**-0.5,
@@ -136,8 +136,8 @@ def resolve_index_scores_impl(cfg: MtpConfig, platform: str, capacity: int) -> s
   "auto":
     gpu  mosaic_gpu wherever it takes the model (keys in the model's dtype: 1.2–1.9x the Triton kernel at every
          shape both were timed at, benchmarks/RESULTS.md "Index scores on Mosaic GPU"); pallas_gpu (Triton) for
-         float8 index keys, which the Mosaic GPU kernel does not dequantise yet (faster than XLA's bf16 scores
-         at every B and T it was timed at); xla where neither takes the model
+         float8 index keys (the Mosaic GPU kernel widens them too, but that path has not been timed; Triton's is
+         faster than XLA's bf16 scores at every B and T it was timed at); xla where neither takes the model
     tpu, cpu  xla (the kernel is compiled for v5e / v6e through libtpu but not timed on a TPU)
   An explicit kernel runs as asked (it may target another platform than this process's, as an AOT
   compile does) unless it cannot take the model (`_kernel_problems`): then a ValueError names why."""
@@ -147,7 +147,8 @@ def resolve_index_scores_impl(cfg: MtpConfig, platform: str, capacity: int) -> s
   if impl == "auto":
     if platform != "gpu" or _kernel_problems(cfg, capacity):
       return "xla"
-    return "pallas_gpu" if _mosaic_problems(cfg) else "mosaic_gpu"
+    # Mosaic GPU's kernel where it was timed ahead (keys in the model's dtype); its float8-key path is untimed
+    return "mosaic_gpu" if jnp.dtype(cfg.index_key_dtype) == jnp.dtype(cfg.dtype) else "pallas_gpu"
   problems = _kernel_problems(cfg, capacity) + (_mosaic_problems(cfg) if impl == "mosaic_gpu" else [])
   if problems:
     raise ValueError(f"index_scores_impl={impl!r} cannot run here: {'; '.join(problems)} (use 'xla' or 'auto')")
@@ -168,8 +169,9 @@ def kernel_capacity(cfg: MtpConfig, positions: int) -> int:
 
 def _mosaic_problems(cfg: MtpConfig) -> list[str]:
   """Why the Mosaic GPU kernel cannot take this model where the Triton one can (none: it can)."""
-  if jnp.dtype(cfg.index_key_dtype) != jnp.dtype(cfg.dtype):
-    return [f"the Mosaic GPU kernel takes keys in the model's dtype only, not index_cache_dtype={cfg.index_cache_dtype!r}"]
+  if jnp.dtype(cfg.index_key_dtype) != jnp.dtype(cfg.dtype) and cfg.index_head_dim % 32:
+    return [f"the Mosaic GPU kernel takes float8 keys of a head dim that is a multiple of 32, not "
+            f"index_head_dim={cfg.index_head_dim}"]
   return []
 
 

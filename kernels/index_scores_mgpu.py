@@ -28,6 +28,7 @@ from jax.experimental import pallas as pl
 
 KERNEL_NAME = "dsa_scores_mgpu"  # not containing the Triton kernel's name: a test can tell them apart
 MIN_STEPS_PER_CTA = 4
+FLOAT8_KEYS = (jnp.float8_e4m3fn, jnp.float8_e5m2)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,15 +56,20 @@ def config_for(batch: int, tokens: int, slots: int, config: Config | None = None
   return dataclasses.replace(config, block_tokens=tb, splits=splits)
 
 
-def check_operands(q_BTIJ, k_BSJ, w_BTI, *, positions_BT, config: Config) -> None:
+def check_operands(q_BTIJ, k_BSJ, w_BTI, *, k_scale_BS, positions_BT, config: Config) -> None:
   """A ValueError naming the offending value where the kernel cannot take these operands."""
   b, t, i, j = q_BTIJ.shape
   s = k_BSJ.shape[1]
   if k_BSJ.shape != (b, s, j) or w_BTI.shape != (b, t, i):
     raise ValueError(f"shapes q {q_BTIJ.shape}, k {k_BSJ.shape}, w {w_BTI.shape} do not agree")
-  if q_BTIJ.dtype not in (jnp.bfloat16, jnp.float16) or k_BSJ.dtype != q_BTIJ.dtype:
-    raise ValueError(f"q {q_BTIJ.dtype} and keys {k_BSJ.dtype} must both be bfloat16 or float16 (wgmma's inputs; "
-                     f"float8 keys are not dequantised by this kernel yet)")
+  fp8 = k_BSJ.dtype in FLOAT8_KEYS
+  if q_BTIJ.dtype not in (jnp.bfloat16, jnp.float16) or not (k_BSJ.dtype == q_BTIJ.dtype or fp8):
+    raise ValueError(f"q {q_BTIJ.dtype} and keys {k_BSJ.dtype}: q must be bfloat16 or float16 (wgmma's inputs), "
+                     f"the keys q's dtype or float8 with scales")
+  if fp8 != (k_scale_BS is not None) or (fp8 and (k_scale_BS.shape != (b, s) or j % 32)):
+    raise ValueError(f"keys {k_BSJ.dtype} with k_scale_BS {None if k_scale_BS is None else k_scale_BS.shape}: "
+                     f"float8 keys take one scale a key, shape {(b, s)}, and a head dim that is a multiple of 32 "
+                     f"(got {j}); 16-bit keys none")
   if config.block_slots % 64 or s % (config.block_slots * config.splits):
     raise ValueError(f"cache capacity {s} is not a multiple of block_slots={config.block_slots} × "
                      f"splits={config.splits} (block_slots a multiple of 64)")
@@ -74,17 +80,19 @@ def check_operands(q_BTIJ, k_BSJ, w_BTI, *, positions_BT, config: Config) -> Non
 
 
 def index_scores_mgpu(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, scale: float, *,
-                      positions_BT: jax.Array | None = None, config: Config | None = None,
-                      interpret: bool = False) -> jax.Array:
-  """fp32 [B, T, S] index scores (S a multiple of block_slots × splits). `positions_BT` (int32, optional): each
-  query's position; scores of slots in steps past a query block's last position are then 0 (not computed).
-  `interpret`: Pallas's GPU interpreter (any host: the tests)."""
+                      k_scale_BS: jax.Array | None = None, positions_BT: jax.Array | None = None,
+                      config: Config | None = None, interpret: bool = False) -> jax.Array:
+  """fp32 [B, T, S] index scores (S a multiple of block_slots × splits). `k_scale_BS`: per-key scales of float8
+  keys (e4m3 / e5m2), which the kernel widens to q's dtype in shared memory (through fp32: exact) before the
+  dot and whose scales multiply the fp32 logits. `positions_BT` (int32, optional): each query's position; a CTA
+  then streams only the steps that start at or before its query block's last position and writes zeros for
+  the rest (no keys read, no dot). `interpret`: Pallas's GPU interpreter (any host: the tests)."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # noqa: PLC0415 (a GPU backend's module)
 
   b, t, i, j = q_BTIJ.shape
   s = k_BSJ.shape[1]
   config = config_for(b, t, s, config)
-  check_operands(q_BTIJ, k_BSJ, w_BTI, positions_BT=positions_BT, config=config)
+  check_operands(q_BTIJ, k_BSJ, w_BTI, k_scale_BS=k_scale_BS, positions_BT=positions_BT, config=config)
   tb, bs, splits = config.block_tokens, config.block_slots, config.splits
   padded = -(-t // tb) * tb  # padding queries have zero weights: their scores are 0 and dropped
   q = jnp.pad(q_BTIJ, [(0, 0), (0, padded - t), (0, 0), (0, 0)]).reshape(b, padded * i, j)  # TMA: ≤ 5 dims
@@ -94,63 +102,85 @@ def index_scores_mgpu(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, sca
   else:  # padding queries at −1: they never extend a block's visible slots
     pos = jnp.pad(positions_BT.astype(jnp.int32), [(0, 0), (0, padded - t)], constant_values=-1)
     last_BQ = pos.reshape(b, padded // tb, tb).max(-1)
+  scaled = k_scale_BS is not None
   share = s // splits  # slots per CTA
   steps = share // bs
-  item_bits = jnp.dtype(q.dtype).itemsize * 8
-  swizzle = plgpu.find_swizzle(j * item_bits)
-  operand = (plgpu.TilingTransform((8, swizzle * 8 // item_bits)), plgpu.SwizzleTransform(swizzle))
+  operand = _operand_transforms(plgpu, q.dtype, j)
 
-  def body(q_gmem, k_gmem, w_gmem, last_gmem, o_gmem, q_smem, w_smem, o_smem, loaded):
+  def body(q_gmem, k_gmem, w_gmem, last_gmem, *refs):
+    k_scale_gmem = refs[0] if scaled else None
+    o_gmem, q_smem, w_smem, o_smem, *widened_smem, loaded = refs[scaled:]
+    widened_smem = widened_smem[0] if widened_smem else None
     bi, qi, si = lax.axis_index("b"), lax.axis_index("q"), lax.axis_index("s")
     plgpu.copy_gmem_to_smem(q_gmem.at[bi, pl.ds(qi * tb * i, tb * i)], q_smem, loaded)
     plgpu.copy_gmem_to_smem(w_gmem.at[bi, pl.ds(qi * tb, tb)], w_smem, loaded)
     plgpu.barrier_wait(loaded)
-    last = last_gmem[bi, qi]
     first = si * share
+    # the steps this CTA streams: those starting at or before the block's last position (all without positions)
+    seen = jnp.clip(lax.div(last_gmem[bi, qi] - first + bs, jnp.int32(bs)), 0, steps)
     o_row = o_gmem.at[bi, pl.ds(qi * tb, tb)]
 
-    def step(indices, k_smem):
+    def step(indices, k_smem, *scale_smem):
       (st,) = indices
       out = o_smem.at[st % 2]  # two score buffers: a step writes one while the other's copy to HBM drains
       plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-
-      @pl.when(first + st * bs <= last)
-      def _():
-        for n in range(tb):
-          def dot(acc_ref, n=n):
-            plgpu.wgmma(acc_ref, k_smem, q_smem.at[pl.ds(n * i, i)].transpose((1, 0)))
-            return acc_ref[...]
-          logits = pl.run_scoped(dot, plgpu.ACC((bs, i), jnp.float32))  # [slots, heads]
-          w_row = plgpu.load(w_smem.at[n], layout=plgpu.Layout.WGMMA.reduce(0))
-          weighted = jnp.maximum(logits, 0.0) * lax.broadcast_in_dim(w_row, (bs, i), [1])
-          out[n] = weighted.sum(axis=1) * scale
-
-      @pl.when(first + st * bs > last)
-      def _():
-        for n in range(tb):
-          out[n] = plgpu.layout_cast(jnp.zeros((bs,), jnp.float32), plgpu.Layout.WGMMA.reduce(1))
-
+      keys = k_smem
+      if widened_smem is not None:  # float8 keys → q's dtype, through fp32 (exact), for wgmma's same-dtype operands
+        widened_smem[...] = k_smem[...].astype(jnp.float32).astype(q.dtype)
+        plgpu.commit_smem()
+        keys = widened_smem
+      for n in range(tb):
+        def dot(acc_ref, n=n):
+          plgpu.wgmma(acc_ref, keys, q_smem.at[pl.ds(n * i, i)].transpose((1, 0)))
+          return acc_ref[...]
+        logits = pl.run_scoped(dot, plgpu.ACC((bs, i), jnp.float32))  # [slots, heads]
+        if scale_smem:
+          k_scale = plgpu.load(scale_smem[0], layout=plgpu.Layout.WGMMA.reduce(1))
+          logits = logits * lax.broadcast_in_dim(k_scale, (bs, i), [0])
+        w_row = plgpu.load(w_smem.at[n], layout=plgpu.Layout.WGMMA.reduce(0))
+        weighted = jnp.maximum(logits, 0.0) * lax.broadcast_in_dim(w_row, (bs, i), [1])
+        out[n] = weighted.sum(axis=1) * scale
       plgpu.commit_smem()
       plgpu.copy_smem_to_gmem(out, o_row.at[:, pl.ds(first + st * bs, bs)])
 
-    plgpu.emit_pipeline(
-        step,
-        grid=(steps,),
-        in_specs=[plgpu.BlockSpec((bs, j), lambda st: (st, 0), transforms=operand)],
-        max_concurrent_steps=min(config.max_concurrent_steps, steps),
-    )(k_gmem.at[bi, pl.ds(first, share)])
+    in_specs = [plgpu.BlockSpec((bs, j), lambda st: (st, 0), transforms=_operand_transforms(plgpu, k_gmem.dtype, j))]
+    gmem = [k_gmem.at[bi, pl.ds(first, share)]]
+    if scaled:
+      in_specs.append(plgpu.BlockSpec((bs,), lambda st: (st,)))
+      gmem.append(k_scale_gmem.at[bi, pl.ds(first, share)])
+    plgpu.emit_pipeline(step, grid=(seen,), in_specs=in_specs,
+                        max_concurrent_steps=min(config.max_concurrent_steps, steps))(*gmem)
     plgpu.wait_smem_to_gmem(0)
 
+    @pl.when(seen < steps)  # the unseen steps: zeros, copied from one buffer
+    def _():
+      for n in range(tb):
+        o_smem[0, n] = plgpu.layout_cast(jnp.zeros((bs,), jnp.float32), plgpu.Layout.WGMMA.reduce(1))
+      plgpu.commit_smem()
+
+      @pl.loop(seen, steps)
+      def _(st):
+        plgpu.copy_smem_to_gmem(o_smem.at[0], o_row.at[:, pl.ds(first + st * bs, bs)])
+
+      plgpu.wait_smem_to_gmem(0)
+
+  widened = [plgpu.SMEM((bs, j), q.dtype, transforms=operand)] if k_BSJ.dtype != q.dtype else []
   kernel = plgpu.kernel(
       body,
       out_type=jax.ShapeDtypeStruct((b, padded, s), jnp.float32),
       scratch_types=[plgpu.SMEM((tb * i, j), q.dtype, transforms=operand), plgpu.SMEM((tb, i), jnp.float32),
-                     plgpu.SMEM((2, tb, bs), jnp.float32),
-                     plgpu.Barrier(num_arrivals=2)],
+                     plgpu.SMEM((2, tb, bs), jnp.float32), *widened, plgpu.Barrier(num_arrivals=2)],
       grid=(b, padded // tb, splits),
       grid_names=("b", "q", "s"),
       kernel_name=KERNEL_NAME,
       interpret=plgpu.InterpretGPUParams() if interpret else None,
   )
-  return kernel(q, k_BSJ, w, last_BQ)[:, :t]
+  inputs = [q, k_BSJ, w, last_BQ] + ([k_scale_BS.astype(jnp.float32)] if scaled else [])
+  return kernel(*inputs)[:, :t]
 
+
+def _operand_transforms(plgpu, dtype, minor: int):
+  """Tiling + the widest swizzle a [rows, minor] operand of `dtype` takes (wgmma reads it from shared memory)."""
+  bits = jnp.dtype(dtype).itemsize * 8
+  swizzle = plgpu.find_swizzle(minor * bits)
+  return plgpu.TilingTransform((8, swizzle * 8 // bits)), plgpu.SwizzleTransform(swizzle)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import jax_mtp
-from jax_mtp.indexer import resolve_index_scores_impl
+from jax_mtp.indexer import quantize_keys, resolve_index_scores_impl
 from jax_mtp.kernels.index_scores import KERNEL_NAME as TRITON_KERNEL
 from jax_mtp.kernels.index_scores import reference
 from jax_mtp.kernels.index_scores_mgpu import KERNEL_NAME, Config, config_for, index_scores_mgpu
@@ -39,6 +39,21 @@ def test_kernel_equals_xla_and_the_formula(b, t, i, j, s, block, splits, dtype):
   q64, k64 = np.asarray(q.astype(jnp.float32), np.float64), np.asarray(k.astype(jnp.float32), np.float64)
   formula = np.einsum("btis,bti->bts", np.maximum(np.einsum("btij,bsj->btis", q64, k64), 0) * 0.25, np.asarray(w))
   assert_close(got, formula, "float32", what="kernel vs float64 formula")
+
+
+@pytest.mark.parametrize("b,t,i,j,s,block,splits", [(1, 1, 16, 32, 128, 64, 1), (2, 5, 16, 128, 512, 128, 2)])
+@pytest.mark.parametrize("keys", ["float8_e4m3fn", "float8_e5m2"])
+def test_float8_keys_equal_xla_and_the_formula(b, t, i, j, s, block, splits, keys):
+  """Keys widened to bf16 in shared memory (exact) and their per-key scales on the fp32 logits, as XLA's form."""
+  q, k, w = _inputs(b, t, i, j, s, "bfloat16")
+  k8, k_scale = quantize_keys(k.astype(jnp.float32), jnp.dtype(keys))
+  got = _scores(q, k8, w, 0.25, k_scale_BS=k_scale, config=Config(block_slots=block, splits=splits))
+  xla = reference(q, k8, w, 0.25, k_scale_BS=k_scale, dot_dtype=jnp.bfloat16)
+  assert_close(got, xla, "float32", what=f"kernel vs XLA, {keys} keys")
+  q64 = np.asarray(q.astype(jnp.float32), np.float64)
+  k64 = np.asarray(k8.astype(jnp.float32), np.float64) * np.asarray(k_scale)[..., None]
+  formula = np.einsum("btis,bti->bts", np.maximum(np.einsum("btij,bsj->btis", q64, k64), 0) * 0.25, np.asarray(w))
+  assert_close(got, formula, "float32", what=f"kernel vs float64 formula, {keys} keys")
 
 
 @pytest.mark.parametrize("t,tokens", [(5, 4), (3, 1), (3, 4)])
@@ -71,6 +86,11 @@ def test_kernel_lowers_for_cuda_at_any_t(t):
     fn = jax.jit(lambda q, k, w, p: index_scores_mgpu(q, k, w, 0.5, positions_BT=p))
     text = fn.trace(*args, positions).lower(lowering_platforms=("cuda",)).as_text()
     assert "mosaic_gpu" in text and KERNEL_NAME in text
+  fp8 = jax.jit(lambda q, k, w, ks: index_scores_mgpu(q, k, w, 0.5, k_scale_BS=ks))  # the widening copy lowers too
+  k8 = jax.ShapeDtypeStruct((2, 4096, 128), jnp.float8_e4m3fn)
+  text = fp8.trace(args[0], k8, args[2], jax.ShapeDtypeStruct((2, 4096), jnp.float32)).lower(
+      lowering_platforms=("cuda",)).as_text()
+  assert KERNEL_NAME in text
 
 
 def test_config_fills_the_machine():
@@ -85,8 +105,12 @@ def test_kernel_refuses_what_it_cannot_run():
   q, k, w = _inputs(1, 1, 16, 16, 256, "bfloat16")
   with pytest.raises(ValueError, match="200 is not a multiple of block_slots=128"):
     index_scores_mgpu(q, k[:, :200], w, 1.0)
-  with pytest.raises(ValueError, match="float8_e4m3fn must both be bfloat16"):
+  with pytest.raises(ValueError, match="float8_e4m3fn with k_scale_BS None: float8 keys take one scale a key"):
     index_scores_mgpu(q, k.astype(jnp.float8_e4m3fn), w, 1.0)
+  with pytest.raises(ValueError, match="a multiple of 32 \\(got 16\\)"):
+    index_scores_mgpu(q, k.astype(jnp.float8_e4m3fn), w, 1.0, k_scale_BS=jnp.ones((1, 256)))
+  with pytest.raises(ValueError, match="q float32 and keys float32: q must be bfloat16 or float16"):
+    index_scores_mgpu(q.astype(jnp.float32), k.astype(jnp.float32), w, 1.0)
   with pytest.raises(ValueError, match="do not agree"):
     index_scores_mgpu(q, k[..., :8], w, 1.0)
   with pytest.raises(ValueError, match="index heads 12"):
@@ -108,5 +132,8 @@ def test_the_kernel_is_in_the_clis_lowered_step_when_asked_for():
   assert KERNEL_NAME not in fp8_keys and TRITON_KERNEL in fp8_keys
   assert KERNEL_NAME not in mtp_step_module(_model_cfg(index_scores_impl="auto"), "tpu", 2, 512)
   assert resolve_index_scores_impl(_model_cfg(), "gpu", 512) == "mosaic_gpu"
-  with pytest.raises(ValueError, match="keys in the model's dtype only, not index_cache_dtype='float8_e4m3fn'"):
-    resolve_index_scores_impl(_model_cfg(index_cache_dtype="float8_e4m3fn"), "gpu", 512)
+  fp8_keys_cfg = _model_cfg(index_cache_dtype="float8_e4m3fn", index_head_dim=32)
+  assert resolve_index_scores_impl(fp8_keys_cfg, "gpu", 512) == "mosaic_gpu"
+  assert KERNEL_NAME in mtp_step_module(fp8_keys_cfg, "cuda", 2, 512)
+  with pytest.raises(ValueError, match="float8 keys of a head dim that is a multiple of 32, not index_head_dim=16"):
+    resolve_index_scores_impl(_model_cfg(index_cache_dtype="float8_e4m3fn", index_head_dim=16), "gpu", 512)
