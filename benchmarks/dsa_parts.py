@@ -94,15 +94,17 @@ def _rows(s: int, b: int, t: int, iters: int, bandwidth: float, parts=PARTS):
       nbytes = keys.nbytes + (0 if k_scale is None else k_scale.nbytes)
       yield ("scores", name, f"{seconds * 1e6:,.0f}", f"{floor_us(nbytes):,.1f}",
              f"{floor_us(nbytes) / seconds / 1e6:.2f}", f"rel err vs XLA same keys {err:.1e}")
-  if "scores" in parts and backend == "gpu" and s % 128 == 0:  # the Mosaic GPU port (issue 28), bf16 keys
-    fn = jax.jit(lambda q, k, w: index_scores_mgpu(q.astype(jnp.bfloat16), k, w, J**-0.5))
-    bf16_keys = keys32.astype(jnp.bfloat16)
-    seconds = time_in_loop(fn, (q, bf16_keys, w), iters)
-    out = fn(q, bf16_keys, w)
-    xla = index_scores(q, bf16_keys, w, J**-0.5, dot_dtype=jnp.bfloat16)
-    err = float(jnp.max(jnp.abs(out - xla)) / jnp.max(jnp.abs(xla)))
-    yield ("scores", "bf16 keys, Mosaic GPU kernel", f"{seconds * 1e6:,.0f}", f"{floor_us(bf16_keys.nbytes):,.1f}",
-           f"{floor_us(bf16_keys.nbytes) / seconds / 1e6:.2f}", f"rel err vs XLA same keys {err:.1e}")
+  if "scores" in parts and backend == "gpu" and s % 128 == 0:  # the Mosaic GPU port (issue 28)
+    for name, keys, k_scale in [("bf16 keys, Mosaic GPU kernel", keys32.astype(jnp.bfloat16), None),
+                                ("fp8 keys, Mosaic GPU kernel", keys8, scale)]:
+      fn = jax.jit(lambda q, k, w, ks: index_scores_mgpu(q.astype(jnp.bfloat16), k, w, J**-0.5, k_scale_BS=ks))
+      seconds = time_in_loop(fn, (q, keys, w, k_scale), iters)
+      out = fn(q, keys, w, k_scale)
+      xla = index_scores(q, keys, w, J**-0.5, k_scale_BS=k_scale, dot_dtype=jnp.bfloat16)
+      err = float(jnp.max(jnp.abs(out - xla)) / jnp.max(jnp.abs(xla)))
+      nbytes = keys.nbytes + (0 if k_scale is None else k_scale.nbytes)
+      yield ("scores", name, f"{seconds * 1e6:,.0f}", f"{floor_us(nbytes):,.1f}",
+             f"{floor_us(nbytes) / seconds / 1e6:.2f}", f"rel err vs XLA same keys {err:.1e}")
 
   scores = reference
   visible = causal_mask(positions, s)

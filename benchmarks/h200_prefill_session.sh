@@ -14,6 +14,8 @@
 #            floor at B = 256, out of memory at B = 256 × 32K on 2026-12-02)
 #   mgpu     the Mosaic GPU index scores: tests compiled, timed beside Triton and XLA at decode and prefill shapes;
 #            the re-runs of the GPU failures; B = 256 × 32K through the verification forward
+#   mgpu2    (not run yet) the Mosaic kernel with fp8 keys and its dynamic bound: tests, decode and prefill shapes
+#   e2e5     (not run yet) benchmarks.e2e at 32K / 8K with the Mosaic index scores under auto; B = 256 × 32K verify
 #   fp8      benchmarks.e2e with FP8 weights kept as codes: 1K and 32K prompts at B = 1, 1K at B = 64
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
@@ -71,6 +73,22 @@ case "${1:?stage}" in
     run 60 index_scores_mgpu_prefill.md python3 -m benchmarks.dsa_parts --capacity 33280 --batch 1 --tokens 2048 \
       --parts scores --iters 5
     run 170 verify_32k_b256.md python3 -m benchmarks.verify_forward --layers 4 -k 3 --forms absorbed --batch 256 \
+      --capacity 32768 --profile --iters 5
+    ;;
+  mgpu2)  # (not run yet) after fp8 keys and the dynamic bound: the Mosaic kernel's tests compiled, the index-sharing
+    # test alone (its reason), both kernels at decode (32K, 128K) and prefill shapes, with fp8 keys and the bound
+    run 150 gpu_tests_mgpu2.txt python3 -m pytest -v --tb=short -p no:cacheprovider -x \
+      tests/test_user_path_kernels.py::test_index_sharing_runs_through_the_kernel_with_xlas_tokens \
+      tests/test_index_scores_mgpu.py
+    run 150 index_scores_mgpu2.md python3 -m benchmarks.dsa_parts --capacity 32768 131072 --batch 1 8 64 --tokens 4 \
+      --parts scores --iters 10
+    run 120 prefill_parts_mgpu.md python3 -m benchmarks.prefill_parts --capacity 33280 --chunk 2048 --position 16384 \
+      --block-tokens 4 --topk "radix (library)"
+    ;;
+  e2e5)  # (not run yet) the user's path with the Mosaic index scores under auto; B = 256 × 32K verification
+    run 300 e2e_mgpu.md python3 -m benchmarks.e2e --prompt 32768 8192 --batch 1 --profile --iters 5 \
+      --out "$OUT/e2e_mgpu.json"
+    run 250 verify_32k_b256.md python3 -m benchmarks.verify_forward --layers 4 -k 3 --forms absorbed --batch 256 \
       --capacity 32768 --profile --iters 5
     ;;
   *) echo "unknown stage $1"; exit 2 ;;
