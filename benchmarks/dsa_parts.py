@@ -82,28 +82,22 @@ def _rows(s: int, b: int, t: int, iters: int, bandwidth: float, parts=PARTS):
     yield ("scores", name, f"{seconds * 1e6:,.0f}", f"{floor_us(nbytes):,.1f}", f"{floor_us(nbytes) / seconds / 1e6:.2f}",
            f"rel err {err:.1e}")
   backend = jax.default_backend()
-  if "scores" in parts and backend in ("gpu", "tpu") and s % SCORE_BLOCK_SLOTS == 0:  # the fused kernel
-    bf16_keys = keys32.astype(jnp.bfloat16)
-    for name, keys, k_scale in [("bf16 keys, fused kernel", bf16_keys, None), ("fp8 keys, fused kernel", keys8, scale)]:
-      fn = jax.jit(lambda q, k, w, ks: index_scores_pallas(q.astype(jnp.bfloat16), k, w, J**-0.5, k_scale_BS=ks,
-                                                           backend=backend))
+  kernels = []  # (name, the call): the fused kernels this backend runs at this capacity
+  if backend in ("gpu", "tpu") and s % SCORE_BLOCK_SLOTS == 0:
+    kernels.append(("fused kernel", lambda q, k, w, ks: index_scores_pallas(
+        q.astype(jnp.bfloat16), k, w, J**-0.5, k_scale_BS=ks, backend=backend)))
+  if backend == "gpu" and s % 128 == 0:  # the Mosaic GPU port (issue 28)
+    kernels.append(("Mosaic GPU kernel", lambda q, k, w, ks: index_scores_mgpu(
+        q.astype(jnp.bfloat16), k, w, J**-0.5, k_scale_BS=ks)))
+  for kernel, call in kernels if "scores" in parts else []:
+    for keys_name, keys, k_scale in [("bf16 keys", keys32.astype(jnp.bfloat16), None), ("fp8 keys", keys8, scale)]:
+      fn = jax.jit(call)
       seconds = time_in_loop(fn, (q, keys, w, k_scale), iters)
       out = fn(q, keys, w, k_scale)
       xla = index_scores(q, keys, w, J**-0.5, k_scale_BS=k_scale, dot_dtype=jnp.bfloat16)
       err = float(jnp.max(jnp.abs(out - xla)) / jnp.max(jnp.abs(xla)))
       nbytes = keys.nbytes + (0 if k_scale is None else k_scale.nbytes)
-      yield ("scores", name, f"{seconds * 1e6:,.0f}", f"{floor_us(nbytes):,.1f}",
-             f"{floor_us(nbytes) / seconds / 1e6:.2f}", f"rel err vs XLA same keys {err:.1e}")
-  if "scores" in parts and backend == "gpu" and s % 128 == 0:  # the Mosaic GPU port (issue 28)
-    for name, keys, k_scale in [("bf16 keys, Mosaic GPU kernel", keys32.astype(jnp.bfloat16), None),
-                                ("fp8 keys, Mosaic GPU kernel", keys8, scale)]:
-      fn = jax.jit(lambda q, k, w, ks: index_scores_mgpu(q.astype(jnp.bfloat16), k, w, J**-0.5, k_scale_BS=ks))
-      seconds = time_in_loop(fn, (q, keys, w, k_scale), iters)
-      out = fn(q, keys, w, k_scale)
-      xla = index_scores(q, keys, w, J**-0.5, k_scale_BS=k_scale, dot_dtype=jnp.bfloat16)
-      err = float(jnp.max(jnp.abs(out - xla)) / jnp.max(jnp.abs(xla)))
-      nbytes = keys.nbytes + (0 if k_scale is None else k_scale.nbytes)
-      yield ("scores", name, f"{seconds * 1e6:,.0f}", f"{floor_us(nbytes):,.1f}",
+      yield ("scores", f"{keys_name}, {kernel}", f"{seconds * 1e6:,.0f}", f"{floor_us(nbytes):,.1f}",
              f"{floor_us(nbytes) / seconds / 1e6:.2f}", f"rel err vs XLA same keys {err:.1e}")
 
   scores = reference
