@@ -28,7 +28,7 @@ from jax_mtp.indexer import (SCORE_BLOCK_SLOTS, Selection, quantize_keys, score_
 from jax_mtp.kernels.index_scores import index_scores_pallas
 from jax_mtp.kernels.index_scores import reference as index_scores
 from jax_mtp.kernels.index_scores_mgpu import index_scores_mgpu
-from jax_mtp.mla import sparse_latent_attention
+from jax_mtp.kernels.sparse_mla import reference as sparse_mla_reference
 
 I, J, K_TOP, N, C, R = 64, 128, 2048, 128, 512, 64  # indexer heads / dim, index_topk, MLA heads, latent, rope
 PARTS = ("scores", "top-k", "attention")
@@ -121,8 +121,8 @@ def _rows(s: int, b: int, t: int, iters: int, bandwidth: float, parts=PARTS):
   nbytes = b * t * min(K_TOP, s) * (C + R) * 2
   base = None
   for dot in (jnp.float32, jnp.bfloat16):
-    fn = jax.jit(lambda ql, qp, lat, kp, sel, dot=dot: sparse_latent_attention(ql, qp, lat, kp, sel, 0.1,
-                                                                              dot_dtype=dot))
+    fn = jax.jit(lambda ql, qp, lat, kp, sel, dot=dot: sparse_mla_reference(ql, qp, lat, kp, *sel, 0.1,
+                                                                           dot_dtype=dot))
     args = (q_lat, q_pe, latent, k_pe, Selection(*selection))
     seconds = time_in_loop(fn, args, iters)
     out = fn(*args)

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from benchmarks.timing import copy_bandwidth, time_in_loop
 from jax_mtp.indexer import Selection
 from jax_mtp.kernels.sparse_mla import Config, model_config, sparse_mla, splits_for
-from jax_mtp.mla import sparse_latent_attention
+from jax_mtp.kernels.sparse_mla import reference as sparse_mla_reference
 
 N, C, R, K_TOP = 128, 512, 64, 2048
 SCALE = 192**-0.5
@@ -50,8 +50,8 @@ def main(argv=None) -> int:
     for t in args.tokens:
       problem = _problem(b, t, args.capacity)
       floor = floor_us(b, t, bandwidth, flops)
-      xla = jax.jit(lambda ql, qp, lat, kp, sel: sparse_latent_attention(ql, qp, lat, kp, sel, SCALE,
-                                                                         dot_dtype=jnp.bfloat16))
+      xla = jax.jit(lambda ql, qp, lat, kp, sel: sparse_mla_reference(ql, qp, lat, kp, *sel, SCALE,
+                                                                      dot_dtype=jnp.bfloat16))
       selection = Selection(problem[4], problem[4] >= 0)
       xla_args = (*problem[:4], selection)
       base = xla(*xla_args)
@@ -115,7 +115,7 @@ def _configs_for_table(queries: int):
 
 def _sweep(b: int, s: int, iters: int, bandwidth: float, flops: float, backend: str):
   problem = _problem(b, 1, s)
-  base = sparse_latent_attention(*problem[:4], Selection(problem[4], problem[4] >= 0), SCALE, dot_dtype=jnp.bfloat16)
+  base = sparse_mla_reference(*problem[:4], problem[4], problem[4] >= 0, SCALE, dot_dtype=jnp.bfloat16)
   floor = floor_us(b, 1, bandwidth, flops)
   print(f"launch configs at B = {b}, T = 1 (floor {floor:,.1f} µs)\n")
   print("| config | µs | floor / time | rel err vs XLA |")

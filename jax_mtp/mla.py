@@ -42,6 +42,7 @@ from jax_mtp.cache import LayerCache, causal_mask, write_at_positions
 from jax_mtp.config import MtpConfig
 from jax_mtp.indexer import INDEXER_TRAINING, Indexer, Selection, quantize_keys, selects_all
 from jax_mtp.kernels import sparse_mla as sparse_mla_kernel
+from jax_mtp.kernels.sparse_mla import dequantize_latent
 from jax_mtp.layers import RMSNorm, Rotary, apply_rope, linear
 from jax_mtp.sharding import TensorParallel
 from jax_mtp.platform import lowering_platform
@@ -163,9 +164,9 @@ class MLAttention(nn.Module):
     impl = resolve_sparse_attention_impl(cfg, lowering_platform(), self.num_local_heads)
     with jax.named_scope("sparse_attention"):  # its kernels' part in a device profile (benchmarks.step_profile)
       if impl == "xla":
-        o_lat_BTNC = sparse_latent_attention(q_lat_BTNC, q_pe_BTNR, cache.latent_BSC, cache.k_pe_BSR, selection,
-                                             cfg.softmax_scale, dot_dtype=cfg.dtype,
-                                             latent_scale_BSG=cache.latent_scale_BSG)
+        o_lat_BTNC = sparse_mla_kernel.reference(q_lat_BTNC, q_pe_BTNR, cache.latent_BSC, cache.k_pe_BSR,
+                                                 selection.slots_BTK, selection.valid_BTK, cfg.softmax_scale,
+                                                 dot_dtype=cfg.dtype, latent_scale_BSG=cache.latent_scale_BSG)
       else:  # the fused kernel (interpret mode where the program runs on a CPU, Triton on CUDA); its output in
         # the cache's dtype, which _heads_from_latent's dot takes (the XLA path's fp32 is rounded there)
         dtype = cache.latent_BSC.dtype
@@ -223,37 +224,6 @@ def _sparse_kernel_problems(cfg: MtpConfig, local_heads: int) -> list[str]:
   return problems
 
 
-def sparse_latent_attention(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, selection: Selection, scale: float, *,
-                            dot_dtype=jnp.float32, latent_scale_BSG: jax.Array | None = None) -> jax.Array:
-  """softmax(q~·c + q_pe·k_pe) over each query's selected entries, times those latents: fp32
-  [B, T, N, C]. Gathers the K selected entries per query and reads them in the cache's dtype;
-  `latent_scale_BSG` (an fp8 cache's scales): the gathered codes and their scales are dequantised,
-  only those K entries a query, never the cache.
-
-  The two dots take their inputs in `dot_dtype` and accumulate in fp32: float32 is exact
-  (HIGHEST); bfloat16 (a bf16 model's) rounds the query and the probabilities to bf16 as FlashMLA
-  does, and runs on the matrix units. The softmax is fp32 either way."""
-  dot_dtype, precision = dot_inputs(dot_dtype)
-  c = latent_BSC.shape[-1]
-  # One gathered [latent; k_pe] entry per selected slot, and one query [q~; q_pe]: the two score terms are
-  # one dot (no second [B, N, T, K] fp32 score array to add), and the output dot reads the same entries
-  # whole, its k_pe columns dropped from the output (the operand is not sliced). The V3.2
-  # step's time did not measurably change for it (benchmarks/RESULTS.md, "After a change to the sparse
-  # attention").
-  latent_BTKC = _gather_selected(latent_BSC, selection.slots_BTK)
-  if latent_scale_BSG is not None:
-    latent_BTKC = dequantize_latent(latent_BTKC, _gather_selected(latent_scale_BSG, selection.slots_BTK), dot_dtype)
-  entries_BTKX = jnp.concatenate([latent_BTKC.astype(dot_dtype),
-                                  _gather_selected(k_pe_BSR, selection.slots_BTK).astype(dot_dtype)], axis=-1)
-  q_BTNX = jnp.concatenate([q_lat_BTNC.astype(dot_dtype), q_pe_BTNR.astype(dot_dtype)], axis=-1)
-  scores_BNTK = jnp.einsum("btnx,btkx->bntk", q_BTNX, entries_BTKX, precision=precision,
-                           preferred_element_type=jnp.float32)
-  probs_BNTK = masked_softmax(scores_BNTK * scale, selection.valid_BTK)
-  out_BTNX = jnp.einsum("bntk,btkx->btnx", probs_BNTK.astype(dot_dtype), entries_BTKX, precision=precision,
-                        preferred_element_type=jnp.float32)
-  return out_BTNX[..., :c]
-
-
 def dot_inputs(dtype) -> tuple[jnp.dtype, jax.lax.Precision]:
   """(input dtype, precision) of an attention dot in a `dtype` model: fp32 exact (HIGHEST), or
   16-bit inputs on the matrix units (DEFAULT); callers accumulate in fp32 either way."""
@@ -280,13 +250,6 @@ def quantize_latent(latent_BTC: jax.Array, group: int) -> tuple[jax.Array, jax.A
   return codes_BTGc.reshape(b, t, c), scale_BTG
 
 
-def dequantize_latent(codes__C: jax.Array, scale__G: jax.Array, dtype) -> jax.Array:
-  """codes · scale per group ([..., C] codes, [..., G] scales, C / G values a group), in fp32, cast to `dtype`."""
-  g = scale__G.shape[-1]
-  grouped = codes__C.astype(jnp.float32).reshape(*codes__C.shape[:-1], g, -1) * scale__G[..., None]
-  return grouped.reshape(codes__C.shape).astype(dtype)
-
-
 def write_latent(cache: LayerCache, latent_BTC: jax.Array, k_pe_BTR: jax.Array, positions_BT: jax.Array) -> LayerCache:
   """The tokens' latent and rope key written at their positions; an fp8 cache stores the latent's codes and scales."""
   k_pe_BSR = write_at_positions(cache.k_pe_BSR, k_pe_BTR, positions_BT)
@@ -302,11 +265,6 @@ def read_latent(cache: LayerCache, dtype) -> jax.Array:
   if cache.latent_scale_BSG is None:
     return cache.latent_BSC.astype(dtype)
   return dequantize_latent(cache.latent_BSC, cache.latent_scale_BSG, dtype)
-
-
-def _gather_selected(cache_BS_: jax.Array, slots_BTK: jax.Array) -> jax.Array:
-  """cache[b, slots[b, t, k]] → [B, T, K, ...]."""
-  return cache_BS_[jnp.arange(cache_BS_.shape[0])[:, None, None], slots_BTK]
 
 
 def masked_softmax(scores_BNTS: jax.Array, visible_BTS: jax.Array) -> jax.Array:

@@ -28,8 +28,9 @@ weight 0.
 The cache is read in its own dtype (bf16 / fp16); Triton computes the gathered offsets in int64 once a
 cache exceeds 2^32 bytes. `backend`: "gpu" (Pallas' Triton backend, deprecated by JAX in favour of
 Mosaic GPU like our other Triton kernels), "interpret" (any host, for tests), or "auto" (by the
-platform the program is lowered for: interpret on CPU, Triton elsewhere). The reference is
-`jax_mtp.mla.sparse_latent_attention` (XLA); `MtpConfig.sparse_attention_impl` picks between them.
+platform the program is lowered for: interpret on CPU, Triton elsewhere). `reference` is the op in XLA (also the
+model's "xla" impl, and the only one that reads an fp8 cache yet: `dequantize_latent` is that cache's format);
+`MtpConfig.sparse_attention_impl` picks between them.
 """
 
 from __future__ import annotations
@@ -151,6 +152,48 @@ def sparse_mla(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax.Arra
   )(q_lat_BTNC.reshape(b * t, n, c), q_pe_BTNR.reshape(b * t, n, r), latent_BSC, k_pe_BSR,
     slots_BTK.astype(jnp.int32).reshape(b * t, k))
   return combine_splits(out, lse).astype(out_dtype).reshape(b, t, n, c)
+
+
+def reference(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, valid_BTK, scale: float, *,
+              dot_dtype=jnp.float32, latent_scale_BSG: jax.Array | None = None) -> jax.Array:
+  """softmax(q~·c + q_pe·k_pe) over each query's selected entries (`slots_BTK` where `valid_BTK`), times those
+  latents: fp32 [B, T, N, C], by XLA. Gathers the K selected entries per query and reads them in the cache's dtype;
+  `latent_scale_BSG` (an fp8 cache's scales): the gathered codes and their scales are dequantised, only those K
+  entries a query, never the cache.
+
+  The two dots take their inputs in `dot_dtype` and accumulate in fp32: float32 is exact (HIGHEST); bfloat16 (a
+  bf16 model's) rounds the query and the probabilities to bf16 as FlashMLA does, and runs on the matrix units. The
+  softmax is fp32 either way."""
+  dot_dtype = jnp.dtype(dot_dtype)
+  precision = jax.lax.Precision.HIGHEST if dot_dtype == jnp.float32 else jax.lax.Precision.DEFAULT
+  c = latent_BSC.shape[-1]
+
+  def gather(cache_BS_):  # cache[b, slots[b, t, k]] → [B, T, K, ...]
+    return cache_BS_[jnp.arange(cache_BS_.shape[0])[:, None, None], slots_BTK]
+
+  # One gathered [latent; k_pe] entry per selected slot, and one query [q~; q_pe]: the two score terms are one dot
+  # (no second [B, N, T, K] fp32 score array to add), and the output dot reads the same entries whole, its k_pe
+  # columns dropped from the output (the operand is not sliced).
+  latent_BTKC = gather(latent_BSC)
+  if latent_scale_BSG is not None:
+    latent_BTKC = dequantize_latent(latent_BTKC, gather(latent_scale_BSG), dot_dtype)
+  entries_BTKX = jnp.concatenate([latent_BTKC.astype(dot_dtype), gather(k_pe_BSR).astype(dot_dtype)], axis=-1)
+  q_BTNX = jnp.concatenate([q_lat_BTNC.astype(dot_dtype), q_pe_BTNR.astype(dot_dtype)], axis=-1)
+  scores_BNTK = jnp.einsum("btnx,btkx->bntk", q_BTNX, entries_BTKX, precision=precision,
+                           preferred_element_type=jnp.float32)
+  masked_BNTK = jnp.where(valid_BTK[:, None], scores_BNTK * scale, -jnp.inf)
+  probs_BNTK = jax.nn.softmax(masked_BNTK, axis=-1)
+  out_BTNX = jnp.einsum("bntk,btkx->btnx", probs_BNTK.astype(dot_dtype), entries_BTKX, precision=precision,
+                        preferred_element_type=jnp.float32)
+  return out_BTNX[..., :c]
+
+
+def dequantize_latent(codes__C: jax.Array, scale__G: jax.Array, dtype) -> jax.Array:
+  """An fp8 MLA cache's values: codes · scale per group ([..., C] e4m3 codes, [..., G] fp32 scales, C / G values a
+  group), in fp32, cast to `dtype` (the writer: `jax_mtp.mla.quantize_latent`)."""
+  g = scale__G.shape[-1]
+  grouped = codes__C.astype(jnp.float32).reshape(*codes__C.shape[:-1], g, -1) * scale__G[..., None]
+  return grouped.reshape(codes__C.shape).astype(dtype)
 
 
 def combine_splits(out_QPNC: jax.Array, lse_QPN: jax.Array) -> jax.Array:

@@ -17,8 +17,9 @@ from jax_mtp.config import ConfigError
 from jax_mtp.indexer import Selection
 from jax_mtp.kernels.sparse_mla import KERNEL_NAME as SPARSE_MLA_KERNEL
 from jax_mtp.layers import rotary_for_positions
-from jax_mtp.mla import (MLAttention, dequantize_latent, quantize_latent, read_latent, resolve_sparse_attention_impl,
-                         sparse_latent_attention)
+from jax_mtp.kernels.sparse_mla import dequantize_latent
+from jax_mtp.kernels.sparse_mla import reference as sparse_mla_reference
+from jax_mtp.mla import MLAttention, quantize_latent, read_latent, resolve_sparse_attention_impl
 from jax_mtp.request import cache_bytes
 from tests.greedy import plain_and_speculative
 from tests.lowered_step import mtp_step_module
@@ -115,10 +116,10 @@ def test_sparse_form_dequantises_the_gathered_entries_as_the_whole_cache():
   q_pe = jnp.asarray(rng.standard_normal((b, t, n, r)), jnp.float32)
   slots = jnp.asarray(np.stack([np.stack([rng.permutation(s)[:k] for _ in range(t)]) for _ in range(b)]), jnp.int32)
   selection = Selection(slots, jnp.asarray(rng.uniform(size=(b, t, k)) < 0.8).at[..., 0].set(True))
-  fp8 = sparse_latent_attention(q_lat, q_pe, codes, k_pe, selection, 0.1, latent_scale_BSG=scale)
+  fp8 = sparse_mla_reference(q_lat, q_pe, codes, k_pe, *selection, 0.1, latent_scale_BSG=scale)
   whole = read_latent(jax_mtp.LayerCache(codes, k_pe, None, None, scale), jnp.float32)
-  np.testing.assert_array_equal(np.asarray(fp8), np.asarray(sparse_latent_attention(q_lat, q_pe, whole, k_pe,
-                                                                                     selection, 0.1)))
+  np.testing.assert_array_equal(np.asarray(fp8), np.asarray(sparse_mla_reference(q_lat, q_pe, whole, k_pe,
+                                                                                  *selection, 0.1)))
 
 
 @pytest.mark.parametrize("share,dtype", [(False, "float32"), (True, "float32"), (False, "bfloat16")],

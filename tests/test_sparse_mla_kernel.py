@@ -1,5 +1,5 @@
 """The fused sparse-MLA decode kernel (kernels/sparse_mla.py): equal to a float64 formula and to the XLA
-path (`jax_mtp.mla.sparse_latent_attention`) on awkward shapes, bf16 / fp16, padded selections and
+path (`kernels/sparse_mla.reference`) on awkward shapes, bf16 / fp16, padded selections and
 splits, in Pallas interpret mode (and through Triton where a GPU is present); in the lowered CUDA
 program of the MTP step when asked for; the same draft tokens as XLA in a model; refused with the
 offending values where it cannot run."""
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 import jax_mtp
-from jax_mtp.indexer import Selection
 from jax_mtp.kernels.sparse_mla import KERNEL_NAME, Config, combine_splits, sparse_mla, splits_for
-from jax_mtp.mla import MLAttention, resolve_sparse_attention_impl, sparse_latent_attention
+from jax_mtp.kernels.sparse_mla import reference as sparse_mla_reference
+from jax_mtp.mla import MLAttention, resolve_sparse_attention_impl
 from tests.conftest import FULL_ONLY, FULL_TESTS
 from tests.lowered_step import mtp_step_module
 from tests.tolerances import assert_close
@@ -67,7 +67,7 @@ def test_kernel_equals_the_formula_and_xla(b, t, n, c, r, s, k, bh, be, splits, 
   assert got.dtype == jnp.float32 and got.shape == (b, t, n, c)
   # bf16 / fp16 probabilities enter the output dot (as FlashMLA's and the XLA path's): the 16-bit row
   assert_close(got, _formula(q_lat, q_pe, latent, k_pe, slots, valid, 0.125), "bfloat16", what="kernel vs formula")
-  xla = sparse_latent_attention(q_lat, q_pe, latent, k_pe, Selection(slots, valid), 0.125, dot_dtype=dtype)
+  xla = sparse_mla_reference(q_lat, q_pe, latent, k_pe, slots, valid, 0.125, dot_dtype=dtype)
   assert_close(got, xla, "bfloat16", what="kernel vs XLA")
 
 
@@ -213,6 +213,6 @@ def test_triton_kernel_at_v32_widths(b, t):
   q_lat, q_pe, latent, k_pe, slots, valid = _problem(b, t, 128, 512, 64, 4096, 2048, "bfloat16", seed=b)
   fn = jax.jit(lambda *a: sparse_mla(*a, 512**-0.5, backend="gpu"))
   got = fn(q_lat, q_pe, latent, k_pe, jnp.where(valid, slots, -1))
-  xla = sparse_latent_attention(q_lat, q_pe, latent, k_pe, Selection(slots, valid), 512**-0.5, dot_dtype="bfloat16")
+  xla = sparse_mla_reference(q_lat, q_pe, latent, k_pe, slots, valid, 512**-0.5, dot_dtype="bfloat16")
   assert_close(got, xla, "bfloat16", what="Triton kernel vs XLA")
   assert KERNEL_NAME in fn.lower(q_lat, q_pe, latent, k_pe, slots).compile().as_text()
