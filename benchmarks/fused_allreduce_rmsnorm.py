@@ -16,7 +16,7 @@ beside the copy bandwidth of the same GPU measured in the same run (`x + 1` over
 read + write), and the xla / pallas_gpu ratio (on the xla row; on a variant's row, xla / that
 variant). Prints a markdown table. `pallas_gpu` is the kernel's default protocol (push="tma", no
 entry barrier); each `--variants` entry PUSH[+entry] adds a row `pallas_gpu[PUSH+entry]` with the
-kernel's experiment hook `_with_protocol(push=PUSH, entry_barrier="+entry" given)` — by default
+kernel's experiment hook `with_protocol(push=PUSH, entry_barrier="+entry" given)` — by default
 `st+entry`, the original protocol, so one run compares old and new. `--variants chained` adds
 `pallas_gpu[chained]`: `fused_allreduce_rmsnorm_gpu_chained`, which skips XLA's per-kernel device
 barrier through a persistent workspace (tp ≥ 2 GPUs). `--chain N` puts N calls in one program, each
@@ -47,7 +47,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from jax.sharding import PartitionSpec as P
 
 from jax_mtp.kernels.fused_allreduce_rmsnorm import fused_allreduce_rmsnorm
-from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu import PUSH_MODES, _with_protocol
+from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu import PUSH_MODES, with_protocol
 from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu_chained import fused_allreduce_rmsnorm_gpu_chained, gpu_workspace
 from jax_mtp.sharding import TP_AXIS, make_mesh
 
@@ -75,7 +75,7 @@ def _call(impl: str, axis, interpret, workspace):
     return functools.partial(fused_allreduce_rmsnorm_gpu_chained, eps=EPS, axis_name=axis, workspace=workspace)
   if variant is not None:
     push, entry_barrier = parse_variant(variant)
-    return functools.partial(_with_protocol, eps=EPS, axis_name=axis, interpret=interpret, push=push,
+    return functools.partial(with_protocol, eps=EPS, axis_name=axis, interpret=interpret, push=push,
                              entry_barrier=entry_barrier)
   return functools.partial(fused_allreduce_rmsnorm, eps=EPS, axis_name=axis, impl=impl,
                            interpret=interpret if impl == "pallas_gpu" else None)

@@ -143,11 +143,11 @@ def fused_allreduce_rmsnorm_gpu(x_partial_TD, residual_TD, weight_D, eps: float,
   also runs in GPU interpret mode (`interpret=plgpu.InterpretGPUParams(...)`; True means the
   default params — the generic `pallas_call` interpreter cannot run `plgpu.load`).
   """
-  return _with_protocol(x_partial_TD, residual_TD, weight_D, eps, axis_name=axis_name, interpret=interpret,
+  return with_protocol(x_partial_TD, residual_TD, weight_D, eps, axis_name=axis_name, interpret=interpret,
                         push=PUSH_MODES[0], entry_barrier=False)
 
 
-def _with_protocol(x_partial_TD, residual_TD, weight_D, eps: float, *, axis_name: str | None, interpret,
+def with_protocol(x_partial_TD, residual_TD, weight_D, eps: float, *, axis_name: str | None, interpret,
                    push: str, entry_barrier: bool):
   """`fused_allreduce_rmsnorm_gpu` with its n > 1 protocol chosen (module docstring): push in
   PUSH_MODES, entry_barrier. The public wrapper runs the production one ("tma", False);
