@@ -12,72 +12,38 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jax_mtp
-from jax_mtp.indexer import quantize_keys, resolve_index_scores_impl
-from jax_mtp.kernels.index_scores import KERNEL_NAME, Config, index_scores_pallas, reference
+from jax_mtp.indexer import resolve_index_scores_impl
+from jax_mtp.kernels.index_scores import KERNEL_NAME, Config, index_scores_pallas
+from tests.index_scores_cases import (assert_equals_xla_and_the_formula, assert_positions_bound_the_scored_slots,
+                                       inputs, keys_as)
 from tests.lowered_step import H200, mtp_step_module
-from tests.tolerances import assert_close
 from tests.tpu_toolchain import requires_libtpu
-
-
-def _inputs(b, t, i, j, s, seed=0):
-  rng = np.random.default_rng(seed)
-  normal = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)  # noqa: E731
-  return normal(b, t, i, j), normal(b, s, j), normal(b, t, i)
 
 
 @pytest.mark.parametrize("b,t,i,j,s,block", [(1, 1, 16, 16, 128, 128), (3, 3, 4, 48, 384, 128),
                                               (2, 5, 8, 32, 512, 256), (1, 4, 64, 128, 256, 256)])
 @pytest.mark.parametrize("keys", ["float32", "bfloat16", "float8_e4m3fn"])
 def test_kernel_equals_xla_and_the_formula(b, t, i, j, s, block, keys):
-  q, k, w = _inputs(b, t, i, j, s)
-  k_scale, dot = None, jnp.float32
-  if keys == "float8_e4m3fn":
-    k, k_scale = quantize_keys(k, jnp.float8_e4m3fn)
-    dot = jnp.bfloat16
-  elif keys == "bfloat16":
-    k, dot = k.astype(jnp.bfloat16), jnp.bfloat16
+  q, k, w = inputs(b, t, i, j, s)
+  k, k_scale, dot = keys_as(k, keys)
   got = index_scores_pallas(q.astype(dot), k, w, 0.25, k_scale_BS=k_scale, config=Config(block_slots=block),
                             backend="interpret")
-  xla = reference(q, k, w, 0.25, k_scale_BS=k_scale, dot_dtype=dot)
-  assert_close(got, xla, "float32", what=f"kernel vs XLA, {keys} keys")
-  # float64 on the values the dot sees (q rounded to the dot dtype, keys dequantised)
-  q64 = np.asarray(q.astype(dot), np.float64)
-  k64 = np.asarray(k.astype(jnp.float32), np.float64) * (1 if k_scale is None else np.asarray(k_scale)[..., None])
-  formula = np.einsum("btis,bti->bts", np.maximum(np.einsum("btij,bsj->btis", q64, k64), 0) * 0.25, np.asarray(w))
-  assert_close(got, formula, "float32", what=f"kernel vs float64 formula, {keys} keys")
+  assert_equals_xla_and_the_formula(got, q, k, w, 0.25, k_scale=k_scale, dot=dot, what=f"kernel, {keys} keys")
 
 
 @pytest.mark.parametrize("t,tokens", [(5, 4), (9, 4), (3, 1), (3, 4)])
 def test_positions_bound_the_scored_slots(t, tokens):
-  """With positions, every slot a query of its block can see is scored as without them, and slot blocks past a
-  token block's last position are 0 (skipped); positions span several slot blocks and pad the last token block."""
-  b, i, j, s, block = 2, 16, 16, 512, 128
-  q, k, w = _inputs(b, t, i, j, s, seed=3)
-  positions = jnp.asarray([[130 + 37 * n for n in range(t)], [0] * t], jnp.int32)
-  config = Config(block_slots=block, block_tokens=tokens)
-  full = index_scores_pallas(q, k, w, 0.5, config=config, backend="interpret")
-  got = index_scores_pallas(q, k, w, 0.5, positions_BT=positions, config=config,
-                            backend="interpret")
-  pad = -(-t // tokens) * tokens - t
-  last_BT = np.repeat(np.asarray(jnp.pad(positions, [(0, 0), (0, pad)], constant_values=-1))
-                      .reshape(b, -1, tokens).max(-1), tokens, axis=1)[:, :t]
-  scored_BTS = np.arange(s)[None, None] // block * block <= last_BT[..., None]
-  # skipped blocks are exactly 0; scored ones equal the unbounded call's up to the fp32 dot's summation order (two
-  # programs: on a GPU XLA may pick another dot algorithm for each, in interpret mode too)
-  np.testing.assert_array_equal(np.asarray(got)[~scored_BTS], 0.0)
-  assert_close(np.where(scored_BTS, got, 0.0), np.where(scored_BTS, full, 0.0), "float32",
-               what="bounded vs unbounded scores on the scored slots")
-  assert scored_BTS[1, :, :block].all() and not scored_BTS[1, :, block:].any()  # row 1 sits at position 0
-  assert scored_BTS[0].sum() < scored_BTS[0].size  # some blocks were skipped
-  visible = np.arange(s)[None, None] <= np.asarray(positions)[..., None]
-  assert scored_BTS[visible].all()
+  config = Config(block_slots=128, block_tokens=tokens)
+  assert_positions_bound_the_scored_slots(
+      lambda q, k, w, scale, positions: index_scores_pallas(q, k, w, scale, positions_BT=positions, config=config,
+                                                            backend="interpret"), t, tokens, 128)
 
 
 @pytest.mark.parametrize("t", [1, 2, 3, 5, 7])
 def test_kernel_lowers_for_cuda_at_any_t(t):
   """Exported for CUDA (Pallas's Triton lowering runs here, on any host), with and without positions: Triton takes
   only arrays whose lengths are powers of 2, so a query block of 3 once failed on the GPU alone."""
-  q, k, w = _inputs(1, t, 16, 16, 512)
+  q, k, w = inputs(1, t, 16, 16, 512)
   checks = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
   h200 = jax.sharding.AbstractMesh((1,), ("tp",), axis_types=(jax.sharding.AxisType.Auto,), abstract_device=H200)
   for positions in (None, jnp.arange(t, dtype=jnp.int32)[None]):
@@ -89,7 +55,7 @@ def test_kernel_lowers_for_cuda_at_any_t(t):
 
 
 def test_kernel_refuses_what_it_cannot_run():
-  q, k, w = _inputs(1, 1, 16, 16, 200)
+  q, k, w = inputs(1, 1, 16, 16, 200)
   with pytest.raises(ValueError, match="200 is not a multiple of block_slots=128"):
     index_scores_pallas(q, k, w, 1.0, config=Config(block_slots=128), backend="interpret")
   with pytest.raises(ValueError, match="backend='cuda'"):

@@ -5,24 +5,17 @@ any host); refused with the offending values where it cannot run. On a GPU, the 
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 import jax_mtp
-from jax_mtp.indexer import quantize_keys, resolve_index_scores_impl
+from jax_mtp.indexer import resolve_index_scores_impl
 from jax_mtp.kernels.index_scores import KERNEL_NAME as TRITON_KERNEL
-from jax_mtp.kernels.index_scores import reference
 from jax_mtp.kernels.index_scores_mgpu import KERNEL_NAME, Config, config_for, index_scores_mgpu
+from tests.index_scores_cases import (assert_equals_xla_and_the_formula, assert_positions_bound_the_scored_slots,
+                                       inputs, keys_as)
 from tests.lowered_step import mtp_step_module
-from tests.tolerances import assert_close
 
 ON_GPU = jax.devices()[0].platform == "gpu"
-
-
-def _inputs(b, t, i, j, s, dtype, seed=0):
-  rng = np.random.default_rng(seed)
-  normal = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)  # noqa: E731
-  return normal(b, t, i, j).astype(dtype), normal(b, s, j).astype(dtype), normal(b, t, i)
 
 
 def _scores(*args, **kwargs):
@@ -31,50 +24,31 @@ def _scores(*args, **kwargs):
 
 @pytest.mark.parametrize("b,t,i,j,s,block,splits", [(1, 1, 16, 16, 128, 64, 1), (3, 3, 8, 32, 384, 128, 3),
                                                      (2, 5, 16, 64, 512, 64, 2), (1, 4, 64, 128, 256, 128, 0)])
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_kernel_equals_xla_and_the_formula(b, t, i, j, s, block, splits, dtype):
-  q, k, w = _inputs(b, t, i, j, s, dtype)
-  got = _scores(q, k, w, 0.25, config=Config(block_slots=block, splits=splits))
-  assert_close(got, reference(q, k, w, 0.25, dot_dtype=dtype), "float32", what="kernel vs XLA")
-  q64, k64 = np.asarray(q.astype(jnp.float32), np.float64), np.asarray(k.astype(jnp.float32), np.float64)
-  formula = np.einsum("btis,bti->bts", np.maximum(np.einsum("btij,bsj->btis", q64, k64), 0) * 0.25, np.asarray(w))
-  assert_close(got, formula, "float32", what="kernel vs float64 formula")
+@pytest.mark.parametrize("keys", ["bfloat16", "float16"])
+def test_kernel_equals_xla_and_the_formula(b, t, i, j, s, block, splits, keys):
+  q, k, w = inputs(b, t, i, j, s)
+  k, _, dot = keys_as(k, keys)
+  got = _scores(q.astype(dot), k, w, 0.25, config=Config(block_slots=block, splits=splits))
+  assert_equals_xla_and_the_formula(got, q, k, w, 0.25, k_scale=None, dot=dot, what=f"kernel, {keys} keys")
 
 
 @pytest.mark.parametrize("b,t,i,j,s,block,splits", [(1, 1, 16, 32, 128, 64, 1), (2, 5, 16, 128, 512, 128, 2)])
 @pytest.mark.parametrize("keys", ["float8_e4m3fn", "float8_e5m2"])
 def test_float8_keys_equal_xla_and_the_formula(b, t, i, j, s, block, splits, keys):
   """Keys widened to bf16 in shared memory (exact) and their per-key scales on the fp32 logits, as XLA's form."""
-  q, k, w = _inputs(b, t, i, j, s, "bfloat16")
-  k8, k_scale = quantize_keys(k.astype(jnp.float32), jnp.dtype(keys))
-  got = _scores(q, k8, w, 0.25, k_scale_BS=k_scale, config=Config(block_slots=block, splits=splits))
-  xla = reference(q, k8, w, 0.25, k_scale_BS=k_scale, dot_dtype=jnp.bfloat16)
-  assert_close(got, xla, "float32", what=f"kernel vs XLA, {keys} keys")
-  q64 = np.asarray(q.astype(jnp.float32), np.float64)
-  k64 = np.asarray(k8.astype(jnp.float32), np.float64) * np.asarray(k_scale)[..., None]
-  formula = np.einsum("btis,bti->bts", np.maximum(np.einsum("btij,bsj->btis", q64, k64), 0) * 0.25, np.asarray(w))
-  assert_close(got, formula, "float32", what=f"kernel vs float64 formula, {keys} keys")
+  q, k, w = inputs(b, t, i, j, s)
+  k, k_scale, dot = keys_as(k, keys)
+  got = _scores(q.astype(dot), k, w, 0.25, k_scale_BS=k_scale, config=Config(block_slots=block, splits=splits))
+  assert_equals_xla_and_the_formula(got, q, k, w, 0.25, k_scale=k_scale, dot=dot, what=f"kernel, {keys} keys")
 
 
 @pytest.mark.parametrize("t,tokens", [(5, 4), (3, 1), (3, 4)])
 def test_positions_bound_the_scored_slots(t, tokens):
-  """Steps past a query block's last position are exactly 0; every slot a query of its block can see is scored as
-  without positions (two programs: equal up to the fp32 accumulation order)."""
-  b, i, j, s, block = 2, 16, 32, 512, 64
-  q, k, w = _inputs(b, t, i, j, s, "bfloat16", seed=3)
-  positions = jnp.asarray([[130 + 37 * n for n in range(t)], [0] * t], jnp.int32)
-  config = Config(block_slots=block, block_tokens=tokens, splits=2)
-  full = np.asarray(_scores(q, k, w, 0.5, config=config))
-  got = np.asarray(_scores(q, k, w, 0.5, positions_BT=positions, config=config))
-  pad = -(-t // tokens) * tokens - t
-  last_BT = np.repeat(np.asarray(jnp.pad(positions, [(0, 0), (0, pad)], constant_values=-1))
-                      .reshape(b, -1, tokens).max(-1), tokens, axis=1)[:, :t]
-  scored_BTS = np.arange(s)[None, None] // block * block <= last_BT[..., None]
-  np.testing.assert_array_equal(got[~scored_BTS], 0.0)
-  assert_close(np.where(scored_BTS, got, 0.0), np.where(scored_BTS, full, 0.0), "float32", what="scored slots")
-  assert scored_BTS[1, :, :block].all() and not scored_BTS[1, :, block:].any()  # row 1 sits at position 0
-  visible = np.arange(s)[None, None] <= np.asarray(positions)[..., None]
-  assert scored_BTS[visible].all()
+  """Steps past a query block's last position are zeros never read (the pipeline is shorter); the rest as XLA."""
+  config = Config(block_slots=64, block_tokens=tokens, splits=2)
+  assert_positions_bound_the_scored_slots(
+      lambda q, k, w, scale, positions: _scores(q.astype(jnp.bfloat16), k.astype(jnp.bfloat16), w, scale,
+                                                positions_BT=positions, config=config), t, tokens, 64, j=32)
 
 
 @pytest.mark.parametrize("t", [1, 2, 3, 5, 7])
@@ -102,7 +76,7 @@ def test_config_fills_the_machine():
 
 
 def test_kernel_refuses_what_it_cannot_run():
-  q, k, w = _inputs(1, 1, 16, 16, 256, "bfloat16")
+  q, k, w = (x.astype(jnp.bfloat16) for x in inputs(1, 1, 16, 16, 256))
   with pytest.raises(ValueError, match="200 is not a multiple of block_slots=128"):
     index_scores_mgpu(q, k[:, :200], w, 1.0)
   with pytest.raises(ValueError, match="float8_e4m3fn with k_scale_BS None: float8 keys take one scale a key"):
