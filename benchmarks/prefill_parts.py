@@ -26,6 +26,7 @@ from jax_mtp.cache import causal_mask
 from jax_mtp.indexer import (kth_key_one_reduction, kth_key_sibling_reductions, order_keys, select_from_kth,
                              topk_selection, topk_selection_radix)
 from jax_mtp.kernels.index_scores import Config, index_scores_pallas
+from jax_mtp.kernels.index_scores_mgpu import Config as MgpuConfig
 from jax_mtp.kernels.index_scores_mgpu import index_scores_mgpu
 
 I, J, K_TOP = 64, 128, 2048  # V3.2's indexer heads, head dim, index_topk
@@ -120,16 +121,19 @@ def _rows(args, t: int, bandwidth: float):
       yield ("scores", f"kernel, {'causal blocks' if bounded else 'every block'}, {tb} queries a program",
              f"{seconds * 1e6:,.0f}", f"{floor_us(nbytes):,.0f}", f"{floor_us(nbytes) / seconds / 1e6:.2f}",
              f"visible equal: {same}", kernels_of(fn, call) if args.trace else "")
-  for bounded in (False, True):  # the Mosaic GPU port (issue 28): its bound skips the keys' reads too
-    fn = jax.jit(lambda q, k, w, pos, bounded=bounded: index_scores_mgpu(
-        q, k, w, J**-0.5, positions_BT=pos if bounded else None, interpret=backend == "interpret"))
+  # the Mosaic GPU port (issue 28): every step, the causal steps' dots, the causal steps' dots and reads
+  for bounded, reads in [(False, False), (True, False), (True, True)]:
+    fn = jax.jit(lambda q, k, w, pos, bounded=bounded, reads=reads: index_scores_mgpu(
+        q, k, w, J**-0.5, positions_BT=pos if bounded else None, config=MgpuConfig(bound_reads=reads),
+        interpret=backend == "interpret"))
     call = (q_BTIJ, k_BSJ, w_BTI, positions)
     seconds = time_in_loop(fn, call, args.iters)
     out = fn(*call)
     err = float(jnp.max(jnp.where(visible, jnp.abs(out - full), 0.0)) / jnp.max(jnp.abs(full)))
-    read = min(s, p0 + t) if bounded else s
+    read = min(s, p0 + t) if reads else s
     nbytes = read * J * 2 + t * s * 4
-    yield ("scores", f"Mosaic GPU kernel, {'causal steps' if bounded else 'every step'}", f"{seconds * 1e6:,.0f}",
+    form = "causal steps, bounded reads" if reads else "causal steps" if bounded else "every step"
+    yield ("scores", f"Mosaic GPU kernel, {form}", f"{seconds * 1e6:,.0f}",
            f"{floor_us(nbytes):,.0f}", f"{floor_us(nbytes) / seconds / 1e6:.2f}", f"visible rel err {err:.1e}",
            kernels_of(fn, call) if args.trace else "")
   scores = full

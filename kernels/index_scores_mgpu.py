@@ -12,9 +12,10 @@ in flight); the grid is (B, T / tb, splits) with `splits` CTAs sharing a row's s
 machine at decode's batch sizes.
 
 With `positions_BT`, a step whose first slot lies past its query block's last position writes zeros without a
-dot (those slots are invisible to every query of the block: slot s holds position s); its keys are still copied
-(the pipeline's grid is static). Keys in q's dtype only (bf16 / f16): float8 keys need a dequantising copy into
-shared memory first (wgmma has no bf16 × fp8 form) — `check_operands` refuses them until then.
+dot (those slots are invisible to every query of the block: slot s holds position s); with
+`Config.bound_reads` its keys are not read either (the pipeline is as long as the seen steps). Keys in q's dtype
+(bf16 / f16), or float8 with per-key scales: widened to q's dtype in shared memory (wgmma has no bf16 × fp8 form),
+the scales applied to the fp32 logits.
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ class Config:
   block_tokens: int = 4  # queries per CTA: q [tb, I, J] stays in shared memory
   splits: int = 0  # CTAs per (row, query block), each over S / splits slots
   max_concurrent_steps: int = 4  # key blocks in flight
+  # With positions: False streams every step and skips the unseen steps' dots (the form run on the H200,
+  # 2026-12-03); True shortens the pipeline to the seen steps, so their keys are never read (lowered and
+  # interpreter-tested, not yet run on a GPU: the default once it is)
+  bound_reads: bool = False
 
 
 def config_for(batch: int, tokens: int, slots: int, config: Config | None = None, cores: int = 132) -> Config:
@@ -124,6 +129,19 @@ def index_scores_mgpu(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, sca
       (st,) = indices
       out = o_smem.at[st % 2]  # two score buffers: a step writes one while the other's copy to HBM drains
       plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+      if config.bound_reads:  # every streamed step is seen
+        scores(k_smem, scale_smem, out)
+      else:
+        pl.when(st < seen)(lambda: scores(k_smem, scale_smem, out))
+
+        @pl.when(st >= seen)
+        def _():
+          for n in range(tb):
+            out[n] = plgpu.layout_cast(jnp.zeros((bs,), jnp.float32), plgpu.Layout.WGMMA.reduce(1))
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(out, o_row.at[:, pl.ds(first + st * bs, bs)])
+
+    def scores(k_smem, scale_smem, out):
       keys = k_smem
       if widened_smem is not None:  # float8 keys → q's dtype, through fp32 (exact), for wgmma's same-dtype operands
         widened_smem[...] = k_smem[...].astype(jnp.float32).astype(q.dtype)
@@ -140,17 +158,17 @@ def index_scores_mgpu(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, sca
         w_row = plgpu.load(w_smem.at[n], layout=plgpu.Layout.WGMMA.reduce(0))
         weighted = jnp.maximum(logits, 0.0) * lax.broadcast_in_dim(w_row, (bs, i), [1])
         out[n] = weighted.sum(axis=1) * scale
-      plgpu.commit_smem()
-      plgpu.copy_smem_to_gmem(out, o_row.at[:, pl.ds(first + st * bs, bs)])
 
     in_specs = [plgpu.BlockSpec((bs, j), lambda st: (st, 0), transforms=_operand_transforms(plgpu, k_gmem.dtype, j))]
     gmem = [k_gmem.at[bi, pl.ds(first, share)]]
     if scaled:
       in_specs.append(plgpu.BlockSpec((bs,), lambda st: (st,)))
       gmem.append(k_scale_gmem.at[bi, pl.ds(first, share)])
-    plgpu.emit_pipeline(step, grid=(seen,), in_specs=in_specs,
+    plgpu.emit_pipeline(step, grid=(seen if config.bound_reads else steps,), in_specs=in_specs,
                         max_concurrent_steps=min(config.max_concurrent_steps, steps))(*gmem)
     plgpu.wait_smem_to_gmem(0)
+    if not config.bound_reads:
+      return
 
     @pl.when(seen < steps)  # the unseen steps: zeros, copied from one buffer
     def _():

@@ -42,10 +42,11 @@ def test_float8_keys_equal_xla_and_the_formula(b, t, i, j, s, block, splits, key
   assert_equals_xla_and_the_formula(got, q, k, w, 0.25, k_scale=k_scale, dot=dot, what=f"kernel, {keys} keys")
 
 
+@pytest.mark.parametrize("bound_reads", [False, True])
 @pytest.mark.parametrize("t,tokens", [(5, 4), (3, 1), (3, 4)])
-def test_positions_bound_the_scored_slots(t, tokens):
-  """Steps past a query block's last position are zeros never read (the pipeline is shorter); the rest as XLA."""
-  config = Config(block_slots=64, block_tokens=tokens, splits=2)
+def test_positions_bound_the_scored_slots(t, tokens, bound_reads):
+  """Steps past a query block's last position are zeros (with bound_reads never read: the pipeline is shorter)."""
+  config = Config(block_slots=64, block_tokens=tokens, splits=2, bound_reads=bound_reads)
   assert_positions_bound_the_scored_slots(
       lambda q, k, w, scale, positions: _scores(q.astype(jnp.bfloat16), k.astype(jnp.bfloat16), w, scale,
                                                 positions_BT=positions, config=config), t, tokens, 64, j=32)
@@ -56,8 +57,10 @@ def test_kernel_lowers_for_cuda_at_any_t(t):
   """The Mosaic GPU lowering (TMA descriptors, wgmma operand layouts) at V3.2's widths, with and without positions."""
   args = (jax.ShapeDtypeStruct((2, t, 64, 128), jnp.bfloat16), jax.ShapeDtypeStruct((2, 4096, 128), jnp.bfloat16),
           jax.ShapeDtypeStruct((2, t, 64), jnp.float32))
-  for positions in (None, jax.ShapeDtypeStruct((2, t), jnp.int32)):
-    fn = jax.jit(lambda q, k, w, p: index_scores_mgpu(q, k, w, 0.5, positions_BT=p))
+  for positions, bound_reads in [(None, False), (jax.ShapeDtypeStruct((2, t), jnp.int32), False),
+                                 (jax.ShapeDtypeStruct((2, t), jnp.int32), True)]:
+    fn = jax.jit(lambda q, k, w, p, b=bound_reads: index_scores_mgpu(q, k, w, 0.5, positions_BT=p,
+                                                                     config=Config(bound_reads=b)))
     text = fn.trace(*args, positions).lower(lowering_platforms=("cuda",)).as_text()
     assert "mosaic_gpu" in text and KERNEL_NAME in text
   fp8 = jax.jit(lambda q, k, w, ks: index_scores_mgpu(q, k, w, 0.5, k_scale_BS=ks))  # the widening copy lowers too
