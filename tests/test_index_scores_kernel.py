@@ -72,9 +72,9 @@ def _kernel_cfg(**overrides):
 
 
 def test_resolution_table():
-  assert resolve_index_scores_impl(_kernel_cfg(), "gpu", 512) == "mosaic_gpu"  # auto: its Mosaic GPU port, faster
+  assert resolve_index_scores_impl(_kernel_cfg(), "gpu", 512) == "pallas_gpu"  # auto: measured ahead on an H200
   fp8_keys = _kernel_cfg(index_cache_dtype="float8_e4m3fn")
-  assert resolve_index_scores_impl(fp8_keys, "gpu", 512) == "pallas_gpu"  # auto: fp8 keys only Triton's dequantises
+  assert resolve_index_scores_impl(fp8_keys, "gpu", 512) == "pallas_gpu"
   assert resolve_index_scores_impl(_kernel_cfg(), "gpu", 500) == "xla"  # auto: a capacity the kernel cannot take
   assert resolve_index_scores_impl(_kernel_cfg(), "tpu", 512) == "xla"  # auto: not timed on a TPU
   assert resolve_index_scores_impl(_kernel_cfg(), "cpu", 512) == "xla"
@@ -94,9 +94,8 @@ def _step_module(impl: str, platform: str) -> str:
 @pytest.mark.parametrize("impl,platform", [("pallas_gpu", "cuda"), ("pallas_tpu", "tpu")])
 def test_the_kernel_is_in_the_lowered_step_when_asked_for(impl, platform):
   assert KERNEL_NAME in _step_module(impl, platform)
-  # auto follows the program's platform (jax_mtp.platform): on CUDA the Mosaic GPU port for bf16 keys
-  # (tests/test_index_scores_mgpu.py), XLA's scores on TPUs; this kernel in neither
-  assert KERNEL_NAME not in _step_module("auto", platform)
+  # auto follows the program's platform (jax_mtp.platform): the kernel in a CUDA program, XLA's scores on TPUs
+  assert (KERNEL_NAME in _step_module("auto", platform)) == (platform == "cuda")
 
 
 @pytest.mark.slow

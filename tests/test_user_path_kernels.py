@@ -10,7 +10,7 @@ import pytest
 import jax_mtp
 from jax_mtp import decode
 from jax_mtp.indexer import SCORE_BLOCK_SLOTS, kernel_capacity
-from jax_mtp.kernels.index_scores_mgpu import KERNEL_NAME as INDEX_SCORES
+from jax_mtp.kernels.index_scores import KERNEL_NAME as INDEX_SCORES
 from jax_mtp.kernels.sparse_mla import KERNEL_NAME as SPARSE_MLA
 from jax_mtp.request import required_capacity
 from tests.lowered_step import speculator_modules
