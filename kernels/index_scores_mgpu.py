@@ -89,9 +89,9 @@ def index_scores_mgpu(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, sca
                       config: Config | None = None, interpret: bool = False) -> jax.Array:
   """fp32 [B, T, S] index scores (S a multiple of block_slots × splits). `k_scale_BS`: per-key scales of float8
   keys (e4m3 / e5m2), which the kernel widens to q's dtype in shared memory (through fp32: exact) before the
-  dot and whose scales multiply the fp32 logits. `positions_BT` (int32, optional): each query's position; a CTA
-  then streams only the steps that start at or before its query block's last position and writes zeros for
-  the rest (no keys read, no dot). `interpret`: Pallas's GPU interpreter (any host: the tests)."""
+  dot and whose scales multiply the fp32 logits. `positions_BT` (int32, optional): each query's position; steps
+  that start past its query block's last position are then written as zeros without a dot (and, with
+  `config.bound_reads`, without reading their keys). `interpret`: Pallas's GPU interpreter (any host: the tests)."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # noqa: PLC0415 (a GPU backend's module)
 
   b, t, i, j = q_BTIJ.shape
@@ -125,6 +125,10 @@ def index_scores_mgpu(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, sca
     seen = jnp.clip(lax.div(last_gmem[bi, qi] - first + bs, jnp.int32(bs)), 0, steps)
     o_row = o_gmem.at[bi, pl.ds(qi * tb, tb)]
 
+    def write_zeros(out):  # an unseen step's scores
+      for n in range(tb):
+        out[n] = plgpu.layout_cast(jnp.zeros((bs,), jnp.float32), plgpu.Layout.WGMMA.reduce(1))
+
     def step(indices, k_smem, *scale_smem):
       (st,) = indices
       out = o_smem.at[st % 2]  # two score buffers: a step writes one while the other's copy to HBM drains
@@ -133,11 +137,7 @@ def index_scores_mgpu(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, sca
         scores(k_smem, scale_smem, out)
       else:
         pl.when(st < seen)(lambda: scores(k_smem, scale_smem, out))
-
-        @pl.when(st >= seen)
-        def _():
-          for n in range(tb):
-            out[n] = plgpu.layout_cast(jnp.zeros((bs,), jnp.float32), plgpu.Layout.WGMMA.reduce(1))
+        pl.when(st >= seen)(lambda: write_zeros(out))
       plgpu.commit_smem()
       plgpu.copy_smem_to_gmem(out, o_row.at[:, pl.ds(first + st * bs, bs)])
 
@@ -172,8 +172,7 @@ def index_scores_mgpu(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, sca
 
     @pl.when(seen < steps)  # the unseen steps: zeros, copied from one buffer
     def _():
-      for n in range(tb):
-        o_smem[0, n] = plgpu.layout_cast(jnp.zeros((bs,), jnp.float32), plgpu.Layout.WGMMA.reduce(1))
+      write_zeros(o_smem.at[0])
       plgpu.commit_smem()
 
       @pl.loop(seen, steps)
