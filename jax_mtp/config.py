@@ -111,8 +111,8 @@ class MtpConfig:
   index_cache_dtype: str = "auto"
   # Prompt tokens per row per prefill call (jax_mtp.prefill); 0 = sized to PREFILL_CHUNK_BYTES.
   prefill_chunk: int = 0
-  # The DSA indexer's scores: XLA, or the fused Pallas kernel (kernels/index_scores.py); see
-  # jax_mtp.indexer.resolve_index_scores_impl.
+  # The DSA indexer's scores: XLA, or a fused Pallas kernel (Mosaic GPU: kernels/index_scores_mgpu.py, `auto` on
+  # GPUs; Triton / TPU: kernels/index_scores.py); see jax_mtp.indexer.resolve_index_scores_impl.
   index_scores_impl: str = "auto"
   # DSA's sparse MLA attention over the selected slots (decode, verification, sparse prefill): XLA, or
   # the fused Pallas kernel (kernels/sparse_mla.py); see jax_mtp.mla.resolve_sparse_attention_impl.

@@ -85,7 +85,8 @@ def _parser() -> argparse.ArgumentParser:
                  help="routed experts' implementation (jax_mtp.experts); auto: by platform and size")
   p.add_argument("--index-scores-impl", choices=INDEX_SCORES_IMPLS, default="auto",
                  help="DSA indexer scores: xla, or a fused Pallas kernel (mosaic_gpu: Mosaic GPU; pallas_gpu: "
-                      "Triton; pallas_tpu); auto: pallas_gpu on GPUs where it takes the model, else xla")
+                      "Triton; pallas_tpu); auto: mosaic_gpu on GPUs where it takes the model, else pallas_gpu where "
+                      "that does, else xla")
   p.add_argument("--sparse-attention-impl", choices=SPARSE_ATTENTION_IMPLS, default="auto",
                  help="DSA's sparse MLA attention: xla, or the fused Pallas kernel (pallas_gpu); auto: the kernel on "
                       "GPUs where it takes the model, else xla")

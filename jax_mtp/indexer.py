@@ -126,26 +126,33 @@ class Indexer(nn.Module):
     return jnp.concatenate([rotated, x[..., r:]], axis=-1)
 
 
-SCORE_BLOCK_SLOTS = scores_kernel.Config().block_slots  # slots per program of the fused kernel
+# Slots a cache capacity must be a multiple of for either fused GPU kernel: the Triton kernel's block (256). The
+# Mosaic GPU kernel takes any multiple of its 128-slot step: `config_for` picks `splits` dividing S / 128.
+SCORE_BLOCK_SLOTS = scores_kernel.Config().block_slots
 
 
 def resolve_index_scores_impl(cfg: MtpConfig, platform: str, capacity: int) -> str:
-  """"xla" or a fused kernel ("pallas_gpu": Pallas Triton, "mosaic_gpu": Pallas Mosaic GPU, "pallas_tpu") for
+  """"xla" or a fused kernel ("mosaic_gpu": Pallas Mosaic GPU, "pallas_gpu": Pallas Triton, "pallas_tpu") for
   `cfg.index_scores_impl`.
 
   "auto":
-    gpu  pallas_gpu wherever the kernel takes the model (faster than XLA's bf16 scores at every B and T it was
-         timed at); xla otherwise. mosaic_gpu, its Mosaic GPU port, is explicit only: it ran ~2x the Triton kernel
-         on the H200 (benchmarks/RESULTS.md, "Index scores on Mosaic GPU"), but its code as it stands (float8 keys,
-         `bound_reads`) has not run its GPU tests there; `auto` moves to it once they have
-    tpu, cpu  xla (the kernel is compiled for v5e / v6e through libtpu but not timed on a TPU)
+    gpu  mosaic_gpu wherever it takes the model (`_kernel_problems` and `_mosaic_problems` empty); else pallas_gpu
+         wherever the Triton kernel does (float8 keys of a head dim not a multiple of 32, keys in a third dtype,
+         more than 256 indexer heads); else xla. On the H200 (benchmarks/RESULTS.md, "Index scores: auto on the
+         Mosaic GPU kernel"; T = 4, 32K slots, B = 1 / 8 / 64): bf16 keys 40 / 81 / 344 µs against Triton's
+         66 / 130 / 694; fp8 keys 57 / 102 / 417 against 36 / 126 / 712 (Triton ahead at B = 1 only); a 2,048-query
+         prefill chunk with the causal bound 1,515 µs against 2,630
+    tpu, cpu  xla (the TPU kernel is compiled for v5e / v6e through libtpu but not timed on a TPU)
   An explicit kernel runs as asked (it may target another platform than this process's, as an AOT
-  compile does) unless it cannot take the model (`_kernel_problems`): then a ValueError names why."""
+  compile does) unless it cannot take the model (`_kernel_problems`, and `_mosaic_problems` for mosaic_gpu): then
+  a ValueError names why."""
   impl = cfg.index_scores_impl
   if impl == "xla":
     return "xla"
   if impl == "auto":
-    return "pallas_gpu" if platform == "gpu" and not _kernel_problems(cfg, capacity) else "xla"
+    if platform != "gpu" or _kernel_problems(cfg, capacity):
+      return "xla"
+    return "pallas_gpu" if _mosaic_problems(cfg) else "mosaic_gpu"
   problems = _kernel_problems(cfg, capacity) + (_mosaic_problems(cfg) if impl == "mosaic_gpu" else [])
   if problems:
     raise ValueError(f"index_scores_impl={impl!r} cannot run here: {'; '.join(problems)} (use 'xla' or 'auto')")
@@ -154,7 +161,7 @@ def resolve_index_scores_impl(cfg: MtpConfig, platform: str, capacity: int) -> s
 
 def kernel_capacity(cfg: MtpConfig, positions: int) -> int:
   """The cache capacity to allocate for `positions`: rounded up to a multiple of SCORE_BLOCK_SLOTS where the
-  cache is a DSA cache (longer than index_topk) and the fused kernel takes the model at that capacity, so a
+  cache is a DSA cache (longer than index_topk) and the fused kernels take the model at that capacity, so a
   request of any length gets the kernel `auto` promises (at most SCORE_BLOCK_SLOTS − 1 slots more per row);
   `positions` unchanged otherwise. Platform-independent: a request has the same shapes, and so the same
   numbers, on every platform."""
@@ -166,14 +173,21 @@ def kernel_capacity(cfg: MtpConfig, positions: int) -> int:
 
 def _mosaic_problems(cfg: MtpConfig) -> list[str]:
   """Why the Mosaic GPU kernel cannot take this model where the Triton one can (none: it can)."""
-  if jnp.dtype(cfg.index_key_dtype) != jnp.dtype(cfg.dtype) and cfg.index_head_dim % 32:
-    return [f"the Mosaic GPU kernel takes float8 keys of a head dim that is a multiple of 32, not "
-            f"index_head_dim={cfg.index_head_dim}"]
-  return []
+  keys, dtype = jnp.dtype(cfg.index_key_dtype), jnp.dtype(cfg.dtype)
+  problems = []
+  if keys != dtype and keys not in scores_mgpu.FLOAT8_KEYS:
+    problems.append(f"the Mosaic GPU kernel takes keys in the model's dtype ({dtype}) or float8, not {keys}")
+  if keys in scores_mgpu.FLOAT8_KEYS and cfg.index_head_dim % 32:
+    problems.append(f"the Mosaic GPU kernel takes float8 keys of a head dim that is a multiple of 32, not "
+                    f"index_head_dim={cfg.index_head_dim}")
+  if cfg.index_n_heads > 256:
+    problems.append(f"the Mosaic GPU kernel takes at most 256 indexer heads (wgmma's N), not "
+                    f"index_n_heads={cfg.index_n_heads}")
+  return problems
 
 
 def _kernel_problems(cfg: MtpConfig, capacity: int) -> list[str]:
-  """Why the fused kernel cannot take this model and cache (none: it can)."""
+  """Why the fused kernels (Triton's and Mosaic GPU's) cannot take this model and cache (none: they can)."""
   problems = []
   if jnp.dtype(cfg.dtype) == jnp.float32:
     problems.append("the model computes in float32 (the kernel's dot is bf16/fp16)")

@@ -1,11 +1,11 @@
-"""Every kernel `auto` runs on a GPU — the sparse-MLA attention, the DSA index scores, the FP8 grouped matmul (routed
-experts and dense FP8 linears) — has a bounded CI test at the model level on a CPU host, beside the full form's
-longer decodes (docs/testing.md): a tiny model decoding speculatively through the kernel (Pallas interpret mode
-on CPU) gives the tokens of plain greedy decoding through the XLA path, on the smallest config the kernel takes,
-with weights under which the kernel decides the tokens (`_quiet_embedding`); and for the FP8 kernel, `auto` puts it
-in the MTP step exported for an H200 (the DSA kernels' `auto` lowering is test_sparse_mla_kernel's,
-test_index_scores_kernel's and test_user_path_kernels'). A kernel's numerics (a 10% error is below what tokens
-show) are its own tests'."""
+"""Every kernel `auto` runs on a GPU — the sparse-MLA attention, the DSA index scores (Mosaic GPU's kernel; Triton's
+where only it takes the model), the FP8 grouped matmul (routed experts and dense FP8 linears) — has a bounded CI test
+at the model level on a CPU host, beside the full form's longer decodes (docs/testing.md): a tiny model decoding
+speculatively through the kernel (Pallas interpret mode on CPU) gives the tokens of plain greedy decoding through the
+XLA path, on the smallest config the kernel takes, with weights under which the kernel decides the tokens
+(`_quiet_embedding`); and for the FP8 kernel, `auto` puts it in the MTP step exported for an H200 (the DSA kernels'
+`auto` lowering is test_sparse_mla_kernel's, test_index_scores_mgpu's, test_index_scores_kernel's and
+test_user_path_kernels'). A kernel's numerics (a 10% error is below what tokens show) are its own tests'."""
 
 import jax
 import jax.numpy as jnp
@@ -81,10 +81,10 @@ def test_speculative_decoding_through_the_sparse_mla_kernel_gives_plain_xla_toke
 @pytest.mark.parametrize("impl", ["pallas_gpu", "mosaic_gpu"])
 def test_speculative_decoding_through_the_index_scores_kernel_gives_plain_xla_tokens(dsa_plain_xla, monkeypatch,
                                                                                     impl):
-  """The indexer's scores through a fused kernel (Triton's or Mosaic GPU's on a GPU; on CPU the same kernel in
-  interpret mode: for Triton the model asks for backend "gpu", which a CPU cannot lower; Mosaic GPU's picks its
-  interpreter by platform itself), the cache rounded to its 256-slot blocks; the tokens are plain greedy
-  decoding's with XLA's scores."""
+  """The indexer's scores through a fused kernel (Mosaic GPU's, `auto`'s, or Triton's on a GPU; on CPU the same
+  kernel in interpret mode: for Triton the model asks for backend "gpu", which a CPU cannot lower; Mosaic GPU's picks
+  its interpreter by platform itself), the cache rounded to 256-slot blocks; the tokens are plain greedy decoding's
+  with XLA's scores."""
   if not ON_GPU:
     kernel = scores_kernel.index_scores_pallas
     monkeypatch.setattr(scores_kernel, "index_scores_pallas",

@@ -1,7 +1,8 @@
 """The fused DSA index-scores kernel (kernels/index_scores.py): equal to the XLA formulation
 (`jax_mtp.indexer.index_scores`) and to a float64 formula on awkward shapes, fp32 / bf16 / fp8 keys,
-in Pallas interpret mode; in the lowered CUDA and TPU programs of the MTP step when asked for, compiled
-for v5e and v6e through libtpu; refused with the offending values where it cannot run."""
+in Pallas interpret mode; in the lowered CUDA and TPU programs of the MTP step when asked for (and under `auto` in
+a CUDA program only where the Mosaic GPU kernel cannot take the model), compiled for v5e and v6e through libtpu;
+refused with the offending values where it cannot run; `auto`'s resolution table."""
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +15,7 @@ from jax.sharding import PartitionSpec as P
 import jax_mtp
 from jax_mtp.indexer import resolve_index_scores_impl
 from jax_mtp.kernels.index_scores import KERNEL_NAME, Config, index_scores_pallas
+from jax_mtp.kernels.index_scores_mgpu import KERNEL_NAME as MGPU_KERNEL
 from tests.index_scores_cases import (assert_equals_xla_and_the_formula, assert_positions_bound_the_scored_slots,
                                        inputs, keys_as)
 from tests.lowered_step import H200, mtp_step_module
@@ -68,20 +70,31 @@ def test_kernel_refuses_what_it_cannot_run():
 
 
 def _kernel_cfg(**overrides):
-  return jax_mtp.tiny(dtype="bfloat16", param_dtype="bfloat16", index_n_heads=16, **overrides)
+  return jax_mtp.tiny(**{"dtype": "bfloat16", "param_dtype": "bfloat16", "index_n_heads": 16, **overrides})
 
 
 def test_resolution_table():
-  assert resolve_index_scores_impl(_kernel_cfg(), "gpu", 512) == "pallas_gpu"  # auto: measured ahead on an H200
-  fp8_keys = _kernel_cfg(index_cache_dtype="float8_e4m3fn")
-  assert resolve_index_scores_impl(fp8_keys, "gpu", 512) == "pallas_gpu"
-  assert resolve_index_scores_impl(_kernel_cfg(), "gpu", 500) == "xla"  # auto: a capacity the kernel cannot take
+  # auto on GPUs: the Mosaic GPU kernel where it takes the model (measured ahead of Triton's on an H200) ...
+  assert resolve_index_scores_impl(_kernel_cfg(), "gpu", 512) == "mosaic_gpu"
+  assert resolve_index_scores_impl(_kernel_cfg(index_cache_dtype="float8_e4m3fn", index_head_dim=32), "gpu",
+                                   512) == "mosaic_gpu"
+  # ... else the Triton kernel where it alone takes the model ...
+  for triton_only in (_kernel_cfg(index_cache_dtype="float8_e4m3fn"),  # fp8 keys of head dim 16
+                      _kernel_cfg(index_cache_dtype="float32"),  # keys neither the model's dtype nor float8
+                      _kernel_cfg(index_n_heads=272)):  # more heads than a wgmma's N
+    assert resolve_index_scores_impl(triton_only, "gpu", 512) == "pallas_gpu"
+  # ... else XLA
+  assert resolve_index_scores_impl(_kernel_cfg(), "gpu", 500) == "xla"  # auto: a capacity the kernels cannot take
   assert resolve_index_scores_impl(_kernel_cfg(), "tpu", 512) == "xla"  # auto: not timed on a TPU
   assert resolve_index_scores_impl(_kernel_cfg(), "cpu", 512) == "xla"
   assert resolve_index_scores_impl(_kernel_cfg(index_scores_impl="pallas_gpu"), "gpu", 512) == "pallas_gpu"
   assert resolve_index_scores_impl(_kernel_cfg(index_scores_impl="pallas_tpu"), "cpu", 512) == "pallas_tpu"  # AOT
   with pytest.raises(ValueError, match="float32.*capacity 500 is not a multiple of 256.*index_n_heads=4"):
     resolve_index_scores_impl(jax_mtp.tiny(index_scores_impl="pallas_gpu"), "gpu", 500)
+  with pytest.raises(ValueError, match="keys in the model's dtype \\(bfloat16\\) or float8, not float32.*at most 256 "
+                     "indexer heads"):
+    resolve_index_scores_impl(_kernel_cfg(index_cache_dtype="float32", index_n_heads=272,
+                                          index_scores_impl="mosaic_gpu"), "gpu", 512)
   with pytest.raises(jax_mtp.ConfigError, match="index_scores_impl='triton'"):
     jax_mtp.tiny(index_scores_impl="triton")
 
@@ -94,8 +107,15 @@ def _step_module(impl: str, platform: str) -> str:
 @pytest.mark.parametrize("impl,platform", [("pallas_gpu", "cuda"), ("pallas_tpu", "tpu")])
 def test_the_kernel_is_in_the_lowered_step_when_asked_for(impl, platform):
   assert KERNEL_NAME in _step_module(impl, platform)
-  # auto follows the program's platform (jax_mtp.platform): the kernel in a CUDA program, XLA's scores on TPUs
-  assert (KERNEL_NAME in _step_module("auto", platform)) == (platform == "cuda")
+  # auto follows the program's platform (jax_mtp.platform): in a CUDA program the Mosaic GPU kernel where it takes
+  # the model (tests/test_index_scores_mgpu.py), XLA's scores on TPUs: this kernel in neither
+  assert KERNEL_NAME not in _step_module("auto", platform)
+
+
+def test_auto_puts_this_kernel_in_a_cuda_step_only_it_takes():
+  """float8 keys of head dim 16: the Mosaic GPU kernel widens float8 keys of head dims in multiples of 32 only."""
+  module = mtp_step_module(_kernel_cfg(index_cache_dtype="float8_e4m3fn"), "cuda", 2, 512)
+  assert KERNEL_NAME in module and MGPU_KERNEL not in module
 
 
 @pytest.mark.slow

@@ -1,7 +1,8 @@
 """The index-scores kernel on Pallas Mosaic GPU (kernels/index_scores_mgpu.py): equal to XLA's formulation and to
 a float64 formula on awkward shapes (bf16 / f16), with and without the positions bound, in Pallas's GPU interpreter
 (TMA copies, barriers and wgmma simulated on the CPU); lowered for CUDA at any T (the Mosaic GPU lowering runs on
-any host); refused with the offending values where it cannot run. On a GPU, the same cases run compiled."""
+any host); in the CUDA program of the MTP step when asked for and under `auto`; refused with the offending values
+where it cannot run. On a GPU, the same cases run compiled."""
 
 import jax
 import jax.numpy as jnp
@@ -103,13 +104,15 @@ def _model_cfg(**overrides):
 
 def test_the_kernel_is_in_the_clis_lowered_step_when_asked_for():
   assert KERNEL_NAME in mtp_step_module(_model_cfg(), "cuda", 2, 512)
-  # auto: Triton's kernel on CUDA until this one's GPU tests have run as it stands; neither on a TPU
+  # auto: this kernel on CUDA (not Triton's: neither name contains the other), neither on a TPU
   auto_cuda = mtp_step_module(_model_cfg(index_scores_impl="auto"), "cuda", 2, 512)
-  assert KERNEL_NAME not in auto_cuda and TRITON_KERNEL in auto_cuda
+  assert KERNEL_NAME in auto_cuda and TRITON_KERNEL not in auto_cuda
   assert KERNEL_NAME not in mtp_step_module(_model_cfg(index_scores_impl="auto"), "tpu", 2, 512)
   assert resolve_index_scores_impl(_model_cfg(), "gpu", 512) == "mosaic_gpu"
   fp8_keys_cfg = _model_cfg(index_cache_dtype="float8_e4m3fn", index_head_dim=32)
   assert resolve_index_scores_impl(fp8_keys_cfg, "gpu", 512) == "mosaic_gpu"
   assert KERNEL_NAME in mtp_step_module(fp8_keys_cfg, "cuda", 2, 512)
+  fp8_keys_16 = _model_cfg(index_cache_dtype="float8_e4m3fn", index_head_dim=16)
   with pytest.raises(ValueError, match="float8 keys of a head dim that is a multiple of 32, not index_head_dim=16"):
-    resolve_index_scores_impl(_model_cfg(index_cache_dtype="float8_e4m3fn", index_head_dim=16), "gpu", 512)
+    resolve_index_scores_impl(fp8_keys_16, "gpu", 512)
+  assert resolve_index_scores_impl(fp8_keys_16.replace(index_scores_impl="auto"), "gpu", 512) == "pallas_gpu"

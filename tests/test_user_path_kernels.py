@@ -1,8 +1,8 @@
 """The kernels `auto` promises on GPUs reach the user's path: the CLI's capacity rule rounds a DSA cache up to
 what the fused kernels take (any prompt length gets them), its compiled prefill and round for an H200 hold the
-index-scores and sparse-MLA kernels at an odd prompt length (with and without index_share_for_mtp_iteration),
-the reused shared selection runs through the kernel (padded to its blocks) with XLA's tokens, and an error
-inside a run is one line and exit 2."""
+Mosaic GPU index-scores kernel (not the Triton one) and the sparse-MLA kernel at an odd prompt length (with and
+without index_share_for_mtp_iteration), the reused shared selection runs through the kernel (padded to its blocks)
+with XLA's tokens, and an error inside a run is one line and exit 2."""
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +12,8 @@ import pytest
 import jax_mtp
 from jax_mtp import decode
 from jax_mtp.indexer import SCORE_BLOCK_SLOTS, Selection, kernel_capacity
-from jax_mtp.kernels.index_scores import KERNEL_NAME as INDEX_SCORES
+from jax_mtp.kernels.index_scores import KERNEL_NAME as TRITON_INDEX_SCORES
+from jax_mtp.kernels.index_scores_mgpu import KERNEL_NAME as INDEX_SCORES
 from jax_mtp.kernels.sparse_mla import KERNEL_NAME as SPARSE_MLA
 from jax_mtp.mla import MLAttention
 from jax_mtp.mtp import MtpPredictor, init_caches
@@ -58,7 +59,7 @@ def test_the_clis_gpu_programs_hold_both_kernels_at_an_odd_prompt_length(share):
   cfg = _kernel_cfg(moe_impl="ragged_dot", index_share_for_mtp_iteration=share)
   modules = speculator_modules(cfg, [list(range(1, 38))], 20, 3)  # 37 tokens: capacity 60 → 256
   for name, module in modules.items():
-    assert INDEX_SCORES in module, name
+    assert INDEX_SCORES in module and TRITON_INDEX_SCORES not in module, name  # auto's index scores: Mosaic GPU's
     assert SPARSE_MLA in module, name
 
 
