@@ -14,7 +14,10 @@
 #            floor at B = 256, out of memory at B = 256 × 32K on 2026-12-02)
 #   mgpu     the Mosaic GPU index scores: tests compiled, timed beside Triton and XLA at decode and prefill shapes;
 #            the re-runs of the GPU failures; B = 256 × 32K through the verification forward
-#   mgpu2    (not run yet) the Mosaic kernel with fp8 keys and its dynamic bound: tests, decode and prefill shapes
+#   mgpu2    the Mosaic kernel with fp8 keys and its dynamic bound: tests, decode and prefill shapes (12:42: -x stopped
+#            the tests at the index-sharing test, since rewritten)
+#   mla      the Mosaic GPU sparse-MLA kernel's and the Mosaic index scores' GPU tests, then both sparse-MLA kernels
+#            timed beside XLA (4K and 32K caches), then the index scores at 128K
 #   e2e5     (not run yet) benchmarks.e2e at 32K / 8K with the Mosaic index scores under auto; B = 256 × 32K verify
 #   fp8      benchmarks.e2e with FP8 weights kept as codes: 1K and 32K prompts at B = 1, 1K at B = 64
 set -uo pipefail
@@ -84,6 +87,14 @@ case "${1:?stage}" in
       --parts scores --iters 10
     run 120 prefill_parts_mgpu.md python3 -m benchmarks.prefill_parts --capacity 33280 --chunk 2048 --position 16384 \
       --block-tokens 4 --topk "radix (library)"
+    ;;
+  mla)  # the Mosaic GPU kernels' GPU tests (no -x: every verdict), then the sparse-MLA kernels timed
+    run 200 gpu_tests_mla.txt python3 -m pytest -v --tb=short -p no:cacheprovider tests/test_sparse_mla_mgpu.py \
+      tests/test_index_scores_mgpu.py tests/test_user_path_kernels.py
+    run 150 sparse_mla_4k.md python3 -m benchmarks.sparse_mla --batch 1 8 64 --tokens 1 4 --capacity 4096 --iters 10
+    run 80 sparse_mla_32k.md python3 -m benchmarks.sparse_mla --batch 64 --tokens 4 --capacity 32768 --iters 10
+    run 90 index_scores_128k.md python3 -m benchmarks.dsa_parts --capacity 131072 --batch 1 64 --tokens 4 \
+      --parts scores --iters 10
     ;;
   e2e5)  # (not run yet) the user's path with the Mosaic index scores under auto; B = 256 × 32K verification
     run 300 e2e_mgpu.md python3 -m benchmarks.e2e --prompt 32768 8192 --batch 1 --profile --iters 5 \

@@ -1,5 +1,6 @@
-"""The fused sparse-MLA kernel (kernels/sparse_mla.py) against XLA's sparse attention at DeepSeek-V3.2's
-widths (128 heads, latent 512 + rope 64, top-2048), each beside its floor:
+"""The fused sparse-MLA kernels (kernels/sparse_mla.py on Pallas Triton, kernels/sparse_mla_mgpu.py on Pallas
+Mosaic GPU) against XLA's sparse attention at DeepSeek-V3.2's widths (128 heads, latent 512 + rope 64, top-2048),
+each beside its floor:
 
     python -m benchmarks.sparse_mla --batch 1 8 64 --tokens 1 4 --sweep
 
@@ -23,6 +24,7 @@ import jax.numpy as jnp
 from benchmarks.timing import copy_bandwidth, time_in_loop
 from jax_mtp.indexer import Selection
 from jax_mtp.kernels.sparse_mla import Config, model_config, sparse_mla, splits_for
+from jax_mtp.kernels import sparse_mla_mgpu as mgpu
 from jax_mtp.kernels.sparse_mla import reference as sparse_mla_reference
 
 N, C, R, K_TOP = 128, 512, 64, 2048
@@ -59,8 +61,14 @@ def main(argv=None) -> int:
       print(f"| {b} | {t} | XLA (bf16 dots) | | {seconds * 1e6:,.1f} | {floor:,.1f} | {floor / seconds / 1e6:.2f} | |")
       for config in _configs_for_table(b * t):
         seconds, err = _time_kernel(problem, base, config, args.iters, args.backend)
-        print(f"| {b} | {t} | kernel | {_name(config)} | {seconds * 1e6:,.1f} | {floor:,.1f} | "
+        print(f"| {b} | {t} | Triton kernel | {_name(config)} | {seconds * 1e6:,.1f} | {floor:,.1f} | "
               f"{floor / seconds / 1e6:.2f} | {err:.1e} |", flush=True)
+      auto = mgpu.config_for(b * t, N, K_TOP)
+      for splits in sorted({auto.splits, max(1, auto.splits // 2), min(auto.splits * 2, mgpu.MAX_SPLITS)}):
+        config = dataclasses.replace(auto, splits=splits)
+        seconds, err = _time_mosaic(problem, base, config, args.iters, args.backend)
+        print(f"| {b} | {t} | Mosaic GPU kernel | {_name(config)}{' (auto)' if config == auto else ''} | "
+              f"{seconds * 1e6:,.1f} | {floor:,.1f} | {floor / seconds / 1e6:.2f} | {err:.1e} |", flush=True)
   return 0
 
 
@@ -98,7 +106,16 @@ def _time_kernel(problem, base, config, iters, backend):
   return time_in_loop(fn, problem, iters), err
 
 
-def _name(config: Config) -> str:
+def _time_mosaic(problem, base, config, iters, backend):
+  fn = jax.jit(lambda ql, qp, lat, kp, sl: mgpu.sparse_mla_mgpu(ql, qp, lat, kp, sl, SCALE, config=config,
+                                                                out_dtype=jnp.bfloat16,
+                                                                interpret=backend == "interpret"))
+  out = fn(*problem).astype(jnp.float32)
+  err = float(jnp.max(jnp.abs(out - base)) / jnp.max(jnp.abs(base)))
+  return time_in_loop(fn, problem, iters), err
+
+
+def _name(config) -> str:
   return " ".join(f"{k.replace('block_', '').replace('num_', '')} {v}" for k, v in dataclasses.asdict(config).items()
                   if v is not None)
 

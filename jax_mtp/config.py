@@ -25,7 +25,7 @@ MOE_IMPLS = ("auto", "gather", "ragged_dot", "tokamax_gpu", "tokamax_tpu", "fp8_
 DTYPES = ("float32", "bfloat16", "float16")  # compute (`dtype`) and parameter (`param_dtype`) dtypes
 INDEX_CACHE_DTYPES = ("auto", *DTYPES, "float8_e4m3fn")
 INDEX_SCORES_IMPLS = ("auto", "xla", "pallas_gpu", "mosaic_gpu", "pallas_tpu")
-SPARSE_ATTENTION_IMPLS = ("auto", "xla", "pallas_gpu")
+SPARSE_ATTENTION_IMPLS = ("auto", "xla", "pallas_gpu", "mosaic_gpu")
 KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8")  # the MLA cache's (`kv_cache_dtype`)
 # Latent values per fp32 scale in an fp8 MLA cache: FlashMLA's / vLLM's fp8_ds_mla tiles (4 scales for V3.2's 512).
 KV_FP8_GROUP = 128

@@ -42,6 +42,7 @@ from jax_mtp.cache import LayerCache, causal_mask, write_at_positions
 from jax_mtp.config import MtpConfig
 from jax_mtp.indexer import INDEXER_TRAINING, Indexer, Selection, quantize_keys, selects_all
 from jax_mtp.kernels import sparse_mla as sparse_mla_kernel
+from jax_mtp.kernels import sparse_mla_mgpu
 from jax_mtp.kernels.sparse_mla import dequantize_latent
 from jax_mtp.layers import RMSNorm, Rotary, apply_rope, linear
 from jax_mtp.sharding import TensorParallel
@@ -167,25 +168,33 @@ class MLAttention(nn.Module):
         o_lat_BTNC = sparse_mla_kernel.reference(q_lat_BTNC, q_pe_BTNR, cache.latent_BSC, cache.k_pe_BSR,
                                                  selection.slots_BTK, selection.valid_BTK, cfg.softmax_scale,
                                                  dot_dtype=cfg.dtype, latent_scale_BSG=cache.latent_scale_BSG)
-      else:  # the fused kernel (interpret mode where the program runs on a CPU, Triton on CUDA); its output in
-        # the cache's dtype, which _heads_from_latent's dot takes (the XLA path's fp32 is rounded there)
+      else:  # a fused kernel (on a CPU in its interpreter); its output in the cache's dtype, which
+        # _heads_from_latent's dot takes (the XLA path's fp32 is rounded there)
         dtype = cache.latent_BSC.dtype
-        config = sparse_mla_kernel.model_config(self.num_local_heads, cfg.index_topk)
-        slots_BTK = pad_slots(jnp.where(selection.valid_BTK, selection.slots_BTK, -1), config.block_entries)
-        o_lat_BTNC = sparse_mla_kernel.sparse_mla(
-            q_lat_BTNC.astype(dtype), q_pe_BTNR.astype(dtype), cache.latent_BSC, cache.k_pe_BSR.astype(dtype),
-            slots_BTK, cfg.softmax_scale, config=config, out_dtype=dtype)
+        operands = (q_lat_BTNC.astype(dtype), q_pe_BTNR.astype(dtype), cache.latent_BSC, cache.k_pe_BSR.astype(dtype))
+        attended_BTK = jnp.where(selection.valid_BTK, selection.slots_BTK, -1)
+        if impl == "mosaic_gpu":
+          config = sparse_mla_mgpu.Config()
+          o_lat_BTNC = sparse_mla_mgpu.sparse_mla_mgpu(
+              *operands, pad_slots(attended_BTK, config.block_entries), cfg.softmax_scale, config=config,
+              out_dtype=dtype, interpret=lowering_platform() == "cpu")
+        else:
+          config = sparse_mla_kernel.model_config(self.num_local_heads, cfg.index_topk)
+          o_lat_BTNC = sparse_mla_kernel.sparse_mla(*operands, pad_slots(attended_BTK, config.block_entries),
+                                                    cfg.softmax_scale, config=config, out_dtype=dtype)
     return _heads_from_latent(o_lat_BTNC, w_uv_CNH, dot_dtype=cfg.dtype)
 
 
 def resolve_sparse_attention_impl(cfg: MtpConfig, platform: str, local_heads: int) -> str:
-  """"xla" or "pallas_gpu" (kernels/sparse_mla.py) for `cfg.sparse_attention_impl`.
+  """"xla" or a fused kernel ("pallas_gpu": kernels/sparse_mla.py on Pallas Triton, "mosaic_gpu":
+  kernels/sparse_mla_mgpu.py on Pallas Mosaic GPU) for `cfg.sparse_attention_impl`.
 
-  "auto": the kernel on GPUs wherever it takes the model (it keeps the gathered entries and the scores out of
-  HBM; why: benchmarks/RESULTS.md, "The sparse MLA in one Pallas pass") — not with an fp8 MLA cache, whose
-  codes and scales the kernel does not read (XLA's sparse form dequantises the gathered entries) —, xla elsewhere (no TPU kernel: Mosaic
-  TPU has no row gather from HBM by data-dependent ids in a block). An explicit "pallas_gpu" runs as asked —
-  on a CPU in Pallas' interpret mode (tests), on CUDA through Triton — unless it cannot take the model
+  "auto": the Triton kernel on GPUs wherever it takes the model (it keeps the gathered entries and the scores out
+  of HBM; why: benchmarks/RESULTS.md, "The sparse MLA in one Pallas pass") — not with an fp8 MLA cache, whose
+  codes and scales neither kernel reads (XLA's sparse form dequantises the gathered entries) —, xla elsewhere (no
+  TPU kernel: Mosaic TPU has no row gather from HBM by data-dependent ids in a block). The Mosaic GPU port is
+  explicit until it has run its GPU tests and been timed beside the Triton kernel on the H200. An explicit kernel
+  runs as asked — on a CPU in Pallas's interpreter (tests), compiled on CUDA — unless it cannot take the model
   (`_sparse_kernel_problems`): then a ValueError names why."""
   impl = cfg.sparse_attention_impl
   if impl == "xla":
@@ -193,6 +202,8 @@ def resolve_sparse_attention_impl(cfg: MtpConfig, platform: str, local_heads: in
   problems = _sparse_kernel_problems(cfg, local_heads)
   if impl == "auto":
     return "pallas_gpu" if platform == "gpu" and not problems else "xla"
+  if impl == "mosaic_gpu":
+    problems = _mosaic_sparse_problems(cfg)
   if problems:
     raise ValueError(f"sparse_attention_impl={impl!r} cannot run here: {'; '.join(problems)} (use 'xla' or 'auto')")
   return impl
@@ -221,6 +232,21 @@ def _sparse_kernel_problems(cfg: MtpConfig, local_heads: int) -> list[str]:
     problems.append(f"{local_heads} heads per device is not a multiple of 16")
   if cfg.index_topk % 16:
     problems.append(f"index_topk={cfg.index_topk} is not a multiple of 16")
+  return problems
+
+
+def _mosaic_sparse_problems(cfg: MtpConfig) -> list[str]:
+  """Why the Mosaic GPU sparse-MLA kernel cannot take this model (none: it can). Any head count (padded to its
+  64-head blocks) and any top-k (padded to its 64-entry steps)."""
+  problems = []
+  if jnp.dtype(cfg.dtype) == jnp.float32:
+    problems.append("the model computes in float32 (the kernel's dots are bf16/fp16)")
+  if cfg.kv_cache_dtype == "fp8":
+    problems.append("kv_cache_dtype='fp8': the kernel reads bf16/fp16 latent entries, not fp8 codes and scales")
+  if cfg.kv_lora_rank % 128 or cfg.kv_lora_rank > 512:
+    problems.append(f"kv_lora_rank={cfg.kv_lora_rank} is not a multiple of 128 up to 512")
+  if cfg.qk_rope_head_dim % 64:
+    problems.append(f"qk_rope_head_dim={cfg.qk_rope_head_dim} is not a multiple of 64")
   return problems
 
 

@@ -18,36 +18,11 @@ from jax_mtp.kernels.sparse_mla import KERNEL_NAME, Config, combine_splits, spar
 from jax_mtp.kernels.sparse_mla import reference as sparse_mla_reference
 from jax_mtp.mla import MLAttention, resolve_sparse_attention_impl
 from tests.conftest import FULL_ONLY, FULL_TESTS
+from tests.sparse_mla_cases import formula, problem
 from tests.lowered_step import mtp_step_module
 from tests.tolerances import assert_close
 
 ON_GPU = jax.devices()[0].platform == "gpu"
-
-
-def _problem(b, t, n, c, r, s, k, dtype, seed=0, padded=0.2):
-  """Queries, a cache, and per query k distinct slots of which a `padded` share is not attended
-  (slot −1, as the selection's padding); the first slot is always attended."""
-  rng = np.random.default_rng(seed)
-  normal = lambda *shape: jnp.asarray(rng.standard_normal(shape), dtype)  # noqa: E731
-  slots = np.stack([[rng.permutation(s)[:k] for _ in range(t)] for _ in range(b)]).astype(np.int32)
-  valid = rng.random((b, t, k)) >= padded
-  valid[..., 0] = True
-  return (normal(b, t, n, c), normal(b, t, n, r), normal(b, s, c), normal(b, s, r), jnp.asarray(slots),
-          jnp.asarray(valid))
-
-
-def _formula(q_lat, q_pe, latent, k_pe, slots, valid, scale):
-  """float64 softmax attention over the attended slots, on the values the kernel reads."""
-  f64 = lambda x: np.asarray(jnp.asarray(x, jnp.float32), np.float64)  # noqa: E731
-  q_lat, q_pe, latent, k_pe, slots, valid = map(np.asarray, (f64(q_lat), f64(q_pe), f64(latent), f64(k_pe),
-                                                             slots, valid))
-  rows = np.arange(latent.shape[0])[:, None, None]
-  lat_g, pe_g = latent[rows, slots], k_pe[rows, slots]  # [B, T, K, ·]
-  scores = (np.einsum("btnc,btkc->btnk", q_lat, lat_g) + np.einsum("btnr,btkr->btnk", q_pe, pe_g)) * scale
-  scores = np.where(valid[:, :, None], scores, -np.inf)
-  probs = np.exp(scores - scores.max(-1, keepdims=True))
-  probs /= probs.sum(-1, keepdims=True)
-  return np.einsum("btnk,btkc->btnc", probs, lat_g)
 
 
 CASES = [  # b, t, n, c, r, s, k, block_heads, block_entries, splits
@@ -61,30 +36,30 @@ CASES = [  # b, t, n, c, r, s, k, block_heads, block_entries, splits
 @pytest.mark.parametrize("b,t,n,c,r,s,k,bh,be,splits", CASES)
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_kernel_equals_the_formula_and_xla(b, t, n, c, r, s, k, bh, be, splits, dtype):
-  q_lat, q_pe, latent, k_pe, slots, valid = _problem(b, t, n, c, r, s, k, dtype, seed=b + t + n)
+  q_lat, q_pe, latent, k_pe, slots, valid = problem(b, t, n, c, r, s, k, dtype, seed=b + t + n)
   got = sparse_mla(q_lat, q_pe, latent, k_pe, jnp.where(valid, slots, -1), 0.125,
                    config=Config(block_heads=bh, block_entries=be, splits=splits), backend="interpret")
   assert got.dtype == jnp.float32 and got.shape == (b, t, n, c)
   # bf16 / fp16 probabilities enter the output dot (as FlashMLA's and the XLA path's): the 16-bit row
-  assert_close(got, _formula(q_lat, q_pe, latent, k_pe, slots, valid, 0.125), "bfloat16", what="kernel vs formula")
+  assert_close(got, formula(q_lat, q_pe, latent, k_pe, slots, valid, 0.125), "bfloat16", what="kernel vs formula")
   xla = sparse_mla_reference(q_lat, q_pe, latent, k_pe, slots, valid, 0.125, dot_dtype=dtype)
   assert_close(got, xla, "bfloat16", what="kernel vs XLA")
 
 
 def test_a_split_with_nothing_attended_weighs_nothing():
   """Slots 8.. of every query are padding: the second of two splits sees none and must add nothing."""
-  q_lat, q_pe, latent, k_pe, slots, valid = _problem(2, 1, 16, 32, 16, 64, 16, "bfloat16", padded=0.0)
+  q_lat, q_pe, latent, k_pe, slots, valid = problem(2, 1, 16, 32, 16, 64, 16, "bfloat16", padded=0.0)
   valid = valid.at[..., 8:].set(False)
   got = sparse_mla(q_lat, q_pe, latent, k_pe, jnp.where(valid, slots, -1), 0.5,
                    config=Config(block_heads=16, block_entries=8, splits=2), backend="interpret")
   assert np.all(np.isfinite(np.asarray(got)))
-  assert_close(got, _formula(q_lat, q_pe, latent, k_pe, slots, valid, 0.5), "bfloat16", what="half-padded")
+  assert_close(got, formula(q_lat, q_pe, latent, k_pe, slots, valid, 0.5), "bfloat16", what="half-padded")
 
 
 @pytest.mark.parametrize("splits", [1, 2])
 def test_a_16_bit_output_is_the_fp32_output_rounded(splits):
   """out_dtype: one split rounds its fp32 accumulator once; splits round the fp32 combination once."""
-  q_lat, q_pe, latent, k_pe, slots, valid = _problem(2, 2, 16, 32, 16, 64, 32, "bfloat16")
+  q_lat, q_pe, latent, k_pe, slots, valid = problem(2, 2, 16, 32, 16, 64, 32, "bfloat16")
   call = functools.partial(sparse_mla, q_lat, q_pe, latent, k_pe, jnp.where(valid, slots, -1), 0.3,
                            config=Config(block_heads=16, block_entries=16, splits=splits), backend="interpret")
   got = call(out_dtype=jnp.bfloat16)
@@ -113,7 +88,7 @@ def test_splits_fill_the_machine_at_small_batches_only():
 
 
 def test_kernel_refuses_what_it_cannot_run():
-  q_lat, q_pe, latent, k_pe, slots, _ = _problem(1, 1, 16, 32, 16, 64, 32, "bfloat16")
+  q_lat, q_pe, latent, k_pe, slots, _ = problem(1, 1, 16, 32, 16, 64, 32, "bfloat16")
   call = functools.partial(sparse_mla, scale=1.0, backend="interpret")
   with pytest.raises(ValueError, match="backend='cuda'"):
     sparse_mla(q_lat, q_pe, latent, k_pe, slots, 1.0, backend="cuda")
@@ -210,7 +185,7 @@ def test_speculative_decoding_with_the_kernel_keeps_xlas_tokens():
 @pytest.mark.parametrize("b,t", [(1, 1), (8, 1), (4, 3)])
 def test_triton_kernel_at_v32_widths(b, t):
   """V3.2's widths (128 heads × 512 latent + 64 rope, top-2048 of a 4,096-slot cache) through Triton."""
-  q_lat, q_pe, latent, k_pe, slots, valid = _problem(b, t, 128, 512, 64, 4096, 2048, "bfloat16", seed=b)
+  q_lat, q_pe, latent, k_pe, slots, valid = problem(b, t, 128, 512, 64, 4096, 2048, "bfloat16", seed=b)
   fn = jax.jit(lambda *a: sparse_mla(*a, 512**-0.5, backend="gpu"))
   got = fn(q_lat, q_pe, latent, k_pe, jnp.where(valid, slots, -1))
   xla = sparse_mla_reference(q_lat, q_pe, latent, k_pe, slots, valid, 512**-0.5, dot_dtype="bfloat16")

@@ -1,0 +1,278 @@
+"""DSA's sparse MLA decode attention on Pallas's Mosaic GPU backend (Hopper: TMA, wgmma, warpgroup roles): the
+op of `kernels/sparse_mla.py` without Pallas's deprecated Triton backend (issue 28), laid out as FlashMLA's sparse
+decode kernel is (64-head blocks, the [64, C] output split over two warpgroups, a third gathering the entries).
+
+    s[h, k]  = scale · (q~[h] · latent[slot_k] + q_pe[h] · k_pe[slot_k])     (slot_k ≥ 0, else −∞)
+    out[h]   = Σ_k softmax_k(s[h]) · latent[slot_k]                          fp32 [B, T, N, C]
+
+A CTA takes one query, `BLOCK_HEADS` of its heads and one split of its K selected slots, `block_entries` a step,
+with three warpgroups:
+  gather   TMA-copies each selected row (latent [1, C], k_pe [1, R]: one copy a row, the slot ids read from
+           shared memory) into an untiled staging buffer, then re-lays the step's rows through registers into
+           the tiled, swizzled operands wgmma reads. Hopper has no TMA gather, and a one-row copy into a tiled
+           buffer is refused (docs/kernels.md, "Writing Mosaic GPU kernels here"): the staging is the price.
+  scores   S = q~ · latentᵀ + q_pe · k_peᵀ (wgmma, fp32 [64, E]), the masked online softmax, P (bf16) and the
+           step's rescale to shared memory for the other half, then O[:, :C/2] += P · latent[:, :C/2].
+  values   O[:, C/2:] = O · rescale + P · latent[:, C/2:], P read from shared memory.
+The operands are single-buffered: a step's gather overlaps the previous step's dots only in its TMA copies.
+Splits (few queries: B = 1 would fill 2 of 132 SMs) write normalised partials and their log-sum-exp, merged by
+`sparse_mla.combine_splits`, as the Triton kernel does. Heads are padded to `BLOCK_HEADS` (zero queries, dropped).
+The lowering is Lane semantics (explicit layouts): the default Warpgroup semantics cannot infer layouts for the
+row gather.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from jax_mtp.kernels.sparse_mla import combine_splits
+
+KERNEL_NAME = "dsa_sparse_mla_mgpu"  # not containing the Triton kernel's name: a test can tell them apart
+BLOCK_HEADS = 64  # wgmma's M
+BUSY_CTAS = 264  # two CTAs per core of an H200 (132 SMs): split a query's slots until about this many run
+MAX_SPLITS = 16
+TMA_BOX = 256  # a TMA copy's box: at most 256 elements along each dimension
+_NEG_INIT = -1e30  # the running max starts finite: exp(−∞ − (−∞)) would be NaN
+_LOG2E = math.log2(math.e)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """Launch parameters. `splits` = 0: `config_for` picks it."""
+
+  block_entries: int = 64  # selected entries a step: the scores' wgmma N and the values' K
+  splits: int = 0  # CTAs per (query, head block), each over K / splits of its selected slots
+
+
+def config_for(queries: int, heads: int, entries: int, config: Config | None = None, busy: int = BUSY_CTAS) -> Config:
+  """The call's launch: `splits` the fewest (a power of two, dividing the steps, at most MAX_SPLITS) that give
+  queries × head blocks × splits ≥ `busy` CTAs."""
+  config = config or Config()
+  block_entries = min(config.block_entries, entries)
+  splits = config.splits
+  if not splits:
+    steps, blocks = max(entries // block_entries, 1), queries * -(-heads // BLOCK_HEADS)
+    splits = 1
+    while blocks * splits < busy and splits < MAX_SPLITS and steps % (2 * splits) == 0:
+      splits *= 2
+  return dataclasses.replace(config, block_entries=block_entries, splits=splits)
+
+
+def check_operands(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, config: Config) -> None:
+  """A ValueError naming the offending value where the kernel cannot take these operands."""
+  b, t, n, c = q_lat_BTNC.shape
+  r, s, k = q_pe_BTNR.shape[-1], latent_BSC.shape[1], slots_BTK.shape[-1]
+  if q_pe_BTNR.shape != (b, t, n, r) or latent_BSC.shape != (b, s, c) or k_pe_BSR.shape != (b, s, r) \
+      or slots_BTK.shape != (b, t, k):
+    raise ValueError(f"shapes q~ {q_lat_BTNC.shape}, q_pe {q_pe_BTNR.shape}, latent {latent_BSC.shape}, "
+                     f"k_pe {k_pe_BSR.shape}, slots {slots_BTK.shape} do not agree")
+  dtypes = {q_lat_BTNC.dtype, q_pe_BTNR.dtype, latent_BSC.dtype, k_pe_BSR.dtype}
+  if len(dtypes) != 1 or next(iter(dtypes)) not in (jnp.bfloat16, jnp.float16):
+    raise ValueError(f"the kernel takes one 16-bit float dtype for queries and cache, got {sorted(map(str, dtypes))}")
+  if c % 128 or c > 512 or r % 64:
+    raise ValueError(f"latent width {c} (a multiple of 128, at most 512: two wgmma halves) or rope width {r} (a "
+                     f"multiple of 64: a row's TMA copy moves a multiple of 128 bytes) does not fit the kernel")
+  e, splits = config.block_entries, config.splits
+  if e % 64 or e > 256 or splits < 1 or k % (splits * e):
+    raise ValueError(f"{k} selected slots are not a multiple of splits={splits} × block_entries={e} "
+                     f"(block_entries a multiple of 64, at most 256)")
+
+
+def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax.Array, k_pe_BSR: jax.Array,
+                    slots_BTK: jax.Array, scale: float, *, config: Config | None = None, out_dtype=jnp.float32,
+                    interpret: bool = False) -> jax.Array:
+  """[B, T, N, C] in `out_dtype`: each query's heads attending over its selected slots (`slots_BTK` int32, −1 =
+  not attended), the operands as `sparse_mla.sparse_mla` takes them. `interpret`: Pallas's GPU interpreter (any
+  host: the tests)."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # noqa: PLC0415 (a GPU backend's module)
+
+  b, t, n, c = q_lat_BTNC.shape
+  r, k = q_pe_BTNR.shape[-1], slots_BTK.shape[-1]
+  config = config_for(b * t, n, k, config)
+  check_operands(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, config)
+  e, splits = config.block_entries, config.splits
+  dtype, hb, half = q_lat_BTNC.dtype, BLOCK_HEADS, c // 2
+  padded = -(-n // hb) * hb
+  pieces = -(-c // TMA_BOX)  # a latent row is copied as [pieces, c / pieces]: a TMA box is ≤ 256 wide
+  pad_heads = [(0, 0), (0, padded - n), (0, 0)]
+  q_lat = jnp.pad(q_lat_BTNC.reshape(b * t, n, c), pad_heads)
+  q_pe = jnp.pad(q_pe_BTNR.reshape(b * t, n, r), pad_heads)
+  slots = slots_BTK.astype(jnp.int32).reshape(b * t, splits, k // splits)
+  steps = k // splits // e
+  lat_t, pe_t = _operand_transforms(plgpu, dtype, c), _operand_transforms(plgpu, dtype, r)
+  p_t = _operand_transforms(plgpu, dtype, e)
+  wgmma_rows = plgpu.Layout.WGMMA.reduce(1)  # one value per head (row of the [64, ·] accumulators)
+  wgmma_cols = plgpu.Layout.WGMMA.reduce(0)  # one value per entry (column of the scores)
+
+  def body(q_lat_gmem, q_pe_gmem, lat_gmem, pe_gmem, slots_gmem, out_gmem, lse_gmem,
+           q_lat_smem, q_pe_smem, ids_smem, lat_stage, pe_stage, lat_op, pe_op, p_smem, rows_smem,
+           loaded, ids_loaded, gathered, op_ready, op_free, p_ready, done, written):
+    hi, pi, qi = lax.axis_index("h"), lax.axis_index("p"), lax.axis_index("q")
+    wg = lax.axis_index("wg")
+    row = qi // t  # the query's batch row: its cache
+
+    def accumulate(acc, a, b_ref):  # acc + a · b on the tensor cores, accumulated in place
+      if interpret:  # Pallas's GPU interpreter does not run pl.run_state (jax 0.12): a fresh product, added
+        return acc + pl.run_scoped(lambda ref: (plgpu.wgmma(ref, a, b_ref), ref[...])[1], plgpu.ACC(acc.shape))
+      return pl.run_state(lambda ref: plgpu.wgmma(ref, a, b_ref))(plgpu.ACC.init(acc))
+
+    def _write(acc, l, col):  # this half of the normalised partial output
+      norm = jnp.where(l > 0, l, 1.0)
+      out = (acc / lax.broadcast_in_dim(norm, acc.shape, [0])).astype(out_gmem.dtype)
+      if jnp.dtype(out_gmem.dtype).itemsize == 4:  # straight from registers: a quad's 4 × 8 B are whole sectors
+        out_gmem.at[qi, pi, pl.ds(hi * hb, hb), pl.ds(col, half)][...] = out
+        return
+      # 16-bit: both halves into q~'s buffer (free once the last step's scores are done: the values half waits
+      # for them), then one TMA copy by the scores warpgroup, since a quad's 4 × 4 B would store half sectors
+      q_lat_smem[:, pl.ds(col, half)] = out
+      plgpu.commit_smem()
+      if col:
+        plgpu.barrier_arrive(written)
+        return
+      plgpu.barrier_wait(written)
+      plgpu.copy_smem_to_gmem(q_lat_smem, out_gmem.at[qi, pi, pl.ds(hi * hb, hb)])
+      plgpu.wait_smem_to_gmem(0)
+
+    @pl.when(wg == 2)
+    def _gather():
+      plgpu.set_max_registers(104, action="decrease")
+      def fetch_ids(step):  # a step's slot ids, two steps' worth in flight
+        plgpu.copy_gmem_to_smem(slots_gmem.at[qi, pi, pl.ds(step * e, e)], ids_smem.at[step % 2], ids_loaded.at[step % 2])
+
+      def issue(step):  # one TMA a selected row: an invalid slot (−1) reads row 0, masked by the scores
+        plgpu.barrier_wait(ids_loaded.at[step % 2])
+        ids = ids_smem.at[step % 2]
+
+        @pl.loop(0, e)
+        def _(i):
+          slot = jnp.maximum(ids[i], 0)
+          plgpu.copy_gmem_to_smem(lat_gmem.at[row, pl.ds(slot, 1)], lat_stage.at[pl.ds(i, 1)], gathered)
+          plgpu.copy_gmem_to_smem(pe_gmem.at[row, pl.ds(slot, 1)], pe_stage.at[pl.ds(i, 1)], gathered)
+
+      fetch_ids(0)
+      pl.when(steps > 1)(lambda: fetch_ids(1))
+      issue(0)
+
+      @pl.loop(0, steps)
+      def _(step):
+        plgpu.barrier_wait(gathered)
+        pl.when(step > 0)(lambda: plgpu.barrier_wait(op_free))  # both halves are done with the last step
+        for col in range(0, c, 64):  # staging → registers → tiled operand, 64 columns at a time
+          piece = lat_stage.at[:, col // TMA_BOX, pl.ds(col % TMA_BOX, 64)]
+          lat_op[:, pl.ds(col, 64)] = plgpu.load(piece, layout=plgpu.Layout.WGMMA, optimized=False)
+        pe_op[...] = plgpu.load(pe_stage, layout=plgpu.Layout.WGMMA, optimized=False)
+        plgpu.commit_smem()
+        plgpu.barrier_arrive(op_ready)
+
+        @pl.when(step + 1 < steps)
+        def _():
+          issue(step + 1)
+          pl.when(step + 2 < steps)(lambda: fetch_ids(step + 2))  # into the buffer issue(step) read
+
+    @pl.when(wg == 0)
+    def _scores():
+      plgpu.set_max_registers(232, action="increase")
+      heads = pl.ds(hi * hb, hb)
+      plgpu.copy_gmem_to_smem(q_lat_gmem.at[qi, heads], q_lat_smem, loaded)
+      plgpu.copy_gmem_to_smem(q_pe_gmem.at[qi, heads], q_pe_smem, loaded)
+      plgpu.barrier_wait(loaded)
+
+      def step_fn(step, carry):
+        acc, m, l = carry
+        plgpu.barrier_wait(op_ready)
+
+        def dots(acc_ref):
+          plgpu.wgmma(acc_ref, q_lat_smem, lat_op.transpose((1, 0)))
+          plgpu.wgmma(acc_ref, q_pe_smem, pe_op.transpose((1, 0)))
+          return acc_ref[...]
+
+        s = pl.run_scoped(dots, plgpu.ACC((hb, e), jnp.float32))
+        ids = plgpu.load(slots_gmem.at[qi, pi, pl.ds(step * e, e)], layout=wgmma_cols)  # from HBM: 256 B
+        valid = lax.broadcast_in_dim(ids >= 0, (hb, e), [1])
+        s = jnp.where(valid, s * (scale * _LOG2E), -jnp.inf)  # log2 units: exp2 below
+        m_new = jnp.maximum(m, s.max(axis=1))
+        alpha = jnp.exp2(m - m_new)
+        p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
+        l = l * alpha + p.sum(axis=1)
+        p_smem[...] = p.astype(dtype)
+        rows_smem[0] = alpha
+        plgpu.commit_smem()
+        plgpu.barrier_arrive(p_ready)
+        acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+
+        acc = accumulate(acc, p_smem, lat_op.at[:, pl.ds(0, half)])  # P from shared memory, as the other half
+        plgpu.barrier_arrive(op_free)
+        return acc, m_new, l
+
+      init = (plgpu.layout_cast(jnp.zeros((hb, half), jnp.float32), plgpu.Layout.WGMMA),
+              plgpu.layout_cast(jnp.full((hb,), _NEG_INIT, jnp.float32), wgmma_rows),
+              plgpu.layout_cast(jnp.zeros((hb,), jnp.float32), wgmma_rows))
+      acc, m, l = lax.fori_loop(0, steps, step_fn, init)
+      rows_smem[1] = l
+      plgpu.commit_smem()
+      plgpu.barrier_arrive(done)
+      _write(acc, l, 0)
+      seen = l > 0
+      lse = jnp.where(seen, (m + jnp.log2(jnp.where(seen, l, 1.0))) / _LOG2E, -jnp.inf)
+      lse_gmem.at[qi, pi, heads][...] = lse
+
+    @pl.when(wg == 1)
+    def _values():
+      plgpu.set_max_registers(176, action="decrease")
+
+      def step_fn(step, acc):
+        plgpu.barrier_wait(p_ready)
+        alpha = plgpu.load(rows_smem.at[0], layout=wgmma_rows)
+        acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+
+        acc = accumulate(acc, p_smem, lat_op.at[:, pl.ds(half, half)])
+        plgpu.barrier_arrive(op_free)
+        return acc
+
+      acc = lax.fori_loop(0, steps, step_fn, plgpu.layout_cast(jnp.zeros((hb, half), jnp.float32),
+                                                               plgpu.Layout.WGMMA))
+      plgpu.barrier_wait(done)
+      _write(acc, plgpu.load(rows_smem.at[1], layout=wgmma_rows), half)
+
+  out_dt = out_dtype if splits == 1 else jnp.float32
+  kernel = plgpu.kernel(
+      body,
+      out_type=(jax.ShapeDtypeStruct((b * t, splits, padded, c), out_dt),
+                jax.ShapeDtypeStruct((b * t, splits, padded), jnp.float32)),
+      scratch_types=[
+          plgpu.SMEM((hb, c), dtype, transforms=lat_t), plgpu.SMEM((hb, r), dtype, transforms=pe_t),
+          plgpu.SMEM((2, e), jnp.int32),
+          plgpu.SMEM((e, pieces, c // pieces), dtype), plgpu.SMEM((e, r), dtype),  # untiled: one-row TMA destinations
+          plgpu.SMEM((e, c), dtype, transforms=lat_t), plgpu.SMEM((e, r), dtype, transforms=pe_t),
+          plgpu.SMEM((hb, e), dtype, transforms=p_t),
+          plgpu.SMEM((2, hb), jnp.float32),  # a step's rescale, then the final sum (buffers align to 1 KiB: one)
+          plgpu.Barrier(num_arrivals=2),  # q~ and q_pe
+          plgpu.Barrier(num_arrivals=1, num_barriers=2),  # a step's slot ids
+          plgpu.Barrier(num_arrivals=2 * e),  # a step's one-row copies
+          plgpu.Barrier(num_arrivals=1), plgpu.Barrier(num_arrivals=2), plgpu.Barrier(num_arrivals=1),
+          plgpu.Barrier(num_arrivals=1), plgpu.Barrier(num_arrivals=1),
+      ],
+      grid=(padded // hb, splits, b * t),  # head blocks fastest: a query's CTAs read its rows through L2 once
+      grid_names=("h", "p", "q"),
+      num_threads=3,
+      thread_name="wg",
+      # no cross-warp reduction scratch: the row max / sum stay within a quad, and V3.2 widths need all but 3 KiB
+      compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane, reduction_scratch_bytes=0),
+      kernel_name=KERNEL_NAME,
+      interpret=plgpu.InterpretGPUParams() if interpret else None,
+  )
+  out, lse = kernel(q_lat, q_pe, latent_BSC.reshape(b, -1, pieces, c // pieces), k_pe_BSR, slots)
+  return combine_splits(out[:, :, :n], lse[:, :, :n]).astype(out_dtype).reshape(b, t, n, c)
+
+
+def _operand_transforms(plgpu, dtype, minor: int):
+  """Tiling + the widest swizzle a [rows, minor] operand of `dtype` takes (wgmma reads it from shared memory)."""
+  bits = jnp.dtype(dtype).itemsize * 8
+  swizzle = plgpu.find_swizzle(minor * bits)
+  return plgpu.TilingTransform((8, swizzle * 8 // bits)), plgpu.SwizzleTransform(swizzle)

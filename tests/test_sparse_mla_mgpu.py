@@ -1,0 +1,164 @@
+"""The sparse-MLA kernel on Pallas Mosaic GPU (kernels/sparse_mla_mgpu.py): equal to a float64 formula and to XLA's
+path on awkward shapes (heads padded to its blocks, S not a power of two, narrow rope, bf16 / fp16, splits,
+padded selections) in Pallas's GPU interpreter (TMA copies, barriers, wgmma and the three warpgroups simulated on
+the CPU); lowered for CUDA at V3.2's widths; in the CUDA program of the MTP step when asked for; the model's
+attention through it equals XLA's; refused with the offending values where it cannot run. On a GPU the same
+cases run compiled."""
+
+import functools
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_mtp
+from jax_mtp.kernels.sparse_mla import KERNEL_NAME as TRITON_KERNEL
+from jax_mtp.kernels.sparse_mla import reference
+from jax_mtp.kernels.sparse_mla_mgpu import KERNEL_NAME, Config, config_for, sparse_mla_mgpu
+from jax_mtp.mla import MLAttention, resolve_sparse_attention_impl
+from tests.lowered_step import mtp_step_module
+from tests.sparse_mla_cases import formula, problem
+from tests.tolerances import assert_close
+
+ON_GPU = jax.devices()[0].platform == "gpu"
+
+
+def _attend(*args, **kwargs):
+  return sparse_mla_mgpu(*args, interpret=not ON_GPU, **kwargs)
+
+
+CASES = [  # b, t, n, c, r, s, k, block_entries, splits
+    (1, 1, 64, 128, 64, 256, 128, 64, 1),
+    (2, 3, 32, 128, 64, 300, 128, 64, 2),  # heads padded to 64, T > 1 (verification), S not a power of two
+    (1, 2, 80, 256, 128, 200, 128, 128, 1),  # 80 heads: two blocks, the second padded; 128 entries a step
+    (2, 1, 64, 512, 64, 192, 128, 64, 0),  # V3.2's latent and rope widths, splits by config_for
+]
+
+
+@pytest.mark.parametrize("b,t,n,c,r,s,k,e,splits", CASES)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_kernel_equals_the_formula_and_xla(b, t, n, c, r, s, k, e, splits, dtype):
+  q_lat, q_pe, latent, k_pe, slots, valid = problem(b, t, n, c, r, s, k, dtype, seed=b + t + n)
+  got = _attend(q_lat, q_pe, latent, k_pe, jnp.where(valid, slots, -1), c**-0.5,
+                config=Config(block_entries=e, splits=splits))
+  assert got.dtype == jnp.float32 and got.shape == (b, t, n, c)
+  # 16-bit probabilities enter the output dot (as FlashMLA's and the XLA path's): the 16-bit row
+  assert_close(got, formula(q_lat, q_pe, latent, k_pe, slots, valid, c**-0.5), "bfloat16", what="kernel vs formula")
+  xla = reference(q_lat, q_pe, latent, k_pe, slots, valid, c**-0.5, dot_dtype=dtype)
+  assert_close(got, xla, "bfloat16", what="kernel vs XLA")
+
+
+def test_a_split_with_nothing_attended_weighs_nothing():
+  """Slots 64.. of every query are padding: the second of two splits sees none and must add nothing."""
+  q_lat, q_pe, latent, k_pe, slots, valid = problem(2, 1, 64, 128, 64, 256, 128, "bfloat16", padded=0.0)
+  valid = valid.at[..., 64:].set(False)
+  got = _attend(q_lat, q_pe, latent, k_pe, jnp.where(valid, slots, -1), 0.5, config=Config(splits=2))
+  assert np.all(np.isfinite(np.asarray(got)))
+  assert_close(got, formula(q_lat, q_pe, latent, k_pe, slots, valid, 0.5), "bfloat16", what="half-padded")
+
+
+@pytest.mark.parametrize("splits", [1, 2])
+def test_a_16_bit_output_is_the_fp32_output_rounded(splits):
+  """out_dtype: one split rounds its fp32 accumulator once; splits round the fp32 combination once."""
+  q_lat, q_pe, latent, k_pe, slots, valid = problem(1, 2, 64, 128, 64, 128, 128, "bfloat16")
+  call = functools.partial(_attend, q_lat, q_pe, latent, k_pe, jnp.where(valid, slots, -1), 0.3,
+                           config=Config(splits=splits))
+  got = call(out_dtype=jnp.bfloat16)
+  assert got.dtype == jnp.bfloat16
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(call().astype(jnp.bfloat16)))
+
+
+@pytest.mark.parametrize("b,t", [(1, 1), (2, 4), (64, 4)])
+def test_kernel_lowers_for_cuda_at_v32_widths(b, t):
+  """The Mosaic GPU lowering (one-row TMA copies, the staging re-layout, wgmma operands, 232 KiB of shared
+  memory checked against the H200's limit) at 128 heads × 512 + 64, top-2048 of a 32K cache."""
+  shapes = [((b, t, 128, 512), jnp.bfloat16), ((b, t, 128, 64), jnp.bfloat16), ((b, 32768, 512), jnp.bfloat16),
+            ((b, 32768, 64), jnp.bfloat16), ((b, t, 2048), jnp.int32)]
+  fn = jax.jit(lambda *a: sparse_mla_mgpu(*a, 512**-0.5, out_dtype=jnp.bfloat16))
+  text = fn.trace(*(jax.ShapeDtypeStruct(*x) for x in shapes)).lower(lowering_platforms=("cuda",)).as_text()
+  assert "mosaic_gpu" in text and KERNEL_NAME in text
+
+
+def test_config_fills_the_machine():
+  assert config_for(1, 128, 2048).splits == 16  # 2 head blocks: 264 CTAs wanted, at most MAX_SPLITS
+  assert config_for(8, 128, 2048).splits == 16  # 16 × 16 = 256: the next power of two would exceed the cap
+  assert config_for(64, 128, 2048).splits == 4  # 128 blocks × 4 ≥ 264
+  assert config_for(256, 128, 2048).splits == 1  # B = 64 × T = 4: 512 CTAs already
+  assert config_for(1, 64, 128).splits == 2  # no more splits than steps
+
+
+def test_kernel_refuses_what_it_cannot_run():
+  q_lat, q_pe, latent, k_pe, slots, _ = problem(1, 1, 64, 128, 64, 128, 128, "bfloat16")
+  call = functools.partial(sparse_mla_mgpu, scale=1.0, interpret=True)
+  with pytest.raises(ValueError, match="do not agree"):
+    call(q_lat, q_pe, latent[:, :, :64], k_pe, slots)
+  with pytest.raises(ValueError, match="one 16-bit float dtype.*float32"):
+    call(q_lat.astype(jnp.float32), q_pe, latent, k_pe, slots)
+  with pytest.raises(ValueError, match="latent width 64"):
+    call(q_lat[..., :64], q_pe, latent[..., :64], k_pe, slots)
+  with pytest.raises(ValueError, match="rope width 32"):
+    call(q_lat, q_pe[..., :32], latent, k_pe[..., :32], slots)
+  with pytest.raises(ValueError, match="128 selected slots are not a multiple of splits=3"):
+    call(q_lat, q_pe, latent, k_pe, slots, config=Config(splits=3))
+
+
+def _kernel_cfg(**overrides):
+  """A small bf16 DSA config the Mosaic kernel takes: a 128-wide latent, 64-wide rope, 16 heads (padded to 64),
+  top-16."""
+  return jax_mtp.tiny(dtype="bfloat16", param_dtype="bfloat16", num_attention_heads=16, qk_rope_head_dim=64,
+                      index_head_dim=64, kv_lora_rank=128, index_n_heads=16, index_topk=16, **overrides)
+
+
+def test_resolution():
+  assert resolve_sparse_attention_impl(_kernel_cfg(sparse_attention_impl="mosaic_gpu"), "gpu", 16) == "mosaic_gpu"
+  assert resolve_sparse_attention_impl(_kernel_cfg(sparse_attention_impl="mosaic_gpu"), "gpu", 8) == "mosaic_gpu"
+  with pytest.raises(ValueError, match="float32.*kv_lora_rank=16 is not a multiple of 128 up to 512; qk_rope_head_dim=8"):
+    resolve_sparse_attention_impl(jax_mtp.tiny(sparse_attention_impl="mosaic_gpu"), "gpu", 8)
+
+
+def test_the_kernel_is_in_the_lowered_step_when_asked_for():
+  module = mtp_step_module(_kernel_cfg(sparse_attention_impl="mosaic_gpu"), "cuda", 2, 64)
+  assert KERNEL_NAME in module and TRITON_KERNEL not in module.replace(KERNEL_NAME, "")
+
+
+@pytest.mark.parametrize("t", [1, 3])
+def test_the_models_attention_output_equals_xlas(t):
+  """The MTP layer's sparse attention heads (before o_proj; a 64-slot cache > top-16, padded to a 64-entry step;
+  row 1 at early positions sees fewer than 16 slots) through the kernel and through XLA."""
+  cfg = _kernel_cfg()
+  params = jax_mtp.init_params(cfg, jax.random.key(0))
+  rng = np.random.default_rng(t)
+  prefix_pos = jnp.broadcast_to(jnp.arange(40, dtype=jnp.int32), (2, 40))
+  prefix = (jnp.asarray(rng.integers(0, cfg.vocab_size, (2, 40)), jnp.int32), prefix_pos,
+            jnp.asarray(rng.standard_normal((2, 40, cfg.hidden_size)), jnp.bfloat16))
+  caches = jax.jit(lambda p, *a: jax_mtp.MtpPredictor(cfg).apply({"params": p}, *a).caches)(
+      params, *prefix, jax_mtp.init_caches(cfg, 2, 64))
+  step = (jnp.asarray(rng.integers(0, cfg.vocab_size, (2, t)), jnp.int32),
+          jnp.asarray([[40 + i for i in range(t)], [5 + i for i in range(t)]], jnp.int32),
+          jnp.asarray(rng.standard_normal((2, t, cfg.hidden_size)), jnp.bfloat16))
+
+  def attention_out(impl):
+    model = jax_mtp.MtpPredictor(cfg.replace(sparse_attention_impl=impl))
+    _, found = jax.jit(lambda p, *a: model.apply({"params": p}, *a, absorb=True, capture_intermediates=lambda mdl, _:
+                                                 isinstance(mdl, MLAttention)))(params, *step, caches)
+    (calls,) = [v for path, v in flax.traverse_util.flatten_dict(found["intermediates"]).items()
+                if path[-2:] == ("self_attn", "_absorbed_sparse")]
+    return calls[0]  # the heads' outputs before o_proj, fp32 [B, T, N, H]
+
+  xla = attention_out("xla")
+  assert float(jnp.max(jnp.abs(xla))) > 0
+  assert_close(attention_out("mosaic_gpu"), xla, "bfloat16", what=f"attention output, T = {t}")
+
+
+@pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
+@pytest.mark.parametrize("b,t", [(1, 1), (8, 1), (4, 4)])
+def test_kernel_at_v32_widths_on_the_gpu(b, t):
+  """V3.2's widths (128 heads × 512 latent + 64 rope, top-2048 of a 4,096-slot cache), compiled."""
+  q_lat, q_pe, latent, k_pe, slots, valid = problem(b, t, 128, 512, 64, 4096, 2048, "bfloat16", seed=b)
+  fn = jax.jit(lambda *a: sparse_mla_mgpu(*a, 512**-0.5))
+  got = fn(q_lat, q_pe, latent, k_pe, jnp.where(valid, slots, -1))
+  xla = reference(q_lat, q_pe, latent, k_pe, slots, valid, 512**-0.5, dot_dtype="bfloat16")
+  assert_close(got, xla, "bfloat16", what="Mosaic GPU kernel vs XLA")
+  assert KERNEL_NAME in fn.lower(q_lat, q_pe, latent, k_pe, slots).compile().as_text()
