@@ -14,6 +14,8 @@ with three warpgroups:
   scores   S = q~ · latentᵀ + q_pe · k_peᵀ (wgmma, fp32 [64, E]), the masked online softmax, P (bf16) and the
            step's rescale to shared memory for the other half, then O[:, :C/2] += P · latent[:, :C/2].
   values   O[:, C/2:] = O · rescale + P · latent[:, C/2:], P read from shared memory.
+Registers per thread: 232 scores (S [64, E] and half of O), 160 values (the other half), 104 gather: 496 of the
+512 × 128 an SM has for 384 threads (a sum above what the launch gave would block `setmaxnreg` forever).
 The operands are single-buffered: a step's gather overlaps the previous step's dots only in its TMA copies.
 Splits (few queries: B = 1 would fill 2 of 132 SMs) write normalised partials and their log-sum-exp, merged by
 `sparse_mla.combine_splits`, as the Triton kernel does. Heads are padded to `BLOCK_HEADS` (zero queries, dropped).
@@ -224,7 +226,7 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
 
     @pl.when(wg == 1)
     def _values():
-      plgpu.set_max_registers(176, action="decrease")
+      plgpu.set_max_registers(160, action="decrease")
 
       def step_fn(step, acc):
         plgpu.barrier_wait(p_ready)
