@@ -23,6 +23,7 @@ import jax.numpy as jnp
 
 from benchmarks.timing import copy_bandwidth, time_in_loop
 from jax_mtp.indexer import Selection
+from jax_mtp.mla import quantize_latent
 from jax_mtp.kernels.sparse_mla import Config, model_config, sparse_mla, splits_for
 from jax_mtp.kernels import sparse_mla_mgpu as mgpu
 from jax_mtp.kernels.sparse_mla import reference as sparse_mla_reference
@@ -38,6 +39,7 @@ def main(argv=None) -> int:
   parser.add_argument("--capacity", type=int, default=4096)
   parser.add_argument("--iters", type=int, default=20)
   parser.add_argument("--sweep", action="store_true")
+  parser.add_argument("--fp8", action="store_true", help="also the fp8 MLA cache (656 B an entry): XLA and Mosaic")
   parser.add_argument("--backend", default="gpu", choices=["gpu", "interpret"], help="interpret: a CPU smoke run")
   args = parser.parse_args(argv)
   bandwidth, flops = copy_bandwidth(), matmul_rate()
@@ -63,6 +65,8 @@ def main(argv=None) -> int:
         seconds, err = _time_kernel(problem, base, config, args.iters, args.backend)
         print(f"| {b} | {t} | Triton kernel | {_name(config)} | {seconds * 1e6:,.1f} | {floor:,.1f} | "
               f"{floor / seconds / 1e6:.2f} | {err:.1e} |", flush=True)
+      if args.fp8:
+        _fp8_rows(problem, b, t, bandwidth, flops, args.iters, args.backend)
       auto = mgpu.config_for(b * t, N, K_TOP)
       for splits in sorted({auto.splits, max(1, auto.splits // 2), min(auto.splits * 2, mgpu.MAX_SPLITS)}):
         config = dataclasses.replace(auto, splits=splits)
@@ -84,9 +88,10 @@ def matmul_rate(n: int = 8192, iters: int = 10) -> float:
   return 2 * n**3 * iters / (time.perf_counter() - start)
 
 
-def floor_us(b: int, t: int, bandwidth: float, flops: float) -> float:
+def floor_us(b: int, t: int, bandwidth: float, flops: float, fp8: bool = False) -> float:
   queries = b * t
-  nbytes = queries * (K_TOP * (C + R) * 2 + N * (C + R) * 2 + N * C * 2)  # entries, queries, bf16 output
+  entry = C + C // 128 * 4 + R * 2 if fp8 else (C + R) * 2  # fp8: codes, 4 fp32 scales, bf16 rope (656 B)
+  nbytes = queries * (K_TOP * entry + N * (C + R) * 2 + N * C * 2)  # entries, queries, bf16 output
   work = queries * N * K_TOP * (C + R + C) * 2
   return max(nbytes / bandwidth, work / flops) * 1e6
 
@@ -104,6 +109,28 @@ def _time_kernel(problem, base, config, iters, backend):
   out = fn(*problem).astype(jnp.float32)
   err = float(jnp.max(jnp.abs(out - base)) / jnp.max(jnp.abs(base)))
   return time_in_loop(fn, problem, iters), err
+
+
+def _fp8_rows(problem, b, t, bandwidth, flops, iters, backend):
+  """The fp8 cache (the latent quantised by the model's writer): XLA's fp8 path and the Mosaic kernel, each against
+  XLA's fp8 output."""
+  codes, scales = quantize_latent(problem[2], 128)
+  fp8 = (problem[0], problem[1], codes, problem[3], problem[4], scales)
+  floor = floor_us(b, t, bandwidth, flops, fp8=True)
+  xla = jax.jit(lambda ql, qp, lat, kp, sl, sc: sparse_mla_reference(ql, qp, lat, kp, jnp.maximum(sl, 0), sl >= 0,
+                                                                     SCALE, dot_dtype=jnp.bfloat16,
+                                                                     latent_scale_BSG=sc))
+  base = xla(*fp8)
+  seconds = time_in_loop(xla, fp8, iters)
+  print(f"| {b} | {t} | XLA, fp8 cache | | {seconds * 1e6:,.1f} | {floor:,.1f} | {floor / seconds / 1e6:.2f} | |")
+  fn = jax.jit(lambda ql, qp, lat, kp, sl, sc: mgpu.sparse_mla_mgpu(ql, qp, lat, kp, sl, SCALE, latent_scale_BSG=sc,
+                                                                    out_dtype=jnp.bfloat16,
+                                                                    interpret=backend == "interpret"))
+  out = fn(*fp8).astype(jnp.float32)
+  err = float(jnp.max(jnp.abs(out - base)) / jnp.max(jnp.abs(base)))
+  seconds = time_in_loop(fn, fp8, iters)
+  print(f"| {b} | {t} | Mosaic GPU kernel, fp8 cache | auto | {seconds * 1e6:,.1f} | {floor:,.1f} | "
+        f"{floor / seconds / 1e6:.2f} | {err:.1e} |", flush=True)
 
 
 def _time_mosaic(problem, base, config, iters, backend):

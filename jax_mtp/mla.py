@@ -170,14 +170,15 @@ class MLAttention(nn.Module):
                                                  dot_dtype=cfg.dtype, latent_scale_BSG=cache.latent_scale_BSG)
       else:  # a fused kernel (on a CPU in its interpreter); its output in the cache's dtype, which
         # _heads_from_latent's dot takes (the XLA path's fp32 is rounded there)
-        dtype = cache.latent_BSC.dtype
-        operands = (q_lat_BTNC.astype(dtype), q_pe_BTNR.astype(dtype), cache.latent_BSC, cache.k_pe_BSR.astype(dtype))
+        dtype = cache.k_pe_BSR.dtype  # the cache's 16-bit dtype (an fp8 cache keeps its rope part in it)
+        operands = (q_lat_BTNC.astype(dtype), q_pe_BTNR.astype(dtype), cache.latent_BSC, cache.k_pe_BSR)
         attended_BTK = jnp.where(selection.valid_BTK, selection.slots_BTK, -1)
-        if impl == "mosaic_gpu":
+        if impl == "mosaic_gpu":  # an fp8 cache's codes are dequantised inside the kernel
           config = sparse_mla_mgpu.Config()
           o_lat_BTNC = sparse_mla_mgpu.sparse_mla_mgpu(
-              *operands, pad_slots(attended_BTK, config.block_entries), cfg.softmax_scale, config=config,
-              out_dtype=dtype, interpret=lowering_platform() == "cpu")
+              *operands, pad_slots(attended_BTK, config.block_entries), cfg.softmax_scale,
+              latent_scale_BSG=cache.latent_scale_BSG, config=config, out_dtype=dtype,
+              interpret=lowering_platform() == "cpu")
         else:
           config = sparse_mla_kernel.model_config(self.num_local_heads, cfg.index_topk)
           o_lat_BTNC = sparse_mla_kernel.sparse_mla(*operands, pad_slots(attended_BTK, config.block_entries),
@@ -237,12 +238,12 @@ def _sparse_kernel_problems(cfg: MtpConfig, local_heads: int) -> list[str]:
 
 def _mosaic_sparse_problems(cfg: MtpConfig) -> list[str]:
   """Why the Mosaic GPU sparse-MLA kernel cannot take this model (none: it can). Any head count (padded to its
-  64-head blocks) and any top-k (padded to its 64-entry steps)."""
+  64-head blocks), any top-k (padded to its 64-entry steps), a bf16 / fp16 or fp8 MLA cache."""
   problems = []
   if jnp.dtype(cfg.dtype) == jnp.float32:
     problems.append("the model computes in float32 (the kernel's dots are bf16/fp16)")
-  if cfg.kv_cache_dtype == "fp8":
-    problems.append("kv_cache_dtype='fp8': the kernel reads bf16/fp16 latent entries, not fp8 codes and scales")
+  if cfg.kv_cache_dtype == "fp8" and cfg.kv_scale_group % 64:
+    problems.append(f"kv_cache_dtype='fp8' with scale groups of {cfg.kv_scale_group} values (the kernel's are ≥ 64)")
   if cfg.kv_lora_rank % 128 or cfg.kv_lora_rank > 512:
     problems.append(f"kv_lora_rank={cfg.kv_lora_rank} is not a multiple of 128 up to 512")
   if cfg.qk_rope_head_dim % 64:

@@ -66,7 +66,8 @@ def config_for(queries: int, heads: int, entries: int, config: Config | None = N
   return dataclasses.replace(config, block_entries=block_entries, splits=splits)
 
 
-def check_operands(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, config: Config) -> None:
+def check_operands(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, config: Config,
+                   latent_scale_BSG=None) -> None:
   """A ValueError naming the offending value where the kernel cannot take these operands."""
   b, t, n, c = q_lat_BTNC.shape
   r, s, k = q_pe_BTNR.shape[-1], latent_BSC.shape[1], slots_BTK.shape[-1]
@@ -74,9 +75,15 @@ def check_operands(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, confi
       or slots_BTK.shape != (b, t, k):
     raise ValueError(f"shapes q~ {q_lat_BTNC.shape}, q_pe {q_pe_BTNR.shape}, latent {latent_BSC.shape}, "
                      f"k_pe {k_pe_BSR.shape}, slots {slots_BTK.shape} do not agree")
-  dtypes = {q_lat_BTNC.dtype, q_pe_BTNR.dtype, latent_BSC.dtype, k_pe_BSR.dtype}
+  dtypes = {q_lat_BTNC.dtype, q_pe_BTNR.dtype, k_pe_BSR.dtype} | ({latent_BSC.dtype} if latent_scale_BSG is None else set())
   if len(dtypes) != 1 or next(iter(dtypes)) not in (jnp.bfloat16, jnp.float16):
     raise ValueError(f"the kernel takes one 16-bit float dtype for queries and cache, got {sorted(map(str, dtypes))}")
+  if latent_scale_BSG is not None:  # an fp8 MLA cache: e4m3 codes, one fp32 scale per group of c / G values
+    g = latent_scale_BSG.shape[-1]
+    if latent_BSC.dtype != jnp.float8_e4m3fn or latent_scale_BSG.shape != (b, s, g) or c % g or (c // g) % 64:
+      raise ValueError(f"an fp8 latent cache is float8_e4m3fn codes {(b, s, c)} with scales {(b, s, 'G')} of groups "
+                       f"a multiple of 64 wide; got {latent_BSC.dtype} {latent_BSC.shape}, scales "
+                       f"{latent_scale_BSG.shape}")
   if c % 128 or c > 512 or r % 64:
     raise ValueError(f"latent width {c} (a multiple of 128, at most 512: two wgmma halves) or rope width {r} (a "
                      f"multiple of 64: a row's TMA copy moves a multiple of 128 bytes) does not fit the kernel")
@@ -87,17 +94,20 @@ def check_operands(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, confi
 
 
 def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax.Array, k_pe_BSR: jax.Array,
-                    slots_BTK: jax.Array, scale: float, *, config: Config | None = None, out_dtype=jnp.float32,
-                    interpret: bool = False) -> jax.Array:
+                    slots_BTK: jax.Array, scale: float, *, latent_scale_BSG: jax.Array | None = None,
+                    config: Config | None = None, out_dtype=jnp.float32, interpret: bool = False) -> jax.Array:
   """[B, T, N, C] in `out_dtype`: each query's heads attending over its selected slots (`slots_BTK` int32, −1 =
-  not attended), the operands as `sparse_mla.sparse_mla` takes them. `interpret`: Pallas's GPU interpreter (any
-  host: the tests)."""
+  not attended), the operands as `sparse_mla.sparse_mla` takes them. `latent_scale_BSG`: an fp8 MLA cache's
+  scales (`latent_BSC` then holds its e4m3 codes, `sparse_mla.dequantize_latent`'s format): the gather warpgroup
+  dequantises each copied row in registers on its way into the bf16 operand; the selected rows' scales are
+  gathered by XLA first (16 B an entry beside its 512 B of codes). `interpret`: Pallas's GPU interpreter (any host:
+  the tests)."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # noqa: PLC0415 (a GPU backend's module)
 
   b, t, n, c = q_lat_BTNC.shape
   r, k = q_pe_BTNR.shape[-1], slots_BTK.shape[-1]
   config = config_for(b * t, n, k, config)
-  check_operands(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, config)
+  check_operands(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, config, latent_scale_BSG)
   e, splits = config.block_entries, config.splits
   dtype, hb, half = q_lat_BTNC.dtype, BLOCK_HEADS, c // 2
   padded = -(-n // hb) * hb
@@ -107,14 +117,23 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
   q_pe = jnp.pad(q_pe_BTNR.reshape(b * t, n, r), pad_heads)
   slots = slots_BTK.astype(jnp.int32).reshape(b * t, splits, k // splits)
   steps = k // splits // e
+  scaled = latent_scale_BSG is not None
+  scale_inputs, scale_scratch = [], []
+  if scaled:  # the selected rows' scales, [B·T, splits, G, K / splits]: a step's are one [G, E] TMA box
+    g = latent_scale_BSG.shape[-1]
+    rows_B1 = jnp.arange(b)[:, None, None]
+    picked = latent_scale_BSG[rows_B1, jnp.maximum(slots_BTK, 0)].astype(jnp.float32)  # [B, T, K, G]
+    scale_inputs = [picked.reshape(b * t, splits, k // splits, g).transpose(0, 1, 3, 2)]
+    scale_scratch = [plgpu.SMEM((g, e), jnp.float32)]
   lat_t, pe_t = _operand_transforms(plgpu, dtype, c), _operand_transforms(plgpu, dtype, r)
   p_t = _operand_transforms(plgpu, dtype, e)
   wgmma_rows = plgpu.Layout.WGMMA.reduce(1)  # one value per head (row of the [64, ·] accumulators)
   wgmma_cols = plgpu.Layout.WGMMA.reduce(0)  # one value per entry (column of the scores)
 
-  def body(q_lat_gmem, q_pe_gmem, lat_gmem, pe_gmem, slots_gmem, out_gmem, lse_gmem,
-           q_lat_smem, q_pe_smem, ids_smem, lat_stage, pe_stage, lat_op, pe_op, p_smem, rows_smem,
-           loaded, ids_loaded, gathered, op_ready, op_free, p_ready, done, written):
+  def body(q_lat_gmem, q_pe_gmem, lat_gmem, pe_gmem, slots_gmem, *refs):
+    scale_gmem = refs[0] if scaled else None
+    (out_gmem, lse_gmem, q_lat_smem, q_pe_smem, ids_smem, lat_stage, pe_stage, lat_op, pe_op, p_smem, rows_smem,
+     *scale_stage, loaded, ids_loaded, gathered, op_ready, op_free, p_ready, done, written) = refs[scaled:]
     hi, pi, qi = lax.axis_index("h"), lax.axis_index("p"), lax.axis_index("q")
     wg = lax.axis_index("wg")
     row = qi // t  # the query's batch row: its cache
@@ -157,6 +176,9 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
           plgpu.copy_gmem_to_smem(lat_gmem.at[row, pl.ds(slot, 1)], lat_stage.at[pl.ds(i, 1)], gathered)
           plgpu.copy_gmem_to_smem(pe_gmem.at[row, pl.ds(slot, 1)], pe_stage.at[pl.ds(i, 1)], gathered)
 
+        if scaled:
+          plgpu.copy_gmem_to_smem(scale_gmem.at[qi, pi, :, pl.ds(step * e, e)], scale_stage[0], gathered)
+
       fetch_ids(0)
       pl.when(steps > 1)(lambda: fetch_ids(1))
       issue(0)
@@ -166,8 +188,12 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
         plgpu.barrier_wait(gathered)
         pl.when(step > 0)(lambda: plgpu.barrier_wait(op_free))  # both halves are done with the last step
         for col in range(0, c, 64):  # staging → registers → tiled operand, 64 columns at a time
-          piece = lat_stage.at[:, col // TMA_BOX, pl.ds(col % TMA_BOX, 64)]
-          lat_op[:, pl.ds(col, 64)] = plgpu.load(piece, layout=plgpu.Layout.WGMMA, optimized=False)
+          piece = plgpu.load(lat_stage.at[:, col // TMA_BOX, pl.ds(col % TMA_BOX, 64)], layout=plgpu.Layout.WGMMA,
+                             optimized=False)
+          if scaled:  # codes · their group's scale, in fp32 (exact for e4m3), rounded once to the operand's dtype
+            group_scale = plgpu.load(scale_stage[0].at[col // (c // g)], layout=wgmma_rows)
+            piece = (piece.astype(jnp.float32) * lax.broadcast_in_dim(group_scale, piece.shape, [0])).astype(dtype)
+          lat_op[:, pl.ds(col, 64)] = piece
         pe_op[...] = plgpu.load(pe_stage, layout=plgpu.Layout.WGMMA, optimized=False)
         plgpu.commit_smem()
         plgpu.barrier_arrive(op_ready)
@@ -250,13 +276,15 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
       scratch_types=[
           plgpu.SMEM((hb, c), dtype, transforms=lat_t), plgpu.SMEM((hb, r), dtype, transforms=pe_t),
           plgpu.SMEM((2, e), jnp.int32),
-          plgpu.SMEM((e, pieces, c // pieces), dtype), plgpu.SMEM((e, r), dtype),  # untiled: one-row TMA destinations
+          plgpu.SMEM((e, pieces, c // pieces), latent_BSC.dtype), plgpu.SMEM((e, r), dtype),  # untiled: one-row TMA
+          # destinations
           plgpu.SMEM((e, c), dtype, transforms=lat_t), plgpu.SMEM((e, r), dtype, transforms=pe_t),
           plgpu.SMEM((hb, e), dtype, transforms=p_t),
           plgpu.SMEM((2, hb), jnp.float32),  # a step's rescale, then the final sum (buffers align to 1 KiB: one)
+          *scale_scratch,
           plgpu.Barrier(num_arrivals=2),  # q~ and q_pe
           plgpu.Barrier(num_arrivals=1, num_barriers=2),  # a step's slot ids
-          plgpu.Barrier(num_arrivals=2 * e),  # a step's one-row copies
+          plgpu.Barrier(num_arrivals=2 * e + scaled),  # a step's one-row copies (and its scales)
           plgpu.Barrier(num_arrivals=1), plgpu.Barrier(num_arrivals=2), plgpu.Barrier(num_arrivals=1),
           plgpu.Barrier(num_arrivals=1), plgpu.Barrier(num_arrivals=1),
       ],
@@ -269,7 +297,7 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
       kernel_name=KERNEL_NAME,
       interpret=plgpu.InterpretGPUParams() if interpret else None,
   )
-  out, lse = kernel(q_lat, q_pe, latent_BSC.reshape(b, -1, pieces, c // pieces), k_pe_BSR, slots)
+  out, lse = kernel(q_lat, q_pe, latent_BSC.reshape(b, -1, pieces, c // pieces), k_pe_BSR, slots, *scale_inputs)
   return combine_splits(out[:, :, :n], lse[:, :, :n]).astype(out_dtype).reshape(b, t, n, c)
 
 

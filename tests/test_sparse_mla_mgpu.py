@@ -15,9 +15,9 @@ import pytest
 
 import jax_mtp
 from jax_mtp.kernels.sparse_mla import KERNEL_NAME as TRITON_KERNEL
-from jax_mtp.kernels.sparse_mla import reference
+from jax_mtp.kernels.sparse_mla import dequantize_latent, reference
 from jax_mtp.kernels.sparse_mla_mgpu import KERNEL_NAME, Config, config_for, sparse_mla_mgpu
-from jax_mtp.mla import MLAttention, resolve_sparse_attention_impl
+from jax_mtp.mla import MLAttention, quantize_latent, resolve_sparse_attention_impl
 from tests.lowered_step import mtp_step_module
 from tests.sparse_mla_cases import formula, problem
 from tests.tolerances import assert_close
@@ -50,6 +50,20 @@ def test_kernel_equals_the_formula_and_xla(b, t, n, c, r, s, k, e, splits, dtype
   assert_close(got, xla, "bfloat16", what="kernel vs XLA")
 
 
+@pytest.mark.parametrize("b,t,c,s,k,splits", [(1, 2, 256, 200, 128, 1), (2, 1, 512, 256, 128, 2)])
+def test_an_fp8_cache_equals_the_formula_and_xla_on_its_values(b, t, c, s, k, splits):
+  """An fp8 MLA cache (e4m3 codes, one fp32 scale per 128 values, `quantize_latent`'s writer): dequantised by the
+  gather warpgroup, the same attention as XLA's fp8 path and as the float64 formula over the dequantised values."""
+  q_lat, q_pe, latent, k_pe, slots, valid = problem(b, t, 64, c, 64, s, k, "bfloat16", seed=c + s)
+  codes, scales = quantize_latent(latent, 128)
+  attended = jnp.where(valid, slots, -1)
+  got = _attend(q_lat, q_pe, codes, k_pe, attended, c**-0.5, latent_scale_BSG=scales, config=Config(splits=splits))
+  values = dequantize_latent(codes, scales, jnp.bfloat16)  # what the kernel's operand holds
+  assert_close(got, formula(q_lat, q_pe, values, k_pe, slots, valid, c**-0.5), "bfloat16", what="fp8 vs formula")
+  xla = reference(q_lat, q_pe, codes, k_pe, slots, valid, c**-0.5, dot_dtype=jnp.bfloat16, latent_scale_BSG=scales)
+  assert_close(got, xla, "bfloat16", what="fp8 cache, kernel vs XLA")
+
+
 def test_a_split_with_nothing_attended_weighs_nothing():
   """Slots 64.. of every query are padding: the second of two splits sees none and must add nothing."""
   q_lat, q_pe, latent, k_pe, slots, valid = problem(2, 1, 64, 128, 64, 256, 128, "bfloat16", padded=0.0)
@@ -71,12 +85,16 @@ def test_a_16_bit_output_is_the_fp32_output_rounded(splits):
 
 
 @pytest.mark.parametrize("b,t", [(1, 1), (2, 4), (64, 4)])
-def test_kernel_lowers_for_cuda_at_v32_widths(b, t):
-  """The Mosaic GPU lowering (one-row TMA copies, the staging re-layout, wgmma operands, 232 KiB of shared
-  memory checked against the H200's limit) at 128 heads × 512 + 64, top-2048 of a 32K cache."""
-  shapes = [((b, t, 128, 512), jnp.bfloat16), ((b, t, 128, 64), jnp.bfloat16), ((b, 32768, 512), jnp.bfloat16),
-            ((b, 32768, 64), jnp.bfloat16), ((b, t, 2048), jnp.int32)]
-  fn = jax.jit(lambda *a: sparse_mla_mgpu(*a, 512**-0.5, out_dtype=jnp.bfloat16))
+@pytest.mark.parametrize("cache", ["bfloat16", "fp8"])
+def test_kernel_lowers_for_cuda_at_v32_widths(b, t, cache):
+  """The Mosaic GPU lowering (one-row TMA copies, the staging re-layout and the fp8 dequantisation, wgmma operands,
+  shared memory checked against the H200's limit) at 128 heads × 512 + 64, top-2048 of a 32K cache."""
+  fp8 = cache == "fp8"
+  shapes = [((b, t, 128, 512), jnp.bfloat16), ((b, t, 128, 64), jnp.bfloat16),
+            ((b, 32768, 512), jnp.float8_e4m3fn if fp8 else jnp.bfloat16), ((b, 32768, 64), jnp.bfloat16),
+            ((b, t, 2048), jnp.int32), ((b, 32768, 4), jnp.float32)]
+  fn = jax.jit(lambda *a: sparse_mla_mgpu(*a[:5], 512**-0.5, latent_scale_BSG=a[5] if fp8 else None,
+                                          out_dtype=jnp.bfloat16))
   text = fn.trace(*(jax.ShapeDtypeStruct(*x) for x in shapes)).lower(lowering_platforms=("cuda",)).as_text()
   assert "mosaic_gpu" in text and KERNEL_NAME in text
 
@@ -123,11 +141,12 @@ def test_the_kernel_is_in_the_lowered_step_when_asked_for():
   assert KERNEL_NAME in module and TRITON_KERNEL not in module.replace(KERNEL_NAME, "")
 
 
-@pytest.mark.parametrize("t", [1, 3])
-def test_the_models_attention_output_equals_xlas(t):
+@pytest.mark.parametrize("t,cache", [(1, "bfloat16"), (3, "bfloat16"), (3, "fp8")])
+def test_the_models_attention_output_equals_xlas(t, cache):
   """The MTP layer's sparse attention heads (before o_proj; a 64-slot cache > top-16, padded to a 64-entry step;
-  row 1 at early positions sees fewer than 16 slots) through the kernel and through XLA."""
-  cfg = _kernel_cfg()
+  row 1 at early positions sees fewer than 16 slots) through the kernel and through XLA, with a bf16 and an fp8
+  MLA cache (the kernel dequantises the codes, XLA the gathered entries)."""
+  cfg = _kernel_cfg(kv_cache_dtype="fp8") if cache == "fp8" else _kernel_cfg()
   params = jax_mtp.init_params(cfg, jax.random.key(0))
   rng = np.random.default_rng(t)
   prefix_pos = jnp.broadcast_to(jnp.arange(40, dtype=jnp.int32), (2, 40))
@@ -149,7 +168,7 @@ def test_the_models_attention_output_equals_xlas(t):
 
   xla = attention_out("xla")
   assert float(jnp.max(jnp.abs(xla))) > 0
-  assert_close(attention_out("mosaic_gpu"), xla, "bfloat16", what=f"attention output, T = {t}")
+  assert_close(attention_out("mosaic_gpu"), xla, "bfloat16", what=f"attention output, T = {t}, {cache} cache")
 
 
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
