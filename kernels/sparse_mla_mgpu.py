@@ -49,6 +49,9 @@ class Config:
   """Launch parameters. `splits` = 0: `config_for` picks it."""
 
   block_entries: int = 64  # selected entries a step: the scores' wgmma N and the values' K
+  # Staging rows padded by 8 bytes a copied piece, so the 8 rows a warp's re-layout load reads at once start 16 bytes
+  # apart (unpadded they are a multiple of 128 bytes apart: one bank, 8-way conflicts). Costs 1-2 KiB of shared memory
+  pad_staging: bool = True
   splits: int = 0  # CTAs per (query, head block), each over K / splits of its selected slots
 
 
@@ -84,7 +87,7 @@ def check_operands(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, confi
       raise ValueError(f"an fp8 latent cache is float8_e4m3fn codes {(b, s, c)} with scales {(b, s, 'G')} of groups "
                        f"a multiple of 64 wide; got {latent_BSC.dtype} {latent_BSC.shape}, scales "
                        f"{latent_scale_BSG.shape}")
-  if c % 128 or c > 512 or r % 64:
+  if c % 128 or c > 512 or r % 64 or (c > TMA_BOX and c % TMA_BOX):
     raise ValueError(f"latent width {c} (a multiple of 128, at most 512: two wgmma halves) or rope width {r} (a "
                      f"multiple of 64: a row's TMA copy moves a multiple of 128 bytes) does not fit the kernel")
   e, splits = config.block_entries, config.splits
@@ -112,6 +115,8 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
   dtype, hb, half = q_lat_BTNC.dtype, BLOCK_HEADS, c // 2
   padded = -(-n // hb) * hb
   pieces = -(-c // TMA_BOX)  # a latent row is copied as [pieces, c / pieces]: a TMA box is ≤ 256 wide
+  width = c // pieces
+  pad = lambda dt: 8 // jnp.dtype(dt).itemsize if config.pad_staging else 0  # noqa: E731
   pad_heads = [(0, 0), (0, padded - n), (0, 0)]
   q_lat = jnp.pad(q_lat_BTNC.reshape(b * t, n, c), pad_heads)
   q_pe = jnp.pad(q_pe_BTNR.reshape(b * t, n, r), pad_heads)
@@ -132,11 +137,18 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
 
   def body(q_lat_gmem, q_pe_gmem, lat_gmem, pe_gmem, slots_gmem, *refs):
     scale_gmem = refs[0] if scaled else None
-    (out_gmem, lse_gmem, q_lat_smem, q_pe_smem, ids_smem, lat_stage, pe_stage, lat_op, pe_op, p_smem, rows_smem,
+    (out_gmem, lse_gmem, q_lat_smem, q_pe_smem, lat_stage, pe_stage, lat_op, pe_op, p_smem, small_smem,
      *scale_stage, loaded, ids_loaded, gathered, op_ready, op_free, p_ready, done, written) = refs[scaled:]
     hi, pi, qi = lax.axis_index("h"), lax.axis_index("p"), lax.axis_index("q")
     wg = lax.axis_index("wg")
     row = qi // t  # the query's batch row: its cache
+    ids_smem = small_smem.at[pl.ds(0, 2), pl.ds(0, e)]  # slot ids of steps s (s % 2)
+
+    def put_row(i, x):  # an f32 [64] row vector for the other warpgroup, as int32 bits
+      small_smem.at[2 + i, pl.ds(0, hb)][...] = lax.bitcast_convert_type(x, jnp.int32)
+
+    def get_row(i):
+      return lax.bitcast_convert_type(plgpu.load(small_smem.at[2 + i, pl.ds(0, hb)], layout=wgmma_rows), jnp.float32)
 
     def accumulate(acc, a, b_ref):  # acc + a · b on the tensor cores, accumulated in place
       if interpret:  # Pallas's GPU interpreter does not run pl.run_state (jax 0.12): a fresh product, added
@@ -173,7 +185,9 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
         @pl.loop(0, e)
         def _(i):
           slot = jnp.maximum(ids[i], 0)
-          plgpu.copy_gmem_to_smem(lat_gmem.at[row, pl.ds(slot, 1)], lat_stage.at[pl.ds(i, 1)], gathered)
+          for j in range(pieces):  # one copy a piece: a TMA destination is dense, and the padding sits between pieces
+            plgpu.copy_gmem_to_smem(lat_gmem.at[row, pl.ds(slot, 1), j], lat_stage.at[pl.ds(i, 1), j, pl.ds(0, width)],
+                                    gathered)
           plgpu.copy_gmem_to_smem(pe_gmem.at[row, pl.ds(slot, 1)], pe_stage.at[pl.ds(i, 1)], gathered)
 
         if scaled:
@@ -188,7 +202,7 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
         plgpu.barrier_wait(gathered)
         pl.when(step > 0)(lambda: plgpu.barrier_wait(op_free))  # both halves are done with the last step
         for col in range(0, c, 64):  # staging → registers → tiled operand, 64 columns at a time
-          piece = plgpu.load(lat_stage.at[:, col // TMA_BOX, pl.ds(col % TMA_BOX, 64)], layout=plgpu.Layout.WGMMA,
+          piece = plgpu.load(lat_stage.at[:, col // width, pl.ds(col % width, 64)], layout=plgpu.Layout.WGMMA,
                              optimized=False)
           if scaled:  # codes · their group's scale, in fp32 (exact for e4m3), rounded once to the operand's dtype
             group_scale = plgpu.load(scale_stage[0].at[col // (c // g)], layout=wgmma_rows)
@@ -229,7 +243,7 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
         p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
         l = l * alpha + p.sum(axis=1)
         p_smem[...] = p.astype(dtype)
-        rows_smem[0] = alpha
+        put_row(0, alpha)
         plgpu.commit_smem()
         plgpu.barrier_arrive(p_ready)
         acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
@@ -242,7 +256,7 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
               plgpu.layout_cast(jnp.full((hb,), _NEG_INIT, jnp.float32), wgmma_rows),
               plgpu.layout_cast(jnp.zeros((hb,), jnp.float32), wgmma_rows))
       acc, m, l = lax.fori_loop(0, steps, step_fn, init)
-      rows_smem[1] = l
+      put_row(1, l)
       plgpu.commit_smem()
       plgpu.barrier_arrive(done)
       _write(acc, l, 0)
@@ -256,7 +270,7 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
 
       def step_fn(step, acc):
         plgpu.barrier_wait(p_ready)
-        alpha = plgpu.load(rows_smem.at[0], layout=wgmma_rows)
+        alpha = get_row(0)
         acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
 
         acc = accumulate(acc, p_smem, lat_op.at[:, pl.ds(half, half)])
@@ -266,7 +280,7 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
       acc = lax.fori_loop(0, steps, step_fn, plgpu.layout_cast(jnp.zeros((hb, half), jnp.float32),
                                                                plgpu.Layout.WGMMA))
       plgpu.barrier_wait(done)
-      _write(acc, plgpu.load(rows_smem.at[1], layout=wgmma_rows), half)
+      _write(acc, get_row(1), half)
 
   out_dt = out_dtype if splits == 1 else jnp.float32
   kernel = plgpu.kernel(
@@ -275,16 +289,17 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
                 jax.ShapeDtypeStruct((b * t, splits, padded), jnp.float32)),
       scratch_types=[
           plgpu.SMEM((hb, c), dtype, transforms=lat_t), plgpu.SMEM((hb, r), dtype, transforms=pe_t),
-          plgpu.SMEM((2, e), jnp.int32),
-          plgpu.SMEM((e, pieces, c // pieces), latent_BSC.dtype), plgpu.SMEM((e, r), dtype),  # untiled: one-row TMA
+          plgpu.SMEM((e, pieces, width + pad(latent_BSC.dtype)), latent_BSC.dtype),  # untiled: one-row TMA
+          plgpu.SMEM((e, r), dtype),  # unpadded: 1/9 of the bytes, and the 1 KiB its padding takes is not there
           # destinations
           plgpu.SMEM((e, c), dtype, transforms=lat_t), plgpu.SMEM((e, r), dtype, transforms=pe_t),
           plgpu.SMEM((hb, e), dtype, transforms=p_t),
-          plgpu.SMEM((2, hb), jnp.float32),  # a step's rescale, then the final sum (buffers align to 1 KiB: one)
+          # two steps' slot ids, a step's rescale, the final sum (f32 bits): one buffer, as buffers align to 1 KiB
+          plgpu.SMEM((4, max(e, hb)), jnp.int32),
           *scale_scratch,
           plgpu.Barrier(num_arrivals=2),  # q~ and q_pe
           plgpu.Barrier(num_arrivals=1, num_barriers=2),  # a step's slot ids
-          plgpu.Barrier(num_arrivals=2 * e + scaled),  # a step's one-row copies (and its scales)
+          plgpu.Barrier(num_arrivals=(pieces + 1) * e + scaled),  # a step's one-row copies (and its scales)
           plgpu.Barrier(num_arrivals=1), plgpu.Barrier(num_arrivals=2), plgpu.Barrier(num_arrivals=1),
           plgpu.Barrier(num_arrivals=1), plgpu.Barrier(num_arrivals=1),
       ],
@@ -297,7 +312,7 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
       kernel_name=KERNEL_NAME,
       interpret=plgpu.InterpretGPUParams() if interpret else None,
   )
-  out, lse = kernel(q_lat, q_pe, latent_BSC.reshape(b, -1, pieces, c // pieces), k_pe_BSR, slots, *scale_inputs)
+  out, lse = kernel(q_lat, q_pe, latent_BSC.reshape(b, -1, pieces, width), k_pe_BSR, slots, *scale_inputs)
   return combine_splits(out[:, :, :n], lse[:, :, :n]).astype(out_dtype).reshape(b, t, n, c)
 
 
