@@ -91,10 +91,10 @@ case "${1:?stage}" in
   mla)  # the Mosaic GPU kernels' GPU tests (no -x: every verdict), then the sparse-MLA kernels timed
     run 200 gpu_tests_mla.txt python3 -m pytest -v --tb=short -p no:cacheprovider tests/test_sparse_mla_mgpu.py \
       tests/test_index_scores_mgpu.py tests/test_user_path_kernels.py
-    run 150 sparse_mla_4k.md python3 -m benchmarks.sparse_mla --batch 1 8 64 --tokens 1 4 --capacity 4096 --iters 10 \
+    run 200 sparse_mla_4k.md python3 -m benchmarks.sparse_mla --batch 1 8 64 --tokens 1 4 --capacity 4096 --iters 10 \
       --fp8
-    run 80 sparse_mla_32k.md python3 -m benchmarks.sparse_mla --batch 64 --tokens 4 --capacity 32768 --iters 10
-    run 90 index_scores_128k.md python3 -m benchmarks.dsa_parts --capacity 131072 --batch 1 64 --tokens 4 \
+    run 60 sparse_mla_32k.md python3 -m benchmarks.sparse_mla --batch 64 --tokens 4 --capacity 32768 --iters 10
+    run 60 index_scores_128k.md python3 -m benchmarks.dsa_parts --capacity 131072 --batch 1 64 --tokens 4 \
       --parts scores --iters 10
     ;;
   e2e5)  # (not run yet) the user's path with the Mosaic index scores under auto; B = 256 × 32K verification
