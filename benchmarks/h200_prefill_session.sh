@@ -18,6 +18,7 @@
 #            the tests at the index-sharing test, since rewritten)
 #   mla      the Mosaic GPU sparse-MLA kernel's and the Mosaic index scores' GPU tests, then both sparse-MLA kernels
 #            timed beside XLA (4K and 32K caches), then the index scores at 128K
+#   mla2     the same after the jax 0.11.2 fix (13:40: every compiled Mosaic sparse-MLA test failed lowering on 0.11.2)
 #   e2e5     (not run yet) benchmarks.e2e at 32K / 8K with the Mosaic index scores under auto; B = 256 × 32K verify
 #   fp8      benchmarks.e2e with FP8 weights kept as codes: 1K and 32K prompts at B = 1, 1K at B = 64
 set -uo pipefail
@@ -96,6 +97,12 @@ case "${1:?stage}" in
     run 60 sparse_mla_32k.md python3 -m benchmarks.sparse_mla --batch 64 --tokens 4 --capacity 32768 --iters 10
     run 60 index_scores_128k.md python3 -m benchmarks.dsa_parts --capacity 131072 --batch 1 64 --tokens 4 \
       --parts scores --iters 10
+    ;;
+  mla2)  # after the jax 0.11.2 fix: the Mosaic sparse-MLA kernel's GPU tests, then its speed beside Triton and XLA
+    run 170 gpu_tests_mla2.txt python3 -m pytest -v --tb=short -p no:cacheprovider tests/test_sparse_mla_mgpu.py \
+      -k "on_the_gpu or formula or fp8_cache or models or lowered_step or split or 16_bit"
+    run 200 sparse_mla_mla2.md python3 -m benchmarks.sparse_mla --batch 1 64 --tokens 1 4 --capacity 4096 --iters 10 \
+      --fp8
     ;;
   e2e5)  # (not run yet) the user's path with the Mosaic index scores under auto; B = 256 × 32K verification
     run 300 e2e_mgpu.md python3 -m benchmarks.e2e --prompt 32768 8192 --batch 1 --profile --iters 5 \

@@ -217,6 +217,8 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
           issue(step + 1)
           pl.when(step + 2 < steps)(lambda: fetch_ids(step + 2))  # into the buffer issue(step) read
 
+      plgpu.barrier_wait(op_free)  # the last step's completion: a waiter observes every one (the interpreter checks)
+
     @pl.when(wg == 0)
     def _scores():
       plgpu.set_max_registers(232, action="increase")
@@ -235,7 +237,8 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
           return acc_ref[...]
 
         s = pl.run_scoped(dots, plgpu.ACC((hb, e), jnp.float32))
-        ids = plgpu.load(slots_gmem.at[qi, pi, pl.ds(step * e, e)], layout=wgmma_cols)  # from HBM: 256 B
+        ids = plgpu.load(slots_gmem.at[qi, pi, pl.ds(step * e, e)], layout=wgmma_cols,
+                         optimized=False)  # from HBM, 256 B (jax 0.11.2 optimises transfers from SMEM only)
         valid = lax.broadcast_in_dim(ids >= 0, (hb, e), [1])
         s = jnp.where(valid, s * (scale * _LOG2E), -jnp.inf)  # log2 units: exp2 below
         m_new = jnp.maximum(m, s.max(axis=1))
