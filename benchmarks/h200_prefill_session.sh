@@ -19,6 +19,7 @@
 #   mla      the Mosaic GPU sparse-MLA kernel's and the Mosaic index scores' GPU tests, then both sparse-MLA kernels
 #            timed beside XLA (4K and 32K caches), then the index scores at 128K
 #   mla2     the same after the jax 0.11.2 fix (13:40: every compiled Mosaic sparse-MLA test failed lowering on 0.11.2)
+#   mla3     the same, without the staging padding (14:00: CUDA_ERROR_MISALIGNED_ADDRESS: TMA destinations 128 B apart)
 #   e2e5     (not run yet) benchmarks.e2e at 32K / 8K with the Mosaic index scores under auto; B = 256 × 32K verify
 #   fp8      benchmarks.e2e with FP8 weights kept as codes: 1K and 32K prompts at B = 1, 1K at B = 64
 set -uo pipefail
@@ -102,6 +103,12 @@ case "${1:?stage}" in
     run 170 gpu_tests_mla2.txt python3 -m pytest -v --tb=short -p no:cacheprovider tests/test_sparse_mla_mgpu.py \
       -k "on_the_gpu or formula or fp8_cache or models or lowered_step or split or 16_bit"
     run 200 sparse_mla_mla2.md python3 -m benchmarks.sparse_mla --batch 1 64 --tokens 1 4 --capacity 4096 --iters 10 \
+      --fp8
+    ;;
+  mla3)  # after the staging padding went (14:00: misaligned address on the GPU): tests, then speed
+    run 100 gpu_tests_mla3.txt python3 -m pytest -v --tb=short -p no:cacheprovider -x tests/test_sparse_mla_mgpu.py \
+      -k "on_the_gpu or (formula and bfloat16-2-1-64-512) or fp8_cache"
+    run 170 sparse_mla_mla3.md python3 -m benchmarks.sparse_mla --batch 64 1 --tokens 4 1 --capacity 4096 --iters 10 \
       --fp8
     ;;
   e2e5)  # (not run yet) the user's path with the Mosaic index scores under auto; B = 256 × 32K verification

@@ -49,9 +49,6 @@ class Config:
   """Launch parameters. `splits` = 0: `config_for` picks it."""
 
   block_entries: int = 64  # selected entries a step: the scores' wgmma N and the values' K
-  # Staging rows padded by 8 bytes a copied piece, so the 8 rows a warp's re-layout load reads at once start 16 bytes
-  # apart (unpadded they are a multiple of 128 bytes apart: one bank, 8-way conflicts). Costs 1-2 KiB of shared memory
-  pad_staging: bool = True
   splits: int = 0  # CTAs per (query, head block), each over K / splits of its selected slots
 
 
@@ -116,7 +113,6 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
   padded = -(-n // hb) * hb
   pieces = -(-c // TMA_BOX)  # a latent row is copied as [pieces, c / pieces]: a TMA box is ≤ 256 wide
   width = c // pieces
-  pad = lambda dt: 8 // jnp.dtype(dt).itemsize if config.pad_staging else 0  # noqa: E731
   pad_heads = [(0, 0), (0, padded - n), (0, 0)]
   q_lat = jnp.pad(q_lat_BTNC.reshape(b * t, n, c), pad_heads)
   q_pe = jnp.pad(q_pe_BTNR.reshape(b * t, n, r), pad_heads)
@@ -185,7 +181,7 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
         @pl.loop(0, e)
         def _(i):
           slot = jnp.maximum(ids[i], 0)
-          for j in range(pieces):  # one copy a piece: a TMA destination is dense, and the padding sits between pieces
+          for j in range(pieces):  # one copy a piece: a TMA box is at most 256 wide
             plgpu.copy_gmem_to_smem(lat_gmem.at[row, pl.ds(slot, 1), j], lat_stage.at[pl.ds(i, 1), j, pl.ds(0, width)],
                                     gathered)
           plgpu.copy_gmem_to_smem(pe_gmem.at[row, pl.ds(slot, 1)], pe_stage.at[pl.ds(i, 1)], gathered)
@@ -292,8 +288,10 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
                 jax.ShapeDtypeStruct((b * t, splits, padded), jnp.float32)),
       scratch_types=[
           plgpu.SMEM((hb, c), dtype, transforms=lat_t), plgpu.SMEM((hb, r), dtype, transforms=pe_t),
-          plgpu.SMEM((e, pieces, width + pad(latent_BSC.dtype)), latent_BSC.dtype),  # untiled: one-row TMA
-          plgpu.SMEM((e, r), dtype),  # unpadded: 1/9 of the bytes, and the 1 KiB its padding takes is not there
+          # untiled, rows 128-byte aligned as a TMA destination must be (so a warp's re-layout load meets 8-way bank
+          # conflicts: padding the rows apart misaligned the copies on the H200, 2026-12-03)
+          plgpu.SMEM((e, pieces, width), latent_BSC.dtype),
+          plgpu.SMEM((e, r), dtype),
           # destinations
           plgpu.SMEM((e, c), dtype, transforms=lat_t), plgpu.SMEM((e, r), dtype, transforms=pe_t),
           plgpu.SMEM((hb, e), dtype, transforms=p_t),
