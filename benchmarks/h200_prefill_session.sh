@@ -20,6 +20,7 @@
 #            timed beside XLA (4K and 32K caches), then the index scores at 128K
 #   mla2     the same after the jax 0.11.2 fix (13:40: every compiled Mosaic sparse-MLA test failed lowering on 0.11.2)
 #   mla3     the same, without the staging padding (14:00: CUDA_ERROR_MISALIGNED_ADDRESS: TMA destinations 128 B apart)
+#   mla4     (not run yet) all the Mosaic sparse-MLA GPU tests; Config.contiguous_relayout timed beside the rest
 #   e2e5     (not run yet) benchmarks.e2e at 32K / 8K with the Mosaic index scores under auto; B = 256 × 32K verify
 #   fp8      benchmarks.e2e with FP8 weights kept as codes: 1K and 32K prompts at B = 1, 1K at B = 64
 set -uo pipefail
@@ -110,6 +111,12 @@ case "${1:?stage}" in
       -k "on_the_gpu or (formula and bfloat16-2-1-64-512) or fp8_cache"
     run 170 sparse_mla_mla3.md python3 -m benchmarks.sparse_mla --batch 64 1 --tokens 4 1 --capacity 4096 --iters 10 \
       --fp8
+    ;;
+  mla4)  # (not run yet) every Mosaic sparse-MLA GPU test, then both kernels and the contiguous re-layout timed
+    run 240 gpu_tests_mla4.txt python3 -m pytest -v --tb=short -p no:cacheprovider tests/test_sparse_mla_mgpu.py \
+      tests/test_user_path_kernels.py
+    run 240 sparse_mla_mla4.md python3 -m benchmarks.sparse_mla --batch 64 8 1 --tokens 4 1 --capacity 4096 \
+      --iters 10 --fp8
     ;;
   e2e5)  # (not run yet) the user's path with the Mosaic index scores under auto; B = 256 × 32K verification
     run 300 e2e_mgpu.md python3 -m benchmarks.e2e --prompt 32768 8192 --batch 1 --profile --iters 5 \

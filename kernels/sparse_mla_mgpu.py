@@ -49,6 +49,11 @@ class Config:
   """Launch parameters. `splits` = 0: `config_for` picks it."""
 
   block_entries: int = 64  # selected entries a step: the scores' wgmma N and the values' K
+  # The bf16 latent's re-layout through registers in row-contiguous pieces (a warp reads 512 bytes of one row, no
+  # bank conflicts) instead of WGMMA's layout (a warp reads 8 rows 1 KiB apart: 8-way conflicts). Lowered and
+  # interpreter-tested on jax 0.11.2 and 0.12, not yet run on a GPU (the form run on the H200, 2026-12-03 13:57, ran
+  # at ~0.5× the Triton kernel); at 256-wide pieces (a 512-wide latent) only
+  contiguous_relayout: bool = False
   splits: int = 0  # CTAs per (query, head block), each over K / splits of its selected slots
 
 
@@ -128,6 +133,11 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
     scale_scratch = [plgpu.SMEM((g, e), jnp.float32)]
   lat_t, pe_t = _operand_transforms(plgpu, dtype, c), _operand_transforms(plgpu, dtype, r)
   p_t = _operand_transforms(plgpu, dtype, e)
+  rows_layout = None
+  if config.contiguous_relayout and width == 256:  # [rows, 256]: a warp a row, a lane 8 contiguous values (16 B)
+    from jax.experimental.mosaic.gpu import fragmented_array as mgpu_fa  # noqa: PLC0415
+    rows_layout = plgpu.Layout.TILED(mgpu_fa.Tiling(((4, 256), (8,))), warp_dims=(-3,), lane_dims=(-2,),
+                                     vector_dim=-1)
   wgmma_rows = plgpu.Layout.WGMMA.reduce(1)  # one value per head (row of the [64, ·] accumulators)
   wgmma_cols = plgpu.Layout.WGMMA.reduce(0)  # one value per entry (column of the scores)
 
@@ -197,7 +207,12 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
       def _(step):
         plgpu.barrier_wait(gathered)
         pl.when(step > 0)(lambda: plgpu.barrier_wait(op_free))  # both halves are done with the last step
-        for col in range(0, c, 64):  # staging → registers → tiled operand, 64 columns at a time
+        if rows_layout is not None and not scaled:  # each warp reads 512 contiguous bytes of one row: no conflicts
+          for rb in range(0, e, 32):
+            for j in range(pieces):
+              lat_op[pl.ds(rb, 32), pl.ds(j * width, width)] = plgpu.load(lat_stage.at[pl.ds(rb, 32), j],
+                                                                          layout=rows_layout)
+        for col in range(0, c if rows_layout is None or scaled else 0, 64):  # staging → registers → tiled operand
           piece = plgpu.load(lat_stage.at[:, col // width, pl.ds(col % width, 64)], layout=plgpu.Layout.WGMMA,
                              optimized=False)
           if scaled:  # codes · their group's scale, in fp32 (exact for e4m3), rounded once to the operand's dtype

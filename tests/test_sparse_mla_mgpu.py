@@ -37,6 +37,17 @@ CASES = [  # b, t, n, c, r, s, k, block_entries, splits
 ]
 
 
+@pytest.mark.parametrize("t", [1, 3])
+def test_the_contiguous_relayout_equals_the_formula_and_xla(t):
+  """Config.contiguous_relayout (row-contiguous register pieces for the bf16 latent's re-layout) at V3.2's widths."""
+  q_lat, q_pe, latent, k_pe, slots, valid = problem(2, t, 64, 512, 64, 192, 128, "bfloat16", seed=t)
+  got = _attend(q_lat, q_pe, latent, k_pe, jnp.where(valid, slots, -1), 512**-0.5,
+                config=Config(contiguous_relayout=True))
+  assert_close(got, formula(q_lat, q_pe, latent, k_pe, slots, valid, 512**-0.5), "bfloat16", what="vs formula")
+  xla = reference(q_lat, q_pe, latent, k_pe, slots, valid, 512**-0.5, dot_dtype=jnp.bfloat16)
+  assert_close(got, xla, "bfloat16", what="contiguous re-layout vs XLA")
+
+
 @pytest.mark.parametrize("b,t,n,c,r,s,k,e,splits", CASES)
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_kernel_equals_the_formula_and_xla(b, t, n, c, r, s, k, e, splits, dtype):
@@ -85,7 +96,7 @@ def test_a_16_bit_output_is_the_fp32_output_rounded(splits):
 
 
 @pytest.mark.parametrize("b,t", [(1, 1), (2, 4), (64, 4)])
-@pytest.mark.parametrize("cache", ["bfloat16", "fp8"])
+@pytest.mark.parametrize("cache", ["bfloat16", "fp8", "bfloat16, contiguous re-layout"])
 def test_kernel_lowers_for_cuda_at_v32_widths(b, t, cache):
   """The Mosaic GPU lowering (one-row TMA copies, the staging re-layout and the fp8 dequantisation, wgmma operands,
   shared memory checked against the H200's limit) at 128 heads × 512 + 64, top-2048 of a 32K cache."""
@@ -93,8 +104,9 @@ def test_kernel_lowers_for_cuda_at_v32_widths(b, t, cache):
   shapes = [((b, t, 128, 512), jnp.bfloat16), ((b, t, 128, 64), jnp.bfloat16),
             ((b, 32768, 512), jnp.float8_e4m3fn if fp8 else jnp.bfloat16), ((b, 32768, 64), jnp.bfloat16),
             ((b, t, 2048), jnp.int32), ((b, 32768, 4), jnp.float32)]
+  config = Config(contiguous_relayout="contiguous" in cache)
   fn = jax.jit(lambda *a: sparse_mla_mgpu(*a[:5], 512**-0.5, latent_scale_BSG=a[5] if fp8 else None,
-                                          out_dtype=jnp.bfloat16))
+                                          out_dtype=jnp.bfloat16, config=config))
   text = fn.trace(*(jax.ShapeDtypeStruct(*x) for x in shapes)).lower(lowering_platforms=("cuda",)).as_text()
   assert "mosaic_gpu" in text and KERNEL_NAME in text
 
