@@ -88,12 +88,14 @@ def _parser() -> argparse.ArgumentParser:
                       "Triton; pallas_tpu); auto: mosaic_gpu on GPUs where it takes the model, else pallas_gpu where "
                       "that does, else xla")
   p.add_argument("--sparse-attention-impl", choices=SPARSE_ATTENTION_IMPLS, default="auto",
-                 help="DSA's sparse MLA attention: xla, or the fused Pallas kernel (pallas_gpu); auto: the kernel on "
-                      "GPUs where it takes the model, else xla")
+                 help="DSA's sparse MLA attention: xla, or a fused Pallas kernel (pallas_gpu: Triton; mosaic_gpu: "
+                      "Mosaic GPU, which also reads an fp8 cache); auto: pallas_gpu on GPUs where it takes the model, "
+                      "else xla")
   p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
                  help="the MLA cache: auto (default): the compute dtype; bfloat16; fp8: e4m3 latent + one fp32 scale "
                       "per 128 values + the rope key in the compute dtype (656 bytes a token at V3.2's widths against "
-                      "1,152 in bf16; vLLM's fp8_ds_mla); the sparse attention then runs in XLA")
+                      "1,152 in bf16; vLLM's fp8_ds_mla); the sparse attention then runs in XLA, or in the Mosaic GPU "
+                      "kernel with --sparse-attention-impl mosaic_gpu")
   p.add_argument("--prefill-chunk", type=int, default=0, metavar="TOKENS",
                  help="prompt tokens per row per prefill call; 0 (default): sized to "
                       f"{PREFILL_CHUNK_BYTES // 2**30} GiB of per-query buffers (jax_mtp.prefill)")

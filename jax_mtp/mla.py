@@ -28,8 +28,10 @@ An fp8 MLA cache (`kv_cache_dtype="fp8"`, jax_mtp.cache) stores e4m3 latent code
 `kv_scale_group` values (amax → 448, `quantize_latent`), written wherever the latent is (`write_latent`: prefill
 chunks, decode steps, verification, target and MTP layers). The naive and dense absorbed forms dequantise the cache
 they read (`read_latent`); the sparse form gathers the selected codes and their scales and dequantises only those,
-so it moves ~57 % of the bf16 cache's bytes (656 of 1,152 a token at V3.2's widths). The Pallas sparse-MLA kernel
-reads bf16 entries: with an fp8 cache `auto` runs XLA's sparse form and an explicit "pallas_gpu" is refused.
+so it moves ~57 % of the bf16 cache's bytes (656 of 1,152 a token at V3.2's widths). The Triton sparse-MLA kernel
+reads bf16 entries (an explicit "pallas_gpu" over an fp8 cache is refused); the Mosaic GPU one ("mosaic_gpu")
+dequantises the codes in its gather warpgroup; `auto` runs XLA's sparse form over an fp8 cache (the Mosaic kernel
+ran at its speed on the H200, benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
