@@ -100,6 +100,7 @@ def test_sampling_is_seeded(capsys):
     (["--index-scores-impl", "pallas_tpu"], "--index-scores-impl=pallas_tpu runs on tpu; this machine's JAX platform"),
     (["--index-scores-impl", "mosaic_gpu"], "--index-scores-impl=mosaic_gpu runs on gpu; this machine's JAX platform"),
     (["--sparse-attention-impl", "pallas_gpu"], "--sparse-attention-impl=pallas_gpu runs on gpu; this machine's JAX"),
+    (["--sparse-attention-impl", "mosaic_gpu"], "--sparse-attention-impl=mosaic_gpu runs on gpu; this machine's JAX"),
     (["--sparse-attention-impl", "flash"], "'flash'"),
     (["--prefill-chunk", "-2"], "prefill_chunk=-2 must be a whole number of tokens"),
 ])
