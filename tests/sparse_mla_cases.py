@@ -1,8 +1,14 @@
-"""The sparse-MLA op's inputs and float64 formula that every implementation's tests use
+"""The sparse-MLA op's inputs, float64 formula and model-level check that every implementation's tests use
 (tests/test_sparse_mla_kernel.py: the Triton kernel; tests/test_sparse_mla_mgpu.py: the Mosaic GPU one)."""
 
+import flax
+import jax
 import jax.numpy as jnp
 import numpy as np
+
+import jax_mtp
+from jax_mtp.mla import MLAttention
+from tests.tolerances import assert_close
 
 
 def problem(b, t, n, c, r, s, k, dtype, seed=0, padded=0.2):
@@ -29,3 +35,31 @@ def formula(q_lat, q_pe, latent, k_pe, slots, valid, scale):
   probs = np.exp(scores - scores.max(-1, keepdims=True))
   probs /= probs.sum(-1, keepdims=True)
   return np.einsum("btnk,btkc->btnc", probs, lat_g)
+
+
+def assert_models_attention_equals_xlas(cfg, impl: str, t: int, what: str) -> None:
+  """The MTP layer's sparse attention heads (before o_proj) through `impl` and through XLA, to bf16's tolerance:
+  a 64-slot cache (> top-16) prefilled with 40 tokens, then a T-token step of two rows at positions 40.. and 5..
+  (row 1 sees fewer than top-16 slots: padded selections)."""
+  params = jax_mtp.init_params(cfg, jax.random.key(0))
+  rng = np.random.default_rng(t)
+  prefix_pos = jnp.broadcast_to(jnp.arange(40, dtype=jnp.int32), (2, 40))
+  prefix = (jnp.asarray(rng.integers(0, cfg.vocab_size, (2, 40)), jnp.int32), prefix_pos,
+            jnp.asarray(rng.standard_normal((2, 40, cfg.hidden_size)), jnp.bfloat16))
+  caches = jax.jit(lambda p, *a: jax_mtp.MtpPredictor(cfg).apply({"params": p}, *a).caches)(
+      params, *prefix, jax_mtp.init_caches(cfg, 2, 64))
+  step = (jnp.asarray(rng.integers(0, cfg.vocab_size, (2, t)), jnp.int32),
+          jnp.asarray([[40 + i for i in range(t)], [5 + i for i in range(t)]], jnp.int32),
+          jnp.asarray(rng.standard_normal((2, t, cfg.hidden_size)), jnp.bfloat16))
+
+  def attention_out(impl):
+    model = jax_mtp.MtpPredictor(cfg.replace(sparse_attention_impl=impl))
+    _, found = jax.jit(lambda p, *a: model.apply({"params": p}, *a, absorb=True, capture_intermediates=lambda mdl, _:
+                                                 isinstance(mdl, MLAttention)))(params, *step, caches)
+    (calls,) = [v for path, v in flax.traverse_util.flatten_dict(found["intermediates"]).items()
+                if path[-2:] == ("self_attn", "_absorbed_sparse")]
+    return calls[0]  # the heads' outputs before o_proj, fp32 [B, T, N, H]
+
+  xla = attention_out("xla")
+  assert float(jnp.max(jnp.abs(xla))) > 0
+  assert_close(attention_out(impl), xla, "bfloat16", what=what)

@@ -6,8 +6,6 @@ offending values where it cannot run."""
 
 import functools
 
-import flax
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,9 +14,9 @@ import pytest
 import jax_mtp
 from jax_mtp.kernels.sparse_mla import KERNEL_NAME, Config, combine_splits, sparse_mla, splits_for
 from jax_mtp.kernels.sparse_mla import reference as sparse_mla_reference
-from jax_mtp.mla import MLAttention, resolve_sparse_attention_impl
+from jax_mtp.mla import resolve_sparse_attention_impl
 from tests.conftest import FULL_ONLY, FULL_TESTS
-from tests.sparse_mla_cases import formula, problem
+from tests.sparse_mla_cases import assert_models_attention_equals_xlas, formula, problem
 from tests.lowered_step import mtp_step_module
 from tests.tolerances import assert_close
 
@@ -136,29 +134,7 @@ def test_the_kernel_is_in_the_lowered_step_when_asked_for():
 def test_the_models_attention_output_equals_xlas(t):
   """The MTP layer's sparse attention heads (before o_proj; bf16 model, a 64-slot cache > top-16; row 1 at early
   positions sees fewer than 16 slots: padded selections) through the kernel and through XLA."""
-  cfg = _kernel_cfg()
-  params = jax_mtp.init_params(cfg, jax.random.key(0))
-  rng = np.random.default_rng(t)
-  prefix_pos = jnp.broadcast_to(jnp.arange(40, dtype=jnp.int32), (2, 40))
-  prefix = (jnp.asarray(rng.integers(0, cfg.vocab_size, (2, 40)), jnp.int32), prefix_pos,
-            jnp.asarray(rng.standard_normal((2, 40, cfg.hidden_size)), jnp.bfloat16))
-  caches = jax.jit(lambda p, *a: jax_mtp.MtpPredictor(cfg).apply({"params": p}, *a).caches)(
-      params, *prefix, jax_mtp.init_caches(cfg, 2, 64))
-  step = (jnp.asarray(rng.integers(0, cfg.vocab_size, (2, t)), jnp.int32),
-          jnp.asarray([[40 + i for i in range(t)], [5 + i for i in range(t)]], jnp.int32),
-          jnp.asarray(rng.standard_normal((2, t, cfg.hidden_size)), jnp.bfloat16))
-
-  def attention_out(impl):
-    model = jax_mtp.MtpPredictor(cfg.replace(sparse_attention_impl=impl))
-    _, found = jax.jit(lambda p, *a: model.apply({"params": p}, *a, absorb=True, capture_intermediates=lambda mdl, _:
-                                                 isinstance(mdl, MLAttention)))(params, *step, caches)
-    (calls,) = [v for path, v in flax.traverse_util.flatten_dict(found["intermediates"]).items()
-                if path[-2:] == ("self_attn", "_absorbed_sparse")]
-    return calls[0]  # the heads' outputs before o_proj, fp32 [B, T, N, H]
-
-  xla = attention_out("xla")
-  assert float(jnp.max(jnp.abs(xla))) > 0
-  assert_close(attention_out("pallas_gpu"), xla, "bfloat16", what=f"attention output, T = {t}")
+  assert_models_attention_equals_xlas(_kernel_cfg(), "pallas_gpu", t, f"attention output, T = {t}")
 
 
 def test_speculative_decoding_with_the_kernel_keeps_xlas_tokens():

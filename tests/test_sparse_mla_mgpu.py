@@ -7,7 +7,6 @@ cases run compiled."""
 
 import functools
 
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,9 +16,9 @@ import jax_mtp
 from jax_mtp.kernels.sparse_mla import KERNEL_NAME as TRITON_KERNEL
 from jax_mtp.kernels.sparse_mla import dequantize_latent, reference
 from jax_mtp.kernels.sparse_mla_mgpu import KERNEL_NAME, Config, config_for, sparse_mla_mgpu
-from jax_mtp.mla import MLAttention, quantize_latent, resolve_sparse_attention_impl
+from jax_mtp.mla import quantize_latent, resolve_sparse_attention_impl
 from tests.lowered_step import mtp_step_module
-from tests.sparse_mla_cases import formula, problem
+from tests.sparse_mla_cases import assert_models_attention_equals_xlas, formula, problem
 from tests.tolerances import assert_close
 
 ON_GPU = jax.devices()[0].platform == "gpu"
@@ -159,28 +158,7 @@ def test_the_models_attention_output_equals_xlas(t, cache):
   row 1 at early positions sees fewer than 16 slots) through the kernel and through XLA, with a bf16 and an fp8
   MLA cache (the kernel dequantises the codes, XLA the gathered entries)."""
   cfg = _kernel_cfg(kv_cache_dtype="fp8") if cache == "fp8" else _kernel_cfg()
-  params = jax_mtp.init_params(cfg, jax.random.key(0))
-  rng = np.random.default_rng(t)
-  prefix_pos = jnp.broadcast_to(jnp.arange(40, dtype=jnp.int32), (2, 40))
-  prefix = (jnp.asarray(rng.integers(0, cfg.vocab_size, (2, 40)), jnp.int32), prefix_pos,
-            jnp.asarray(rng.standard_normal((2, 40, cfg.hidden_size)), jnp.bfloat16))
-  caches = jax.jit(lambda p, *a: jax_mtp.MtpPredictor(cfg).apply({"params": p}, *a).caches)(
-      params, *prefix, jax_mtp.init_caches(cfg, 2, 64))
-  step = (jnp.asarray(rng.integers(0, cfg.vocab_size, (2, t)), jnp.int32),
-          jnp.asarray([[40 + i for i in range(t)], [5 + i for i in range(t)]], jnp.int32),
-          jnp.asarray(rng.standard_normal((2, t, cfg.hidden_size)), jnp.bfloat16))
-
-  def attention_out(impl):
-    model = jax_mtp.MtpPredictor(cfg.replace(sparse_attention_impl=impl))
-    _, found = jax.jit(lambda p, *a: model.apply({"params": p}, *a, absorb=True, capture_intermediates=lambda mdl, _:
-                                                 isinstance(mdl, MLAttention)))(params, *step, caches)
-    (calls,) = [v for path, v in flax.traverse_util.flatten_dict(found["intermediates"]).items()
-                if path[-2:] == ("self_attn", "_absorbed_sparse")]
-    return calls[0]  # the heads' outputs before o_proj, fp32 [B, T, N, H]
-
-  xla = attention_out("xla")
-  assert float(jnp.max(jnp.abs(xla))) > 0
-  assert_close(attention_out("mosaic_gpu"), xla, "bfloat16", what=f"attention output, T = {t}, {cache} cache")
+  assert_models_attention_equals_xlas(cfg, "mosaic_gpu", t, f"attention output, T = {t}, {cache} cache")
 
 
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
