@@ -104,43 +104,42 @@ def _problem(b: int, t: int, s: int):
   return normal((b, t, N, C), 0.05), normal((b, t, N, R), 0.05), normal((b, s, C)), normal((b, s, R)), slots
 
 
+def _time_against(fn, args, base, iters):
+  """(seconds a call, max error relative to `base`'s largest value) of the jitted `fn` on `args`."""
+  out = fn(*args).astype(jnp.float32)
+  err = float(jnp.max(jnp.abs(out - base)) / jnp.max(jnp.abs(base)))
+  return time_in_loop(fn, args, iters), err
+
+
 def _time_kernel(problem, base, config, iters, backend):
   fn = jax.jit(lambda ql, qp, lat, kp, sl: sparse_mla(ql, qp, lat, kp, sl, SCALE, backend=backend,
                                                       out_dtype=jnp.bfloat16, config=config))
-  out = fn(*problem).astype(jnp.float32)
-  err = float(jnp.max(jnp.abs(out - base)) / jnp.max(jnp.abs(base)))
-  return time_in_loop(fn, problem, iters), err
+  return _time_against(fn, problem, base, iters)
+
+
+def _time_mosaic(problem, base, config, iters, backend, latent_scale_BSG=None):
+  """The Mosaic GPU kernel on `problem` (with `latent_scale_BSG`: problem's latent is an fp8 cache's codes)."""
+  fn = jax.jit(lambda ql, qp, lat, kp, sl, sc: mgpu.sparse_mla_mgpu(ql, qp, lat, kp, sl, SCALE, latent_scale_BSG=sc,
+                                                                    config=config, out_dtype=jnp.bfloat16,
+                                                                    interpret=backend == "interpret"))
+  return _time_against(fn, (*problem, latent_scale_BSG), base, iters)
 
 
 def _fp8_rows(problem, b, t, bandwidth, flops, iters, backend):
   """The fp8 cache (the latent quantised by the model's writer): XLA's fp8 path and the Mosaic kernel, each against
   XLA's fp8 output."""
   codes, scales = quantize_latent(problem[2], 128)
-  fp8 = (problem[0], problem[1], codes, problem[3], problem[4], scales)
+  fp8 = (problem[0], problem[1], codes, problem[3], problem[4])
   floor = floor_us(b, t, bandwidth, flops, fp8=True)
   xla = jax.jit(lambda ql, qp, lat, kp, sl, sc: sparse_mla_reference(ql, qp, lat, kp, jnp.maximum(sl, 0), sl >= 0,
                                                                      SCALE, dot_dtype=jnp.bfloat16,
                                                                      latent_scale_BSG=sc))
-  base = xla(*fp8)
-  seconds = time_in_loop(xla, fp8, iters)
+  base = xla(*fp8, scales)
+  seconds = time_in_loop(xla, (*fp8, scales), iters)
   print(f"| {b} | {t} | XLA, fp8 cache | | {seconds * 1e6:,.1f} | {floor:,.1f} | {floor / seconds / 1e6:.2f} | |")
-  fn = jax.jit(lambda ql, qp, lat, kp, sl, sc: mgpu.sparse_mla_mgpu(ql, qp, lat, kp, sl, SCALE, latent_scale_BSG=sc,
-                                                                    out_dtype=jnp.bfloat16,
-                                                                    interpret=backend == "interpret"))
-  out = fn(*fp8).astype(jnp.float32)
-  err = float(jnp.max(jnp.abs(out - base)) / jnp.max(jnp.abs(base)))
-  seconds = time_in_loop(fn, fp8, iters)
+  seconds, err = _time_mosaic(fp8, base, None, iters, backend, latent_scale_BSG=scales)
   print(f"| {b} | {t} | Mosaic GPU kernel, fp8 cache | auto | {seconds * 1e6:,.1f} | {floor:,.1f} | "
         f"{floor / seconds / 1e6:.2f} | {err:.1e} |", flush=True)
-
-
-def _time_mosaic(problem, base, config, iters, backend):
-  fn = jax.jit(lambda ql, qp, lat, kp, sl: mgpu.sparse_mla_mgpu(ql, qp, lat, kp, sl, SCALE, config=config,
-                                                                out_dtype=jnp.bfloat16,
-                                                                interpret=backend == "interpret"))
-  out = fn(*problem).astype(jnp.float32)
-  err = float(jnp.max(jnp.abs(out - base)) / jnp.max(jnp.abs(base)))
-  return time_in_loop(fn, problem, iters), err
 
 
 def _name(config) -> str:
