@@ -27,6 +27,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from jax_mtp.kernels.mosaic_gpu_common import operand_transforms
+
 KERNEL_NAME = "dsa_scores_mgpu"  # not containing the Triton kernel's name: a test can tell them apart
 MIN_STEPS_PER_CTA = 4
 FLOAT8_KEYS = (jnp.float8_e4m3fn, jnp.float8_e5m2)
@@ -110,7 +112,7 @@ def index_scores_mgpu(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, sca
   scaled = k_scale_BS is not None
   share = s // splits  # slots per CTA
   steps = share // bs
-  operand = _operand_transforms(plgpu, q.dtype, j)
+  operand = operand_transforms(plgpu, q.dtype, j)
 
   def body(q_gmem, k_gmem, w_gmem, last_gmem, *refs):
     k_scale_gmem = refs[0] if scaled else None
@@ -159,7 +161,7 @@ def index_scores_mgpu(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, sca
         weighted = jnp.maximum(logits, 0.0) * lax.broadcast_in_dim(w_row, (bs, i), [1])
         out[n] = weighted.sum(axis=1) * scale
 
-    in_specs = [plgpu.BlockSpec((bs, j), lambda st: (st, 0), transforms=_operand_transforms(plgpu, k_gmem.dtype, j))]
+    in_specs = [plgpu.BlockSpec((bs, j), lambda st: (st, 0), transforms=operand_transforms(plgpu, k_gmem.dtype, j))]
     gmem = [k_gmem.at[bi, pl.ds(first, share)]]
     if scaled:
       in_specs.append(plgpu.BlockSpec((bs,), lambda st: (st,)))
@@ -195,9 +197,3 @@ def index_scores_mgpu(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, sca
   inputs = [q, k_BSJ, w, last_BQ] + ([k_scale_BS.astype(jnp.float32)] if scaled else [])
   return kernel(*inputs)[:, :t]
 
-
-def _operand_transforms(plgpu, dtype, minor: int):
-  """Tiling + the widest swizzle a [rows, minor] operand of `dtype` takes (wgmma reads it from shared memory)."""
-  bits = jnp.dtype(dtype).itemsize * 8
-  swizzle = plgpu.find_swizzle(minor * bits)
-  return plgpu.TilingTransform((8, swizzle * 8 // bits)), plgpu.SwizzleTransform(swizzle)

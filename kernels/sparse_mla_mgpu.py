@@ -33,6 +33,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from jax_mtp.kernels.mosaic_gpu_common import operand_transforms
 from jax_mtp.kernels.sparse_mla import combine_splits
 
 KERNEL_NAME = "dsa_sparse_mla_mgpu"  # not containing the Triton kernel's name: a test can tell them apart
@@ -131,8 +132,8 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
     picked = latent_scale_BSG[rows_B1, jnp.maximum(slots_BTK, 0)].astype(jnp.float32)  # [B, T, K, G]
     scale_inputs = [picked.reshape(b * t, splits, k // splits, g).transpose(0, 1, 3, 2)]
     scale_scratch = [plgpu.SMEM((g, e), jnp.float32)]
-  lat_t, pe_t = _operand_transforms(plgpu, dtype, c), _operand_transforms(plgpu, dtype, r)
-  p_t = _operand_transforms(plgpu, dtype, e)
+  lat_t, pe_t = operand_transforms(plgpu, dtype, c), operand_transforms(plgpu, dtype, r)
+  p_t = operand_transforms(plgpu, dtype, e)
   rows_layout = None
   if config.contiguous_relayout and width == 256:  # [rows, 256]: a warp a row, a lane 8 contiguous values (16 B)
     from jax.experimental.mosaic.gpu import fragmented_array as mgpu_fa  # noqa: PLC0415
@@ -331,9 +332,3 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
   out, lse = kernel(q_lat, q_pe, latent_BSC.reshape(b, -1, pieces, width), k_pe_BSR, slots, *scale_inputs)
   return combine_splits(out[:, :, :n], lse[:, :, :n]).astype(out_dtype).reshape(b, t, n, c)
 
-
-def _operand_transforms(plgpu, dtype, minor: int):
-  """Tiling + the widest swizzle a [rows, minor] operand of `dtype` takes (wgmma reads it from shared memory)."""
-  bits = jnp.dtype(dtype).itemsize * 8
-  swizzle = plgpu.find_swizzle(minor * bits)
-  return plgpu.TilingTransform((8, swizzle * 8 // bits)), plgpu.SwizzleTransform(swizzle)
