@@ -22,6 +22,7 @@
 #   mla3     the same, without the staging padding (14:00: CUDA_ERROR_MISALIGNED_ADDRESS: TMA destinations 128 B apart)
 #   mla4     (not run yet) all the Mosaic sparse-MLA GPU tests; Config.contiguous_relayout timed beside the rest
 #   e2e5     (not run yet) benchmarks.e2e at 32K / 8K with the Mosaic index scores under auto; B = 256 × 32K verify
+#   fp8mg    the Mosaic GPU FP8 grouped matmul's tests and its speed beside the Triton kernel; mla4's failures
 #   fp8      benchmarks.e2e with FP8 weights kept as codes: 1K and 32K prompts at B = 1, 1K at B = 64
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
@@ -123,6 +124,17 @@ case "${1:?stage}" in
       --out "$OUT/e2e_mgpu.json"
     run 250 verify_32k_b256.md python3 -m benchmarks.verify_forward --layers 4 -k 3 --forms absorbed --batch 256 \
       --capacity 32768 --profile --iters 5
+    ;;
+  fp8mg)  # the Mosaic GPU FP8 grouped matmul: its tests compiled, then timed beside the Triton kernel; the two
+          # Mosaic sparse-MLA failures of mla4 (80 heads, 128 entries a step) and the index-sharing test, each with
+          # its reason (mla4's call ended inside the index-sharing test: --timeout prints where it waits)
+    run 120 gpu_tests_fp8mg.txt python3 -m pytest -v --tb=short -p no:cacheprovider \
+      tests/test_fp8_grouped_matmul_mgpu.py
+    run 240 fp8_mgpu.md python3 -m benchmarks.fp8_mgpu --assignments 8 64 512 2048 --rows 1 8 64 --iters 20
+    run 60 gpu_tests_mla_80.txt python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_sparse_mla_mgpu.py \
+      -k "formula_and_xla and bfloat16-1-2-80"
+    run 100 gpu_tests_share.txt python3 -m pytest -q --tb=short -p no:cacheprovider --timeout 80 \
+      tests/test_user_path_kernels.py -k index_sharing
     ;;
   *) echo "unknown stage $1"; exit 2 ;;
 esac

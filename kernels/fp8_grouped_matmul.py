@@ -90,8 +90,8 @@ def row_tile_for(rows: int, experts: int) -> int:
   return min(MAX_ROW_TILE, max(ROW_TILE, 1 << (rows - 1).bit_length()))
 
 
-def check_operands(x_AK, codes_EKN, scale_EkN, group_sizes_E, config: Config) -> None:
-  """One clear error for operands (and a completed launch `config`) the kernel does not take."""
+def check_shapes(x_AK, codes_EKN, scale_EkN, group_sizes_E) -> None:
+  """One clear error for operands the op does not take (this kernel's and the Mosaic GPU one's)."""
   a, k = x_AK.shape
   e, k2, n = codes_EKN.shape
   if codes_EKN.dtype != jnp.float8_e4m3fn:
@@ -102,6 +102,12 @@ def check_operands(x_AK, codes_EKN, scale_EkN, group_sizes_E, config: Config) ->
     raise ValueError(f"scales {scale_EkN.shape} are not the {BLOCK} × {BLOCK} blocks of codes {codes_EKN.shape}")
   if group_sizes_E.shape != (e,):
     raise ValueError(f"group_sizes {group_sizes_E.shape} must give one size per expert of codes {codes_EKN.shape}")
+
+
+def check_operands(x_AK, codes_EKN, scale_EkN, group_sizes_E, config: Config) -> None:
+  """One clear error for operands (and a completed launch `config`) this kernel does not take."""
+  check_shapes(x_AK, codes_EKN, scale_EkN, group_sizes_E)
+  e, k, n = codes_EKN.shape
   if e * k * n // WORD >= MAX_WORDS:
     raise ValueError(f"codes {codes_EKN.shape}: {e * k * n // WORD:,} words exceed the kernel's int32 offsets")
   if config.split_k < 1 or (k // BLOCK) % config.split_k:

@@ -1,0 +1,170 @@
+"""The FP8 grouped matmul of `kernels/fp8_grouped_matmul.py` on Pallas's Mosaic GPU backend (Hopper: TMA, wgmma),
+without Pallas's deprecated Triton backend (issue 28). Same contract and formula:
+
+    y[a, n] = Σ_kb  scale[e_a, kb, n // 128] · Σ_{k in block kb} x[a, k] · code[e_a, k, n]        fp32 [A, N]
+
+rows a sorted by expert, group e holding `group_sizes[e]` consecutive rows; rows past Σ group_sizes unwritten.
+
+A CTA owns one expert, 128 output columns (one scale block) and one part of the K loop (`Config.split_k`); it walks
+its group's rows in tiles of `row_tile` (a dense linear's one group: `row_programs` CTAs share the tiles). Per tile
+a software pipeline over the 128-deep K blocks keeps `stages` blocks of codes and activations in flight (TMA), and
+for each block:
+  widen    the [128, 128] e4m3 codes → bf16 in shared memory, through fp32 (exact: e4m3 ⊂ bf16); wgmma has no
+           bf16 × fp8 form, and the codes are stored [K, N] (N minor), which a register operand cannot take;
+  multiply transposed, M = the block's 128 columns, N = the tile's rows: productᵀ = codeᵀ · xᵀ, so a few rows (a
+           decode step's group holds ~8) still fill the tensor cores' M and cost an N of 8–64;
+  scale    total += scale[kb] · product in fp32 registers, as the formula has it (the codes stay exact).
+The tile's [128, rows] total goes through shared memory to a row-major tile and out by TMA in power-of-two row
+counts, so rows past the group (another group's, another CTA's) are never written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from jax_mtp.kernels.fp8_grouped_matmul import BLOCK, check_shapes
+from jax_mtp.kernels.mosaic_gpu_common import operand_transforms
+
+KERNEL_NAME = "fp8_codes_gmm_mgpu"  # not containing the Triton kernel's name: a test can tell them apart
+# Rows a product (wgmma's N). Not 32 or 64: the total's [128, tile] fp32 staging rows would lie a multiple of 128 B
+# apart, every row on the same banks, and Mosaic GPU refuses such a store ("avoids bank conflicts", jax 0.12)
+ROW_TILES = (8, 16, 24, 40, 48, 56)
+MAX_ROW_TILE = ROW_TILES[-1]  # the product and the total: 2 × 56 fp32 registers a thread
+BUSY_CTAS = 264  # two CTAs per core of an H200 (132 SMs): the K loop is split until about this many have work
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """Launch parameters; 0: `config_for` picks it."""
+
+  row_tile: int = 0  # rows a product (wgmma's N): one of ROW_TILES
+  stages: int = 3  # K blocks in flight
+  split_k: int = 0  # parts of the K loop, run by separate CTAs and summed after (in a fixed order)
+  row_programs: int = 0  # CTAs sharing one group's row tiles (1 for experts, whose groups are small)
+
+
+def config_for(rows: int, experts: int, k: int, n: int, config: Config | None = None,
+               busy: int = BUSY_CTAS) -> Config:
+  """`config` with what it leaves open chosen for `rows` over `experts` groups of [K, N] codes: the row tile the
+  smallest of ROW_TILES ≥ twice a group's mean rows (else the largest); for one group (a dense linear) as many
+  row programs as tiles; then the fewest K parts (dividing K / 128) that give ≥ `busy` CTAs with rows."""
+  config = config or Config()
+  mean = -(-rows // experts) * (1 if experts == 1 else 2)
+  tile = config.row_tile or next((t for t in ROW_TILES if t >= mean), MAX_ROW_TILE)
+  row_programs = config.row_programs or (-(-rows // tile) if experts == 1 else 1)
+  split_k = config.split_k
+  if not split_k:
+    blocks, ctas = k // BLOCK, min(rows, experts) * (n // BLOCK) * row_programs
+    split_k = next((s for s in range(1, blocks + 1) if blocks % s == 0 and (ctas * s >= busy or s >= 16)), 1)
+  return dataclasses.replace(config, row_tile=tile, row_programs=row_programs, split_k=split_k)
+
+
+def check_config(k: int, config: Config) -> None:
+  """A ValueError naming the launch value the kernel cannot take."""
+  if config.row_tile not in ROW_TILES:
+    raise ValueError(f"row_tile={config.row_tile} is not one of {ROW_TILES}")
+  if config.split_k < 1 or (k // BLOCK) % config.split_k:
+    raise ValueError(f"split_k={config.split_k} must divide the {k // BLOCK} blocks of K = {k}")
+  if config.stages < 1 or config.row_programs < 1:
+    raise ValueError(f"stages={config.stages} and row_programs={config.row_programs} must be ≥ 1")
+
+
+def fp8_grouped_matmul_mgpu(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: jax.Array, group_sizes_E: jax.Array,
+                            *, config: Config | None = None, interpret: bool = False) -> jax.Array:
+  """fp32 [A, N]: the rows of group e (sorted, consecutive) times expert e's FP8 weight (e4m3 codes [E, K, N],
+  block scales [E, K/128, N/128]); x is taken in bf16. `interpret`: Pallas's GPU interpreter (any host)."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # noqa: PLC0415 (a GPU backend's module)
+
+  check_shapes(x_AK, codes_EKN, scale_EkN, group_sizes_E)
+  a, k = x_AK.shape
+  e, _, n = codes_EKN.shape
+  config = config_for(a, e, k, n, config)
+  check_config(k, config)
+  tile, stages, split_k, row_programs = config.row_tile, config.stages, config.split_k, config.row_programs
+  blocks = k // BLOCK // split_k  # K blocks a CTA multiplies
+  stages = min(stages, blocks)
+  sizes = group_sizes_E.astype(jnp.int32)
+  starts = jnp.cumsum(sizes) - sizes
+  # whole 8-row tiles (TMA's), and `tile` spare rows: a tile starting at the last group's last row reads in bounds
+  padded = -(-a // 8) * 8 + tile
+  x = jnp.pad(x_AK.astype(jnp.bfloat16), ((0, padded - a), (0, 0)))
+  bf16 = operand_transforms(plgpu, jnp.bfloat16, BLOCK)
+
+  def body(starts_gmem, sizes_gmem, x_gmem, codes_gmem, scale_gmem, out_gmem,
+           x_smem, codes_smem, weight_smem, total_smem, rows_smem, loaded):
+    expert, column, program = lax.axis_index("e"), lax.axis_index("n"), lax.axis_index("p")
+    part, row_program = lax.div(program, row_programs), lax.rem(program, row_programs)
+    start, size = starts_gmem[expert], sizes_gmem[expert]
+
+    @pl.loop(row_program, lax.div(size + tile - 1, tile), step=row_programs)
+    def _(t):
+      first = start + t * tile
+
+      def fetch(step, slot):  # the step's activations [tile, 128] and codes [128, 128]
+        kb = part * blocks + step
+        plgpu.copy_gmem_to_smem(x_gmem.at[pl.ds(first, tile), pl.ds(kb * BLOCK, BLOCK)], x_smem.at[slot],
+                                loaded.at[slot])
+        plgpu.copy_gmem_to_smem(codes_gmem.at[expert, pl.ds(kb * BLOCK, BLOCK), pl.ds(column * BLOCK, BLOCK)],
+                                codes_smem.at[slot], loaded.at[slot])
+
+      for slot in range(stages):
+        fetch(slot, slot)
+
+      def k_step(step, total):
+        slot = lax.rem(step, stages)
+        plgpu.barrier_wait(loaded.at[slot])
+        weight_smem[...] = codes_smem.at[slot][...].astype(jnp.float32).astype(jnp.bfloat16)
+        plgpu.commit_smem()
+        product = pl.run_scoped(  # reading the accumulator waits for the wgmma: the slot is free after it
+            lambda acc: (plgpu.wgmma(acc, weight_smem.T, x_smem.at[slot].T), acc[...])[1],
+            plgpu.ACC((BLOCK, tile), jnp.float32))
+        plgpu.commit_smem()  # the slot's generic reads before the next TMA write into it
+        pl.when(step + stages < blocks)(lambda: fetch(step + stages, slot))
+        return total + scale_gmem[expert, part * blocks + step, column] * product
+
+      zeros = plgpu.layout_cast(jnp.zeros((BLOCK, tile), jnp.float32), plgpu.Layout.WGMMA)
+      total = lax.fori_loop(0, blocks, k_step, zeros)  # [128 columns, tile rows]
+      # to row-major [tile, 128]: wgmma's layout cannot be stored transposed (its column pairs would be rows
+      # 512 B apart), so through an untiled [128, tile] buffer read back transposed, one element a lane
+      total_smem[...] = total
+      plgpu.commit_smem()
+      rows_smem[...] = plgpu.load(total_smem.T, layout=plgpu.Layout.WG_STRIDED((tile, BLOCK), vec_size=1),
+                                  optimized=False)
+      plgpu.commit_smem()
+      valid, offset, count = jnp.minimum(size - t * tile, tile), 0, 1 << (tile.bit_length() - 1)
+      while count:  # the valid rows in power-of-two copies (a TMA box is static)
+        @pl.when((valid & count) != 0)
+        def _(count=count, offset=offset):
+          plgpu.copy_smem_to_gmem(rows_smem.at[pl.ds(offset, count)],
+                                  out_gmem.at[part, pl.ds(first + offset, count), pl.ds(column * BLOCK, BLOCK)],
+                                  commit_group=False)
+        offset, count = offset + (valid & count), count // 2
+      plgpu.commit_smem_to_gmem_group()
+      plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # rows_smem is rewritten by the next tile
+
+  kernel = plgpu.kernel(
+      body,
+      out_type=jax.ShapeDtypeStruct((split_k, padded, n), jnp.float32),
+      scratch_types=[
+          plgpu.SMEM((stages, tile, BLOCK), jnp.bfloat16, transforms=bf16),
+          plgpu.SMEM((stages, BLOCK, BLOCK), codes_EKN.dtype, transforms=operand_transforms(plgpu, codes_EKN.dtype,
+                                                                                             BLOCK)),
+          plgpu.SMEM((BLOCK, BLOCK), jnp.bfloat16, transforms=bf16),
+          plgpu.SMEM((BLOCK, tile), jnp.float32),
+          plgpu.SMEM((tile, BLOCK), jnp.float32),
+          plgpu.Barrier(num_arrivals=2, num_barriers=stages),
+      ],
+      grid=(e, n // BLOCK, split_k * row_programs),
+      grid_names=("e", "n", "p"),
+      kernel_name=KERNEL_NAME,
+      # Lane semantics: the default Warpgroup semantics finds no layouts for this body (jax 0.12)
+      compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane),
+      interpret=plgpu.InterpretGPUParams() if interpret else None,
+  )
+  out = kernel(starts, sizes, x, codes_EKN, scale_EkN.astype(jnp.float32))
+  return jnp.sum(out[:, :a], axis=0)  # the K parts (a fixed order: deterministic)

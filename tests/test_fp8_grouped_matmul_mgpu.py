@@ -1,0 +1,87 @@
+"""The FP8 grouped matmul on Pallas Mosaic GPU (kernels/fp8_grouped_matmul_mgpu.py): equal to the op's formula, to x
+times the exactly dequantised weights and to the Triton kernel, on groups of 0, 1, < and > one row tile, a dense
+linear's one group over several row programs, the K loop split or not; in Pallas's GPU interpreter on a CPU
+(compiled on a GPU); lowered for CUDA at DeepSeek-V3.2's expert and dense shapes (the Mosaic GPU lowering runs on any
+host); refused by name where it cannot run."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jax_mtp import fp8
+from jax_mtp.kernels.fp8_grouped_matmul import fp8_grouped_matmul, reference
+from jax_mtp.kernels.fp8_grouped_matmul_mgpu import KERNEL_NAME, Config, config_for, fp8_grouped_matmul_mgpu
+from tests.tolerances import assert_close
+
+ON_GPU = jax.devices()[0].platform == "gpu"
+
+
+def _problem(e, k, n, sizes, spare=3, seed=0):
+  rng = np.random.default_rng(seed + e + k)
+  codes = jnp.asarray(rng.standard_normal((e, k, n)) * 20, jnp.float8_e4m3fn)
+  scale = jnp.asarray(rng.uniform(1e-3, 1e-2, (e, k // 128, n // 128)), jnp.float32)
+  x = jnp.asarray(rng.standard_normal((sum(sizes) + spare, k)), jnp.bfloat16)  # spare rows: another device's
+  return x, codes, scale, jnp.asarray(sizes, jnp.int32)
+
+
+@pytest.mark.parametrize("e,k,n,sizes,config", [
+    (5, 256, 384, (6, 0, 1, 17, 2), Config(row_tile=8)),  # a group over 3 tiles, empty groups
+    (3, 128, 128, (0, 0, 1), Config()),
+    (2, 384, 256, (33, 0), Config(row_tile=16, split_k=3, stages=2)),
+    (4, 512, 128, (1, 0, 2, 0), Config(split_k=2, stages=1)),
+    (1, 256, 256, (70,), Config(row_tile=16, row_programs=2)),  # a dense linear: 5 tiles over 2 CTAs
+])
+def test_kernel_equals_the_formula_the_dequantised_product_and_the_triton_kernel(e, k, n, sizes, config):
+  x, codes, scale, sizes_E = _problem(e, k, n, sizes)
+  rows = sum(sizes)
+  got = np.asarray(fp8_grouped_matmul_mgpu(x, codes, scale, sizes_E, config=config, interpret=not ON_GPU))[:rows]
+  assert_close(got, np.asarray(reference(x, codes, scale, sizes_E))[:rows], "float32", "kernel vs formula")
+  weights = np.asarray(fp8.dequantize(codes, scale, jnp.float32, (128, 128)))  # fp32: exact
+  ids = np.repeat(np.arange(e), sizes)
+  exact = np.einsum("ak,akn->an", np.asarray(x[:rows], np.float32), weights[ids])
+  assert_close(got, exact, "float32", "kernel vs dequantised product")
+  triton = fp8_grouped_matmul(x, codes, scale, sizes_E, backend="gpu" if ON_GPU else "interpret")
+  assert_close(got, np.asarray(triton)[:rows], "float32", "Mosaic vs Triton kernel")
+
+
+def test_rows_past_the_groups_are_not_written():
+  """Another device's assignments (past Σ sizes) and the rows a partial tile spans beyond its group stay as they
+  were: the output's rows of a one-row group next to a 9-row one are each the group's own."""
+  x, codes, scale, sizes = _problem(3, 128, 128, (1, 9, 0), spare=6)
+  got = np.asarray(fp8_grouped_matmul_mgpu(x, codes, scale, sizes, config=Config(row_tile=8), interpret=not ON_GPU))
+  want = np.asarray(reference(x, codes, scale, sizes))
+  assert_close(got[:10], want[:10], "float32", "the groups' rows")
+
+
+@pytest.mark.parametrize("rows,experts,k,n", [(8, 256, 7168, 2048), (2048, 256, 2048, 7168), (64, 1, 16384, 7168),
+                                              (4096, 1, 7168, 1536)])
+def test_kernel_lowers_for_cuda_at_v32_shapes(rows, experts, k, n):
+  """Experts at B = 1 (gate/up) and B = 64 × 4 queries (down; 3.8e9 codes, past int32 byte offsets), o_proj at
+  B = 64, q_a at a 4,096-token prefill chunk (a dense linear's rows over row programs)."""
+  args = (jax.ShapeDtypeStruct((rows, k), jnp.bfloat16), jax.ShapeDtypeStruct((experts, k, n), jnp.float8_e4m3fn),
+          jax.ShapeDtypeStruct((experts, k // 128, n // 128), jnp.float32), jax.ShapeDtypeStruct((experts,), jnp.int32))
+  text = jax.jit(fp8_grouped_matmul_mgpu).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  assert KERNEL_NAME in text
+
+
+def test_config_fills_the_machine():
+  # B = 1: 8 rows over 8 experts' 16 column blocks → 4 K parts (512 CTAs); B = 64 × 4 queries: 2,048 rows, 16-row
+  # tiles (twice the mean 8), no split; o_proj at B = 64: 56-row tiles, 56 column blocks × 2 row programs × 4
+  # parts = 448 CTAs; a prefill chunk's q_a: 74 row programs of 56 rows × 12 column blocks, no split
+  assert config_for(8, 256, 7168, 2048) == Config(row_tile=8, stages=3, split_k=4, row_programs=1)
+  assert config_for(2048, 256, 7168, 2048) == Config(row_tile=16, stages=3, split_k=1, row_programs=1)
+  assert config_for(64, 1, 16384, 7168) == Config(row_tile=56, stages=3, split_k=4, row_programs=2)
+  assert config_for(4096, 1, 7168, 1536) == Config(row_tile=56, stages=3, split_k=1, row_programs=74)
+
+
+def test_kernel_refuses_what_it_cannot_take():
+  x, codes, scale, sizes = _problem(3, 128, 128, (1, 0, 2))
+  with pytest.raises(ValueError, match="row_tile=32 is not one of"):
+    fp8_grouped_matmul_mgpu(x, codes, scale, sizes, config=Config(row_tile=32), interpret=True)
+  with pytest.raises(ValueError, match="split_k=3 must divide the 1 blocks"):
+    fp8_grouped_matmul_mgpu(x, codes, scale, sizes, config=Config(split_k=3), interpret=True)
+  with pytest.raises(ValueError, match="float8_e4m3fn"):
+    fp8_grouped_matmul_mgpu(x, codes.astype(jnp.bfloat16), scale, sizes, interpret=True)
+  with pytest.raises(ValueError, match="one size per expert"):
+    fp8_grouped_matmul_mgpu(x, codes, scale, sizes[:2], interpret=True)
