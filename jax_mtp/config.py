@@ -26,6 +26,9 @@ DTYPES = ("float32", "bfloat16", "float16")  # compute (`dtype`) and parameter (
 INDEX_CACHE_DTYPES = ("auto", *DTYPES, "float8_e4m3fn")
 INDEX_SCORES_IMPLS = ("auto", "xla", "pallas_gpu", "mosaic_gpu", "pallas_tpu")
 SPARSE_ATTENTION_IMPLS = ("auto", "xla", "pallas_gpu", "mosaic_gpu")
+# FP8 weights' matmuls straight from the codes on GPUs (kernels/fp8_grouped_matmul.py: "triton", Pallas's Triton
+# backend; kernels/fp8_grouped_matmul_mgpu.py: "mosaic_gpu"); "auto": kernels.fp8_grouped_matmul.AUTO_IMPL
+FP8_MATMUL_IMPLS = ("auto", "triton", "mosaic_gpu")
 KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8")  # the MLA cache's (`kv_cache_dtype`)
 # Latent values per fp32 scale in an fp8 MLA cache: FlashMLA's / vLLM's fp8_ds_mla tiles (4 scales for V3.2's 512).
 KV_FP8_GROUP = 128
@@ -121,11 +124,14 @@ class MtpConfig:
   # `kv_scale_group` values and the rope key in `dtype` (vLLM's fp8_ds_mla: 656 bytes a token at V3.2's widths
   # against 1,152 in bf16). No checkpoint config names it (a serving flag, as vLLM's --kv-cache-dtype).
   kv_cache_dtype: str = "auto"
+  # Which kernel multiplies FP8 weights' codes on GPUs (the experts under moe_impl "fp8_grouped_gpu", the dense FP8
+  # linears): one of FP8_MATMUL_IMPLS
+  fp8_matmul_impl: str = "auto"
   # The fields above from `dtype` on say how the model runs, not what it is (RUN_SETTINGS): a
   # checkpoint's config.json may differ from the running config in these only.
 
   RUN_SETTINGS = ("dtype", "param_dtype", "moe_impl", "index_cache_dtype", "prefill_chunk", "index_scores_impl",
-                  "sparse_attention_impl", "kv_cache_dtype")
+                  "sparse_attention_impl", "kv_cache_dtype", "fp8_matmul_impl")
 
   def __post_init__(self):
     _validate(self)
@@ -231,6 +237,8 @@ def _validate(cfg: MtpConfig) -> None:
   if cfg.kv_cache_dtype == "fp8" and cfg.kv_lora_rank % cfg.kv_scale_group:
     raise ConfigError(f"kv_cache_dtype='fp8' stores one scale per {KV_FP8_GROUP} latent values; kv_lora_rank="
                       f"{cfg.kv_lora_rank} is not a multiple of {KV_FP8_GROUP} (use kv_cache_dtype='auto' or 'bfloat16')")
+  if cfg.fp8_matmul_impl not in FP8_MATMUL_IMPLS:
+    raise ConfigError(f"fp8_matmul_impl={cfg.fp8_matmul_impl!r} is not one of {FP8_MATMUL_IMPLS}")
   if cfg.moe_impl not in MOE_IMPLS:
     raise ConfigError(f"moe_impl={cfg.moe_impl!r} is not one of {MOE_IMPLS}")
   if cfg.index_scores_impl not in INDEX_SCORES_IMPLS:

@@ -31,7 +31,8 @@ import jax
 
 import jax_mtp
 from jax_mtp import distributed, loader
-from jax_mtp.config import DTYPES, INDEX_SCORES_IMPLS, KV_CACHE_DTYPES, MOE_IMPLS, SPARSE_ATTENTION_IMPLS
+from jax_mtp.config import (DTYPES, FP8_MATMUL_IMPLS, INDEX_SCORES_IMPLS, KV_CACHE_DTYPES, MOE_IMPLS,
+                            SPARSE_ATTENTION_IMPLS)
 from jax_mtp.decode_output import Progress, TextStream, exit_code, print_result
 from jax_mtp.generate import TargetDecoder
 from jax_mtp.kernels.fused_allreduce_rmsnorm import IMPLS, gpu_kernels
@@ -91,6 +92,9 @@ def _parser() -> argparse.ArgumentParser:
                  help="DSA's sparse MLA attention: xla, or a fused Pallas kernel (pallas_gpu: Triton; mosaic_gpu: "
                       "Mosaic GPU, which also reads an fp8 cache); auto: pallas_gpu on GPUs where it takes the model, "
                       "else xla")
+  p.add_argument("--fp8-matmul-impl", choices=FP8_MATMUL_IMPLS, default="auto",
+                 help="with FP8 weights on GPUs, the kernel multiplying the codes: triton (Pallas's Triton backend) or "
+                      "mosaic_gpu (Pallas Mosaic GPU); auto: triton")
   p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
                  help="the MLA cache: auto (default): the compute dtype; bfloat16; fp8: e4m3 latent + one fp32 scale "
                       "per 128 values + the rope key in the compute dtype (656 bytes a token at V3.2's widths against "
@@ -306,12 +310,12 @@ def _check_impl(impl: str) -> None:
 
 def with_flags(cfg: jax_mtp.MtpConfig, args: argparse.Namespace) -> jax_mtp.MtpConfig:
   """The model's config with what --dtype (auto: the config's own), --moe-impl, --index-scores-impl,
-  --sparse-attention-impl, --kv-cache-dtype and --prefill-chunk set."""
+  --sparse-attention-impl, --kv-cache-dtype, --prefill-chunk and --fp8-matmul-impl set."""
   if args.dtype != "auto":
     cfg = cfg.replace(dtype=args.dtype, param_dtype=args.dtype)
   return cfg.replace(moe_impl=args.moe_impl, index_scores_impl=args.index_scores_impl,
                      sparse_attention_impl=args.sparse_attention_impl, kv_cache_dtype=args.kv_cache_dtype,
-                     prefill_chunk=args.prefill_chunk)
+                     prefill_chunk=args.prefill_chunk, fp8_matmul_impl=args.fp8_matmul_impl)
 
 
 def stop_ids_for(cfg: jax_mtp.MtpConfig, source: loader.Source | None, *, ignore_eos: bool) -> tuple[int, ...]:

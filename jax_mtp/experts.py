@@ -107,17 +107,18 @@ def resolve_expert_impl(impl: str, platform: str, tokens: int, experts_per_token
 
 
 def routed_experts(impl: str, x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD, *,
-                   fp8_scales=None, fp8_block=(128, 128), dtype=None) -> jax.Array:
+                   fp8_scales=None, fp8_block=(128, 128), dtype=None, fp8_matmul_impl: str = "auto") -> jax.Array:
   """Σ_k weights[t, k] · expert_{ids[t, k]}(x[t]) by the resolved `impl`; fp32 [T, D].
 
   ids ∈ [0, E] where E = w_gate_EDF.shape[0]; id E (another device's expert) has weight 0.
   `fp8_scales` (gate, up, down block scales, by `fp8_block`): the weights are FP8 codes (jax_mtp.fp8):
   "fp8_grouped_gpu" multiplies the codes themselves (bf16 activations); the others dequantise to
   `dtype` in the program — "gather" only the T·K picked experts, the grouped impls every local
-  expert (a `dtype` copy of the weights per call).
+  expert (a `dtype` copy of the weights per call). `fp8_matmul_impl`: which kernel multiplies the codes
+  (kernels.fp8_grouped_matmul.IMPLS).
   """
   if impl == "fp8_grouped_gpu":
-    matmul = fp8_grouped_matmul_for(fp8_scales, w_gate_EDF, fp8_block)
+    matmul = fp8_grouped_matmul_for(fp8_scales, w_gate_EDF, fp8_block, fp8_matmul_impl)
     pairs = tuple(zip((w_gate_EDF, w_up_EDF, w_down_EFD), fp8_scales))
     return grouped_experts(matmul, x_TD, ids_TK, weights_TK, *pairs, row_tile=8,
                            num_experts=w_gate_EDF.shape[0], dtype=jnp.bfloat16)
@@ -175,7 +176,7 @@ def fp8_grouped_takes(w_gate_EDF) -> bool:
   return kernel.takes(d, f, (128, 128), experts=e)
 
 
-def fp8_grouped_matmul_for(fp8_scales, w_gate_EDF, fp8_block):
+def fp8_grouped_matmul_for(fp8_scales, w_gate_EDF, fp8_block, impl: str = "auto"):
   """The grouped matmul over FP8 weights given as (codes, block scales) pairs (`grouped_experts`'
   `matmul`); one clear error where the kernel does not take the weights."""
   from jax_mtp.kernels.fp8_grouped_matmul import fp8_grouped_matmul  # noqa: PLC0415 (Pallas: only where used)
@@ -186,7 +187,7 @@ def fp8_grouped_matmul_for(fp8_scales, w_gate_EDF, fp8_block):
 
   def matmul(lhs_AX, fp8_weight, group_sizes_E):
     codes_EXY, scale_EXY = fp8_weight
-    return fp8_grouped_matmul(lhs_AX, codes_EXY, scale_EXY, group_sizes_E, backend="auto")
+    return fp8_grouped_matmul(lhs_AX, codes_EXY, scale_EXY, group_sizes_E, backend="auto", impl=impl)
 
   return matmul
 

@@ -83,6 +83,7 @@ class Linear(nn.Module):
   # FP8 codes through the Pallas kernel: True (moe_impl="fp8_grouped_gpu" asks for it everywhere), or
   # None: where the program is for a GPU (jax_mtp.platform)
   fp8_kernel: bool | None = None
+  fp8_impl: str = "auto"  # which kernel (kernels.fp8_grouped_matmul.IMPLS; MtpConfig.fp8_matmul_impl)
 
   def setup(self):
     self.kernel = self.param("kernel", nn.initializers.normal(0.02), (self.in_features, self.out_features),
@@ -110,7 +111,7 @@ class Linear(nn.Module):
       from jax_mtp.kernels.fp8_grouped_matmul import fp8_grouped_matmul  # noqa: PLC0415
       rows = math.prod(x.shape[:-1])
       y = fp8_grouped_matmul(x.reshape(rows, x.shape[-1]), self.kernel[None], self.kernel_scale_inv[None],
-                             jnp.full((1,), rows, jnp.int32), backend="auto")
+                             jnp.full((1,), rows, jnp.int32), backend="auto", impl=self.fp8_impl)
       return y.reshape(*x.shape[:-1], -1).astype(self.dtype)
     return jnp.einsum("...i,io->...o", x, self.weight().astype(self.dtype), precision=jax.lax.Precision.HIGHEST,
                       preferred_element_type=jnp.float32).astype(self.dtype)
@@ -121,7 +122,7 @@ def linear(in_features: int, out_features: int, cfg: MtpConfig, *, fp32: bool = 
   if fp32:
     return Linear(in_features, out_features, "float32", "float32")
   return Linear(in_features, out_features, cfg.dtype, cfg.param_dtype, cfg.fp8_block,
-                fp8_kernel=True if cfg.moe_impl == "fp8_grouped_gpu" else None)
+                fp8_kernel=True if cfg.moe_impl == "fp8_grouped_gpu" else None, fp8_impl=cfg.fp8_matmul_impl)
 
 
 # --- RoPE ----------------------------------------------------------------------------------------

@@ -130,7 +130,8 @@ class MoE(nn.Module):
     impl = resolve_expert_impl(cfg.moe_impl, lowering_platform(), *ids_TK.shape, weights,
                                fp8_codes=self.fp8_scales is not None)
     y_TD = routed_experts(impl, x_TD, ids_TK, weights_TK, self.w_gate_EDF, self.w_up_EDF, self.w_down_EFD,
-                          fp8_scales=self.fp8_scales, fp8_block=cfg.fp8_block, dtype=dtype)
+                          fp8_scales=self.fp8_scales, fp8_block=cfg.fp8_block, dtype=dtype,
+                          fp8_matmul_impl=cfg.fp8_matmul_impl)
     y_BTD = y_TD.reshape(x_BTD.shape).astype(x_BTD.dtype)
     if cfg.n_shared_experts:
       y_BTD = y_BTD + self.shared_experts(x_BTD)

@@ -42,6 +42,10 @@ from jax.experimental import pallas as pl
 
 KERNEL_NAME = "fp8_grouped_matmul"
 BACKENDS = ("auto", "gpu", "interpret")
+# The kernels of this op: this module's ("triton", Pallas's Triton backend) and kernels/fp8_grouped_matmul_mgpu.py
+# ("mosaic_gpu"); "auto" runs AUTO_IMPL.
+IMPLS = ("auto", "triton", "mosaic_gpu")
+AUTO_IMPL = "triton"  # until the Mosaic GPU kernel measures at least as fast on the H200 (benchmarks/fp8_mgpu.py)
 BLOCK = 128  # DeepSeek's FP8 block: 128 × 128 codes share one scale
 WORD = 4  # codes per uint32 word
 ROW_TILE = 16  # rows per tensor-core product of a group (Triton's dot needs M ≥ 16)
@@ -166,11 +170,21 @@ def config_for(rows: int, experts: int, k: int, n: int, config: Config | None = 
 
 
 def fp8_grouped_matmul(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: jax.Array, group_sizes_E: jax.Array, *,
-                       backend: str = "gpu", config: Config | None = None) -> jax.Array:
+                       backend: str = "gpu", config: Config | None = None, impl: str = "triton") -> jax.Array:
   """fp32 [A, N]: the rows of group e (sorted, consecutive) times expert e's FP8 weight (codes
-  [E, K, N], block scales [E, K/128, N/128]), launched as `config_for` completes `config`."""
+  [E, K, N], block scales [E, K/128, N/128]), by `impl` (IMPLS); this module's kernel launched as
+  `config_for` completes `config`, the Mosaic GPU one with its own Config (or None)."""
   if backend not in BACKENDS:
     raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")
+  if impl not in IMPLS:
+    raise ValueError(f"impl={impl!r} is not one of {IMPLS}")
+  if (AUTO_IMPL if impl == "auto" else impl) == "mosaic_gpu":
+    from jax_mtp.kernels.fp8_grouped_matmul_mgpu import fp8_grouped_matmul_mgpu  # noqa: PLC0415 (no cycle)
+    from jax_mtp.platform import lowering_platform  # noqa: PLC0415
+    # "auto" by the program's platform at trace time (the interpreter's ordered callbacks cannot sit in a
+    # platform_dependent branch): a CUDA program traced on a CPU host holds the compiled kernel
+    interpret = backend == "interpret" or (backend == "auto" and lowering_platform() == "cpu")
+    return fp8_grouped_matmul_mgpu(x_AK, codes_EKN, scale_EkN, group_sizes_E, config=config, interpret=interpret)
   a, k = x_AK.shape
   e, _, n = codes_EKN.shape
   config = config_for(a, e, k, n, config)

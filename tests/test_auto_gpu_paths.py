@@ -7,6 +7,8 @@ XLA path, on the smallest config the kernel takes, with weights under which the 
 `auto` lowering is test_sparse_mla_kernel's, test_index_scores_mgpu's, test_index_scores_kernel's and
 test_user_path_kernels'). A kernel's numerics (a 10% error is below what tokens show) are its own tests'."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -104,11 +106,12 @@ def _fp8_cfg(moe_impl: str) -> jax_mtp.MtpConfig:
                       moe_impl=moe_impl)
 
 
-def test_speculative_decoding_through_the_fp8_kernel_gives_the_gather_impls_plain_tokens():
+@pytest.mark.parametrize("fp8_matmul_impl", ["auto", "mosaic_gpu"])
+def test_speculative_decoding_through_the_fp8_kernel_gives_the_gather_impls_plain_tokens(fp8_matmul_impl):
   """FP8 codes + 128 × 128 block scales, as `--weights fp8` keeps them: the routed experts and the dense FP8
-  linears through the FP8 grouped matmul (interpret mode on CPU; `auto` on a GPU) decode speculatively the tokens
-  of plain greedy decoding with the gather impl dequantising the same codes."""
-  cfg = _fp8_cfg("fp8_grouped_gpu")
+  linears through the FP8 grouped matmul (`auto`'s kernel, or the Mosaic GPU one; interpret mode on CPU) decode
+  speculatively the tokens of plain greedy decoding with the gather impl dequantising the same codes."""
+  cfg = _fp8_cfg("fp8_grouped_gpu").replace(fp8_matmul_impl=fp8_matmul_impl)
   target = fp8.as_checkpoint_fp8(_quiet_embedding(jax_mtp.init_target_params(cfg, jax.random.key(0))),
                                  cfg.fp8_block, fp8.quantize)
   mtp = fp8.as_checkpoint_fp8(jax_mtp.init_params(cfg, jax.random.key(1)), cfg.fp8_block, fp8.quantize)
@@ -135,3 +138,29 @@ def test_auto_puts_the_fp8_kernel_in_the_mtp_step_exported_for_an_h200():
   calls = {impl: kernel_calls(impl) for impl in ("auto", "fp8_grouped_gpu", "gather")}
   # gather dequantises the experts (the dense linears keep the kernel: the program is for a GPU)
   assert calls["auto"] == calls["fp8_grouped_gpu"] == calls["gather"] + 3, calls
+
+
+def test_fp8_matmul_impl_mosaic_gpu_puts_the_mosaic_kernel_where_the_triton_one_was():
+  """fp8_matmul_impl='mosaic_gpu' (--fp8-matmul-impl): the MTP step exported for an H200 multiplies the codes of the
+  routed experts and of every dense FP8 linear by the Mosaic GPU kernel, as many calls as the Triton kernel has
+  under 'triton', and holds no Triton FP8 kernel."""
+  from jax_mtp.kernels.fp8_grouped_matmul_mgpu import KERNEL_NAME as MOSAIC_FP8  # noqa: PLC0415
+
+  def module(fp8_matmul_impl):
+    cfg = _fp8_cfg("fp8_grouped_gpu").replace(fp8_matmul_impl=fp8_matmul_impl)
+    params = fp8.as_checkpoint_fp8(jax.eval_shape(lambda key: jax_mtp.init_params(cfg, key), jax.random.key(0)),
+                                   cfg.fp8_block, fp8.abstract_fp8)
+    caches = jax.eval_shape(lambda: jax_mtp.init_caches(cfg, 2, 64))
+    ids, hidden = jax.ShapeDtypeStruct((2, 1), jnp.int32), jax.ShapeDtypeStruct((2, 1, 256), jnp.bfloat16)
+    step = jax.jit(lambda p, i, pos, h, c: jax_mtp.MtpPredictor(cfg).apply({"params": p}, i, pos, h, c).hidden_BTD)
+    mesh = AbstractMesh((1,), ("tp",), axis_types=(AxisType.Auto,), abstract_device=H200)
+    with jax.sharding.use_abstract_mesh(mesh):
+      exported = jax.export.export(step, platforms=["cuda"], disabled_checks=[
+          jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])
+      return exported(params, ids, ids, hidden, caches).mlir_module()
+
+  triton, mosaic = module("triton"), module("mosaic_gpu")
+  triton_calls = len(re.findall(r"custom_call @__gpu\$xla\.gpu\.triton", triton))
+  assert triton_calls > 3 and f'"{FP8_KERNEL}"' in triton and MOSAIC_FP8 in mosaic  # experts + dense linears
+  assert len(re.findall(r"custom_call @mosaic_gpu_v2", mosaic)) == triton_calls
+  assert "xla.gpu.triton" not in mosaic

@@ -258,9 +258,10 @@ def test_fp8_grouped_matmul_refuses_what_it_cannot_take():
   assert resolve_expert_impl("auto", "tpu", 1, 8, weights, fp8_codes=True) == "gather"
 
 
-def test_fp8_grouped_experts_equal_the_gathered_experts_on_the_same_codes():
+@pytest.mark.parametrize("fp8_matmul_impl", ["triton", "mosaic_gpu"])
+def test_fp8_grouped_experts_equal_the_gathered_experts_on_the_same_codes(fp8_matmul_impl):
   """The whole routed-experts call (sort, gate, up, silu, down, un-sort, the weighted sum; foreign ids
-  weight 0) by the kernel vs the gather impl dequantising the same codes to fp32. The kernel's
+  weight 0) by either kernel vs the gather impl dequantising the same codes to fp32. The kernel's
   activations are bf16: the bf16 row of the table."""
   from jax_mtp.experts import routed_experts  # noqa: PLC0415
   rng = np.random.default_rng(0)
@@ -272,7 +273,7 @@ def test_fp8_grouped_experts_equal_the_gathered_experts_on_the_same_codes():
   ids = jnp.asarray([[0, 5], [2, e], [3, 3]], jnp.int32)  # id E: another device's expert (weight 0)
   weights = jnp.asarray([[0.6, 0.4], [1.0, 0.0], [0.5, 0.5]], jnp.float32)
   kwargs = dict(fp8_scales=scales, fp8_block=(128, 128), dtype=jnp.float32)
-  kernel = routed_experts("fp8_grouped_gpu", x, ids, weights, *ws, **kwargs)
+  kernel = routed_experts("fp8_grouped_gpu", x, ids, weights, *ws, **kwargs, fp8_matmul_impl=fp8_matmul_impl)
   gathered = routed_experts("gather", x, ids, weights, *ws, **kwargs)
   assert_close(kernel, gathered, "bfloat16", "fp8_grouped_gpu vs gather")
   with pytest.raises(ValueError, match="takes FP8 expert weights"):
