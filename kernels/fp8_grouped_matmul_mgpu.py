@@ -46,6 +46,11 @@ class Config:
   stages: int = 3  # K blocks in flight
   split_k: int = 0  # parts of the K loop, run by separate CTAs and summed after (in a fixed order)
   row_programs: int = 0  # CTAs sharing one group's row tiles (1 for experts, whose groups are small)
+  # True: each block's codes are widened already scaled, bf16(fp32(code) · scale) — the value the dequantising path
+  # (jax_mtp.fp8.dequantize) multiplies — into one of two weight buffers, and the products accumulate in the wgmma
+  # accumulator across the whole K loop, a block's wgmma running while the next block is widened. False: exact
+  # codes, each block's product waited for and scaled in fp32 (the formula, as the Triton kernel computes it)
+  scaled_weights: bool = False
 
 
 def config_for(rows: int, experts: int, k: int, n: int, config: Config | None = None,
@@ -87,7 +92,8 @@ def fp8_grouped_matmul_mgpu(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: ja
   check_config(k, config)
   tile, stages, split_k, row_programs = config.row_tile, config.stages, config.split_k, config.row_programs
   blocks = k // BLOCK // split_k  # K blocks a CTA multiplies
-  stages = min(stages, blocks)
+  # scaled weights refetch a block's slot one step later (after its wgmma), so they need two slots to stream
+  stages = min(max(stages, 2) if config.scaled_weights else stages, blocks)
   sizes = group_sizes_E.astype(jnp.int32)
   starts = jnp.cumsum(sizes) - sizes
   # whole 8-row tiles (TMA's), and `tile` spare rows: a tile starting at the last group's last row reads in bounds
@@ -118,17 +124,39 @@ def fp8_grouped_matmul_mgpu(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: ja
       def k_step(step, total):
         slot = lax.rem(step, stages)
         plgpu.barrier_wait(loaded.at[slot])
-        weight_smem[...] = codes_smem.at[slot][...].astype(jnp.float32).astype(jnp.bfloat16)
+        weight_smem.at[0][...] = codes_smem.at[slot][...].astype(jnp.float32).astype(jnp.bfloat16)
         plgpu.commit_smem()
         product = pl.run_scoped(  # reading the accumulator waits for the wgmma: the slot is free after it
-            lambda acc: (plgpu.wgmma(acc, weight_smem.T, x_smem.at[slot].T), acc[...])[1],
+            lambda acc: (plgpu.wgmma(acc, weight_smem.at[0].T, x_smem.at[slot].T), acc[...])[1],
             plgpu.ACC((BLOCK, tile), jnp.float32))
         plgpu.commit_smem()  # the slot's generic reads before the next TMA write into it
         pl.when(step + stages < blocks)(lambda: fetch(step + stages, slot))
         return total + scale_gmem[expert, part * blocks + step, column] * product
 
-      zeros = plgpu.layout_cast(jnp.zeros((BLOCK, tile), jnp.float32), plgpu.Layout.WGMMA)
-      total = lax.fori_loop(0, blocks, k_step, zeros)  # [128 columns, tile rows]
+      def scaled_k_loop(acc):
+        def k_step(step, carry):
+          slot, weight = lax.rem(step, stages), weight_smem.at[lax.rem(step, 2)]
+          plgpu.barrier_wait(loaded.at[slot])
+          scale = scale_gmem[expert, part * blocks + step, column]
+          weight[...] = (codes_smem.at[slot][...].astype(jnp.float32) * scale).astype(jnp.bfloat16)
+          plgpu.commit_smem()
+          plgpu.wgmma(acc, weight.T, x_smem.at[slot].T)
+          plgpu.wgmma_wait(1)  # the previous block's product is done: its slot and weight buffer are free
+
+          @pl.when((step >= 1) & (step - 1 + stages < blocks))
+          def _():
+            fetch(step - 1 + stages, lax.rem(step - 1, stages))
+          return carry
+
+        lax.fori_loop(0, blocks, k_step, 0)
+        plgpu.wgmma_wait(0)
+        return acc[...]
+
+      if config.scaled_weights:
+        total = pl.run_scoped(scaled_k_loop, plgpu.ACC((BLOCK, tile), jnp.float32))
+      else:
+        zeros = plgpu.layout_cast(jnp.zeros((BLOCK, tile), jnp.float32), plgpu.Layout.WGMMA)
+        total = lax.fori_loop(0, blocks, k_step, zeros)  # [128 columns, tile rows]
       # to row-major [tile, 128]: wgmma's layout cannot be stored transposed (its column pairs would be rows
       # 512 B apart), so through an untiled [128, tile] buffer read back transposed, one element a lane
       total_smem[...] = total
@@ -154,7 +182,7 @@ def fp8_grouped_matmul_mgpu(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: ja
           plgpu.SMEM((stages, tile, BLOCK), jnp.bfloat16, transforms=bf16),
           plgpu.SMEM((stages, BLOCK, BLOCK), codes_EKN.dtype, transforms=operand_transforms(plgpu, codes_EKN.dtype,
                                                                                              BLOCK)),
-          plgpu.SMEM((BLOCK, BLOCK), jnp.bfloat16, transforms=bf16),
+          plgpu.SMEM((1 + config.scaled_weights, BLOCK, BLOCK), jnp.bfloat16, transforms=bf16),
           plgpu.SMEM((BLOCK, tile), jnp.float32),
           plgpu.SMEM((tile, BLOCK), jnp.float32),
           plgpu.Barrier(num_arrivals=2, num_barriers=stages),

@@ -45,6 +45,24 @@ def test_kernel_equals_the_formula_the_dequantised_product_and_the_triton_kernel
   assert_close(got, np.asarray(triton)[:rows], "float32", "Mosaic vs Triton kernel")
 
 
+@pytest.mark.parametrize("e,k,n,sizes,config", [
+    (5, 256, 384, (6, 0, 1, 17, 2), Config(row_tile=8, scaled_weights=True)),
+    (2, 512, 256, (33, 0), Config(row_tile=16, split_k=2, stages=2, scaled_weights=True)),
+    (1, 384, 128, (20,), Config(row_tile=8, stages=1, row_programs=2, scaled_weights=True)),
+])
+def test_scaled_weights_equal_x_times_the_dequantised_bf16_weights(e, k, n, sizes, config):
+  """`scaled_weights`: the product of x and bf16(fp32(code) · scale), the weights the dequantising path
+  (jax_mtp.fp8.dequantize to bf16) multiplies, up to summation order; within bf16's rounding of the formula."""
+  x, codes, scale, sizes_E = _problem(e, k, n, sizes)
+  rows = sum(sizes)
+  got = np.asarray(fp8_grouped_matmul_mgpu(x, codes, scale, sizes_E, config=config, interpret=not ON_GPU))[:rows]
+  weights = np.asarray(fp8.dequantize(codes, scale, jnp.bfloat16, (128, 128))).astype(np.float32)
+  ids = np.repeat(np.arange(e), sizes)
+  assert_close(got, np.einsum("ak,akn->an", np.asarray(x[:rows], np.float32), weights[ids]), "float32",
+               "kernel vs x · bf16 weights")
+  assert_close(got, np.asarray(reference(x, codes, scale, sizes_E))[:rows], "bfloat16", "kernel vs formula")
+
+
 def test_rows_past_the_groups_are_not_written():
   """Another device's assignments (past Σ sizes) and the rows a partial tile spans beyond its group stay as they
   were: the output's rows of a one-row group next to a 9-row one are each the group's own."""
@@ -54,14 +72,16 @@ def test_rows_past_the_groups_are_not_written():
   assert_close(got[:10], want[:10], "float32", "the groups' rows")
 
 
+@pytest.mark.parametrize("scaled_weights", [False, True])
 @pytest.mark.parametrize("rows,experts,k,n", [(8, 256, 7168, 2048), (2048, 256, 2048, 7168), (64, 1, 16384, 7168),
                                               (4096, 1, 7168, 1536)])
-def test_kernel_lowers_for_cuda_at_v32_shapes(rows, experts, k, n):
+def test_kernel_lowers_for_cuda_at_v32_shapes(rows, experts, k, n, scaled_weights):
   """Experts at B = 1 (gate/up) and B = 64 × 4 queries (down; 3.8e9 codes, past int32 byte offsets), o_proj at
   B = 64, q_a at a 4,096-token prefill chunk (a dense linear's rows over row programs)."""
   args = (jax.ShapeDtypeStruct((rows, k), jnp.bfloat16), jax.ShapeDtypeStruct((experts, k, n), jnp.float8_e4m3fn),
           jax.ShapeDtypeStruct((experts, k // 128, n // 128), jnp.float32), jax.ShapeDtypeStruct((experts,), jnp.int32))
-  text = jax.jit(fp8_grouped_matmul_mgpu).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  call = jax.jit(lambda *a: fp8_grouped_matmul_mgpu(*a, config=Config(scaled_weights=scaled_weights)))
+  text = call.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
   assert KERNEL_NAME in text
 
 
