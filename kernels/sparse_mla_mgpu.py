@@ -41,6 +41,7 @@ BLOCK_HEADS = 64  # wgmma's M
 BUSY_CTAS = 264  # two CTAs per core of an H200 (132 SMs): split a query's slots until about this many run
 MAX_SPLITS = 16
 TMA_BOX = 256  # a TMA copy's box: at most 256 elements along each dimension
+SMEM_BYTES = 232_448  # the shared memory a Hopper CTA may use (227 KiB), which the Mosaic GPU lowering checks
 _NEG_INIT = -1e30  # the running max starts finite: exp(−∞ − (−∞)) would be NaN
 _LOG2E = math.log2(math.e)
 
@@ -97,6 +98,20 @@ def check_operands(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, confi
   if e % 64 or e > 256 or splits < 1 or k % (splits * e):
     raise ValueError(f"{k} selected slots are not a multiple of splits={splits} × block_entries={e} "
                      f"(block_entries a multiple of 64, at most 256)")
+  scales = 0 if latent_scale_BSG is None else latent_scale_BSG.shape[-1]
+  need = smem_bytes(c, r, e, jnp.dtype(latent_BSC.dtype).itemsize, scales)
+  if need > SMEM_BYTES:  # the lowering's own check comes only on a GPU (the interpreter has none)
+    raise ValueError(f"block_entries={e} at latent width {c} and rope width {r} needs {need:,} bytes of shared "
+                     f"memory, more than an H200's {SMEM_BYTES:,} (fewer entries a step)")
+
+
+def smem_bytes(c: int, r: int, e: int, latent_itemsize: int, scale_groups: int = 0) -> int:
+  """The kernel's shared memory (its scratch buffers, each from a 1 KiB boundary, and its barriers): q~, q_pe, the
+  untiled staging, the operands, P, the packed ids buffer, an fp8 cache's scales."""
+  kib = lambda n: -(-n // 1024) * 1024  # noqa: E731
+  buffers = [BLOCK_HEADS * c * 2, BLOCK_HEADS * r * 2, e * c * latent_itemsize, e * r * 2, e * c * 2, e * r * 2,
+             BLOCK_HEADS * e * 2, 4 * max(e, BLOCK_HEADS) * 4] + ([scale_groups * e * 4] if scale_groups else [])
+  return sum(map(kib, buffers)) + 72  # 9 barriers of 8 bytes
 
 
 def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax.Array, k_pe_BSR: jax.Array,

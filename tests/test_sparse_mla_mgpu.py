@@ -31,7 +31,7 @@ def _attend(*args, **kwargs):
 CASES = [  # b, t, n, c, r, s, k, block_entries, splits
     (1, 1, 64, 128, 64, 256, 128, 64, 1),
     (2, 3, 32, 128, 64, 300, 128, 64, 2),  # heads padded to 64, T > 1 (verification), S not a power of two
-    (1, 2, 80, 256, 128, 200, 128, 128, 1),  # 80 heads: two blocks, the second padded; 128 entries a step
+    (1, 2, 80, 128, 64, 200, 128, 128, 1),  # 80 heads: two blocks, the second padded; 128 entries a step
     (2, 1, 64, 512, 64, 192, 128, 64, 0),  # V3.2's latent and rope widths, splits by config_for
 ]
 
@@ -131,6 +131,35 @@ def test_kernel_refuses_what_it_cannot_run():
     call(q_lat, q_pe[..., :32], latent, k_pe[..., :32], slots)
   with pytest.raises(ValueError, match="128 selected slots are not a multiple of splits=3"):
     call(q_lat, q_pe, latent, k_pe, slots, config=Config(splits=3))
+  # 128 entries a step at a 256-wide latent and a 128-wide rope: 264,264 bytes (the H200's lowering refused it)
+  q_lat, q_pe, latent, k_pe, slots, _ = problem(1, 1, 64, 256, 128, 128, 128, "bfloat16")
+  with pytest.raises(ValueError, match="block_entries=128 at latent width 256 and rope width 128 needs 264,264"):
+    call(q_lat, q_pe, latent, k_pe, slots, config=Config(block_entries=128))
+
+
+@pytest.mark.parametrize("c,r,e,fp8", [(512, 64, 64, False), (512, 64, 64, True), (256, 128, 128, False),
+                                       (128, 64, 128, False)])
+def test_the_smem_count_is_the_lowerings(c, r, e, fp8, monkeypatch):
+  """`smem_bytes` is what the CUDA lowering allocates: under the limit the kernel lowers; above it the lowering's
+  own refusal (reached with the kernel's check lifted) names the same count."""
+  import jax_mtp.kernels.sparse_mla_mgpu as kernel  # noqa: PLC0415
+  lat = jnp.float8_e4m3fn if fp8 else jnp.bfloat16
+  need = kernel.smem_bytes(c, r, e, jnp.dtype(lat).itemsize, c // 128 if fp8 else 0)
+  args = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in (((1, 1, 64, c), jnp.bfloat16), ((1, 1, 64, r),
+          jnp.bfloat16), ((1, 256, c), lat), ((1, 256, r), jnp.bfloat16), ((1, 1, 128), jnp.int32))]
+  args += [jax.ShapeDtypeStruct((1, 256, c // 128), jnp.float32)] if fp8 else []
+
+  def lower():
+    call = lambda *a: sparse_mla_mgpu(*a[:5], 1.0, latent_scale_BSG=a[5] if fp8 else None,  # noqa: E731
+                                      config=Config(block_entries=e, splits=1))
+    jax.jit(call).trace(*args).lower(lowering_platforms=("cuda",))
+
+  if need <= kernel.SMEM_BYTES:
+    lower()
+    return
+  monkeypatch.setattr(kernel, "SMEM_BYTES", 10**9)
+  with pytest.raises(ValueError, match=f"smem_bytes={need} > max_smem_bytes="):
+    lower()
 
 
 def _kernel_cfg(**overrides):
