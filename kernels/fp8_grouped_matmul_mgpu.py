@@ -121,8 +121,12 @@ def fp8_grouped_matmul_mgpu(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: ja
       for slot in range(stages):
         fetch(slot, slot)
 
+      def scale_of(step):  # a global load: issued a step ahead of its use, so its latency hides behind work
+        return scale_gmem[expert, part * blocks + jnp.minimum(step, blocks - 1), column]
+
       def k_step(step, total):
         slot = lax.rem(step, stages)
+        scale = scale_of(step)  # used after the widening and the wgmma
         plgpu.barrier_wait(loaded.at[slot])
         weight_smem.at[0][...] = codes_smem.at[slot][...].astype(jnp.float32).astype(jnp.bfloat16)
         plgpu.commit_smem()
@@ -131,13 +135,13 @@ def fp8_grouped_matmul_mgpu(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: ja
             plgpu.ACC((BLOCK, tile), jnp.float32))
         plgpu.commit_smem()  # the slot's generic reads before the next TMA write into it
         pl.when(step + stages < blocks)(lambda: fetch(step + stages, slot))
-        return total + scale_gmem[expert, part * blocks + step, column] * product
+        return total + scale * product
 
       def scaled_k_loop(acc):
-        def k_step(step, carry):
+        def k_step(step, scale):
           slot, weight = lax.rem(step, stages), weight_smem.at[lax.rem(step, 2)]
+          next_scale = scale_of(step + 1)
           plgpu.barrier_wait(loaded.at[slot])
-          scale = scale_gmem[expert, part * blocks + step, column]
           weight[...] = (codes_smem.at[slot][...].astype(jnp.float32) * scale).astype(jnp.bfloat16)
           plgpu.commit_smem()
           plgpu.wgmma(acc, weight.T, x_smem.at[slot].T)
@@ -146,9 +150,9 @@ def fp8_grouped_matmul_mgpu(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: ja
           @pl.when((step >= 1) & (step - 1 + stages < blocks))
           def _():
             fetch(step - 1 + stages, lax.rem(step - 1, stages))
-          return carry
+          return next_scale
 
-        lax.fori_loop(0, blocks, k_step, 0)
+        lax.fori_loop(0, blocks, k_step, scale_of(0))
         plgpu.wgmma_wait(0)
         return acc[...]
 
