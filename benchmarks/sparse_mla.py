@@ -70,7 +70,7 @@ def main(argv=None) -> int:
       auto = mgpu.config_for(b * t, N, K_TOP)
       variants = [dataclasses.replace(auto, splits=splits) for splits in
                   sorted({auto.splits, max(1, auto.splits // 2), min(auto.splits * 2, mgpu.MAX_SPLITS)})]
-      for config in variants + [dataclasses.replace(auto, contiguous_relayout=True)]:
+      for config in variants + [dataclasses.replace(auto, contiguous_relayout=not auto.contiguous_relayout)]:
         seconds, err = _time_mosaic(problem, base, config, args.iters, args.backend)
         print(f"| {b} | {t} | Mosaic GPU kernel | {_name(config)}{' (auto)' if config == auto else ''} | "
               f"{seconds * 1e6:,.1f} | {floor:,.1f} | {floor / seconds / 1e6:.2f} | {err:.1e} |", flush=True)

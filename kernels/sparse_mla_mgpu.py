@@ -40,6 +40,7 @@ KERNEL_NAME = "dsa_sparse_mla_mgpu"  # not containing the Triton kernel's name: 
 BLOCK_HEADS = 64  # wgmma's M
 BUSY_CTAS = 264  # two CTAs per core of an H200 (132 SMs): split a query's slots until about this many run
 MAX_SPLITS = 16
+CONTIGUOUS_MIN_QUERIES = 32  # queries (B · T) from which `config_for` re-lays the latent row-contiguously
 TMA_BOX = 256  # a TMA copy's box: at most 256 elements along each dimension
 SMEM_BYTES = 232_448  # the shared memory a Hopper CTA may use (227 KiB), which the Mosaic GPU lowering checks
 _NEG_INIT = -1e30  # the running max starts finite: exp(−∞ − (−∞)) would be NaN
@@ -52,16 +53,17 @@ class Config:
 
   block_entries: int = 64  # selected entries a step: the scores' wgmma N and the values' K
   # The bf16 latent's re-layout through registers in row-contiguous pieces (a warp reads 512 bytes of one row, no
-  # bank conflicts) instead of WGMMA's layout (a warp reads 8 rows 1 KiB apart: 8-way conflicts). Lowered and
-  # interpreter-tested on jax 0.11.2 and 0.12, not yet run on a GPU (the form run on the H200, 2026-12-03 13:57, ran
-  # at ~0.5× the Triton kernel); at 256-wide pieces (a 512-wide latent) only
-  contiguous_relayout: bool = False
+  # bank conflicts) instead of WGMMA's layout (a warp reads 8 rows 1 KiB apart: 8-way conflicts); at 256-wide pieces
+  # (a 512-wide latent) only. None: `config_for` picks it from CONTIGUOUS_MIN_QUERIES queries up, where it measured
+  # faster on the H200 (2026-12-03 15:50, benchmarks/RESULTS.md: 1,178 vs 1,431 µs at B = 64, T = 4; 367 vs 403 at
+  # B = 64, T = 1; 198 vs 231 at B = 8, T = 4; slower at B = 8, T = 1 and B = 1, T = 4)
+  contiguous_relayout: bool | None = None
   splits: int = 0  # CTAs per (query, head block), each over K / splits of its selected slots
 
 
 def config_for(queries: int, heads: int, entries: int, config: Config | None = None, busy: int = BUSY_CTAS) -> Config:
   """The call's launch: `splits` the fewest (a power of two, dividing the steps, at most MAX_SPLITS) that give
-  queries × head blocks × splits ≥ `busy` CTAs."""
+  queries × head blocks × splits ≥ `busy` CTAs; the contiguous re-layout from CONTIGUOUS_MIN_QUERIES queries."""
   config = config or Config()
   block_entries = min(config.block_entries, entries)
   splits = config.splits
@@ -70,7 +72,8 @@ def config_for(queries: int, heads: int, entries: int, config: Config | None = N
     splits = 1
     while blocks * splits < busy and splits < MAX_SPLITS and steps % (2 * splits) == 0:
       splits *= 2
-  return dataclasses.replace(config, block_entries=block_entries, splits=splits)
+  contiguous = queries >= CONTIGUOUS_MIN_QUERIES if config.contiguous_relayout is None else config.contiguous_relayout
+  return dataclasses.replace(config, block_entries=block_entries, splits=splits, contiguous_relayout=contiguous)
 
 
 def check_operands(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, config: Config,
