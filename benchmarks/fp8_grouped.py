@@ -49,14 +49,15 @@ def routing(rng, experts: int, assignments: int):
 
 
 def check_rows(x, codes, scales, sizes, got, rows: int = 6) -> float:
-  """Largest error (relative to each row's largest magnitude) over sampled rows, highest experts first."""
+  """Largest error (relative to each row's largest magnitude) over sampled rows — each sampled expert's first and
+  last row (a tile's rows past its first are where a wrong copy shows), highest experts first."""
   starts = np.cumsum(sizes) - sizes
   worst = 0.0
   for expert in [e for e in range(len(sizes) - 1, -1, -1) if sizes[e]][:rows]:
     weight = fp8.dequantize(codes[expert], scales[expert], jnp.float32, (128, 128))
-    row = int(starts[expert])
-    exact = np.asarray(jnp.dot(x[row].astype(jnp.float32), weight, precision=jax.lax.Precision.HIGHEST))
-    worst = max(worst, float(np.max(np.abs(np.asarray(got[row]) - exact)) / np.max(np.abs(exact))))
+    for row in {int(starts[expert]), int(starts[expert] + sizes[expert] - 1)}:
+      exact = np.asarray(jnp.dot(x[row].astype(jnp.float32), weight, precision=jax.lax.Precision.HIGHEST))
+      worst = max(worst, float(np.max(np.abs(np.asarray(got[row]) - exact)) / np.max(np.abs(exact))))
   return worst
 
 

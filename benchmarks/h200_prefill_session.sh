@@ -136,5 +136,10 @@ case "${1:?stage}" in
     run 90 gpu_tests_share.txt python3 -m pytest -q --tb=short -p no:cacheprovider --timeout 80 \
       tests/test_user_path_kernels.py -k index_sharing
     ;;
+  fp8mg2)  # after the 8-row-aligned tiles (fp8mg: rows past an 8-row boundary wrong when a group started off one)
+    run 80 gpu_tests_fp8mg2.txt python3 -m pytest -q --tb=short -p no:cacheprovider \
+      tests/test_fp8_grouped_matmul_mgpu.py
+    run 200 fp8_mgpu2.md python3 -m benchmarks.fp8_mgpu --assignments 8 64 2048 --rows 1 64 --iters 20
+    ;;
   *) echo "unknown stage $1"; exit 2 ;;
 esac

@@ -6,7 +6,8 @@ without Pallas's deprecated Triton backend (issue 28). Same contract and formula
 rows a sorted by expert, group e holding `group_sizes[e]` consecutive rows; rows past Σ group_sizes unwritten.
 
 A CTA owns one expert, 128 output columns (one scale block) and one part of the K loop (`Config.split_k`); it walks
-its group's rows in tiles of `row_tile` (a dense linear's one group: `row_programs` CTAs share the tiles). Per tile
+its group's rows in tiles of `row_tile` from the 8-row boundary at or before the group's first row (a dense linear's
+one group: `row_programs` CTAs share the tiles). Per tile
 a software pipeline over the 128-deep K blocks keeps `stages` blocks of codes and activations in flight (TMA), and
 for each block:
   widen    the [128, 128] e4m3 codes → bf16 in shared memory, through fp32 (exact: e4m3 ⊂ bf16); wgmma has no
@@ -56,11 +57,13 @@ class Config:
 def config_for(rows: int, experts: int, k: int, n: int, config: Config | None = None,
                busy: int = BUSY_CTAS) -> Config:
   """`config` with what it leaves open chosen for `rows` over `experts` groups of [K, N] codes: the row tile the
-  smallest of ROW_TILES ≥ twice a group's mean rows (else the largest); for one group (a dense linear) as many
-  row programs as tiles; then the fewest K parts (dividing K / 128) that give ≥ `busy` CTAs with rows."""
+  smallest of ROW_TILES ≥ twice a group's mean rows, plus the 7 rows a group's 8-aligned first tile may start
+  before it (groups of one row need none); else the largest. For one group (a dense linear) as many row programs
+  as tiles; then the fewest K parts (dividing K / 128) that give ≥ `busy` CTAs with rows."""
   config = config or Config()
-  mean = -(-rows // experts) * (1 if experts == 1 else 2)
-  tile = config.row_tile or next((t for t in ROW_TILES if t >= mean), MAX_ROW_TILE)
+  mean = -(-rows // experts)
+  want = mean if experts == 1 else 2 * mean + (7 if mean > 1 else 0)
+  tile = config.row_tile or next((t for t in ROW_TILES if t >= want), MAX_ROW_TILE)
   row_programs = config.row_programs or (-(-rows // tile) if experts == 1 else 1)
   split_k = config.split_k
   if not split_k:
@@ -106,10 +109,15 @@ def fp8_grouped_matmul_mgpu(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: ja
     expert, column, program = lax.axis_index("e"), lax.axis_index("n"), lax.axis_index("p")
     part, row_program = lax.div(program, row_programs), lax.rem(program, row_programs)
     start, size = starts_gmem[expert], sizes_gmem[expert]
+    # tiles start at a multiple of 8 rows: a TMA copy into the tiled x buffer from a row that is not drops the rows
+    # past the next multiple of 8 (on the H200, 2026-12-03; the interpreter copies them): the rows before the group
+    # are multiplied and not stored
+    aligned = lax.div(start, 8) * 8
+    end = start + size
 
-    @pl.loop(row_program, lax.div(size + tile - 1, tile), step=row_programs)
+    @pl.loop(row_program, jnp.where(size > 0, lax.div(end - aligned + tile - 1, tile), 0), step=row_programs)
     def _(t):
-      first = start + t * tile
+      first = aligned + t * tile
 
       def fetch(step, slot):  # the step's activations [tile, 128] and codes [128, 128]
         kb = part * blocks + step
@@ -168,7 +176,8 @@ def fp8_grouped_matmul_mgpu(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: ja
       rows_smem[...] = plgpu.load(total_smem.T, layout=plgpu.Layout.WG_STRIDED((tile, BLOCK), vec_size=1),
                                   optimized=False)
       plgpu.commit_smem()
-      valid, offset, count = jnp.minimum(size - t * tile, tile), 0, 1 << (tile.bit_length() - 1)
+      skip = jnp.maximum(start - first, 0)  # the tile's rows before the group (its first tile only)
+      valid, offset, count = jnp.minimum(end - first, tile) - skip, skip, 1 << (tile.bit_length() - 1)
       while count:  # the valid rows in power-of-two copies (a TMA box is static)
         @pl.when((valid & count) != 0)
         def _(count=count, offset=offset):
