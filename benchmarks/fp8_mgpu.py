@@ -25,7 +25,7 @@ from jax_mtp.kernels.fp8_grouped_matmul import fp8_grouped_matmul
 from jax_mtp.kernels.fp8_grouped_matmul_mgpu import Config, config_for, fp8_grouped_matmul_mgpu
 
 DENSE = (("o_proj", 16384, 7168), ("q_b_proj", 1536, 24576), ("q_a_proj", 7168, 1536))
-MOSAIC_VARIANTS = (Config(), Config(stages=2), Config(row_tile=16), Config(scaled_weights=True))
+MOSAIC_VARIANTS = (Config(), Config(stages=3), Config(row_tile=16), Config(scaled_weights=True))
 
 
 def _rows(label, a, touched, impl, config, seconds, floor, err):

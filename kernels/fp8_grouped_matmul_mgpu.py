@@ -44,7 +44,9 @@ class Config:
   """Launch parameters; 0: `config_for` picks it."""
 
   row_tile: int = 0  # rows a product (wgmma's N): one of ROW_TILES
-  stages: int = 3  # K blocks in flight
+  # K blocks in flight. 2: on the H200 (2026-12-03 16:56, benchmarks/RESULTS.md) 3 was as fast or slower at most
+  # shapes and 1.4× slower with 24-row tiles (two CTAs no longer fit a core's shared memory)
+  stages: int = 2
   split_k: int = 0  # parts of the K loop, run by separate CTAs and summed after (in a fixed order)
   row_programs: int = 0  # CTAs sharing one group's row tiles (1 for experts, whose groups are small)
   # True: each block's codes are widened already scaled, bf16(fp32(code) · scale) — the value the dequantising path
