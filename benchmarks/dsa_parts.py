@@ -83,10 +83,10 @@ def _rows(s: int, b: int, t: int, iters: int, bandwidth: float, parts=PARTS):
            f"rel err {err:.1e}")
   backend = jax.default_backend()
   kernels = []  # (name, the call): the fused kernels this backend runs at this capacity
-  if backend in ("gpu", "tpu") and s % SCORE_BLOCK_SLOTS == 0:
-    kernels.append(("fused kernel", lambda q, k, w, ks: index_scores_pallas(
+  if backend == "tpu" and s % SCORE_BLOCK_SLOTS == 0:
+    kernels.append(("TPU kernel", lambda q, k, w, ks: index_scores_pallas(
         q.astype(jnp.bfloat16), k, w, J**-0.5, k_scale_BS=ks, backend=backend)))
-  if backend == "gpu" and s % 128 == 0:  # the Mosaic GPU port (issue 28)
+  if backend == "gpu" and s % 128 == 0:  # Mosaic GPU (the Triton kernel it replaced is gone, issue 28)
     kernels.append(("Mosaic GPU kernel", lambda q, k, w, ks: index_scores_mgpu(
         q.astype(jnp.bfloat16), k, w, J**-0.5, k_scale_BS=ks)))
   for kernel, call in kernels if "scores" in parts else []:

@@ -49,9 +49,10 @@ from jax_mtp import decode, fp8
 from jax_mtp.sharding import SHARED_WITH_TARGET
 from jax_mtp.generate import TargetDecoder
 from jax_mtp.kernels.fp8_grouped_matmul import KERNEL_NAME as FP8_KERNEL
-from jax_mtp.kernels.index_scores import KERNEL_NAME as INDEX_SCORES_KERNEL
+from jax_mtp.kernels.fp8_grouped_matmul_mgpu import KERNEL_NAME as FP8_MGPU_KERNEL
 from jax_mtp.kernels.index_scores_mgpu import KERNEL_NAME as INDEX_SCORES_MGPU_KERNEL
 from jax_mtp.kernels.sparse_mla import KERNEL_NAME as SPARSE_MLA_KERNEL
+from jax_mtp.kernels.sparse_mla_mgpu import KERNEL_NAME as SPARSE_MLA_MGPU_KERNEL
 from jax_mtp.model import init_target_params
 from jax_mtp.prefill import prefill_plan
 from jax_mtp.request import check_caches_fit, pack_prompts, required_capacity, stop_id_array
@@ -139,15 +140,17 @@ def round_floor_bytes(cfg, target: dict, drafter: dict, batch: int, k: int, cont
 
 def impls_in(hlo: str) -> dict[str, str]:
   """What ran for each DSA / experts part, by the kernels' names in a compiled program's HLO text (one instruction
-  a line: the index-scores Mosaic GPU calls' lines are set aside before looking for tokamax's Mosaic GPU kernel)."""
-  others = "\n".join(line for line in hlo.splitlines() if INDEX_SCORES_MGPU_KERNEL not in line)
-  experts = ("fp8_grouped_matmul (Pallas)" if FP8_KERNEL in hlo else "tokamax (Mosaic GPU)" if "mosaic" in others.lower()
+  a line: our Mosaic GPU kernels' lines are set aside before looking for tokamax's Mosaic GPU kernel). Mosaic names
+  are looked for first: a Triton kernel's name is a prefix of its Mosaic sibling's or a Python function's name."""
+  ours = (INDEX_SCORES_MGPU_KERNEL, FP8_MGPU_KERNEL, SPARSE_MLA_MGPU_KERNEL)
+  others = "\n".join(line for line in hlo.splitlines() if not any(name in line for name in ours))
+  experts = ("FP8 grouped matmul (Pallas Mosaic GPU)" if FP8_MGPU_KERNEL in hlo else
+             "FP8 grouped matmul (Pallas Triton)" if FP8_KERNEL in hlo else "tokamax (Mosaic GPU)" if "mosaic" in others.lower()
              else "lax.ragged_dot" if "ragged-dot" in hlo or "ragged_dot" in hlo else "gather (XLA)")
-  scores = ("Pallas Mosaic GPU kernel" if INDEX_SCORES_MGPU_KERNEL in hlo else
-            "Pallas Triton kernel" if INDEX_SCORES_KERNEL in hlo else "XLA")
-  return {"index scores": scores,
-          "sparse attention": "Pallas kernel" if SPARSE_MLA_KERNEL in hlo else "XLA",
-          "experts": experts}
+  sparse = ("Pallas Mosaic GPU kernel" if SPARSE_MLA_MGPU_KERNEL in hlo else
+            "Pallas Triton kernel" if SPARSE_MLA_KERNEL in hlo else "XLA")
+  return {"index scores": "Pallas Mosaic GPU kernel" if INDEX_SCORES_MGPU_KERNEL in hlo else "XLA",
+          "sparse attention": sparse, "experts": experts}
 
 
 def _median_seconds(fn, repeats: int) -> float:

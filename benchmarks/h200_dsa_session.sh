@@ -38,7 +38,7 @@ if [ "$stage" = kernel ]; then  # the fused index-scores kernel: parts (it print
   timeout 250 python3 -m benchmarks.dsa_parts --capacity 131072 32768 --batch 1 8 64 --tokens 1 4 --iters 10 \
     2>&1 | tee "$OUT/dsa_parts_kernel.md"
   timeout 200 python3 -m benchmarks.mtp_step --preset deepseek_v32 --batch 1 8 64 --capacity 4096 131072 \
-    --index-scores-impl pallas_gpu --iters 10 2>&1 | tee "$OUT/mtp_step_dsa_kernel.md"
+    --index-scores-impl mosaic_gpu --iters 10 2>&1 | tee "$OUT/mtp_step_dsa_kernel.md"
 fi
 if [ "$stage" = rest ]; then  # what the long stage left: verification at 128K, B = 8; more GPU equality tests
   timeout 120 python3 -m benchmarks.verify_forward --layers 2 --batch 8 -k 3 --capacity 131072 \

@@ -24,7 +24,7 @@ SUPPORTED_MODEL_TYPES = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa")
 MOE_IMPLS = ("auto", "gather", "ragged_dot", "tokamax_gpu", "tokamax_tpu", "fp8_grouped_gpu")
 DTYPES = ("float32", "bfloat16", "float16")  # compute (`dtype`) and parameter (`param_dtype`) dtypes
 INDEX_CACHE_DTYPES = ("auto", *DTYPES, "float8_e4m3fn")
-INDEX_SCORES_IMPLS = ("auto", "xla", "pallas_gpu", "mosaic_gpu", "pallas_tpu")
+INDEX_SCORES_IMPLS = ("auto", "xla", "mosaic_gpu", "pallas_tpu")
 SPARSE_ATTENTION_IMPLS = ("auto", "xla", "pallas_gpu", "mosaic_gpu")
 # FP8 weights' matmuls straight from the codes on GPUs (kernels/fp8_grouped_matmul.py: "triton", Pallas's Triton
 # backend; kernels/fp8_grouped_matmul_mgpu.py: "mosaic_gpu"); "auto": kernels.fp8_grouped_matmul.AUTO_IMPL
@@ -115,7 +115,7 @@ class MtpConfig:
   # Prompt tokens per row per prefill call (jax_mtp.prefill); 0 = sized to PREFILL_CHUNK_BYTES.
   prefill_chunk: int = 0
   # The DSA indexer's scores: XLA, or a fused Pallas kernel (Mosaic GPU: kernels/index_scores_mgpu.py, `auto` on
-  # GPUs; Triton / TPU: kernels/index_scores.py); see jax_mtp.indexer.resolve_index_scores_impl.
+  # GPUs; TPU: kernels/index_scores.py); see jax_mtp.indexer.resolve_index_scores_impl.
   index_scores_impl: str = "auto"
   # DSA's sparse MLA attention over the selected slots (decode, verification, sparse prefill): XLA, or
   # the fused Pallas kernel (kernels/sparse_mla.py); see jax_mtp.mla.resolve_sparse_attention_impl.

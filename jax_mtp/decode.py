@@ -85,9 +85,8 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--moe-impl", choices=MOE_IMPLS, default="auto",
                  help="routed experts' implementation (jax_mtp.experts); auto: by platform and size")
   p.add_argument("--index-scores-impl", choices=INDEX_SCORES_IMPLS, default="auto",
-                 help="DSA indexer scores: xla, or a fused Pallas kernel (mosaic_gpu: Mosaic GPU; pallas_gpu: "
-                      "Triton; pallas_tpu); auto: mosaic_gpu on GPUs where it takes the model, else pallas_gpu where "
-                      "that does, else xla")
+                 help="DSA indexer scores: xla, or a fused Pallas kernel (mosaic_gpu: Mosaic GPU; pallas_tpu); "
+                      "auto: mosaic_gpu on GPUs where it takes the model, else xla")
   p.add_argument("--sparse-attention-impl", choices=SPARSE_ATTENTION_IMPLS, default="auto",
                  help="DSA's sparse MLA attention: xla, or a fused Pallas kernel (pallas_gpu: Triton; mosaic_gpu: "
                       "Mosaic GPU, which also reads an fp8 cache); auto: pallas_gpu on GPUs where it takes the model, "

@@ -114,10 +114,9 @@ class Indexer(nn.Module):
       return scores_mgpu.index_scores_mgpu(q_BTIJ.astype(cfg.dtype), cache.index_k_BSJ, w_BTI,
                                            cfg.index_head_dim**-0.5, k_scale_BS=cache.index_k_scale_BS,
                                            positions_BT=positions_BT, interpret=lowering_platform() == "cpu")
-    backend = impl.removeprefix("pallas_")  # GPU: slot blocks past a query block's positions are skipped
-    return scores_kernel.index_scores_pallas(
+    return scores_kernel.index_scores_pallas(  # pallas_tpu (every slot block scored: the TPU form takes no bound)
         q_BTIJ.astype(cfg.dtype), cache.index_k_BSJ, w_BTI, cfg.index_head_dim**-0.5,
-        k_scale_BS=cache.index_k_scale_BS, positions_BT=None if backend == "tpu" else positions_BT, backend=backend)
+        k_scale_BS=cache.index_k_scale_BS, backend="tpu")
 
   def _rope_first(self, x: jax.Array, rotary: Rotary) -> jax.Array:
     """RoPE on the first R dims (the indexer puts the rotary part first; MLA puts it last)."""
@@ -126,19 +125,18 @@ class Indexer(nn.Module):
     return jnp.concatenate([rotated, x[..., r:]], axis=-1)
 
 
-# Slots a cache capacity must be a multiple of for either fused GPU kernel: the Triton kernel's block (256). The
-# Mosaic GPU kernel takes any multiple of its 128-slot step: `config_for` picks `splits` dividing S / 128.
+# Slots a cache capacity must be a multiple of for the fused kernels: the TPU kernel's block (256). The Mosaic GPU
+# kernel takes any multiple of its 128-slot step: `config_for` picks `splits` dividing S / 128.
 SCORE_BLOCK_SLOTS = scores_kernel.Config().block_slots
 
 
 def resolve_index_scores_impl(cfg: MtpConfig, platform: str, capacity: int) -> str:
-  """"xla" or a fused kernel ("mosaic_gpu": Pallas Mosaic GPU, "pallas_gpu": Pallas Triton, "pallas_tpu") for
-  `cfg.index_scores_impl`.
+  """"xla" or a fused kernel ("mosaic_gpu": Pallas Mosaic GPU, "pallas_tpu") for `cfg.index_scores_impl`.
 
   "auto":
-    gpu  mosaic_gpu wherever it takes the model (`_kernel_problems` and `_mosaic_problems` empty); else pallas_gpu
-         wherever the Triton kernel does (float8 keys of a head dim not a multiple of 32, keys in a third dtype,
-         more than 256 indexer heads); else xla. On the H200 (benchmarks/RESULTS.md, "Index scores: auto on the
+    gpu  mosaic_gpu wherever it takes the model (`_kernel_problems` and `_mosaic_problems` empty); else xla (float8
+         keys of a head dim not a multiple of 32, keys in a third dtype, more than 256 indexer heads, which only
+         the removed Triton kernel took). On the H200 (benchmarks/RESULTS.md, "Index scores: auto on the
          Mosaic GPU kernel"; T = 4, 32K slots, B = 1 / 8 / 64): bf16 keys 40 / 81 / 344 µs against Triton's
          66 / 130 / 694; fp8 keys 57 / 102 / 417 against 36 / 126 / 712 (Triton ahead at B = 1 only); a 2,048-query
          prefill chunk with the causal bound 1,515 µs against 2,630
@@ -152,7 +150,7 @@ def resolve_index_scores_impl(cfg: MtpConfig, platform: str, capacity: int) -> s
   if impl == "auto":
     if platform != "gpu" or _kernel_problems(cfg, capacity):
       return "xla"
-    return "pallas_gpu" if _mosaic_problems(cfg) else "mosaic_gpu"
+    return "xla" if _mosaic_problems(cfg) else "mosaic_gpu"
   problems = _kernel_problems(cfg, capacity) + (_mosaic_problems(cfg) if impl == "mosaic_gpu" else [])
   if problems:
     raise ValueError(f"index_scores_impl={impl!r} cannot run here: {'; '.join(problems)} (use 'xla' or 'auto')")
@@ -172,7 +170,7 @@ def kernel_capacity(cfg: MtpConfig, positions: int) -> int:
 
 
 def _mosaic_problems(cfg: MtpConfig) -> list[str]:
-  """Why the Mosaic GPU kernel cannot take this model where the Triton one can (none: it can)."""
+  """Why the Mosaic GPU kernel cannot take this model beyond `_kernel_problems` (none: it can)."""
   keys, dtype = jnp.dtype(cfg.index_key_dtype), jnp.dtype(cfg.dtype)
   problems = []
   if keys != dtype and keys not in scores_mgpu.FLOAT8_KEYS:
@@ -187,7 +185,7 @@ def _mosaic_problems(cfg: MtpConfig) -> list[str]:
 
 
 def _kernel_problems(cfg: MtpConfig, capacity: int) -> list[str]:
-  """Why the fused kernels (Triton's and Mosaic GPU's) cannot take this model and cache (none: they can)."""
+  """Why the fused kernels (Mosaic GPU's and the TPU one) cannot take this model and cache (none: they can)."""
   problems = []
   if jnp.dtype(cfg.dtype) == jnp.float32:
     problems.append("the model computes in float32 (the kernel's dot is bf16/fp16)")

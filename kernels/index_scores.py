@@ -5,18 +5,19 @@ of HBM (q·k on the matrix units, ReLU and the weighted sum over the indexer hea
 
 `reference` is XLA's formulation (a dot that writes fp32 logits, then a fusion that reads them back: 64 heads × 4
 bytes per (query, slot) against the 2 bytes of key a step must read), in slot chunks so the logits never exist
-whole; it is also the model's "xla" impl. `index_scores_pallas` is the kernel: each program reads one block of
-`Config.block_slots` keys once and writes its query block's scores over them.
+whole; it is also the model's "xla" impl. `index_scores_pallas` is the kernel for TPUs (and Pallas's interpreter):
+each program reads one block of `Config.block_slots` keys once and writes its query block's scores over them. On
+GPUs the op runs in `kernels/index_scores_mgpu.py` (Pallas Mosaic GPU); this kernel's form on Pallas's Triton
+backend, which JAX has deprecated, was removed once the Mosaic one measured 1.2–2× faster on the H200 (issue 28).
 
 Grid (B, T / block_tokens, S / block_slots); a query block's q [tb·I, J] and w [tb·I, 1] stay resident while the
-row's keys stream past them. With the queries' positions (`positions_BT`, GPU and interpret backends) a program
+row's keys stream past them. With the queries' positions (`positions_BT`, the interpret backend) a program
 whose slot block starts past its query block's last position writes zeros without reading keys: those slots are
 invisible to every query of the block (slot s holds position s), so a prefill chunk scores only the causal part of
 the cache (half of it on average over a prompt) and an early decode step only the slots written so far.
-Keys enter the dot in q's dtype (bf16 in a bf16 model; float8 keys are widened through fp32 first, which every
-ptxas can convert) with fp32 accumulation; per-key fp8 scales multiply the fp32 logits.
-`backend`: "gpu" (Pallas's Triton backend, which JAX has deprecated in favour of Mosaic GPU: issue 28's port),
-"tpu" (Mosaic) or "interpret" (any host, for tests). `MtpConfig.index_scores_impl` picks the kernel or the
+Keys enter the dot in q's dtype (bf16 in a bf16 model; float8 keys are widened through fp32 first) with fp32
+accumulation; per-key fp8 scales multiply the fp32 logits.
+`backend`: "tpu" (Mosaic TPU) or "interpret" (any host, for tests). `MtpConfig.index_scores_impl` picks the kernel or the
 reference (`jax_mtp.indexer.resolve_index_scores_impl`); measurements: benchmarks/RESULTS.md.
 """
 
@@ -30,7 +31,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 KERNEL_NAME = "dsa_index_scores"
-BACKENDS = ("gpu", "tpu", "interpret")
+BACKENDS = ("tpu", "interpret")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,14 +40,11 @@ class Config:
 
   block_slots: int = 256  # slots per program; the cache capacity must be a multiple (indexer.kernel_capacity)
   block_tokens: int = 4  # queries per program (RESULTS, issue 27: 4 beat 8 and 16 at a 2,048-token chunk)
-  num_warps: int = 4
-  num_stages: int = 2
 
 
 def config_for(tokens: int, backend: str, config: Config | None = None) -> Config:
   """The launch of a `tokens`-query call: on TPUs the whole T is one block (Mosaic blocks are 8-row multiples or
-  the whole dimension); elsewhere the largest power of two ≤ min(T, block_tokens) (Triton's arrays are powers of 2
-  long: a block of 3 queries does not lower)."""
+  the whole dimension); in the interpreter the largest power of two ≤ min(T, block_tokens)."""
   config = config or Config()
   block = tokens if backend == "tpu" else 1 << (min(tokens, config.block_tokens).bit_length() - 1)
   return dataclasses.replace(config, block_tokens=block)
@@ -106,7 +104,7 @@ def reference(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, scale: floa
 
 def index_scores_pallas(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, scale: float, *,
                         k_scale_BS: jax.Array | None = None, positions_BT: jax.Array | None = None,
-                        config: Config | None = None, backend: str = "gpu") -> jax.Array:
+                        config: Config | None = None, backend: str = "tpu") -> jax.Array:
   """fp32 [B, T, S] index scores by the kernel (S a multiple of `config.block_slots`); queries go in blocks of
   `config_for`'s size (a grid axis; T padded to a whole number of blocks), so any T compiles to one program body.
   `positions_BT` (int32, optional): each query's position; scores of slots past a query block's last position are
@@ -182,9 +180,7 @@ def _scores(q_ref, k_ref, w_ref, k_scale_ref, o_ref, *, tokens: int, heads: int,
 
 
 def _compiler_params(backend: str, config: Config):
-  if backend == "gpu":
-    from jax.experimental.pallas import triton as pl_triton  # noqa: PLC0415 (GPU-only module)
-    return pl_triton.CompilerParams(num_warps=config.num_warps, num_stages=config.num_stages)
+  del config
   if backend == "tpu":
     from jax.experimental.pallas import tpu as pltpu  # noqa: PLC0415
     return pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "parallel"))

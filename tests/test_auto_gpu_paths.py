@@ -17,7 +17,6 @@ from jax.sharding import AbstractMesh, AxisType
 
 import jax_mtp
 from jax_mtp import fp8
-from jax_mtp.kernels import index_scores as scores_kernel
 from jax_mtp.kernels.fp8_grouped_matmul import KERNEL_NAME as FP8_KERNEL
 from jax_mtp.request import required_capacity
 from tests.lowered_step import H200
@@ -80,19 +79,12 @@ def test_speculative_decoding_through_the_sparse_mla_kernel_gives_plain_xla_toke
   assert _speculative(cfg, target, mtp, prompts, 8) == plain
 
 
-@pytest.mark.parametrize("impl", ["pallas_gpu", "mosaic_gpu"])
-def test_speculative_decoding_through_the_index_scores_kernel_gives_plain_xla_tokens(dsa_plain_xla, monkeypatch,
-                                                                                    impl):
-  """The indexer's scores through a fused kernel (Mosaic GPU's, `auto`'s, or Triton's on a GPU; on CPU the same
-  kernel in interpret mode: for Triton the model asks for backend "gpu", which a CPU cannot lower; Mosaic GPU's picks
-  its interpreter by platform itself), the cache rounded to 256-slot blocks; the tokens are plain greedy decoding's
-  with XLA's scores."""
-  if not ON_GPU:
-    kernel = scores_kernel.index_scores_pallas
-    monkeypatch.setattr(scores_kernel, "index_scores_pallas",
-                        lambda *a, backend, **kw: kernel(*a, backend="interpret", **kw))
+def test_speculative_decoding_through_the_index_scores_kernel_gives_plain_xla_tokens(dsa_plain_xla):
+  """The indexer's scores through the Mosaic GPU kernel (`auto`'s on GPUs; on CPU in Pallas's GPU interpreter, which
+  the model picks by platform), the cache rounded to 256-slot blocks; the tokens are plain greedy decoding's with
+  XLA's scores."""
   (target, mtp), prompts, plain = dsa_plain_xla
-  cfg = _dsa_cfg(index_scores_impl=impl, sparse_attention_impl="xla")
+  cfg = _dsa_cfg(index_scores_impl="mosaic_gpu", sparse_attention_impl="xla")
   assert required_capacity(cfg, prompts, 8, K) == 256
   assert _speculative(cfg, target, mtp, prompts, 8) == plain
 

@@ -96,7 +96,7 @@ _FLAGS = {
     "--dtype": _mostly(st.sampled_from(["auto", "float32", "bfloat16", "float16"]), st.sampled_from(["float8", ""])),
     "--moe-impl": _mostly(st.sampled_from(["auto", "gather", "ragged_dot"]),
                           st.sampled_from(["bogus", "tokamax_gpu", "fp8_grouped_gpu"])),
-    "--index-scores-impl": st.sampled_from(["auto", "xla", "pallas_gpu"]),
+    "--index-scores-impl": st.sampled_from(["auto", "xla", "mosaic_gpu"]),
     "--sparse-attention-impl": st.sampled_from(["auto", "xla", "pallas_gpu"]),
     "--impl": st.sampled_from(["xla", "xla", "pallas_gpu", "nope"]),
     "--prefill-chunk": st.sampled_from(["0", "1", "3", "-5"]),

@@ -1,8 +1,9 @@
-"""The fused DSA index-scores kernel (kernels/index_scores.py): equal to the XLA formulation
+"""The fused DSA index-scores kernel for TPUs (kernels/index_scores.py): equal to the XLA formulation
 (`jax_mtp.indexer.index_scores`) and to a float64 formula on awkward shapes, fp32 / bf16 / fp8 keys,
-in Pallas interpret mode; in the lowered CUDA and TPU programs of the MTP step when asked for (and under `auto` in
-a CUDA program only where the Mosaic GPU kernel cannot take the model), compiled for v5e and v6e through libtpu;
-refused with the offending values where it cannot run; `auto`'s resolution table."""
+in Pallas interpret mode; in the lowered TPU program of the MTP step when asked for and in no `auto` program;
+compiled for v5e and v6e through libtpu; refused with the offending values where it cannot run (its GPU form on
+Pallas's Triton backend is gone: the Mosaic GPU kernel's tests are tests/test_index_scores_mgpu.py); `auto`'s
+resolution table."""
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +19,7 @@ from jax_mtp.kernels.index_scores import KERNEL_NAME, Config, index_scores_palla
 from jax_mtp.kernels.index_scores_mgpu import KERNEL_NAME as MGPU_KERNEL
 from tests.index_scores_cases import (assert_equals_xla_and_the_formula, assert_positions_bound_the_scored_slots,
                                        inputs, keys_as)
-from tests.lowered_step import H200, mtp_step_module
+from tests.lowered_step import mtp_step_module
 from tests.tpu_toolchain import requires_libtpu
 
 
@@ -41,27 +42,13 @@ def test_positions_bound_the_scored_slots(t, tokens):
                                                             backend="interpret"), t, tokens, 128)
 
 
-@pytest.mark.parametrize("t", [1, 2, 3, 5, 7])
-def test_kernel_lowers_for_cuda_at_any_t(t):
-  """Exported for CUDA (Pallas's Triton lowering runs here, on any host), with and without positions: Triton takes
-  only arrays whose lengths are powers of 2, so a query block of 3 once failed on the GPU alone."""
-  q, k, w = inputs(1, t, 16, 16, 512)
-  checks = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
-  h200 = jax.sharding.AbstractMesh((1,), ("tp",), axis_types=(jax.sharding.AxisType.Auto,), abstract_device=H200)
-  for positions in (None, jnp.arange(t, dtype=jnp.int32)[None]):
-    fn = jax.jit(lambda q, k, w, p: index_scores_pallas(q.astype(jnp.bfloat16), k.astype(jnp.bfloat16), w, 0.5,
-                                                        positions_BT=p, backend="gpu"))
-    with jax.sharding.use_abstract_mesh(h200):
-      text = jax.export.export(fn, platforms=["cuda"], disabled_checks=checks)(q, k, w, positions).mlir_module()
-    assert KERNEL_NAME in text
-
-
 def test_kernel_refuses_what_it_cannot_run():
   q, k, w = inputs(1, 1, 16, 16, 200)
   with pytest.raises(ValueError, match="200 is not a multiple of block_slots=128"):
     index_scores_pallas(q, k, w, 1.0, config=Config(block_slots=128), backend="interpret")
-  with pytest.raises(ValueError, match="backend='cuda'"):
-    index_scores_pallas(q, k[:, :128], w, 1.0, config=Config(block_slots=128), backend="cuda")
+  for gpu in ("cuda", "gpu"):  # the Triton form was removed (issue 28)
+    with pytest.raises(ValueError, match=f"backend='{gpu}' is not one of \\('tpu', 'interpret'\\)"):
+      index_scores_pallas(q, k[:, :128], w, 1.0, config=Config(block_slots=128), backend=gpu)
   with pytest.raises(ValueError, match="do not agree"):
     index_scores_pallas(q, k[:, :128, :8], w, 1.0, config=Config(block_slots=128), backend="interpret")
   with pytest.raises(ValueError, match="cannot bound the slots on backend='tpu'"):
@@ -78,25 +65,25 @@ def test_resolution_table():
   assert resolve_index_scores_impl(_kernel_cfg(), "gpu", 512) == "mosaic_gpu"
   assert resolve_index_scores_impl(_kernel_cfg(index_cache_dtype="float8_e4m3fn", index_head_dim=32), "gpu",
                                    512) == "mosaic_gpu"
-  # ... else the Triton kernel where it alone takes the model ...
+  # ... else XLA: models only the removed Triton kernel took ...
   for triton_only in (_kernel_cfg(index_cache_dtype="float8_e4m3fn"),  # fp8 keys of head dim 16
                       _kernel_cfg(index_cache_dtype="float32"),  # keys neither the model's dtype nor float8
                       _kernel_cfg(index_n_heads=272)):  # more heads than a wgmma's N
-    assert resolve_index_scores_impl(triton_only, "gpu", 512) == "pallas_gpu"
-  # ... else XLA
+    assert resolve_index_scores_impl(triton_only, "gpu", 512) == "xla"
+  # ... and where no kernel takes the cache
   assert resolve_index_scores_impl(_kernel_cfg(), "gpu", 500) == "xla"  # auto: a capacity the kernels cannot take
   assert resolve_index_scores_impl(_kernel_cfg(), "tpu", 512) == "xla"  # auto: not timed on a TPU
   assert resolve_index_scores_impl(_kernel_cfg(), "cpu", 512) == "xla"
-  assert resolve_index_scores_impl(_kernel_cfg(index_scores_impl="pallas_gpu"), "gpu", 512) == "pallas_gpu"
   assert resolve_index_scores_impl(_kernel_cfg(index_scores_impl="pallas_tpu"), "cpu", 512) == "pallas_tpu"  # AOT
   with pytest.raises(ValueError, match="float32.*capacity 500 is not a multiple of 256.*index_n_heads=4"):
-    resolve_index_scores_impl(jax_mtp.tiny(index_scores_impl="pallas_gpu"), "gpu", 500)
+    resolve_index_scores_impl(jax_mtp.tiny(index_scores_impl="pallas_tpu"), "tpu", 500)
   with pytest.raises(ValueError, match="keys in the model's dtype \\(bfloat16\\) or float8, not float32.*at most 256 "
                      "indexer heads"):
     resolve_index_scores_impl(_kernel_cfg(index_cache_dtype="float32", index_n_heads=272,
                                           index_scores_impl="mosaic_gpu"), "gpu", 512)
-  with pytest.raises(jax_mtp.ConfigError, match="index_scores_impl='triton'"):
-    jax_mtp.tiny(index_scores_impl="triton")
+  for gone in ("triton", "pallas_gpu"):  # the Triton kernel was removed (issue 28)
+    with pytest.raises(jax_mtp.ConfigError, match=f"index_scores_impl='{gone}'"):
+      jax_mtp.tiny(index_scores_impl=gone)
 
 
 def _step_module(impl: str, platform: str) -> str:
@@ -104,18 +91,20 @@ def _step_module(impl: str, platform: str) -> str:
   return mtp_step_module(_kernel_cfg(index_scores_impl=impl), platform, 2, 512)
 
 
-@pytest.mark.parametrize("impl,platform", [("pallas_gpu", "cuda"), ("pallas_tpu", "tpu")])
-def test_the_kernel_is_in_the_lowered_step_when_asked_for(impl, platform):
-  assert KERNEL_NAME in _step_module(impl, platform)
+@pytest.mark.parametrize("platform", ["cuda", "tpu"])
+def test_the_kernel_is_in_the_lowered_tpu_step_when_asked_for_and_in_no_auto_step(platform):
+  if platform == "tpu":
+    assert KERNEL_NAME in _step_module("pallas_tpu", platform)
   # auto follows the program's platform (jax_mtp.platform): in a CUDA program the Mosaic GPU kernel where it takes
   # the model (tests/test_index_scores_mgpu.py), XLA's scores on TPUs: this kernel in neither
   assert KERNEL_NAME not in _step_module("auto", platform)
 
 
-def test_auto_puts_this_kernel_in_a_cuda_step_only_it_takes():
-  """float8 keys of head dim 16: the Mosaic GPU kernel widens float8 keys of head dims in multiples of 32 only."""
+def test_auto_gives_a_cuda_step_the_mosaic_kernel_does_not_take_xlas_scores():
+  """float8 keys of head dim 16: the Mosaic GPU kernel widens float8 keys of head dims in multiples of 32 only; no
+  Pallas kernel in the step."""
   module = mtp_step_module(_kernel_cfg(index_cache_dtype="float8_e4m3fn"), "cuda", 2, 512)
-  assert KERNEL_NAME in module and MGPU_KERNEL not in module
+  assert KERNEL_NAME not in module and MGPU_KERNEL not in module
 
 
 @pytest.mark.slow

@@ -115,4 +115,4 @@ def test_the_kernel_is_in_the_clis_lowered_step_when_asked_for():
   fp8_keys_16 = _model_cfg(index_cache_dtype="float8_e4m3fn", index_head_dim=16)
   with pytest.raises(ValueError, match="float8 keys of a head dim that is a multiple of 32, not index_head_dim=16"):
     resolve_index_scores_impl(fp8_keys_16, "gpu", 512)
-  assert resolve_index_scores_impl(fp8_keys_16.replace(index_scores_impl="auto"), "gpu", 512) == "pallas_gpu"
+  assert resolve_index_scores_impl(fp8_keys_16.replace(index_scores_impl="auto"), "gpu", 512) == "xla"
