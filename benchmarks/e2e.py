@@ -321,7 +321,7 @@ def main(argv=None) -> int:
   parser.add_argument("--max-prefill-tokens", type=int, default=2**19, help="skip rows of more prompt tokens")
   parser.add_argument("--iters", type=int, default=10)
   parser.add_argument("--repeats", type=int, default=3)
-  parser.add_argument("--cli", nargs="*", default=[], help="further `python -m jax_mtp.decode` flags, e.g. "
+  parser.add_argument("--cli", action="append", default=[], help="further `python -m jax_mtp.decode` flags, e.g. "
                       "--moe-impl ragged_dot (given as --cli=--moe-impl --cli=ragged_dot)")
   parser.add_argument("--small", action="store_true", help="the tiny preset's widths, to check the script")
   parser.add_argument("--profile", action="store_true", help="also trace one call of each prefill and print its "

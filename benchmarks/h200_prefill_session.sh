@@ -146,7 +146,7 @@ case "${1:?stage}" in
   fp8e2e)  # (not run yet) FP8 weights on the user's path through each FP8 kernel: 1K prompts at B = 1 and 64
     for impl in triton mosaic_gpu; do
       run 280 "e2e_fp8_$impl.md" python3 -m benchmarks.e2e --weights fp8 --prompt 1024 --batch 1 64 --iters 5 \
-        --cli --fp8-matmul-impl "$impl"
+        --cli=--fp8-matmul-impl "--cli=$impl"
     done
     ;;
   *) echo "unknown stage $1"; exit 2 ;;
