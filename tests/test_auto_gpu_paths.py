@@ -111,23 +111,25 @@ def test_speculative_decoding_through_the_fp8_kernel_gives_the_gather_impls_plai
   assert _speculative(cfg, target, mtp, prompts, 6) == _plain(_fp8_cfg("gather"), target, prompts, 6)
 
 
+def _fp8_step_for_an_h200(cfg: jax_mtp.MtpConfig) -> str:
+  """The MTP step of `cfg` with FP8 weights (codes + block scales), exported for an abstract H200 from this host."""
+  params = fp8.as_checkpoint_fp8(jax.eval_shape(lambda key: jax_mtp.init_params(cfg, key), jax.random.key(0)),
+                                 cfg.fp8_block, fp8.abstract_fp8)
+  caches = jax.eval_shape(lambda: jax_mtp.init_caches(cfg, 2, 64))
+  ids, hidden = jax.ShapeDtypeStruct((2, 1), jnp.int32), jax.ShapeDtypeStruct((2, 1, 256), jnp.bfloat16)
+  step = jax.jit(lambda p, i, pos, h, c: jax_mtp.MtpPredictor(cfg).apply({"params": p}, i, pos, h, c).hidden_BTD)
+  mesh = AbstractMesh((1,), ("tp",), axis_types=(AxisType.Auto,), abstract_device=H200)
+  with jax.sharding.use_abstract_mesh(mesh):
+    exported = jax.export.export(step, platforms=["cuda"], disabled_checks=[
+        jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])
+    return exported(params, ids, ids, hidden, caches).mlir_module()
+
+
 def test_auto_puts_the_fp8_kernel_in_the_mtp_step_exported_for_an_h200():
   """moe_impl='auto' with FP8 weights, exported for an abstract H200 from this host: the kernel runs the three
   routed-expert projections and every dense FP8 linear it takes, as the explicit impl does (a call names it)."""
-  def kernel_calls(moe_impl):
-    cfg = _fp8_cfg(moe_impl)
-    params = fp8.as_checkpoint_fp8(jax.eval_shape(lambda key: jax_mtp.init_params(cfg, key), jax.random.key(0)),
-                                   cfg.fp8_block, fp8.abstract_fp8)
-    caches = jax.eval_shape(lambda: jax_mtp.init_caches(cfg, 2, 64))
-    ids, hidden = jax.ShapeDtypeStruct((2, 1), jnp.int32), jax.ShapeDtypeStruct((2, 1, 256), jnp.bfloat16)
-    step = jax.jit(lambda p, i, pos, h, c: jax_mtp.MtpPredictor(cfg).apply({"params": p}, i, pos, h, c).hidden_BTD)
-    mesh = AbstractMesh((1,), ("tp",), axis_types=(AxisType.Auto,), abstract_device=H200)
-    with jax.sharding.use_abstract_mesh(mesh):
-      exported = jax.export.export(step, platforms=["cuda"], disabled_checks=[
-          jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])
-      return exported(params, ids, ids, hidden, caches).mlir_module().count(f'"{FP8_KERNEL}"')
-
-  calls = {impl: kernel_calls(impl) for impl in ("auto", "fp8_grouped_gpu", "gather")}
+  calls = {impl: _fp8_step_for_an_h200(_fp8_cfg(impl)).count(f'"{FP8_KERNEL}"')
+           for impl in ("auto", "fp8_grouped_gpu", "gather")}
   # gather dequantises the experts (the dense linears keep the kernel: the program is for a GPU)
   assert calls["auto"] == calls["fp8_grouped_gpu"] == calls["gather"] + 3, calls
 
@@ -139,17 +141,7 @@ def test_fp8_matmul_impl_mosaic_gpu_puts_the_mosaic_kernel_where_the_triton_one_
   from jax_mtp.kernels.fp8_grouped_matmul_mgpu import KERNEL_NAME as MOSAIC_FP8  # noqa: PLC0415
 
   def module(fp8_matmul_impl):
-    cfg = _fp8_cfg("fp8_grouped_gpu").replace(fp8_matmul_impl=fp8_matmul_impl)
-    params = fp8.as_checkpoint_fp8(jax.eval_shape(lambda key: jax_mtp.init_params(cfg, key), jax.random.key(0)),
-                                   cfg.fp8_block, fp8.abstract_fp8)
-    caches = jax.eval_shape(lambda: jax_mtp.init_caches(cfg, 2, 64))
-    ids, hidden = jax.ShapeDtypeStruct((2, 1), jnp.int32), jax.ShapeDtypeStruct((2, 1, 256), jnp.bfloat16)
-    step = jax.jit(lambda p, i, pos, h, c: jax_mtp.MtpPredictor(cfg).apply({"params": p}, i, pos, h, c).hidden_BTD)
-    mesh = AbstractMesh((1,), ("tp",), axis_types=(AxisType.Auto,), abstract_device=H200)
-    with jax.sharding.use_abstract_mesh(mesh):
-      exported = jax.export.export(step, platforms=["cuda"], disabled_checks=[
-          jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])
-      return exported(params, ids, ids, hidden, caches).mlir_module()
+    return _fp8_step_for_an_h200(_fp8_cfg("fp8_grouped_gpu").replace(fp8_matmul_impl=fp8_matmul_impl))
 
   triton, mosaic = module("triton"), module("mosaic_gpu")
   triton_calls = len(re.findall(r"custom_call @__gpu\$xla\.gpu\.triton", triton))
