@@ -54,6 +54,9 @@ class Config:
   # accumulator across the whole K loop, a block's wgmma running while the next block is widened. False: exact
   # codes, each block's product waited for and scaled in fp32 (the formula, as the Triton kernel computes it)
   scaled_weights: bool = False
+  # True: the output's two staging buffers share the widened weights' shared memory (free once a tile's last wgmma
+  # is done), 8 KiB less a CTA at 8-row tiles: three CTAs fit a core instead of two. Not yet timed on a GPU
+  share_output_smem: bool = False
 
 
 def config_for(rows: int, experts: int, k: int, n: int, config: Config | None = None,
@@ -107,7 +110,8 @@ def fp8_grouped_matmul_mgpu(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: ja
   bf16 = operand_transforms(plgpu, jnp.bfloat16, BLOCK)
 
   def body(starts_gmem, sizes_gmem, x_gmem, codes_gmem, scale_gmem, out_gmem,
-           x_smem, codes_smem, weight_smem, total_smem, rows_smem, loaded):
+           x_smem, codes_smem, staging, loaded):
+    (weight_smem,), (total_smem, rows_smem) = staging
     expert, column, program = lax.axis_index("e"), lax.axis_index("n"), lax.axis_index("p")
     part, row_program = lax.div(program, row_programs), lax.rem(program, row_programs)
     start, size = starts_gmem[expert], sizes_gmem[expert]
@@ -190,6 +194,11 @@ def fp8_grouped_matmul_mgpu(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: ja
       plgpu.commit_smem_to_gmem_group()
       plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # rows_smem is rewritten by the next tile
 
+  weight = plgpu.SMEM((1 + config.scaled_weights, BLOCK, BLOCK), jnp.bfloat16, transforms=bf16)
+  total, rows = plgpu.SMEM((BLOCK, tile), jnp.float32), plgpu.SMEM((tile, BLOCK), jnp.float32)
+  # after a tile's K loop the weights are dead (its last wgmma waited for) until the next tile's first widening,
+  # which follows the rows' copies out (`wait_smem_to_gmem` ends in a warpgroup barrier)
+  staging = plgpu.RefUnion((weight,), (total, rows)) if config.share_output_smem else ((weight,), (total, rows))
   kernel = plgpu.kernel(
       body,
       out_type=jax.ShapeDtypeStruct((split_k, padded, n), jnp.float32),
@@ -197,9 +206,7 @@ def fp8_grouped_matmul_mgpu(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: ja
           plgpu.SMEM((stages, tile, BLOCK), jnp.bfloat16, transforms=bf16),
           plgpu.SMEM((stages, BLOCK, BLOCK), codes_EKN.dtype, transforms=operand_transforms(plgpu, codes_EKN.dtype,
                                                                                              BLOCK)),
-          plgpu.SMEM((1 + config.scaled_weights, BLOCK, BLOCK), jnp.bfloat16, transforms=bf16),
-          plgpu.SMEM((BLOCK, tile), jnp.float32),
-          plgpu.SMEM((tile, BLOCK), jnp.float32),
+          staging,
           plgpu.Barrier(num_arrivals=2, num_barriers=stages),
       ],
       grid=(e, n // BLOCK, split_k * row_programs),

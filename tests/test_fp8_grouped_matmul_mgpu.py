@@ -34,6 +34,10 @@ def _problem(e, k, n, sizes, spare=3, seed=0):
     # groups starting off an 8-row boundary and crossing it (on the H200 a copy from such a row dropped the rows
     # past the boundary, 2026-12-03)
     (3, 128, 128, (3, 12, 9), Config(row_tile=8)), (2, 128, 256, (1, 25), Config(row_tile=16)),
+    # the output staged in the weights' shared memory: several tiles a CTA, so a tile's widening follows the last
+    # tile's rows out
+    (3, 256, 128, (3, 12, 9), Config(row_tile=8, share_output_smem=True)),
+    (1, 256, 256, (70,), Config(row_tile=16, row_programs=2, share_output_smem=True)),
 ])
 def test_kernel_equals_the_formula_the_dequantised_product_and_the_triton_kernel(e, k, n, sizes, config):
   x, codes, scale, sizes_E = _problem(e, k, n, sizes)
@@ -75,15 +79,15 @@ def test_rows_past_the_groups_are_not_written():
   assert_close(got[:10], want[:10], "float32", "the groups' rows")
 
 
-@pytest.mark.parametrize("scaled_weights", [False, True])
+@pytest.mark.parametrize("variant", [{}, {"scaled_weights": True}, {"share_output_smem": True}])
 @pytest.mark.parametrize("rows,experts,k,n", [(8, 256, 7168, 2048), (2048, 256, 2048, 7168), (64, 1, 16384, 7168),
                                               (4096, 1, 7168, 1536)])
-def test_kernel_lowers_for_cuda_at_v32_shapes(rows, experts, k, n, scaled_weights):
+def test_kernel_lowers_for_cuda_at_v32_shapes(rows, experts, k, n, variant):
   """Experts at B = 1 (gate/up) and B = 64 × 4 queries (down; 3.8e9 codes, past int32 byte offsets), o_proj at
   B = 64, q_a at a 4,096-token prefill chunk (a dense linear's rows over row programs)."""
   args = (jax.ShapeDtypeStruct((rows, k), jnp.bfloat16), jax.ShapeDtypeStruct((experts, k, n), jnp.float8_e4m3fn),
           jax.ShapeDtypeStruct((experts, k // 128, n // 128), jnp.float32), jax.ShapeDtypeStruct((experts,), jnp.int32))
-  call = jax.jit(lambda *a: fp8_grouped_matmul_mgpu(*a, config=Config(scaled_weights=scaled_weights)))
+  call = jax.jit(lambda *a: fp8_grouped_matmul_mgpu(*a, config=Config(**variant)))
   text = call.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
   assert KERNEL_NAME in text
 
