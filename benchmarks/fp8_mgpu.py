@@ -25,8 +25,8 @@ from jax_mtp.kernels.fp8_grouped_matmul import fp8_grouped_matmul
 from jax_mtp.kernels.fp8_grouped_matmul_mgpu import Config, config_for, fp8_grouped_matmul_mgpu
 
 DENSE = (("o_proj", 16384, 7168), ("q_b_proj", 1536, 24576), ("q_a_proj", 7168, 1536))
-MOSAIC_VARIANTS = (Config(), Config(share_output_smem=True), Config(stages=3), Config(row_tile=16),
-                   Config(scaled_weights=True))
+MOSAIC_VARIANTS = (Config(), Config(share_output_smem=True), Config(subtiles=2),
+                   Config(subtiles=2, share_output_smem=True), Config(stages=3), Config(row_tile=16))
 
 
 def _rows(label, a, touched, impl, config, seconds, floor, err):
@@ -42,7 +42,8 @@ def _time_both(label, a, touched, x, codes, scales, sizes, floor, iters, gpu):
     config = config_for(a, e, k, n, variant)
     runs.append(("Mosaic GPU", f"tile {config.row_tile} stages {config.stages} split {config.split_k} rows "
                  f"{config.row_programs}" + (" scaled weights" if config.scaled_weights else "")
-                 + (" shared output staging" if config.share_output_smem else ""), jax.jit(functools.partial(fp8_grouped_matmul_mgpu, config=config,
+                 + (" shared output staging" if config.share_output_smem else "")
+                 + (f" {config.subtiles} subtiles" if config.subtiles > 1 else ""), jax.jit(functools.partial(fp8_grouped_matmul_mgpu, config=config,
                                                                      interpret=not gpu))))
   for impl, config, call in runs:
     try:

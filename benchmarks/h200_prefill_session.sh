@@ -24,6 +24,7 @@
 #   e2e5     (not run yet) benchmarks.e2e at 32K / 8K with the Mosaic index scores under auto; B = 256 × 32K verify
 #   fp8mg    the Mosaic GPU FP8 grouped matmul's tests and its speed beside the Triton kernel; mla4's failures
 #   fp8mg2   the same after the 8-row-aligned tiles (16:56: 21 of 21 tests passed)
+#   fp8mg3   (not run yet) the Mosaic FP8 kernel's shared output staging and two-subtile variants, timed
 #   fp8e2e   (not run yet) benchmarks.e2e with FP8 weights through the Triton and the Mosaic FP8 kernels
 #   fp8      benchmarks.e2e with FP8 weights kept as codes: 1K and 32K prompts at B = 1, 1K at B = 64
 set -uo pipefail
@@ -142,6 +143,11 @@ case "${1:?stage}" in
     run 80 gpu_tests_fp8mg2.txt python3 -m pytest -q --tb=short -p no:cacheprovider \
       tests/test_fp8_grouped_matmul_mgpu.py
     run 200 fp8_mgpu2.md python3 -m benchmarks.fp8_mgpu --assignments 8 64 2048 --rows 1 64 --iters 20
+    ;;
+  fp8mg3)  # (not run yet) the Mosaic FP8 kernel's untimed variants (shared output staging, two subtiles a block)
+    run 80 gpu_tests_fp8mg3.txt python3 -m pytest -q --tb=short -p no:cacheprovider \
+      tests/test_fp8_grouped_matmul_mgpu.py
+    run 300 fp8_mgpu3.md python3 -m benchmarks.fp8_mgpu --assignments 8 64 512 2048 --rows 1 8 64 --iters 20
     ;;
   fp8e2e)  # (not run yet) FP8 weights on the user's path through each FP8 kernel: 1K prompts at B = 1 and 64
     for impl in triton mosaic_gpu; do

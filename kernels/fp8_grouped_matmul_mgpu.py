@@ -57,6 +57,9 @@ class Config:
   # True: the output's two staging buffers share the widened weights' shared memory (free once a tile's last wgmma
   # is done), 8 KiB less a CTA at 8-row tiles: three CTAs fit a core instead of two. Not yet timed on a GPU
   share_output_smem: bool = False
+  # Row tiles a CTA multiplies per widened block (a wgmma each, one accumulator each): a dense linear's 64 rows as
+  # 2 × 40 in one CTA widen each block once, where 2 row programs of 56 widen it twice. Not yet timed on a GPU
+  subtiles: int = 1
 
 
 def config_for(rows: int, experts: int, k: int, n: int, config: Config | None = None,
@@ -67,9 +70,9 @@ def config_for(rows: int, experts: int, k: int, n: int, config: Config | None = 
   as tiles; then the fewest K parts (dividing K / 128) that give ≥ `busy` CTAs with rows."""
   config = config or Config()
   mean = -(-rows // experts)
-  want = mean if experts == 1 else 2 * mean + (7 if mean > 1 else 0)
+  want = -(-mean // config.subtiles) if experts == 1 else 2 * mean + (7 if mean > 1 else 0)
   tile = config.row_tile or next((t for t in ROW_TILES if t >= want), MAX_ROW_TILE)
-  row_programs = config.row_programs or (-(-rows // tile) if experts == 1 else 1)
+  row_programs = config.row_programs or (-(-rows // (tile * config.subtiles)) if experts == 1 else 1)
   split_k = config.split_k
   if not split_k:
     blocks, ctas = k // BLOCK, min(rows, experts) * (n // BLOCK) * row_programs
@@ -85,6 +88,8 @@ def check_config(k: int, config: Config) -> None:
     raise ValueError(f"split_k={config.split_k} must divide the {k // BLOCK} blocks of K = {k}")
   if config.stages < 1 or config.row_programs < 1:
     raise ValueError(f"stages={config.stages} and row_programs={config.row_programs} must be ≥ 1")
+  if config.subtiles < 1 or (config.subtiles > 1 and config.scaled_weights):
+    raise ValueError(f"subtiles={config.subtiles} must be ≥ 1, and 1 with scaled_weights")
 
 
 def fp8_grouped_matmul_mgpu(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: jax.Array, group_sizes_E: jax.Array,
@@ -99,13 +104,15 @@ def fp8_grouped_matmul_mgpu(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: ja
   config = config_for(a, e, k, n, config)
   check_config(k, config)
   tile, stages, split_k, row_programs = config.row_tile, config.stages, config.split_k, config.row_programs
+  subtiles = config.subtiles
+  span = tile * subtiles  # rows a CTA's x buffer holds: `subtiles` products of `tile` rows per widened block
   blocks = k // BLOCK // split_k  # K blocks a CTA multiplies
   # scaled weights refetch a block's slot one step later (after its wgmma), so they need two slots to stream
   stages = min(max(stages, 2) if config.scaled_weights else stages, blocks)
   sizes = group_sizes_E.astype(jnp.int32)
   starts = jnp.cumsum(sizes) - sizes
   # whole 8-row tiles (TMA's), and `tile` spare rows: a tile starting at the last group's last row reads in bounds
-  padded = -(-a // 8) * 8 + tile
+  padded = -(-a // 8) * 8 + span
   x = jnp.pad(x_AK.astype(jnp.bfloat16), ((0, padded - a), (0, 0)))
   bf16 = operand_transforms(plgpu, jnp.bfloat16, BLOCK)
 
@@ -121,13 +128,34 @@ def fp8_grouped_matmul_mgpu(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: ja
     aligned = lax.div(start, 8) * 8
     end = start + size
 
-    @pl.loop(row_program, jnp.where(size > 0, lax.div(end - aligned + tile - 1, tile), 0), step=row_programs)
-    def _(t):
-      first = aligned + t * tile
+    def write_rows(total, first):
+      # to row-major [tile, 128]: wgmma's layout cannot be stored transposed (its column pairs would be rows
+      # 512 B apart), so through an untiled [128, tile] buffer read back transposed, one element a lane
+      total_smem[...] = total
+      plgpu.commit_smem()
+      rows_smem[...] = plgpu.load(total_smem.T, layout=plgpu.Layout.WG_STRIDED((tile, BLOCK), vec_size=1),
+                                  optimized=False)
+      plgpu.commit_smem()
+      skip = jnp.maximum(start - first, 0)  # the tile's rows before the group (its first tile only)
+      valid = jnp.maximum(jnp.minimum(end - first, tile) - skip, 0)  # none: a subtile past the group
+      offset, count = skip, 1 << (tile.bit_length() - 1)
+      while count:  # the valid rows in power-of-two copies (a TMA box is static)
+        @pl.when((valid & count) != 0)
+        def _(count=count, offset=offset):
+          plgpu.copy_smem_to_gmem(rows_smem.at[pl.ds(offset, count)],
+                                  out_gmem.at[part, pl.ds(first + offset, count), pl.ds(column * BLOCK, BLOCK)],
+                                  commit_group=False)
+        offset, count = offset + (valid & count), count // 2
+      plgpu.commit_smem_to_gmem_group()
+      plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # rows_smem is rewritten by the next tile
 
-      def fetch(step, slot):  # the step's activations [tile, 128] and codes [128, 128]
+    @pl.loop(row_program, jnp.where(size > 0, lax.div(end - aligned + span - 1, span), 0), step=row_programs)
+    def _(t):
+      first = aligned + t * span
+
+      def fetch(step, slot):  # the step's activations [span, 128] and codes [128, 128]
         kb = part * blocks + step
-        plgpu.copy_gmem_to_smem(x_gmem.at[pl.ds(first, tile), pl.ds(kb * BLOCK, BLOCK)], x_smem.at[slot],
+        plgpu.copy_gmem_to_smem(x_gmem.at[pl.ds(first, span), pl.ds(kb * BLOCK, BLOCK)], x_smem.at[slot],
                                 loaded.at[slot])
         plgpu.copy_gmem_to_smem(codes_gmem.at[expert, pl.ds(kb * BLOCK, BLOCK), pl.ds(column * BLOCK, BLOCK)],
                                 codes_smem.at[slot], loaded.at[slot])
@@ -138,18 +166,23 @@ def fp8_grouped_matmul_mgpu(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: ja
       def scale_of(step):  # a global load: issued a step ahead of its use, so its latency hides behind work
         return scale_gmem[expert, part * blocks + jnp.minimum(step, blocks - 1), column]
 
-      def k_step(step, total):
+      def products(slot):  # one wgmma a subtile; reading the accumulators waits for them: the slot is free after
+        def run(*accs):
+          for s, acc in enumerate(accs):
+            plgpu.wgmma(acc, weight_smem.at[0].T, x_smem.at[slot, pl.ds(s * tile, tile)].T)
+          return tuple(acc[...] for acc in accs)
+        return pl.run_scoped(run, *[plgpu.ACC((BLOCK, tile), jnp.float32)] * subtiles)
+
+      def k_step(step, totals):
         slot = lax.rem(step, stages)
         scale = scale_of(step)  # used after the widening and the wgmma
         plgpu.barrier_wait(loaded.at[slot])
         weight_smem.at[0][...] = codes_smem.at[slot][...].astype(jnp.float32).astype(jnp.bfloat16)
         plgpu.commit_smem()
-        product = pl.run_scoped(  # reading the accumulator waits for the wgmma: the slot is free after it
-            lambda acc: (plgpu.wgmma(acc, weight_smem.at[0].T, x_smem.at[slot].T), acc[...])[1],
-            plgpu.ACC((BLOCK, tile), jnp.float32))
+        block_products = products(slot)
         plgpu.commit_smem()  # the slot's generic reads before the next TMA write into it
         pl.when(step + stages < blocks)(lambda: fetch(step + stages, slot))
-        return total + scale * product
+        return tuple(total + scale * product for total, product in zip(totals, block_products))
 
       def scaled_k_loop(acc):
         def k_step(step, scale):
@@ -171,28 +204,12 @@ def fp8_grouped_matmul_mgpu(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: ja
         return acc[...]
 
       if config.scaled_weights:
-        total = pl.run_scoped(scaled_k_loop, plgpu.ACC((BLOCK, tile), jnp.float32))
+        totals = (pl.run_scoped(scaled_k_loop, plgpu.ACC((BLOCK, tile), jnp.float32)),)
       else:
         zeros = plgpu.layout_cast(jnp.zeros((BLOCK, tile), jnp.float32), plgpu.Layout.WGMMA)
-        total = lax.fori_loop(0, blocks, k_step, zeros)  # [128 columns, tile rows]
-      # to row-major [tile, 128]: wgmma's layout cannot be stored transposed (its column pairs would be rows
-      # 512 B apart), so through an untiled [128, tile] buffer read back transposed, one element a lane
-      total_smem[...] = total
-      plgpu.commit_smem()
-      rows_smem[...] = plgpu.load(total_smem.T, layout=plgpu.Layout.WG_STRIDED((tile, BLOCK), vec_size=1),
-                                  optimized=False)
-      plgpu.commit_smem()
-      skip = jnp.maximum(start - first, 0)  # the tile's rows before the group (its first tile only)
-      valid, offset, count = jnp.minimum(end - first, tile) - skip, skip, 1 << (tile.bit_length() - 1)
-      while count:  # the valid rows in power-of-two copies (a TMA box is static)
-        @pl.when((valid & count) != 0)
-        def _(count=count, offset=offset):
-          plgpu.copy_smem_to_gmem(rows_smem.at[pl.ds(offset, count)],
-                                  out_gmem.at[part, pl.ds(first + offset, count), pl.ds(column * BLOCK, BLOCK)],
-                                  commit_group=False)
-        offset, count = offset + (valid & count), count // 2
-      plgpu.commit_smem_to_gmem_group()
-      plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # rows_smem is rewritten by the next tile
+        totals = lax.fori_loop(0, blocks, k_step, (zeros,) * subtiles)  # each [128 columns, tile rows]
+      for s, total in enumerate(totals):
+        write_rows(total, first + s * tile)
 
   weight = plgpu.SMEM((1 + config.scaled_weights, BLOCK, BLOCK), jnp.bfloat16, transforms=bf16)
   total, rows = plgpu.SMEM((BLOCK, tile), jnp.float32), plgpu.SMEM((tile, BLOCK), jnp.float32)
@@ -203,7 +220,7 @@ def fp8_grouped_matmul_mgpu(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: ja
       body,
       out_type=jax.ShapeDtypeStruct((split_k, padded, n), jnp.float32),
       scratch_types=[
-          plgpu.SMEM((stages, tile, BLOCK), jnp.bfloat16, transforms=bf16),
+          plgpu.SMEM((stages, span, BLOCK), jnp.bfloat16, transforms=bf16),
           plgpu.SMEM((stages, BLOCK, BLOCK), codes_EKN.dtype, transforms=operand_transforms(plgpu, codes_EKN.dtype,
                                                                                              BLOCK)),
           staging,

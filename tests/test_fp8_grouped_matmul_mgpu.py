@@ -38,6 +38,10 @@ def _problem(e, k, n, sizes, spare=3, seed=0):
     # tile's rows out
     (3, 256, 128, (3, 12, 9), Config(row_tile=8, share_output_smem=True)),
     (1, 256, 256, (70,), Config(row_tile=16, row_programs=2, share_output_smem=True)),
+    # two products a widened block: a dense linear's 70 rows as 3 spans of 2 × 16 over 2 CTAs, the last subtile
+    # past the rows; experts' groups off the 8-row boundary
+    (1, 256, 256, (70,), Config(row_tile=16, subtiles=2, row_programs=2)),
+    (3, 256, 128, (3, 12, 9), Config(row_tile=8, subtiles=2)),
 ])
 def test_kernel_equals_the_formula_the_dequantised_product_and_the_triton_kernel(e, k, n, sizes, config):
   x, codes, scale, sizes_E = _problem(e, k, n, sizes)
@@ -79,7 +83,7 @@ def test_rows_past_the_groups_are_not_written():
   assert_close(got[:10], want[:10], "float32", "the groups' rows")
 
 
-@pytest.mark.parametrize("variant", [{}, {"scaled_weights": True}, {"share_output_smem": True}])
+@pytest.mark.parametrize("variant", [{}, {"scaled_weights": True}, {"share_output_smem": True}, {"subtiles": 2}])
 @pytest.mark.parametrize("rows,experts,k,n", [(8, 256, 7168, 2048), (2048, 256, 2048, 7168), (64, 1, 16384, 7168),
                                               (4096, 1, 7168, 1536)])
 def test_kernel_lowers_for_cuda_at_v32_shapes(rows, experts, k, n, variant):
@@ -100,6 +104,9 @@ def test_config_fills_the_machine():
   assert config_for(2048, 256, 7168, 2048) == Config(row_tile=24, stages=2, split_k=1, row_programs=1)
   assert config_for(64, 1, 16384, 7168) == Config(row_tile=56, stages=2, split_k=4, row_programs=2)
   assert config_for(4096, 1, 7168, 1536) == Config(row_tile=56, stages=2, split_k=1, row_programs=74)
+  # two products a block: o_proj's 64 rows as 2 × 40 in one CTA a column block and K part
+  assert config_for(64, 1, 16384, 7168, Config(subtiles=2)) == Config(row_tile=40, stages=2, split_k=8,
+                                                                       row_programs=1, subtiles=2)
 
 
 def test_kernel_refuses_what_it_cannot_take():
@@ -110,5 +117,7 @@ def test_kernel_refuses_what_it_cannot_take():
     fp8_grouped_matmul_mgpu(x, codes, scale, sizes, config=Config(split_k=3), interpret=True)
   with pytest.raises(ValueError, match="float8_e4m3fn"):
     fp8_grouped_matmul_mgpu(x, codes.astype(jnp.bfloat16), scale, sizes, interpret=True)
+  with pytest.raises(ValueError, match="subtiles=2 must be ≥ 1, and 1 with scaled_weights"):
+    fp8_grouped_matmul_mgpu(x, codes, scale, sizes, config=Config(subtiles=2, scaled_weights=True), interpret=True)
   with pytest.raises(ValueError, match="one size per expert"):
     fp8_grouped_matmul_mgpu(x, codes, scale, sizes[:2], interpret=True)
