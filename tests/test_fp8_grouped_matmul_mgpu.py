@@ -12,17 +12,10 @@ import pytest
 from jax_mtp import fp8
 from jax_mtp.kernels.fp8_grouped_matmul import fp8_grouped_matmul, reference
 from jax_mtp.kernels.fp8_grouped_matmul_mgpu import KERNEL_NAME, Config, config_for, fp8_grouped_matmul_mgpu
+from tests.fp8_matmul_cases import assert_equals_the_formula_and_the_dequantised_product, problem
 from tests.tolerances import assert_close
 
 ON_GPU = jax.devices()[0].platform == "gpu"
-
-
-def _problem(e, k, n, sizes, spare=3, seed=0):
-  rng = np.random.default_rng(seed + e + k)
-  codes = jnp.asarray(rng.standard_normal((e, k, n)) * 20, jnp.float8_e4m3fn)
-  scale = jnp.asarray(rng.uniform(1e-3, 1e-2, (e, k // 128, n // 128)), jnp.float32)
-  x = jnp.asarray(rng.standard_normal((sum(sizes) + spare, k)), jnp.bfloat16)  # spare rows: another device's
-  return x, codes, scale, jnp.asarray(sizes, jnp.int32)
 
 
 @pytest.mark.parametrize("e,k,n,sizes,config", [
@@ -44,14 +37,10 @@ def _problem(e, k, n, sizes, spare=3, seed=0):
     (3, 256, 128, (3, 12, 9), Config(row_tile=8, subtiles=2)),
 ])
 def test_kernel_equals_the_formula_the_dequantised_product_and_the_triton_kernel(e, k, n, sizes, config):
-  x, codes, scale, sizes_E = _problem(e, k, n, sizes)
+  x, codes, scale, sizes_E = problem(e, k, n, sizes)
   rows = sum(sizes)
   got = np.asarray(fp8_grouped_matmul_mgpu(x, codes, scale, sizes_E, config=config, interpret=not ON_GPU))[:rows]
-  assert_close(got, np.asarray(reference(x, codes, scale, sizes_E))[:rows], "float32", "kernel vs formula")
-  weights = np.asarray(fp8.dequantize(codes, scale, jnp.float32, (128, 128)))  # fp32: exact
-  ids = np.repeat(np.arange(e), sizes)
-  exact = np.einsum("ak,akn->an", np.asarray(x[:rows], np.float32), weights[ids])
-  assert_close(got, exact, "float32", "kernel vs dequantised product")
+  assert_equals_the_formula_and_the_dequantised_product(got, x, codes, scale, sizes_E, "Mosaic kernel")
   triton = fp8_grouped_matmul(x, codes, scale, sizes_E, backend="gpu" if ON_GPU else "interpret")
   assert_close(got, np.asarray(triton)[:rows], "float32", "Mosaic vs Triton kernel")
 
@@ -64,7 +53,7 @@ def test_kernel_equals_the_formula_the_dequantised_product_and_the_triton_kernel
 def test_scaled_weights_equal_x_times_the_dequantised_bf16_weights(e, k, n, sizes, config):
   """`scaled_weights`: the product of x and bf16(fp32(code) · scale), the weights the dequantising path
   (jax_mtp.fp8.dequantize to bf16) multiplies, up to summation order; within bf16's rounding of the formula."""
-  x, codes, scale, sizes_E = _problem(e, k, n, sizes)
+  x, codes, scale, sizes_E = problem(e, k, n, sizes)
   rows = sum(sizes)
   got = np.asarray(fp8_grouped_matmul_mgpu(x, codes, scale, sizes_E, config=config, interpret=not ON_GPU))[:rows]
   weights = np.asarray(fp8.dequantize(codes, scale, jnp.bfloat16, (128, 128))).astype(np.float32)
@@ -77,7 +66,7 @@ def test_scaled_weights_equal_x_times_the_dequantised_bf16_weights(e, k, n, size
 def test_rows_past_the_groups_are_not_written():
   """Another device's assignments (past Σ sizes) and the rows a partial tile spans beyond its group stay as they
   were: the output's rows of a one-row group next to a 9-row one are each the group's own."""
-  x, codes, scale, sizes = _problem(3, 128, 128, (1, 9, 0), spare=6)
+  x, codes, scale, sizes = problem(3, 128, 128, (1, 9, 0), spare=6)
   got = np.asarray(fp8_grouped_matmul_mgpu(x, codes, scale, sizes, config=Config(row_tile=8), interpret=not ON_GPU))
   want = np.asarray(reference(x, codes, scale, sizes))
   assert_close(got[:10], want[:10], "float32", "the groups' rows")
@@ -110,7 +99,7 @@ def test_config_fills_the_machine():
 
 
 def test_kernel_refuses_what_it_cannot_take():
-  x, codes, scale, sizes = _problem(3, 128, 128, (1, 0, 2))
+  x, codes, scale, sizes = problem(3, 128, 128, (1, 0, 2))
   with pytest.raises(ValueError, match="row_tile=32 is not one of"):
     fp8_grouped_matmul_mgpu(x, codes, scale, sizes, config=Config(row_tile=32), interpret=True)
   with pytest.raises(ValueError, match="split_k=3 must divide the 1 blocks"):

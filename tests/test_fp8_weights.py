@@ -24,6 +24,7 @@ from jax_mtp.model import TargetModel, init_target_caches
 from jax_mtp.safetensors_io import CheckpointError
 from jax_mtp.sharding import make_mesh
 from jax_mtp.speculative import Speculator
+from tests import fp8_matmul_cases as fp8_cases
 from tests.conftest import FULL_ONLY, FULL_TESTS
 from tests.hf_checkpoint import write_checkpoint
 from tests.tolerances import assert_close
@@ -212,20 +213,11 @@ def test_fp8_grouped_matmul_equals_its_formula_and_the_dequantised_product(e, k,
   Σ sizes; the kernel (interpret mode) vs its jnp formula and vs x times the exactly dequantised
   weights (x is bf16 in both: the kernel's activations are bf16). K split into parts or not (None: the
   kernel's choice, 4 parts for the last case). On a GPU the compiled kernel runs."""
-  from jax_mtp.kernels.fp8_grouped_matmul import Config, fp8_grouped_matmul, reference  # noqa: PLC0415
-  rng = np.random.default_rng(e + k)
-  rows = sum(sizes) + 3  # 3 rows past the groups (another device's assignments): not written
-  codes = jnp.asarray(rng.standard_normal((e, k, n)) * 20, jnp.float8_e4m3fn)
-  scale = jnp.asarray(rng.uniform(1e-3, 1e-2, (e, k // 128, n // 128)), jnp.float32)
-  x = jnp.asarray(rng.standard_normal((rows, k)), jnp.bfloat16)
-  sizes = jnp.asarray(sizes, jnp.int32)
+  from jax_mtp.kernels.fp8_grouped_matmul import Config, fp8_grouped_matmul  # noqa: PLC0415
+  x, codes, scale, sizes = fp8_cases.problem(e, k, n, sizes)
   backend = "gpu" if jax.default_backend() == "gpu" else "interpret"
-  got = np.asarray(fp8_grouped_matmul(x, codes, scale, sizes, backend=backend, config=Config(split_k=split_k)))[:sum(sizes)]
-  assert_close(got, np.asarray(reference(x, codes, scale, sizes))[:sum(sizes)], "float32", "kernel vs formula")
-  weights = np.asarray(fp8.dequantize(codes, scale, jnp.float32, (128, 128)))  # fp32: exact
-  ids = np.repeat(np.arange(e), np.asarray(sizes))
-  exact = np.einsum("ak,akn->an", np.asarray(x[:len(ids)], np.float32), weights[ids])
-  assert_close(got, exact, "float32", "kernel vs dequantised product")
+  got = fp8_grouped_matmul(x, codes, scale, sizes, backend=backend, config=Config(split_k=split_k))
+  fp8_cases.assert_equals_the_formula_and_the_dequantised_product(got, x, codes, scale, sizes, "Triton kernel")
 
 
 def test_fp8_grouped_matmul_refuses_what_it_cannot_take():
