@@ -6,17 +6,17 @@ without Pallas's deprecated Triton backend (issue 28). Same contract and formula
 rows a sorted by expert, group e holding `group_sizes[e]` consecutive rows; rows past Σ group_sizes unwritten.
 
 A CTA owns one expert, 128 output columns (one scale block) and one part of the K loop (`Config.split_k`); it walks
-its group's rows in tiles of `row_tile` from the 8-row boundary at or before the group's first row (a dense linear's
-one group: `row_programs` CTAs share the tiles). Per tile
-a software pipeline over the 128-deep K blocks keeps `stages` blocks of codes and activations in flight (TMA), and
-for each block:
+its group's rows in spans of `subtiles` × `row_tile` rows from the 8-row boundary at or before the group's first row
+(a dense linear's one group: `row_programs` CTAs share the spans). Per span a software pipeline over the 128-deep K
+blocks keeps `stages` blocks of codes and activations in flight (TMA), and for each block:
   widen    the [128, 128] e4m3 codes → bf16 in shared memory, through fp32 (exact: e4m3 ⊂ bf16); wgmma has no
            bf16 × fp8 form, and the codes are stored [K, N] (N minor), which a register operand cannot take;
-  multiply transposed, M = the block's 128 columns, N = the tile's rows: productᵀ = codeᵀ · xᵀ, so a few rows (a
-           decode step's group holds ~8) still fill the tensor cores' M and cost an N of 8–64;
+  multiply transposed, M = the block's 128 columns, N = a tile's rows: productᵀ = codeᵀ · xᵀ, so a few rows (a
+           decode step's group holds ~8) still fill the tensor cores' M and cost an N of 8–56 (a wgmma a subtile);
   scale    total += scale[kb] · product in fp32 registers, as the formula has it (the codes stay exact).
-The tile's [128, rows] total goes through shared memory to a row-major tile and out by TMA in power-of-two row
-counts, so rows past the group (another group's, another CTA's) are never written.
+Each tile's [128, rows] total goes through shared memory to a row-major tile and out by TMA in power-of-two row
+counts, so rows past the group (another group's, another CTA's) are never written. Measured on the H200:
+benchmarks/RESULTS.md, "The FP8 grouped matmul on Mosaic GPU".
 """
 
 from __future__ import annotations
