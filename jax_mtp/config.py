@@ -262,8 +262,12 @@ def _validate_rope(rope: RopeConfig) -> None:
   for name, value in numbers.items():
     if not _is_number(value) or not math.isfinite(value):
       raise ConfigError(f"rope {name}={value!r} must be a finite number")
-  if rope.factor < 1.0 or rope.theta <= 0:
-    raise ConfigError(f"rope factor={rope.factor} must be ≥ 1 and theta={rope.theta} > 0")
+  # theta is the rotary frequencies' base: YaRN's correction range divides by log(theta), and at 1 every frequency
+  # is 1 (a damaged config's rope_theta=1 was a ZeroDivisionError, found by tests/test_fuzz.py)
+  if rope.factor < 1.0 or rope.theta <= 1:
+    raise ConfigError(f"rope factor={rope.factor} must be ≥ 1 and theta={rope.theta} > 1")
+  if rope.is_yarn and (rope.beta_fast <= 0 or rope.beta_slow <= 0):  # YaRN takes log(L / (2π · beta))
+    raise ConfigError(f"rope beta_fast={rope.beta_fast} and beta_slow={rope.beta_slow} must be > 0 (YaRN)")
   value = rope.original_max_position_embeddings
   if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
     raise ConfigError(f"rope original_max_position_embeddings={value!r} must be a positive integer")

@@ -412,13 +412,20 @@ def test_yarn_with_null_factor_is_a_config_error():
     from_hf_config(_hf(rope_scaling=params))
 
 
-def test_rope_factor_below_one_or_non_positive_theta():
+def test_rope_factor_below_one_theta_not_above_one_or_a_non_positive_yarn_beta():
   with _raises("rope factor=0.5 must be ≥ 1"):
     from_hf_config(_hf(rope_scaling={"type": "yarn", "factor": 0.5, "original_max_position_embeddings": 16}))
-  with _raises("theta=0.0 > 0"):
+  with _raises("theta=0.0 > 1"):
     from_hf_config(_hf("glm_moe_dsa", rope_theta=0))
-  with _raises("theta=-1.0 > 0"):
+  with _raises("theta=1.0 > 1"):  # the fuzzer's damaged config: a ZeroDivisionError in YaRN's correction range
+    from_hf_config(_hf(rope_theta=1))
+  with _raises("theta=-1.0 > 1"):
     jax_mtp.tiny(rope=RopeConfig(theta=-1.0))
+  with _raises("beta_fast=-1.0 and beta_slow=1.0 must be > 0"):  # (a 0 in an HF dict is HF's default, as HF reads it)
+    from_hf_config(_hf(rope_scaling={"type": "yarn", "factor": 40, "original_max_position_embeddings": 16,
+                                     "beta_fast": -1, "beta_slow": 1}))
+  with _raises("beta_fast=32.0 and beta_slow=0.0 must be > 0"):
+    jax_mtp.tiny(rope=RopeConfig(theta=1e4, factor=40.0, original_max_position_embeddings=16, beta_slow=0.0))
 
 
 def test_deepseek_v3_with_indexer_fields():
