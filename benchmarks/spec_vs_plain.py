@@ -24,7 +24,7 @@ import numpy as np
 
 from jax_mtp import corpus
 from jax_mtp.checkpoint import load_hf_checkpoint
-from jax_mtp.config import from_hf_config
+from jax_mtp.hf_config import from_hf_config
 from jax_mtp.generate import TargetDecoder
 from jax_mtp.request import required_capacity
 from jax_mtp.sharding import make_mesh

@@ -15,7 +15,8 @@ from jax_mtp._source_kernels import map_source_kernels
 map_source_kernels()  # before any module imports jax_mtp.kernels
 
 from jax_mtp.cache import LayerCache, init_layer_cache  # noqa: E402
-from jax_mtp.config import ConfigError, MtpConfig, RopeConfig, deepseek_v32, from_hf_config, glm5, tiny
+from jax_mtp.config import ConfigError, MtpConfig, RopeConfig, deepseek_v32, glm5, tiny
+from jax_mtp.hf_config import from_hf_config
 from jax_mtp.generate import TargetDecoder
 from jax_mtp.loader import DEFAULT_MODEL, Loaded, load
 from jax_mtp.metrics import SpecMetrics

@@ -33,7 +33,8 @@ from tqdm import tqdm
 from jax_mtp import fp8
 from jax_mtp.checkpoint_names import (CODES, COPY, EXPERTS, LINEAR, MTP, SCALES, TARGET, Param,
                                       check_tensors, plan)
-from jax_mtp.config import MtpConfig, from_hf_config
+from jax_mtp.config import MtpConfig
+from jax_mtp.hf_config import from_hf_config
 from jax_mtp.safetensors_io import DEFAULT_BLOCK, FP8_DTYPE, CheckpointError, SafetensorsCheckpoint
 from jax_mtp.sharding import SHARED_WITH_TARGET, TP_AXIS, padded_vocab, param_sharding, validate_tp
 

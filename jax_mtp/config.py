@@ -1,7 +1,7 @@
 """Model configuration: one frozen dataclass, built from a Hugging Face `config.json` or a preset.
 
 `MtpConfig` holds every number the model reads; no module keeps model constants of its own.
-`from_hf_config` understands the three checkpoint families that carry a DeepSeek MTP layer:
+`jax_mtp.hf_config.from_hf_config` reads the three checkpoint families that carry a DeepSeek MTP layer:
 
   deepseek_v3   MLA + noaux_tc MoE, dense attention (no DSA indexer)
   deepseek_v32  + DSA lightning indexer (NeoX RoPE in the indexer, interleaved in MLA)
@@ -13,7 +13,6 @@ Presets: `tiny()` (CPU tests and the demo) and `deepseek_v32()` / `glm5()` (full
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 from collections.abc import Mapping
@@ -178,6 +177,7 @@ class MtpConfig:
   @classmethod
   def from_hf_config(cls, source: str | os.PathLike | Mapping[str, Any], **overrides: Any) -> MtpConfig:
     """Builds a config from a HF `config.json` (a path to it or its directory) or its dict."""
+    from jax_mtp.hf_config import from_hf_config  # noqa: PLC0415 (it imports this module)
     return from_hf_config(source, **overrides)
 
 
@@ -215,7 +215,7 @@ def _validate(cfg: MtpConfig) -> None:
         f"first_k_dense_replace={cfg.first_k_dense_replace} exceeds num_hidden_layers={cfg.num_hidden_layers}")
   for name in ("rms_norm_eps", "indexer_norm_eps", "latent_norm_eps", "routed_scaling_factor"):
     value = getattr(cfg, name)
-    if not _is_number(value) or not 0 < value < math.inf:
+    if not is_number(value) or not 0 < value < math.inf:
       raise ConfigError(f"{name}={value!r} must be > 0 and finite")
   for name in ("norm_topk_prob", "rope_interleave", "indexer_rope_interleave"):
     if not isinstance(getattr(cfg, name), bool):
@@ -252,7 +252,8 @@ def _validate(cfg: MtpConfig) -> None:
       raise ConfigError(f"{name}={getattr(cfg, name)!r} must be float32, bfloat16 or float16")
 
 
-def _is_number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
+  """A real number (bool excluded), as config values are checked."""
   return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
@@ -260,7 +261,7 @@ def _validate_rope(rope: RopeConfig) -> None:
   numbers = {name: getattr(rope, name) for name in ("theta", "factor", "beta_fast", "beta_slow", "mscale",
                                                       "mscale_all_dim")}
   for name, value in numbers.items():
-    if not _is_number(value) or not math.isfinite(value):
+    if not is_number(value) or not math.isfinite(value):
       raise ConfigError(f"rope {name}={value!r} must be a finite number")
   # theta is the rotary frequencies' base: YaRN's correction range divides by log(theta), and at 1 every frequency
   # is 1 (a damaged config's rope_theta=1 was a ZeroDivisionError, found by tests/test_fuzz.py)
@@ -285,121 +286,6 @@ def _validate_indexer(cfg: MtpConfig) -> None:
   if cfg.index_head_dim < cfg.qk_rope_head_dim:
     raise ConfigError(f"index_head_dim={cfg.index_head_dim} is smaller than qk_rope_head_dim="
                       f"{cfg.qk_rope_head_dim} (the indexer rotates its first R dims)")
-
-
-# --- Hugging Face config.json -------------------------------------------------------------------
-
-_REQUIRED_KEYS = (
-    "vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers",
-    "num_attention_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
-    "v_head_dim", "n_routed_experts", "num_experts_per_tok", "max_position_embeddings",
-)
-_INDEXER_KEYS = ("index_n_heads", "index_head_dim", "index_topk")
-_DEFAULTS = {
-    "first_k_dense_replace": 0, "n_shared_experts": 1, "n_group": 1, "topk_group": 1,
-    "routed_scaling_factor": 1.0, "norm_topk_prob": True, "rms_norm_eps": 1e-6,
-    "num_nextn_predict_layers": 1, "index_share_for_mtp_iteration": False,
-}
-# Family-level switches the HF configs do not always spell out.
-_FAMILY = {
-    "deepseek_v3": {"rope_interleave": True, "indexer_rope_interleave": False},
-    "deepseek_v32": {"rope_interleave": True, "indexer_rope_interleave": False},
-    "glm_moe_dsa": {"rope_interleave": True, "indexer_rope_interleave": True},
-}
-_EXPECTED = {"hidden_act": "silu", "scoring_func": "sigmoid", "topk_method": "noaux_tc"}
-
-
-def from_hf_config(source: str | os.PathLike | Mapping[str, Any], **overrides: Any) -> MtpConfig:
-  """`MtpConfig` from a HF config dict, a `config.json` path, or a checkpoint directory."""
-  hf = _read_hf_dict(source)
-  model_type = hf.get("model_type")
-  if model_type not in SUPPORTED_MODEL_TYPES:
-    raise ConfigError(f"model_type={model_type!r} is not supported; expected one of {SUPPORTED_MODEL_TYPES}")
-  required = _REQUIRED_KEYS + (_INDEXER_KEYS if model_type != "deepseek_v3" else ())
-  missing = [key for key in required if key not in hf]
-  if missing:
-    raise ConfigError(f"config for model_type={model_type!r} is missing key(s) {missing}")
-  for key, expected in _EXPECTED.items():
-    if key in hf and hf[key] != expected:
-      raise ConfigError(f"{key}={hf[key]!r} is not supported; expected {expected!r}")
-  fields = {key: hf[key] for key in required}
-  fields.update({key: hf.get(key, default) for key, default in _DEFAULTS.items()})
-  fields.update({key: hf.get(key, default) for key, default in _FAMILY[model_type].items()})
-  if "n_group" in hf and hf["n_group"] is None:
-    fields["n_group"] = fields["topk_group"] = 1
-  for key in ("rms_norm_eps", "routed_scaling_factor"):  # JSON may spell them as integers: JAX would take an int
-    fields[key] = float(fields[key]) if _is_number(fields[key]) and math.isfinite(fields[key]) else fields[key]
-  fields["rope"] = _rope_from_hf(hf)
-  fields["model_type"] = model_type
-  fields.update(_dtypes_from_hf(hf))
-  fields.update(overrides)
-  return MtpConfig(**fields)
-
-
-def _dtypes_from_hf(hf: Mapping[str, Any]) -> dict[str, str]:
-  """Compute and parameter dtypes from `torch_dtype` (newer HF writes `dtype`), as vLLM's
-  `--dtype auto` follows it; none given: the defaults (bf16). FP8 weights are declared by
-  `quantization_config`, not here."""
-  torch_dtype = hf.get("torch_dtype", hf.get("dtype"))
-  if torch_dtype is None:
-    return {}
-  if torch_dtype not in DTYPES:
-    raise ConfigError(f"torch_dtype={torch_dtype!r} is not supported; expected one of {DTYPES}")
-  return {"dtype": torch_dtype, "param_dtype": torch_dtype}
-
-
-def _read_hf_dict(source: str | os.PathLike | Mapping[str, Any]) -> dict[str, Any]:
-  if isinstance(source, Mapping):
-    return dict(source)
-  path = os.fspath(source)
-  if os.path.isdir(path):
-    path = os.path.join(path, "config.json")
-  try:
-    with open(path, encoding="utf-8") as f:
-      data = json.load(f)
-  except FileNotFoundError:
-    raise ConfigError(f"config file {path!r} does not exist") from None
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise ConfigError(f"config file {path!r} is not valid JSON: {e}") from None
-  if not isinstance(data, dict):
-    raise ConfigError(f"config file {path!r} holds a {type(data).__name__}, expected a JSON object")
-  return data
-
-
-def _rope_from_hf(hf: Mapping[str, Any]) -> RopeConfig:
-  """Reads `rope_scaling` (HF 4.x) or `rope_parameters` (HF 5.x); both carry the YaRN keys."""
-  params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-  if not isinstance(params, Mapping):
-    raise ConfigError(f"rope_scaling / rope_parameters={params!r} must be an object")
-  try:
-    return _rope_from_params(dict(params), hf.get("rope_theta", 10000.0))
-  except ConfigError:
-    raise
-  except (TypeError, ValueError, OverflowError) as e:  # a value float() / int() cannot take
-    raise ConfigError(f"rope parameters {params!r} (rope_theta={hf.get('rope_theta')!r}): {e}") from None
-
-
-def _rope_from_params(params: dict[str, Any], theta: Any) -> RopeConfig:
-  theta = params.get("rope_theta", theta)
-  kind = params.get("rope_type", params.get("type", "default"))
-  if kind == "default":
-    return RopeConfig(theta=float(theta))
-  if kind != "yarn":
-    raise ConfigError(f"rope type {kind!r} is not supported; expected 'yarn' or 'default'")
-  for key, supported in (("attention_factor", None), ("truncate", True)):
-    if params.get(key, supported) != supported:
-      raise ConfigError(f"rope parameter {key}={params[key]!r} is not supported (DeepSeek/GLM never set it)")
-  if params.get("factor") is None or params.get("original_max_position_embeddings") is None:
-    raise ConfigError(f"yarn rope parameters need 'factor' and 'original_max_position_embeddings', got {params}")
-  return RopeConfig(
-      theta=float(theta),
-      factor=float(params["factor"]),
-      original_max_position_embeddings=int(params["original_max_position_embeddings"]),
-      beta_fast=float(params.get("beta_fast") or 32.0),
-      beta_slow=float(params.get("beta_slow") or 1.0),
-      mscale=float(params.get("mscale") or 0.0),
-      mscale_all_dim=float(params.get("mscale_all_dim") or 0.0),
-  )
 
 
 # --- presets -----------------------------------------------------------------------------------

@@ -27,7 +27,8 @@ from typing import NamedTuple
 import jax
 from jax.sharding import Mesh
 
-from jax_mtp.config import MtpConfig, from_hf_config
+from jax_mtp.config import MtpConfig
+from jax_mtp.hf_config import from_hf_config
 from jax_mtp.model import init_target_params
 from jax_mtp.mtp import init_params
 from jax_mtp.sharding import SHARED_WITH_TARGET

@@ -11,7 +11,8 @@ import json
 import pytest
 
 from jax_mtp import corpus, decode
-from jax_mtp.config import demo, from_hf_config
+from jax_mtp.config import demo
+from jax_mtp.hf_config import from_hf_config
 from jax_mtp.decode import TextStream
 from jax_mtp.loader import DEFAULT_MODEL
 from jax_mtp.generate import TargetDecoder

@@ -346,7 +346,7 @@ def test_vllm_fixture_models_requantised_to_fp8_decode_as_their_dequantisation(n
   """The vLLM parity fixtures' models (tests/golden, rebuilt from their seeds) re-quantised to FP8 by
   DeepSeek's block quantiser: speculative decoding of the fixture's prompt with the FP8 weights kept
   gives the tokens, rounds and accepted drafts of the same checkpoint dequantised on load."""
-  from jax_mtp.config import from_hf_config  # noqa: PLC0415
+  from jax_mtp.hf_config import from_hf_config  # noqa: PLC0415
   from jax_mtp.reference import fixtures, tiny_checkpoint  # noqa: PLC0415
   meta, a = fixtures.load(os.path.join(os.path.dirname(__file__), "golden", f"{name}.npz"))
   source = str(tmp_path / "source")

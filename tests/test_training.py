@@ -17,7 +17,7 @@ import pytest
 import jax_mtp
 from jax_mtp import corpus, training
 from jax_mtp.checkpoint import load_hf_checkpoint
-from jax_mtp.config import from_hf_config
+from jax_mtp.hf_config import from_hf_config
 from jax_mtp.export import save_hf_checkpoint, to_hf_config
 from jax_mtp.sharding import make_data_mesh
 from jax_mtp.train import main as train_main
