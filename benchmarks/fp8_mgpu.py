@@ -41,7 +41,7 @@ def _time_both(label, a, touched, x, codes, scales, sizes, floor, iters, gpu):
   for variant in MOSAIC_VARIANTS if gpu else MOSAIC_VARIANTS[:1]:
     config = config_for(a, e, k, n, variant)
     runs.append(("Mosaic GPU", f"tile {config.row_tile} stages {config.stages} split {config.split_k} rows "
-                 f"{config.row_programs}" + (" scaled weights" if config.scaled_weights else "")
+                 f"{config.row_programs}"
                  + (" shared output staging" if config.share_output_smem else "")
                  + (f" {config.subtiles} subtiles" if config.subtiles > 1 else ""), jax.jit(functools.partial(fp8_grouped_matmul_mgpu, config=config,
                                                                      interpret=not gpu))))

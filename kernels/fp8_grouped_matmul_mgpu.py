@@ -49,11 +49,6 @@ class Config:
   stages: int = 2
   split_k: int = 0  # parts of the K loop, run by separate CTAs and summed after (in a fixed order)
   row_programs: int = 0  # CTAs sharing one group's row tiles (1 for experts, whose groups are small)
-  # True: each block's codes are widened already scaled, bf16(fp32(code) · scale) — the value the dequantising path
-  # (jax_mtp.fp8.dequantize) multiplies — into one of two weight buffers, and the products accumulate in the wgmma
-  # accumulator across the whole K loop, a block's wgmma running while the next block is widened. False: exact
-  # codes, each block's product waited for and scaled in fp32 (the formula, as the Triton kernel computes it)
-  scaled_weights: bool = False
   # True: the output's two staging buffers share the widened weights' shared memory (free once a tile's last wgmma
   # is done), 8 KiB less a CTA at 8-row tiles: three CTAs fit a core instead of two. Not yet timed on a GPU
   share_output_smem: bool = False
@@ -88,8 +83,8 @@ def check_config(k: int, config: Config) -> None:
     raise ValueError(f"split_k={config.split_k} must divide the {k // BLOCK} blocks of K = {k}")
   if config.stages < 1 or config.row_programs < 1:
     raise ValueError(f"stages={config.stages} and row_programs={config.row_programs} must be ≥ 1")
-  if config.subtiles < 1 or (config.subtiles > 1 and config.scaled_weights):
-    raise ValueError(f"subtiles={config.subtiles} must be ≥ 1, and 1 with scaled_weights")
+  if config.subtiles < 1:
+    raise ValueError(f"subtiles={config.subtiles} must be ≥ 1")
 
 
 def fp8_grouped_matmul_mgpu(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: jax.Array, group_sizes_E: jax.Array,
@@ -107,8 +102,7 @@ def fp8_grouped_matmul_mgpu(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: ja
   subtiles = config.subtiles
   span = tile * subtiles  # rows a CTA's x buffer holds: `subtiles` products of `tile` rows per widened block
   blocks = k // BLOCK // split_k  # K blocks a CTA multiplies
-  # scaled weights refetch a block's slot one step later (after its wgmma), so they need two slots to stream
-  stages = min(max(stages, 2) if config.scaled_weights else stages, blocks)
+  stages = min(stages, blocks)
   sizes = group_sizes_E.astype(jnp.int32)
   starts = jnp.cumsum(sizes) - sizes
   # whole 8-row tiles (TMA's), and `tile` spare rows: a tile starting at the last group's last row reads in bounds
@@ -163,55 +157,31 @@ def fp8_grouped_matmul_mgpu(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: ja
       for slot in range(stages):
         fetch(slot, slot)
 
-      def scale_of(step):  # a global load: issued a step ahead of its use, so its latency hides behind work
-        return scale_gmem[expert, part * blocks + jnp.minimum(step, blocks - 1), column]
-
       def products(slot):  # one wgmma a subtile; reading the accumulators waits for them: the slot is free after
         def run(*accs):
           for s, acc in enumerate(accs):
-            plgpu.wgmma(acc, weight_smem.at[0].T, x_smem.at[slot, pl.ds(s * tile, tile)].T)
+            plgpu.wgmma(acc, weight_smem.T, x_smem.at[slot, pl.ds(s * tile, tile)].T)
           return tuple(acc[...] for acc in accs)
         return pl.run_scoped(run, *[plgpu.ACC((BLOCK, tile), jnp.float32)] * subtiles)
 
       def k_step(step, totals):
         slot = lax.rem(step, stages)
-        scale = scale_of(step)  # used after the widening and the wgmma
+        # a global load issued before the widening and the wgmma it waits behind
+        scale = scale_gmem[expert, part * blocks + step, column]
         plgpu.barrier_wait(loaded.at[slot])
-        weight_smem.at[0][...] = codes_smem.at[slot][...].astype(jnp.float32).astype(jnp.bfloat16)
+        weight_smem[...] = codes_smem.at[slot][...].astype(jnp.float32).astype(jnp.bfloat16)
         plgpu.commit_smem()
         block_products = products(slot)
         plgpu.commit_smem()  # the slot's generic reads before the next TMA write into it
         pl.when(step + stages < blocks)(lambda: fetch(step + stages, slot))
         return tuple(total + scale * product for total, product in zip(totals, block_products))
 
-      def scaled_k_loop(acc):
-        def k_step(step, scale):
-          slot, weight = lax.rem(step, stages), weight_smem.at[lax.rem(step, 2)]
-          next_scale = scale_of(step + 1)
-          plgpu.barrier_wait(loaded.at[slot])
-          weight[...] = (codes_smem.at[slot][...].astype(jnp.float32) * scale).astype(jnp.bfloat16)
-          plgpu.commit_smem()
-          plgpu.wgmma(acc, weight.T, x_smem.at[slot].T)
-          plgpu.wgmma_wait(1)  # the previous block's product is done: its slot and weight buffer are free
-
-          @pl.when((step >= 1) & (step - 1 + stages < blocks))
-          def _():
-            fetch(step - 1 + stages, lax.rem(step - 1, stages))
-          return next_scale
-
-        lax.fori_loop(0, blocks, k_step, scale_of(0))
-        plgpu.wgmma_wait(0)
-        return acc[...]
-
-      if config.scaled_weights:
-        totals = (pl.run_scoped(scaled_k_loop, plgpu.ACC((BLOCK, tile), jnp.float32)),)
-      else:
-        zeros = plgpu.layout_cast(jnp.zeros((BLOCK, tile), jnp.float32), plgpu.Layout.WGMMA)
-        totals = lax.fori_loop(0, blocks, k_step, (zeros,) * subtiles)  # each [128 columns, tile rows]
+      zeros = plgpu.layout_cast(jnp.zeros((BLOCK, tile), jnp.float32), plgpu.Layout.WGMMA)
+      totals = lax.fori_loop(0, blocks, k_step, (zeros,) * subtiles)  # each [128 columns, tile rows]
       for s, total in enumerate(totals):
         write_rows(total, first + s * tile)
 
-  weight = plgpu.SMEM((1 + config.scaled_weights, BLOCK, BLOCK), jnp.bfloat16, transforms=bf16)
+  weight = plgpu.SMEM((BLOCK, BLOCK), jnp.bfloat16, transforms=bf16)
   total, rows = plgpu.SMEM((BLOCK, tile), jnp.float32), plgpu.SMEM((tile, BLOCK), jnp.float32)
   # after a tile's K loop the weights are dead (its last wgmma waited for) until the next tile's first widening,
   # which follows the rows' copies out (`wait_smem_to_gmem` ends in a warpgroup barrier)

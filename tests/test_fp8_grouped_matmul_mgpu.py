@@ -9,7 +9,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_mtp import fp8
 from jax_mtp.kernels.fp8_grouped_matmul import fp8_grouped_matmul, reference
 from jax_mtp.kernels.fp8_grouped_matmul_mgpu import KERNEL_NAME, Config, config_for, fp8_grouped_matmul_mgpu
 from tests.fp8_matmul_cases import assert_equals_the_formula_and_the_dequantised_product, problem
@@ -45,24 +44,6 @@ def test_kernel_equals_the_formula_the_dequantised_product_and_the_triton_kernel
   assert_close(got, np.asarray(triton)[:rows], "float32", "Mosaic vs Triton kernel")
 
 
-@pytest.mark.parametrize("e,k,n,sizes,config", [
-    (5, 256, 384, (6, 0, 1, 17, 2), Config(row_tile=8, scaled_weights=True)),
-    (2, 512, 256, (33, 0), Config(row_tile=16, split_k=2, stages=2, scaled_weights=True)),
-    (1, 384, 128, (20,), Config(row_tile=8, stages=1, row_programs=2, scaled_weights=True)),
-])
-def test_scaled_weights_equal_x_times_the_dequantised_bf16_weights(e, k, n, sizes, config):
-  """`scaled_weights`: the product of x and bf16(fp32(code) · scale), the weights the dequantising path
-  (jax_mtp.fp8.dequantize to bf16) multiplies, up to summation order; within bf16's rounding of the formula."""
-  x, codes, scale, sizes_E = problem(e, k, n, sizes)
-  rows = sum(sizes)
-  got = np.asarray(fp8_grouped_matmul_mgpu(x, codes, scale, sizes_E, config=config, interpret=not ON_GPU))[:rows]
-  weights = np.asarray(fp8.dequantize(codes, scale, jnp.bfloat16, (128, 128))).astype(np.float32)
-  ids = np.repeat(np.arange(e), sizes)
-  assert_close(got, np.einsum("ak,akn->an", np.asarray(x[:rows], np.float32), weights[ids]), "float32",
-               "kernel vs x · bf16 weights")
-  assert_close(got, np.asarray(reference(x, codes, scale, sizes_E))[:rows], "bfloat16", "kernel vs formula")
-
-
 def test_rows_past_the_groups_are_not_written():
   """Another device's assignments (past Σ sizes) and the rows a partial tile spans beyond its group stay as they
   were: the output's rows of a one-row group next to a 9-row one are each the group's own."""
@@ -72,7 +53,7 @@ def test_rows_past_the_groups_are_not_written():
   assert_close(got[:10], want[:10], "float32", "the groups' rows")
 
 
-@pytest.mark.parametrize("variant", [{}, {"scaled_weights": True}, {"share_output_smem": True}, {"subtiles": 2}])
+@pytest.mark.parametrize("variant", [{}, {"share_output_smem": True}, {"subtiles": 2}])
 @pytest.mark.parametrize("rows,experts,k,n", [(8, 256, 7168, 2048), (2048, 256, 2048, 7168), (64, 1, 16384, 7168),
                                               (4096, 1, 7168, 1536)])
 def test_kernel_lowers_for_cuda_at_v32_shapes(rows, experts, k, n, variant):
@@ -106,7 +87,7 @@ def test_kernel_refuses_what_it_cannot_take():
     fp8_grouped_matmul_mgpu(x, codes, scale, sizes, config=Config(split_k=3), interpret=True)
   with pytest.raises(ValueError, match="float8_e4m3fn"):
     fp8_grouped_matmul_mgpu(x, codes.astype(jnp.bfloat16), scale, sizes, interpret=True)
-  with pytest.raises(ValueError, match="subtiles=2 must be ≥ 1, and 1 with scaled_weights"):
-    fp8_grouped_matmul_mgpu(x, codes, scale, sizes, config=Config(subtiles=2, scaled_weights=True), interpret=True)
+  with pytest.raises(ValueError, match="subtiles=0 must be ≥ 1"):
+    fp8_grouped_matmul_mgpu(x, codes, scale, sizes, config=Config(subtiles=0), interpret=True)
   with pytest.raises(ValueError, match="one size per expert"):
     fp8_grouped_matmul_mgpu(x, codes, scale, sizes[:2], interpret=True)
