@@ -251,10 +251,17 @@ def _check_run_flags(settings: Settings) -> None:
 
 
 def _parse_ids(text: str) -> list[int]:
+  if not text.strip():
+    return []  # "prompt i is empty", said where the prompts are checked
+  items = text.split(",")
   try:
-    return [int(tok) for tok in text.split(",") if tok.strip()]
+    ids = [int(item) for item in items if item.strip()]
   except ValueError:
     raise _BadInput(f"--prompt-ids {text!r} is not a comma-separated list of integers") from None
+  if len(ids) < len(items):  # "1,,2" or "1,2,": an id left out is not dropped silently
+    gap = next(i for i, item in enumerate(items) if not item.strip())
+    raise _BadInput(f"--prompt-ids {text!r}: entry {gap} of {len(items)} is empty")
+  return ids
 
 
 def _prompts(prompt: list[str] | None, prompt_ids: list[str] | None, source: loader.Source | None,

@@ -12,9 +12,19 @@ naming the switch, unless `JAX_MTP_FULL_TESTS=1`; a case that is full-only for s
 with `FULL_ONLY` unless `FULL_TESTS`."""
 
 import os
+import sys
 import tempfile
 
 import pytest
+
+# The repo's `kernels/` folder (installed as `jax_mtp.kernels`) sits at the repo root, which `python -m pytest` puts
+# first on sys.path; there it shadowed PyPI's `kernels`, which transformers >= 5.25 requires and imports, and every
+# test importing transformers failed to collect. The root goes behind site-packages (pyproject's
+# `--import-mode=append` keeps pytest from putting it back in front): `tests`, `benchmarks` and `tools` still import
+# from it, while `kernels` is PyPI's.
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_in_front = [p for p in sys.path if os.path.abspath(p or os.curdir) == _REPO]
+sys.path[:] = [p for p in sys.path if p not in _in_front] + [_REPO]
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # libtpu takes a host-wide lockfile (/tmp/libtpu_lockfile) when it loads, to keep a second process off the TPU chips;

@@ -80,6 +80,8 @@ def test_sampling_is_seeded(capsys):
     (["--prompt-ids", ""], "prompt 0 is empty"),
     (["--prompt-ids", "1,2", "--prompt-ids", "1,999"], "prompt 1 holds token id 999, outside [0, 256)"),
     (["--prompt-ids", "a,b"], "'a,b'"),
+    (["--prompt-ids", "1,,2"], "--prompt-ids '1,,2': entry 1 of 3 is empty"),
+    (["--prompt-ids", "1,2,"], "--prompt-ids '1,2,': entry 2 of 3 is empty"),
     (["--num-speculative-tokens", "0"], "--num-speculative-tokens=0"),
     (["--max-new-tokens", "0"], "--max-new-tokens=0"),
     (["--max-new-tokens", "1000"], "max_new_tokens=1000 needs a cache of 1011 positions"),
