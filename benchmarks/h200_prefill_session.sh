@@ -26,6 +26,8 @@
 #   fp8mg2   the same after the 8-row-aligned tiles (16:56: 21 of 21 tests passed)
 #   fp8mg3   (not run yet) the Mosaic FP8 kernel's shared output staging and two-subtile variants, timed
 #   fp8e2e   (not run yet) benchmarks.e2e with FP8 weights through the Triton and the Mosaic FP8 kernels
+#   mla5     (not run yet) the Mosaic sparse-MLA gather's copy variants (whole rows, 4 issuing warps): their GPU
+#            tests, then timed beside auto's config and the Triton kernel at B = 64 / 8 / 1
 #   fp8      benchmarks.e2e with FP8 weights kept as codes: 1K and 32K prompts at B = 1, 1K at B = 64
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
@@ -154,6 +156,12 @@ case "${1:?stage}" in
       run 280 "e2e_fp8_$impl.md" python3 -m benchmarks.e2e --weights fp8 --prompt 1024 --batch 1 64 --iters 5 \
         --cli=--fp8-matmul-impl "--cli=$impl"
     done
+    ;;
+  mla5)  # (not run yet) Config.whole_rows / issue_warps: compiled tests, then timed (bf16 and fp8 caches)
+    run 120 gpu_tests_mla5.txt python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_sparse_mla_mgpu.py \
+      -k "variants or v32_widths_on_the_gpu"
+    run 300 sparse_mla_mla5.md python3 -m benchmarks.sparse_mla --batch 64 8 1 --tokens 4 1 --capacity 4096 \
+      --iters 10 --fp8
     ;;
   *) echo "unknown stage $1"; exit 2 ;;
 esac

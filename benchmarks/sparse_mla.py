@@ -70,7 +70,9 @@ def main(argv=None) -> int:
       auto = mgpu.config_for(b * t, N, K_TOP)
       variants = [dataclasses.replace(auto, splits=splits) for splits in
                   sorted({auto.splits, max(1, auto.splits // 2), min(auto.splits * 2, mgpu.MAX_SPLITS)})]
-      for config in variants + [dataclasses.replace(auto, contiguous_relayout=not auto.contiguous_relayout)]:
+      gathers = [dict(contiguous_relayout=not auto.contiguous_relayout), dict(whole_rows=True), dict(issue_warps=4),
+                 dict(whole_rows=True, issue_warps=4)]  # the gather's copy variants, beside auto's
+      for config in variants + [dataclasses.replace(auto, **gather) for gather in gathers]:
         seconds, err = _time_mosaic(problem, base, config, args.iters, args.backend)
         print(f"| {b} | {t} | Mosaic GPU kernel | {_name(config)}{' (auto)' if config == auto else ''} | "
               f"{seconds * 1e6:,.1f} | {floor:,.1f} | {floor / seconds / 1e6:.2f} | {err:.1e} |", flush=True)
@@ -137,9 +139,10 @@ def _fp8_rows(problem, b, t, bandwidth, flops, iters, backend):
   base = xla(*fp8, scales)
   seconds = time_in_loop(xla, (*fp8, scales), iters)
   print(f"| {b} | {t} | XLA, fp8 cache | | {seconds * 1e6:,.1f} | {floor:,.1f} | {floor / seconds / 1e6:.2f} | |")
-  seconds, err = _time_mosaic(fp8, base, None, iters, backend, latent_scale_BSG=scales)
-  print(f"| {b} | {t} | Mosaic GPU kernel, fp8 cache | auto | {seconds * 1e6:,.1f} | {floor:,.1f} | "
-        f"{floor / seconds / 1e6:.2f} | {err:.1e} |", flush=True)
+  for name, config in [("auto", None), ("whole rows, 4 issuing warps", mgpu.Config(whole_rows=True, issue_warps=4))]:
+    seconds, err = _time_mosaic(fp8, base, config, iters, backend, latent_scale_BSG=scales)
+    print(f"| {b} | {t} | Mosaic GPU kernel, fp8 cache | {name} | {seconds * 1e6:,.1f} | {floor:,.1f} | "
+          f"{floor / seconds / 1e6:.2f} | {err:.1e} |", flush=True)
 
 
 def _name(config) -> str:

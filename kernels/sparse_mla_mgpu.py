@@ -59,6 +59,13 @@ class Config:
   # B = 64, T = 1; 198 vs 231 at B = 8, T = 4; slower at B = 8, T = 1 and B = 1, T = 4)
   contiguous_relayout: bool | None = None
   splits: int = 0  # CTAs per (query, head block), each over K / splits of its selected slots
+  # The gather's copies (not yet timed on the H200: benchmarks.sparse_mla times both beside the default).
+  # whole_rows: a latent row in one TMA copy (a [1, pieces, 256] box) instead of one a 256-wide piece: 2 copies an
+  # entry instead of 3 at V3.2's widths. issue_warps: the copies issued by this many warps of the gather warpgroup
+  # (plgpu.warp_map, each warp a share of the rows) instead of one thread: a step's 192 copies were issued one
+  # after another, ~9 µs a 64-entry step where the dots take ~1 µs (RESULTS, B = 64, T = 4).
+  whole_rows: bool = False
+  issue_warps: int = 1
 
 
 def config_for(queries: int, heads: int, entries: int, config: Config | None = None, busy: int = BUSY_CTAS) -> Config:
@@ -98,6 +105,8 @@ def check_operands(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, confi
     raise ValueError(f"latent width {c} (a multiple of 128, at most 512: two wgmma halves) or rope width {r} (a "
                      f"multiple of 64: a row's TMA copy moves a multiple of 128 bytes) does not fit the kernel")
   e, splits = config.block_entries, config.splits
+  if config.issue_warps not in (1, 2, 4):
+    raise ValueError(f"issue_warps={config.issue_warps}: the gather warpgroup's 1, 2 or 4 warps issue its copies")
   if e % 64 or e > 256 or splits < 1 or k % (splits * e):
     raise ValueError(f"{k} selected slots are not a multiple of splits={splits} × block_entries={e} "
                      f"(block_entries a multiple of 64, at most 256)")
@@ -203,17 +212,25 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
       def fetch_ids(step):  # a step's slot ids, two steps' worth in flight
         plgpu.copy_gmem_to_smem(slots_gmem.at[qi, pi, pl.ds(step * e, e)], ids_smem.at[step % 2], ids_loaded.at[step % 2])
 
-      def issue(step):  # one TMA a selected row: an invalid slot (−1) reads row 0, masked by the scores
-        plgpu.barrier_wait(ids_loaded.at[step % 2])
-        ids = ids_smem.at[step % 2]
-
-        @pl.loop(0, e)
+      def issue_rows(ids, first, stride):  # rows first, first + stride, ...: an invalid slot (−1) reads row 0,
+        @pl.loop(first, e, step=stride)    # masked by the scores
         def _(i):
           slot = jnp.maximum(ids[i], 0)
-          for j in range(pieces):  # one copy a piece: a TMA box is at most 256 wide
+          if config.whole_rows:  # one [1, pieces, width] box: each dimension within TMA's 256
+            plgpu.copy_gmem_to_smem(lat_gmem.at[row, pl.ds(slot, 1)], lat_stage.at[pl.ds(i, 1)], gathered)
+          for j in range(0 if config.whole_rows else pieces):  # one copy a piece: a TMA box is at most 256 wide
             plgpu.copy_gmem_to_smem(lat_gmem.at[row, pl.ds(slot, 1), j], lat_stage.at[pl.ds(i, 1), j, pl.ds(0, width)],
                                     gathered)
           plgpu.copy_gmem_to_smem(pe_gmem.at[row, pl.ds(slot, 1)], pe_stage.at[pl.ds(i, 1)], gathered)
+
+      def issue(step):  # one TMA a selected row (or piece of one)
+        plgpu.barrier_wait(ids_loaded.at[step % 2])
+        ids = ids_smem.at[step % 2]
+        if config.issue_warps == 1:
+          issue_rows(ids, 0, 1)
+        else:  # each of the first issue_warps warps a share of the rows, from its own elected thread
+          plgpu.warp_map(lambda warp: pl.when(warp < config.issue_warps)(
+              lambda: issue_rows(ids, warp, config.issue_warps)))
 
         if scaled:
           plgpu.copy_gmem_to_smem(scale_gmem.at[qi, pi, :, pl.ds(step * e, e)], scale_stage[0], gathered)
@@ -334,7 +351,8 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
           *scale_scratch,
           plgpu.Barrier(num_arrivals=2),  # q~ and q_pe
           plgpu.Barrier(num_arrivals=1, num_barriers=2),  # a step's slot ids
-          plgpu.Barrier(num_arrivals=(pieces + 1) * e + scaled),  # a step's one-row copies (and its scales)
+          # a step's one-row copies (and its scales)
+          plgpu.Barrier(num_arrivals=(1 + (1 if config.whole_rows else pieces)) * e + scaled),
           plgpu.Barrier(num_arrivals=1), plgpu.Barrier(num_arrivals=2), plgpu.Barrier(num_arrivals=1),
           plgpu.Barrier(num_arrivals=1), plgpu.Barrier(num_arrivals=1),
       ],

@@ -47,6 +47,20 @@ def test_the_contiguous_relayout_equals_the_formula_and_xla(t):
   assert_close(got, xla, "bfloat16", what="contiguous re-layout vs XLA")
 
 
+@pytest.mark.parametrize("gather", [dict(whole_rows=True), dict(issue_warps=4), dict(whole_rows=True, issue_warps=2)],
+                         ids=["whole rows", "4 issuing warps", "whole rows, 2 issuing warps"])
+@pytest.mark.parametrize("t,fp8", [(1, False), (3, True)])
+def test_the_gathers_copy_variants_equal_the_formula(gather, t, fp8):
+  """Config.whole_rows (a latent row in one TMA box) and Config.issue_warps (the row copies issued from several
+  warps through plgpu.warp_map) at V3.2's widths, bf16 and fp8 caches: every row lands where the dots read it."""
+  q_lat, q_pe, latent, k_pe, slots, valid = problem(2, t, 64, 512, 64, 192, 128, "bfloat16", seed=7 + t)
+  codes, scales = quantize_latent(latent, 128) if fp8 else (latent, None)
+  values = dequantize_latent(codes, scales, jnp.bfloat16) if fp8 else latent
+  got = _attend(q_lat, q_pe, codes, k_pe, jnp.where(valid, slots, -1), 512**-0.5, latent_scale_BSG=scales,
+                config=Config(splits=2, **gather))
+  assert_close(got, formula(q_lat, q_pe, values, k_pe, slots, valid, 512**-0.5), "bfloat16", what=f"{gather}")
+
+
 @pytest.mark.parametrize("b,t,n,c,r,s,k,e,splits", CASES)
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_kernel_equals_the_formula_and_xla(b, t, n, c, r, s, k, e, splits, dtype):
@@ -95,15 +109,17 @@ def test_a_16_bit_output_is_the_fp32_output_rounded(splits):
 
 
 @pytest.mark.parametrize("b,t", [(1, 1), (2, 4), (64, 4)])
-@pytest.mark.parametrize("cache", ["bfloat16", "fp8", "bfloat16, contiguous re-layout"])
+@pytest.mark.parametrize("cache", ["bfloat16", "fp8", "bfloat16, contiguous re-layout", "bfloat16, whole rows",
+                                   "fp8, whole rows, 4 issuing warps"])
 def test_kernel_lowers_for_cuda_at_v32_widths(b, t, cache):
   """The Mosaic GPU lowering (one-row TMA copies, the staging re-layout and the fp8 dequantisation, wgmma operands,
   shared memory checked against the H200's limit) at 128 heads × 512 + 64, top-2048 of a 32K cache."""
-  fp8 = cache == "fp8"
+  fp8 = cache.startswith("fp8")
   shapes = [((b, t, 128, 512), jnp.bfloat16), ((b, t, 128, 64), jnp.bfloat16),
             ((b, 32768, 512), jnp.float8_e4m3fn if fp8 else jnp.bfloat16), ((b, 32768, 64), jnp.bfloat16),
             ((b, t, 2048), jnp.int32), ((b, 32768, 4), jnp.float32)]
-  config = Config(contiguous_relayout="contiguous" in cache)
+  config = Config(contiguous_relayout="contiguous" in cache, whole_rows="whole rows" in cache,
+                  issue_warps=4 if "4 issuing" in cache else 1)
   fn = jax.jit(lambda *a: sparse_mla_mgpu(*a[:5], 512**-0.5, latent_scale_BSG=a[5] if fp8 else None,
                                           out_dtype=jnp.bfloat16, config=config))
   text = fn.trace(*(jax.ShapeDtypeStruct(*x) for x in shapes)).lower(lowering_platforms=("cuda",)).as_text()
@@ -134,6 +150,8 @@ def test_kernel_refuses_what_it_cannot_run():
     call(q_lat, q_pe[..., :32], latent, k_pe[..., :32], slots)
   with pytest.raises(ValueError, match="128 selected slots are not a multiple of splits=3"):
     call(q_lat, q_pe, latent, k_pe, slots, config=Config(splits=3))
+  with pytest.raises(ValueError, match="issue_warps=3: the gather warpgroup's 1, 2 or 4 warps"):
+    call(q_lat, q_pe, latent, k_pe, slots, config=Config(issue_warps=3))
   # 128 entries a step at a 256-wide latent and a 128-wide rope: 264,264 bytes (the H200's lowering refused it)
   q_lat, q_pe, latent, k_pe, slots, _ = problem(1, 1, 64, 256, 128, 128, 128, "bfloat16")
   with pytest.raises(ValueError, match="block_entries=128 at latent width 256 and rope width 128 needs 264,264"):
