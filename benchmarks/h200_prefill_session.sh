@@ -26,8 +26,9 @@
 #   fp8mg2   the same after the 8-row-aligned tiles (16:56: 21 of 21 tests passed)
 #   fp8mg3   (not run yet) the Mosaic FP8 kernel's shared output staging and two-subtile variants, timed
 #   fp8e2e   (not run yet) benchmarks.e2e with FP8 weights through the Triton and the Mosaic FP8 kernels
-#   mla5     (not run yet) the Mosaic sparse-MLA gather's copy variants (whole rows, 4 issuing warps): their GPU
-#            tests, then timed beside auto's config and the Triton kernel at B = 64 / 8 / 1
+#   mla5     (not run yet) whether jax_triton runs on the image (tools/jax_triton_probe.py); the Mosaic sparse-MLA
+#            gather's copy variants (whole rows, 4 issuing warps): their GPU tests, then timed beside auto's config
+#            and the Triton kernel at B = 64 / 8 / 1
 #   fp8      benchmarks.e2e with FP8 weights kept as codes: 1K and 32K prompts at B = 1, 1K at B = 64
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
@@ -157,7 +158,12 @@ case "${1:?stage}" in
         --cli=--fp8-matmul-impl "--cli=$impl"
     done
     ;;
-  mla5)  # (not run yet) Config.whole_rows / issue_warps: compiled tests, then timed (bf16 and fp8 caches)
+  mla5)  # (not run yet) Config.whole_rows / issue_warps: compiled tests, then timed (bf16 and fp8 caches); first
+         # whether jax_triton runs on the image (carry .whl-probe: jax_triton 0.3.1 takes triton >= 3.6, 0.4.1 >= 3.7)
+    for v in 0.3.1 0.4.1; do
+      python3 -m pip install -q --no-index --no-deps --target "/tmp/jt$v" .whl-probe/jax_triton-$v-*.whl \
+        && PYTHONPATH="/tmp/jt$v:${PYTHONPATH:-}" run 60 "jax_triton_$v.txt" python3 tools/jax_triton_probe.py
+    done
     run 120 gpu_tests_mla5.txt python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_sparse_mla_mgpu.py \
       -k "variants or v32_widths_on_the_gpu"
     run 300 sparse_mla_mla5.md python3 -m benchmarks.sparse_mla --batch 64 8 1 --tokens 4 1 --capacity 4096 \
