@@ -61,9 +61,12 @@ def test_fp8_tree_holds_codes_and_block_scales_beside_each_fp8_weight(written):
     np.testing.assert_array_equal(np.asarray(fp8.dequantize(x, leaves[scale_key], reference[name].dtype, block)),
                                   np.asarray(reference[name]), err_msg=name)
   # not FP8 in a V3.2 checkpoint: norms, router, embedding / head, eh_proj, the indexer's weights_proj
-  assert not any(k in name for name in codes for k in ("norm", "gate']['weight", "embed", "lm_head", "eh_proj",
-                                                        "weights_proj"))
-  assert _leaves(mtp).keys() >= {n for n in _leaves(mtp) if "eh_proj" in n}
+  assert not any(k in name for name in codes for k in ("norm", "gate']['weight", "embed", "lm_head", "weights_proj"))
+  # the MTP layer: its decoder block's linears in FP8, its eh_proj and norms not
+  mtp_leaves = _leaves(mtp)
+  mtp_codes = {name for name, x in mtp_leaves.items() if x.dtype == jnp.float8_e4m3fn}
+  assert any("eh_proj" in name for name in mtp_leaves) and any("q_b_proj" in name for name in mtp_codes)
+  assert not any(k in name for name in mtp_codes for k in ("eh_proj", "norm")), sorted(mtp_codes)
   fp8_bytes = sum(x.nbytes for name, x in leaves.items() if name in codes)
   assert fp8_bytes * reference[next(iter(codes))].dtype.itemsize == sum(reference[name].nbytes for name in codes)
 
@@ -110,9 +113,15 @@ def test_fp8_speculative_and_plain_tokens_equal_the_dequantised_checkpoints(writ
 
 
 def test_mtp_only_load_keeps_fp8_too(written):
+  """Loading only the MTP layer gives, leaf for leaf, the MTP tree of the whole FP8 load."""
   directory, _ = written
   _, mtp = load_mtp_only(directory, fp8_weights=True)
-  assert any(x.dtype == jnp.float8_e4m3fn for x in jax.tree.leaves(mtp))
+  _, _, whole = load_hf_checkpoint(directory, fp8_weights=True)
+  got, want = _leaves(mtp), _leaves(whole)
+  assert got.keys() == want.keys() and any(x.dtype == jnp.float8_e4m3fn for x in got.values())
+  for name, x in got.items():
+    assert x.dtype == want[name].dtype, name
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(want[name]), err_msg=name)
 
 
 def test_blocks_that_do_not_split_over_tp_are_one_clear_error(written):

@@ -9,6 +9,8 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 import hf_reference as R  # noqa: E402
 
+from tests.tolerances import assert_close  # noqa: E402
+
 KINDS = ["deepseek_v32", "deepseek_v3", "glm_moe_dsa"]
 B, T, D = 2, 12, 64
 
@@ -101,4 +103,4 @@ def test_mtp_layer(kind):
         z = m.eh_proj(torch.cat([m.enorm(torch.from_numpy(e)), m.hnorm(torch.from_numpy(h))], -1))
         blk = R.run_hf_decoder_layer(m.mtp_block, cfg, z.numpy(), pos)["out"]
         ref = m.post_norm(torch.from_numpy(blk)).numpy()
-    np.testing.assert_allclose(y, ref, rtol=0, atol=1e-6)
+    assert_close(y, ref, "float32", what="MTP layer wiring")

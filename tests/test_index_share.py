@@ -38,12 +38,17 @@ def test_sharing_drafts_as_recomputing_where_the_selection_keeps_every_slot():
   assert sum(plain.metrics.accepted_per_position) > 0, "no draft accepted: the comparison would be vacuous"
 
 
-def test_sharing_past_index_topk_still_equals_plain_greedy():
+def test_sharing_past_index_topk_still_equals_plain_greedy(monkeypatch):
   """index_topk 4 with positions up to ~45: the reused top-k differs from a fresh one, the drafts may
-  differ, the output may not."""
+  differ, the output may not. The draft steps after the first did take the reused selection (its builder
+  was traced for them: with the flag off it is not)."""
+  from jax_mtp import drafter  # noqa: PLC0415
+  reused = []
+  monkeypatch.setattr(drafter, "_reused_selection", lambda *a, **kw: reused.append(1) or _reused_selection(*a, **kw))
   cfg = jax_mtp.tiny(vocab_size=8, index_share_for_mtp_iteration=True)
   prompts = _prompts((25, 17))
   result, target_params = _run(cfg, prompts, 20, capacity=56, k=4)
+  assert reused, "the draft steps never took the shared selection"
   decoder = jax_mtp.TargetDecoder(cfg, jax_mtp.make_mesh(1))
   assert result.tokens == decoder.generate(decoder.shard(target_params), prompts, 20, capacity=56)
 

@@ -71,7 +71,7 @@ def test_prefill_then_decode_equals_one_full_forward(prefill):
     caches = out.caches
   incremental = jnp.concatenate(hiddens, axis=1)
   assert_close(incremental, full.hidden_BTD, what=f"prefill {prefill} + decode vs full")
-  for ours, theirs in zip(jax.tree.leaves(caches), jax.tree.leaves(full.caches)):
+  for ours, theirs in zip(jax.tree.leaves(caches), jax.tree.leaves(full.caches), strict=True):
     assert_close(ours, theirs, what="caches")
   model = jax_mtp.TargetModel(cfg)
   top = functools.partial(model.apply, {"params": params}, method=model.get_top_tokens)
@@ -110,7 +110,7 @@ def test_sharded_target_matches_unsharded(tp):
   out, logits, tokens = jit_per_shard(per_shard, mesh, (param_specs(placed), rep, rep))(placed, ids, positions)
   assert_close(out.hidden_BTD, ref.hidden_BTD, what=f"hidden at tp={tp}")
   assert_close(logits, ref_logits, what=f"logits at tp={tp}")
-  for ours, theirs in zip(jax.tree.leaves(out.caches), jax.tree.leaves(ref.caches)):
+  for ours, theirs in zip(jax.tree.leaves(out.caches), jax.tree.leaves(ref.caches), strict=True):
     assert_close(ours, theirs, what=f"caches at tp={tp}")
   np.testing.assert_array_equal(tokens, jnp.argmax(ref_logits, axis=-1))
 

@@ -57,7 +57,7 @@ def test_prefill_then_decode_equals_one_full_forward(setup, prefill):
   full = _full(cfg, params, ids, hidden, positions)
   incremental, caches = _prefill_then_decode(cfg, params, ids, hidden, positions, prefill)
   assert_close(incremental, full.hidden_BTD, what=f"prefill {prefill} + decode vs full")
-  for ours, theirs in zip(jax.tree.leaves(caches), jax.tree.leaves(full.caches)):
+  for ours, theirs in zip(jax.tree.leaves(caches), jax.tree.leaves(full.caches), strict=True):
     assert_close(ours, theirs, what="caches")
 
 

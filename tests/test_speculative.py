@@ -62,7 +62,7 @@ def _speculator(vocab: int, tp: int, k: int):
 def _sequences(vocab: int) -> jax.Array:
   """int32 [B, CAPACITY]: token at each position of prompt + plain greedy continuation (then 0)."""
   seq = np.zeros((len(PROMPT_LENGTHS), CAPACITY), np.int32)
-  for b, (prompt, tokens) in enumerate(zip(_prompts(vocab), _plain(vocab))):
+  for b, (prompt, tokens) in enumerate(zip(_prompts(vocab), _plain(vocab), strict=True)):
     seq[b, :len(prompt) + MAX_NEW] = list(prompt) + tokens
   return jnp.asarray(seq)
 
@@ -174,7 +174,7 @@ def test_counters_count_accepted_drafts_past_the_cut_as_vllm_does(max_new, stops
   result = spec.generate(spec.shard(target_params, {}), _prompts(vocab), max_new, capacity=CAPACITY, stop_ids=stops)
   rows = [_vllm_spec_decoding_stats(target, lambda n, row=sequences[b, len(prompt):]: row[n:n + k].tolist(), k,
                                     max_new, stops)
-          for b, (prompt, target) in enumerate(zip(_prompts(vocab), plain))]
+          for b, (prompt, target) in enumerate(zip(_prompts(vocab), plain, strict=True))]
   assert result.tokens == [out for *_, out in rows]
   m = result.metrics
   vllm_rounds, vllm_per_position = sum(r[0] for r in rows), np.sum([r[1] for r in rows], 0).tolist()
@@ -217,9 +217,9 @@ def test_caches_after_partial_acceptance_equal_a_fresh_forward():
   for b in range(len(PROMPT_LENGTHS)):
     length, start = int(state.length_B[b]), int(state.window.start_B[b])
     assert length == len(_prompts(vocab)[b]) + MAX_NEW - 1  # the last token is emitted, not yet cached
-    for ours, ref in zip(jax.tree.leaves(state.target_caches), jax.tree.leaves(target_ref)):
+    for ours, ref in zip(jax.tree.leaves(state.target_caches), jax.tree.leaves(target_ref), strict=True):
       assert_close(ours[b, :length], ref[b, :length], what=f"target cache, row {b}")
-    for ours, ref in zip(jax.tree.leaves(state.drafter_caches), jax.tree.leaves(mtp_ref)):
+    for ours, ref in zip(jax.tree.leaves(state.drafter_caches), jax.tree.leaves(mtp_ref), strict=True):
       assert_close(ours[b, :start], ref[b, :start], what=f"MTP cache, row {b}")
 
 

@@ -53,7 +53,7 @@ def test_sharded_step_matches_unsharded(tp, vocab_size):
   assert_close(full.logits_BTV, ref_logits, what=f"logits at tp={tp}")
   np.testing.assert_array_equal(top.tokens_BT, jnp.argmax(full.logits_BTV, axis=-1))
   np.testing.assert_array_equal(top.tokens_BT, jnp.argmax(ref_logits, axis=-1))
-  for ours, theirs in zip(jax.tree.leaves(top.caches), jax.tree.leaves(ref.caches)):
+  for ours, theirs in zip(jax.tree.leaves(top.caches), jax.tree.leaves(ref.caches), strict=True):
     assert_close(ours, theirs, what="caches")
 
 

@@ -149,7 +149,9 @@ def test_training_learns_resumes_on_the_same_curve_and_exports(tmp_path, capsys)
   resumed = _log(out)
   assert min(resumed) == 20
   for step in (20, 24):
+    assert {"loss", "lm_loss", "mtp_loss"} <= first[step].keys(), first[step]  # the curve is compared, not skipped
     for key in ("loss", "lm_loss", "mtp_loss", "held_out_acceptance"):
+      assert (key in resumed[step]) == (key in first[step]), (step, key)
       if key in first[step]:
         assert resumed[step][key] == first[step][key], (step, key)
 
