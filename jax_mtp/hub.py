@@ -14,18 +14,22 @@ embedding / head's for the drafter alone (`jax_mtp.loader.load(..., mtp_only=Tru
 
 Every file goes through `huggingface_hub.hf_hub_download` at the commit config.json came from (a branch that
 moves mid-run cannot mix two revisions), so the cache (HF_HUB_CACHE, HF_HOME), HF_HUB_OFFLINE and HF_TOKEN
-behave as they do for `transformers`: offline, a file comes from the cache or not at all. A repo or file
-that is neither cached nor reachable is a CheckpointError naming it.
+behave as they do for `transformers`: offline, a file comes from the cache or not at all. So does every file
+where the Hub's host name does not resolve (no network): huggingface_hub would retry each request five times
+first. A repo or file that is neither cached nor reachable is a CheckpointError naming it.
 """
 
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
 import re
 import shutil
+import socket
 import tempfile
+import urllib.parse
 from collections.abc import Callable
 
 from jax_mtp.safetensors_io import INDEX_FILE, SINGLE_FILE, CheckpointError
@@ -86,17 +90,32 @@ def _view(snapshot: str, weight_map: dict[str, str]) -> str:
   return view
 
 
+@functools.cache
+def _resolves(host: str) -> bool:
+  """Whether the Hub's host name resolves (once a process)."""
+  try:
+    socket.getaddrinfo(host, 443)
+  except OSError:
+    return False
+  return True
+
+
 def _download(repo_id: str, filename: str, revision: str | None, optional: bool = False) -> str | None:
   """The cached path of `filename` (fetched if need be); None for an absent optional file; else a
   CheckpointError saying why it cannot be had."""
   import huggingface_hub  # noqa: PLC0415 — only repo ids need it
   from huggingface_hub import constants, errors  # noqa: PLC0415
+  host = urllib.parse.urlparse(constants.ENDPOINT).hostname or constants.ENDPOINT
+  resolves = constants.HF_HUB_OFFLINE or _resolves(host)
   try:
-    return huggingface_hub.hf_hub_download(repo_id, filename, revision=revision)
+    # A Hub whose host does not resolve (no network) would be asked five times a file, ~25 s and ten lines of
+    # warnings each, before huggingface_hub looks in the cache: ask the cache alone, as HF_HUB_OFFLINE would.
+    return huggingface_hub.hf_hub_download(repo_id, filename, revision=revision, local_files_only=not resolves)
   except errors.LocalEntryNotFoundError:  # not cached, and offline or the Hub unreachable
     if optional:
       return None
-    why = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else "the Hub did not answer"
+    why = ("HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else
+           f"the Hub's host {host} does not resolve" if not resolves else "the Hub did not answer")
     if filename == CONFIG_FILE:
       raise CheckpointError(f"--checkpoint {repo_id!r} is not a local directory, and as a Hugging Face repo id it is "
                             f"neither in the cache ({constants.HF_HUB_CACHE}) nor reachable ({why})") from None

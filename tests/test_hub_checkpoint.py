@@ -129,6 +129,33 @@ def test_a_repo_id_neither_cached_nor_reachable_is_exit_2_with_one_error(cache, 
                         f"id it is neither in the cache ({cache}) nor reachable (HF_HUB_OFFLINE is set)"), err
 
 
+@pytest.fixture
+def unresolvable_hub(cache, monkeypatch):
+  """Online as far as the settings go, but the Hub's host does not resolve (`.invalid`, RFC 2606): no network."""
+  from huggingface_hub import constants  # noqa: PLC0415
+  monkeypatch.delenv("HF_HUB_OFFLINE")
+  monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+  monkeypatch.setattr(constants, "ENDPOINT", "https://hub.invalid")
+
+
+def test_without_a_network_a_cached_repo_is_read_from_the_cache_alone(cached_repo, unresolvable_hub, monkeypatch,
+                                                                      capsys):
+  """No request is made (huggingface_hub would retry each file five times, ~25 s and ten warnings a file): every
+  file is asked of the cache alone, the run decodes, and an id not cached is one error naming the host."""
+  import huggingface_hub  # noqa: PLC0415
+  asked, real = [], huggingface_hub.hf_hub_download
+  monkeypatch.setattr(huggingface_hub, "hf_hub_download",
+                      lambda repo_id, filename, **kw: asked.append(kw["local_files_only"]) or real(repo_id, filename,
+                                                                                                    **kw))
+  assert decode.main(["--checkpoint", REPO_ID, "--prompt-ids", "1,2", "--max-new-tokens", "2", "--json"]) == 0
+  assert asked and all(asked), asked
+  capsys.readouterr()
+  assert decode.main(["--checkpoint", "nobody/nothing", "--prompt-ids", "1,2"]) == 2
+  out, err = capsys.readouterr()
+  assert out == "" and len(err.splitlines()) == 1, err
+  assert "neither in the cache" in err and "nor reachable (the Hub's host hub.invalid does not resolve)" in err, err
+
+
 def test_a_shard_missing_from_the_cache_is_exit_2_naming_it(cached_repo, capsys):
   """Offline, the metadata is cached but one shard is not: refused before any weight is read, by name."""
   os.remove(cached_repo / "model-00003-of-00006.safetensors")
