@@ -24,7 +24,8 @@
 #   e2e5     (not run yet) benchmarks.e2e at 32K / 8K with the Mosaic index scores under auto; B = 256 × 32K verify
 #   fp8mg    the Mosaic GPU FP8 grouped matmul's tests and its speed beside the Triton kernel; mla4's failures
 #   fp8mg2   the same after the 8-row-aligned tiles (16:56: 21 of 21 tests passed)
-#   fp8mg3   (not run yet) the Mosaic FP8 kernel's shared output staging and two-subtile variants, timed
+#   fp8mg3   (not run yet) the Mosaic FP8 kernel's shared output staging and two-subtile variants, timed; the
+#            bf16 experts at verification's 1,024 tokens with tokamax's block_m 128 (issue 27: 0.77 of their floor)
 #   fp8e2e   (not run yet) benchmarks.e2e with FP8 weights through the Triton and the Mosaic FP8 kernels
 #   mla5     (not run yet) whether jax_triton runs on the image (tools/jax_triton_probe.py); the Mosaic sparse-MLA
 #            gather's copy variants (whole rows, 4 issuing warps): their GPU tests, then timed beside auto's config
@@ -151,6 +152,9 @@ case "${1:?stage}" in
     run 80 gpu_tests_fp8mg3.txt python3 -m pytest -q --tb=short -p no:cacheprovider \
       tests/test_fp8_grouped_matmul_mgpu.py
     run 300 fp8_mgpu3.md python3 -m benchmarks.fp8_mgpu --assignments 8 64 512 2048 --rows 1 8 64 --iters 20
+    # the bf16 experts at verification's rows (B = 256 × 4 queries = 1,024 tokens): tokamax's block_m 128 swept
+    run 150 experts_verify.md python3 -m benchmarks.moe_experts --batch 256 1024 --impls tokamax_gpu --sweep \
+      --iters 10
     ;;
   fp8e2e)  # (not run yet) FP8 weights on the user's path through each FP8 kernel: 1K prompts at B = 1 and 64
     for impl in triton mosaic_gpu; do
