@@ -43,6 +43,8 @@ from jax_mtp.sharding import make_mesh, validate_tp
 from jax_mtp.speculative import SpecParams, SpecResult, Speculator
 from jax_mtp.tokenizer import TextCodec, eos_token_ids
 
+# --index-cache-dtype's values, as `MtpConfig.index_cache_dtype` names them
+INDEX_CACHE_FLAGS = {"auto": "auto", "bfloat16": "bfloat16", "fp8": "float8_e4m3fn"}
 DEFAULT_PROMPT = "1,2,3,4,5,6,7,8"  # token ids, for --random-tiny and checkpoints
 DEFAULT_TEXT = "def fibonacci(n):\n"  # the embedded default's prompt
 
@@ -99,6 +101,11 @@ def _parser() -> argparse.ArgumentParser:
                       "per 128 values + the rope key in the compute dtype (656 bytes a token at V3.2's widths against "
                       "1,152 in bf16; vLLM's fp8_ds_mla); the sparse attention then runs in XLA, or in the Mosaic GPU "
                       "kernel with --sparse-attention-impl mosaic_gpu")
+  p.add_argument("--index-cache-dtype", choices=tuple(INDEX_CACHE_FLAGS), default="auto",
+                 help="the DSA indexer's key cache, read whole at every step: auto (default): the compute dtype; "
+                      "bfloat16; fp8: e4m3 keys + one fp32 scale a token (132 bytes a token at V3.2's widths against "
+                      "256 in bf16: half the indexer's bytes at long context; how vLLM and DeepSeek's inference code "
+                      "keep them)")
   p.add_argument("--prefill-chunk", type=int, default=0, metavar="TOKENS",
                  help="prompt tokens per row per prefill call; 0 (default): sized to "
                       f"{PREFILL_CHUNK_BYTES // 2**30} GiB of per-query buffers (jax_mtp.prefill)")
@@ -316,12 +323,16 @@ def _check_impl(impl: str) -> None:
 
 def with_flags(cfg: jax_mtp.MtpConfig, args: argparse.Namespace) -> jax_mtp.MtpConfig:
   """The model's config with what --dtype (auto: the config's own), --moe-impl, --index-scores-impl,
-  --sparse-attention-impl, --kv-cache-dtype, --prefill-chunk and --fp8-matmul-impl set."""
+  --sparse-attention-impl, --kv-cache-dtype, --index-cache-dtype, --prefill-chunk and --fp8-matmul-impl set."""
   if args.dtype != "auto":
     cfg = cfg.replace(dtype=args.dtype, param_dtype=args.dtype)
+  if args.index_cache_dtype != "auto" and not cfg.has_indexer:
+    raise _BadInput(f"--index-cache-dtype={args.index_cache_dtype} is for DSA models (DeepSeek-V3.2, GLM-5); this "
+                    f"model ({cfg.model_type}) has no indexer")
   return cfg.replace(moe_impl=args.moe_impl, index_scores_impl=args.index_scores_impl,
                      sparse_attention_impl=args.sparse_attention_impl, kv_cache_dtype=args.kv_cache_dtype,
-                     prefill_chunk=args.prefill_chunk, fp8_matmul_impl=args.fp8_matmul_impl)
+                     index_cache_dtype=INDEX_CACHE_FLAGS[args.index_cache_dtype], prefill_chunk=args.prefill_chunk,
+                     fp8_matmul_impl=args.fp8_matmul_impl)
 
 
 def stop_ids_for(cfg: jax_mtp.MtpConfig, source: loader.Source | None, *, ignore_eos: bool) -> tuple[int, ...]:

@@ -100,6 +100,7 @@ _FLAGS = {
     "--sparse-attention-impl": st.sampled_from(["auto", "xla", "pallas_gpu", "mosaic_gpu"]),
     "--kv-cache-dtype": _mostly(st.sampled_from(["auto", "bfloat16", "fp8"]), st.sampled_from(["float8", "int8"])),
     "--fp8-matmul-impl": st.sampled_from(["auto", "triton", "mosaic_gpu", "cutlass"]),
+    "--index-cache-dtype": _mostly(st.sampled_from(["auto", "bfloat16", "fp8"]), st.sampled_from(["int4", ""])),
     "--impl": st.sampled_from(["xla", "xla", "pallas_gpu", "nope"]),
     "--prefill-chunk": st.sampled_from(["0", "1", "3", "-5"]),
     "--weights": st.sampled_from(["auto", "auto", "fp8", "bf16"]),

@@ -9,7 +9,7 @@ import pytest
 
 import jax_mtp
 from jax_mtp.cache import causal_mask
-from jax_mtp import indexer
+from jax_mtp import decode, indexer
 from jax_mtp.indexer import (SCORE_CHUNK_ELEMENTS, score_chunk, topk_selection,
                               topk_selection_radix)
 from jax_mtp.kernels.index_scores import reference as index_scores
@@ -138,3 +138,19 @@ def test_fp8_index_cache_speculative_equals_plain_greedy():
 def test_bad_index_cache_dtype_is_named():
   with pytest.raises(jax_mtp.ConfigError, match="index_cache_dtype='int8' is not one of"):
     jax_mtp.tiny(index_cache_dtype="int8")
+
+
+def test_index_cache_dtype_flag(capsys):
+  """--index-cache-dtype fp8 keeps the indexer's keys in e4m3 + a scale a token (vLLM's storage) and --check finds
+  speculative == plain; bfloat16 and auto map as named; on a model without an indexer it is one error."""
+  parse = decode._parser().parse_args
+  tiny = jax_mtp.tiny()
+  assert decode.with_flags(tiny, parse(["--index-cache-dtype", "fp8"])).index_key_dtype == "float8_e4m3fn"
+  assert decode.with_flags(tiny, parse(["--index-cache-dtype", "bfloat16"])).index_key_dtype == "bfloat16"
+  assert decode.with_flags(tiny.replace(dtype="float32"), parse([])).index_key_dtype == "float32"  # auto: compute
+  assert decode.main(["--random-tiny", "--index-cache-dtype", "fp8", "--max-new-tokens", "6", "--check"]) == 0
+  capsys.readouterr()
+  v3 = jax_mtp.tiny(model_type="deepseek_v3", index_n_heads=0, index_head_dim=0, index_topk=0)
+  with pytest.raises(ValueError, match="--index-cache-dtype=fp8 is for DSA models .* \\(deepseek_v3\\) has no indexer"):
+    decode.with_flags(v3, parse(["--index-cache-dtype", "fp8"]))
+  assert decode.with_flags(v3, parse([])) == v3.replace(index_cache_dtype="auto")
