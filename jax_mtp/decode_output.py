@@ -101,8 +101,8 @@ def _print_text(result: Gathered, model_line: str, prompts: list[list[int]], tex
     print(f"acceptance length {m.acceptance_length_mean:.2f} · per position "
           f"{[round(r, 2) for r in m.acceptance_rate_per_position]} · drafts accepted "
           f"{m.draft_tokens_accepted}/{m.draft_tokens_proposed}")
-    print(f"{m.tokens_per_second:.1f} tokens/s, {m.tokens_per_second_per_acceptance_length:.1f} tokens/s per "
-          f"acceptance length")
+    print(f"{m.tokens_per_second:.1f} tokens/s = {m.tokens_per_second_per_acceptance_length:.1f} rounds/s (summed "
+          f"over rows) × acceptance length {m.acceptance_length_mean:.2f}")
   if result.matches is not None:
     print(f"check: the output {'matches' if result.matches else 'DIFFERS FROM'} plain greedy decoding with the "
           f"target")

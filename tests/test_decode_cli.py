@@ -46,7 +46,7 @@ def test_random_tiny_run_prints_tokens_and_metrics(capsys):
   assert match, out
   _assert_tokens([[int(t) for t in match.group(1).split(",")]], 1, 32)
   assert re.search(r"acceptance length \d\.\d\d · per position \[.*\] · drafts accepted \d+/\d+", out), out
-  assert re.search(r"tokens/s, [0-9.]+ tokens/s per acceptance length", out), out
+  assert re.search(r"[0-9.]+ tokens/s = [0-9.]+ rounds/s \(summed over rows\) × acceptance length \d\.\d\d", out), out
 
 
 def test_json_batch_with_check(capsys):
