@@ -75,8 +75,10 @@ def config_for(rows: int, experts: int, k: int, n: int, config: Config | None = 
   return dataclasses.replace(config, row_tile=tile, row_programs=row_programs, split_k=split_k)
 
 
-def check_config(k: int, config: Config) -> None:
-  """A ValueError naming the launch value the kernel cannot take."""
+def check_operands(x_AK, codes_EKN, scale_EkN, group_sizes_E, config: Config) -> None:
+  """A ValueError naming the operand (the op's `check_shapes`) or launch value the kernel cannot take."""
+  check_shapes(x_AK, codes_EKN, scale_EkN, group_sizes_E)
+  k = x_AK.shape[1]
   if config.row_tile not in ROW_TILES:
     raise ValueError(f"row_tile={config.row_tile} is not one of {ROW_TILES}")
   if config.split_k < 1 or (k // BLOCK) % config.split_k:
@@ -93,11 +95,11 @@ def fp8_grouped_matmul_mgpu(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: ja
   block scales [E, K/128, N/128]); x is taken in bf16. `interpret`: Pallas's GPU interpreter (any host)."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # noqa: PLC0415 (a GPU backend's module)
 
-  check_shapes(x_AK, codes_EKN, scale_EkN, group_sizes_E)
+  check_shapes(x_AK, codes_EKN, scale_EkN, group_sizes_E)  # before config_for reads the shapes
   a, k = x_AK.shape
   e, _, n = codes_EKN.shape
   config = config_for(a, e, k, n, config)
-  check_config(k, config)
+  check_operands(x_AK, codes_EKN, scale_EkN, group_sizes_E, config)
   tile, stages, split_k, row_programs = config.row_tile, config.stages, config.split_k, config.row_programs
   subtiles = config.subtiles
   span = tile * subtiles  # rows a CTA's x buffer holds: `subtiles` products of `tile` rows per widened block

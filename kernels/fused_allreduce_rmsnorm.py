@@ -76,13 +76,13 @@ def _add_rmsnorm(reduced, residual, weight, eps: float, out_dtype):
   return (normed * weight.astype(jnp.float32)).astype(out_dtype), new_residual.astype(out_dtype)
 
 
-def fused_allreduce_rmsnorm_reference(x_partial_TD, residual_TD, weight_D, eps: float, *, axis_name: str | None):
+def reference(x_partial_TD, residual_TD, weight_D, eps: float, *, axis_name: str | None):
   """The spec: psum, then add + RMSNorm in fp32. Returns (normed, new_residual)."""
   reduced = x_partial_TD if axis_name is None else lax.psum(x_partial_TD.astype(jnp.float32), axis_name)
   return _add_rmsnorm(reduced, residual_TD, weight_D, eps, x_partial_TD.dtype)
 
 
-def validate_inputs(x_partial_TD, residual_TD, weight_D) -> None:
+def check_operands(x_partial_TD, residual_TD, weight_D) -> None:
   if x_partial_TD.shape != residual_TD.shape:
     raise ValueError(f"x_partial shape {x_partial_TD.shape} != residual shape {residual_TD.shape}")
   if weight_D.shape != x_partial_TD.shape[-1:]:
@@ -107,7 +107,7 @@ def fused_allreduce_rmsnorm(x_partial_TD, residual_TD, weight_D, eps: float, *, 
   the workspace's chain and skips XLA's per-kernel device barrier
   (`fused_allreduce_rmsnorm_gpu_chained`). None: the standalone protocol.
   """
-  validate_inputs(x_partial_TD, residual_TD, weight_D)
+  check_operands(x_partial_TD, residual_TD, weight_D)
   if impl not in IMPLS:
     raise ValueError(f"impl={impl!r} is not one of {IMPLS}")
   if tpu_algorithm not in TPU_ALGORITHMS:
@@ -119,7 +119,7 @@ def fused_allreduce_rmsnorm(x_partial_TD, residual_TD, weight_D, eps: float, *, 
   if impl == "xla":
     if interpret is not None:
       raise ValueError(f"interpret={interpret!r} applies to a Pallas impl, not impl='xla'")
-    return fused_allreduce_rmsnorm_reference(x_partial_TD, residual_TD, weight_D, eps, axis_name=axis_name)
+    return reference(x_partial_TD, residual_TD, weight_D, eps, axis_name=axis_name)
   if workspace is not None:
     return gpu_kernels()[1].fused_allreduce_rmsnorm_gpu_chained(x_partial_TD, residual_TD, weight_D, eps,
                                                                 axis_name=axis_name, workspace=workspace)
@@ -136,7 +136,7 @@ def fused_allreduce_rmsnorm(x_partial_TD, residual_TD, weight_D, eps: float, *, 
 def sequence_parallel_rmsnorm(x_partial_TD, residual_TD, weight_D, eps: float, *, axis_name: str, tp: int):
   """SP tail: reduce-scatter over tokens, add + norm the local rows, all-gather them. T is padded
   to a multiple of tp. Returns the normalised rows only, replicated [T, D]."""
-  validate_inputs(x_partial_TD, residual_TD, weight_D)
+  check_operands(x_partial_TD, residual_TD, weight_D)
   if tp != lax.axis_size(axis_name):
     raise ValueError(f"tp={tp} != size {lax.axis_size(axis_name)} of mesh axis {axis_name!r}")
   t = x_partial_TD.shape[0]

@@ -29,7 +29,7 @@ STAGE_BYTES = 160 * 1024  # SMEM for the staged rows of `push_rows_tma` (227 KiB
 
 
 def validate_gpu_inputs(x_partial_TD, residual_TD, weight_D) -> None:
-  """What the GPU kernels support beyond `validate_inputs`: bf16/fp32, 1 ≤ T, 1 ≤ D ≤ MAX_D."""
+  """What the GPU kernels support beyond `check_operands`: bf16/fp32, 1 ≤ T, 1 ≤ D ≤ MAX_D."""
   t, d = x_partial_TD.shape
   if jnp.dtype(x_partial_TD.dtype) not in DTYPES:
     raise ValueError(f"dtype {x_partial_TD.dtype} is not supported by {KERNEL_NAME}; use one of "

@@ -13,7 +13,7 @@ largest value with ties to the lowest global index (±0 compare equal, as in jnp
 each shard already returns its first maximum and shards are ordered, this equals `jnp.argmax` over
 the gathered row bit for bit. pmax-then-pmin would need two all-reduces and mishandles NaN.
 
-`vocab_parallel_argmax_reference` is the spec: all-gather the logits, `jnp.argmax`.
+`reference` is the spec: all-gather the logits, `jnp.argmax`.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def shard_logits(h_TD: jax.Array, head_shard_VD: jax.Array, vocab_size: int, axi
   return jnp.where(global_ids < vocab_size, logits, -jnp.inf)
 
 
-def vocab_parallel_argmax_reference(h_TD, head_shard_VD, *, vocab_size: int, axis_name: str) -> jax.Array:
+def reference(h_TD, head_shard_VD, *, vocab_size: int, axis_name: str) -> jax.Array:
   """The spec: gather the full logits row, `jnp.argmax`. int32 [T], replicated."""
   logits = lax.all_gather(shard_logits(h_TD, head_shard_VD, vocab_size, axis_name), axis_name, axis=1,
                           tiled=True)
@@ -61,7 +61,7 @@ def select_winner(values_PT: jax.Array, indices_PT: jax.Array) -> jax.Array:
   return jnp.min(jnp.where(candidates, indices_PT, _INT32_MAX), axis=0).astype(jnp.int32)
 
 
-def validate_inputs(h_TD: jax.Array, head_shard_VD: jax.Array, vocab_size: int) -> None:
+def check_operands(h_TD: jax.Array, head_shard_VD: jax.Array, vocab_size: int) -> None:
   if h_TD.ndim != 2 or head_shard_VD.ndim != 2:
     raise ValueError(f"h must be [T, D] and head_shard [Vs, D], got {h_TD.shape} and {head_shard_VD.shape}")
   if h_TD.shape[1] != head_shard_VD.shape[1]:
@@ -72,7 +72,7 @@ def validate_inputs(h_TD: jax.Array, head_shard_VD: jax.Array, vocab_size: int) 
 
 def vocab_parallel_argmax(h_TD, head_shard_VD, *, vocab_size: int, axis_name: str, impl: str = "xla"):
   """Greedy token ids int32 [T] (replicated) from a vocab-sharded head. Call inside `shard_map`."""
-  validate_inputs(h_TD, head_shard_VD, vocab_size)
+  check_operands(h_TD, head_shard_VD, vocab_size)
   if impl not in IMPLS:
     raise ValueError(f"impl={impl!r} is not one of {IMPLS}")
   shards = lax.axis_size(axis_name)

@@ -19,7 +19,7 @@ from jax.sharding import PartitionSpec as P
 import jax_mtp
 from jax_mtp.drafter import MtpDrafter, Window
 from jax_mtp.sharding import SHARED_WITH_TARGET
-from jax_mtp.kernels.fused_allreduce_rmsnorm import fused_allreduce_rmsnorm, fused_allreduce_rmsnorm_reference
+from jax_mtp.kernels.fused_allreduce_rmsnorm import fused_allreduce_rmsnorm, reference
 from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu_common import KERNEL_NAME, SXM_SMS, communicating_grid, resident_ctas
 from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu_chained import (CHAIN_MAX_ROWS, CHAIN_MIN_CALLS, CHAINED_KERNEL_NAME,
                                                                 SYNC_KERNEL_NAME, GpuWorkspace,
@@ -36,7 +36,7 @@ ON_GPU = jax.devices()[0].platform == "gpu"
 
 def _fused(impl: str, ws):
   if impl == "xla":
-    return functools.partial(fused_allreduce_rmsnorm_reference, axis_name="tp")
+    return functools.partial(reference, axis_name="tp")
   return functools.partial(fused_allreduce_rmsnorm_gpu_chained, axis_name="tp", workspace=ws)
 
 

@@ -51,7 +51,7 @@ def _tail_fn(tp: int, which: str):
     if which == "fused":
       outs = far.fused_allreduce_rmsnorm(x_partial_TD, residual_TD, weight_D, EPS, axis_name=TP_AXIS, impl="xla")
     elif which == "reference":
-      outs = far.fused_allreduce_rmsnorm_reference(x_partial_TD, residual_TD, weight_D, EPS, axis_name=TP_AXIS)
+      outs = far.reference(x_partial_TD, residual_TD, weight_D, EPS, axis_name=TP_AXIS)
     else:
       outs = (far.sequence_parallel_rmsnorm(x_partial_TD, residual_TD, weight_D, EPS, axis_name=TP_AXIS, tp=tp),)
     return tuple(o[None] for o in outs)

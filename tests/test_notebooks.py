@@ -31,11 +31,10 @@ PUBLIC_MODULES = {
 }
 # The kernels are not re-exported from `jax_mtp`: their public API is their modules (kernels/__init__.py),
 # of which a notebook may import the documented functions: the public wrapper (with `impl=`), the
-# reference (the spec) and `validate_inputs`.
+# reference (the spec) and `check_operands`.
 KERNEL_API = {
-    "jax_mtp.kernels.vocab_argmax": {"vocab_parallel_argmax", "vocab_parallel_argmax_reference", "validate_inputs"},
-    "jax_mtp.kernels.fused_allreduce_rmsnorm": {"fused_allreduce_rmsnorm", "fused_allreduce_rmsnorm_reference",
-                                                "validate_inputs"},
+    "jax_mtp.kernels.vocab_argmax": {"vocab_parallel_argmax", "reference", "check_operands"},
+    "jax_mtp.kernels.fused_allreduce_rmsnorm": {"fused_allreduce_rmsnorm", "reference", "check_operands"},
     "jax_mtp.kernels.fused_allreduce_rmsnorm_gpu_chained": {"gpu_workspace"},  # the `workspace=` of the wrapper
 }
 

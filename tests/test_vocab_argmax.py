@@ -86,7 +86,7 @@ def argmax_over_shards(logits_TV: np.ndarray, tp: int) -> np.ndarray:
 
 @functools.cache
 def _from_head_fn(tp: int, vocab_size: int, reference: bool):
-  fn = va.vocab_parallel_argmax_reference if reference else va.vocab_parallel_argmax
+  fn = va.reference if reference else va.vocab_parallel_argmax
 
   def per_shard(h_TD, head_shard_VD):
     return fn(h_TD, head_shard_VD, vocab_size=vocab_size, axis_name=TP_AXIS)[None]
@@ -264,7 +264,7 @@ def test_full_path_from_h_and_head_matches_jnp_argmax(data):
 @pytest.mark.parametrize("tp", [1, 2, 4, 8])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_reference_equals_kernel_on_random_h_and_head(tp, dtype):
-  """vocab_parallel_argmax == vocab_parallel_argmax_reference (gather + jnp.argmax) on random
+  """vocab_parallel_argmax == reference (gather + jnp.argmax) on random
   normal h/head, with a vocab that is not a multiple of tp, exactly."""
   rng = np.random.default_rng(tp)
   t, v, d = 5, 203, 32
@@ -343,7 +343,7 @@ def test_bad_shapes_raise_naming_them(h, head, match):
   with pytest.raises(ValueError, match=match):
     va.vocab_parallel_argmax(h, head, vocab_size=8, axis_name=TP_AXIS)
   with pytest.raises(ValueError, match=match):
-    va.validate_inputs(h, head, 8)
+    va.check_operands(h, head, 8)
 
 
 @pytest.mark.parametrize("vocab_size", [0, -5])
