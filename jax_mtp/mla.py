@@ -194,9 +194,10 @@ def resolve_sparse_attention_impl(cfg: MtpConfig, platform: str, local_heads: in
 
   "auto": the Triton kernel on GPUs wherever it takes the model (it keeps the gathered entries and the scores out
   of HBM; why: benchmarks/RESULTS.md, "The sparse MLA in one Pallas pass") — not with an fp8 MLA cache, whose
-  codes and scales neither kernel reads (XLA's sparse form dequantises the gathered entries) —, xla elsewhere (no
-  TPU kernel: Mosaic TPU has no row gather from HBM by data-dependent ids in a block). The Mosaic GPU port is
-  explicit until it has run its GPU tests and been timed beside the Triton kernel on the H200. An explicit kernel
+  codes and scales the Triton kernel does not read (XLA's sparse form dequantises the gathered entries; the Mosaic
+  GPU kernel reads them, at XLA's speed on the H200) —, xla elsewhere (no TPU kernel: Mosaic TPU has no row gather
+  from HBM by data-dependent ids in a block). The Mosaic GPU port passes its GPU tests but measured ~0.58× the
+  Triton kernel (RESULTS, "Sparse MLA on Mosaic GPU, second pass"), so it stays explicit. An explicit kernel
   runs as asked — on a CPU in Pallas's interpreter (tests), compiled on CUDA — unless it cannot take the model
   (`_sparse_kernel_problems`): then a ValueError names why."""
   impl = cfg.sparse_attention_impl
