@@ -331,9 +331,11 @@ def main(argv=None) -> int:
   device = jax.devices()[0]
   peak = bf16_peak(256 if args.small else 8192)
   bandwidth = copy_bandwidth()
+  caches = cli_config(args, 0)
   print(f"e2e: {args.layers}-layer {'tiny' if args.small else 'full-width V3.2'} target + MTP layer, k = {args.k}, "
         f"on {device.device_kind}, jax {jax.__version__}; bf16 peak {peak / 1e12:.0f} TFLOP/s, copy bandwidth "
-        f"{bandwidth / 1e12:.2f} TB/s (both measured now)\n", flush=True)
+        f"{bandwidth / 1e12:.2f} TB/s (both measured now); MLA cache {caches.mla_cache_dtype}, indexer keys "
+        f"{caches.index_key_dtype}; CLI flags {' '.join(args.cli) or 'none'}\n", flush=True)
   print_header(args)
   rows = []
   for weights in args.weights:

@@ -30,6 +30,8 @@
 #   mla5     (not run yet) whether jax_triton runs on the image (tools/jax_triton_probe.py); the Mosaic sparse-MLA
 #            gather's copy variants (whole rows, 4 issuing warps): their GPU tests, then timed beside auto's config
 #            and the Triton kernel at B = 64 / 8 / 1
+#   caches   (not run yet) benchmarks.e2e at a 32K prompt with vLLM's V3.2 storage (fp8 MLA cache and fp8 indexer
+#            keys; fp8 indexer keys alone), to set beside e2e3's bf16 row
 #   fp8      benchmarks.e2e with FP8 weights kept as codes: 1K and 32K prompts at B = 1, 1K at B = 64
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
@@ -172,6 +174,12 @@ case "${1:?stage}" in
       -k "variants or v32_widths_on_the_gpu"
     run 300 sparse_mla_mla5.md python3 -m benchmarks.sparse_mla --batch 64 8 1 --tokens 4 1 --capacity 4096 \
       --iters 10 --fp8
+    ;;
+  caches)  # (not run yet) vLLM's V3.2 storage on the user's path: fp8 MLA cache and fp8 indexer keys, beside bf16
+    run 280 e2e_fp8_caches.md python3 -m benchmarks.e2e --prompt 32768 --batch 1 --iters 5 \
+      --cli=--kv-cache-dtype --cli=fp8 --cli=--index-cache-dtype --cli=fp8
+    run 280 e2e_fp8_index.md python3 -m benchmarks.e2e --prompt 32768 --batch 1 --iters 5 \
+      --cli=--index-cache-dtype --cli=fp8
     ;;
   *) echo "unknown stage $1"; exit 2 ;;
 esac
