@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import os
 import sys
 import time
@@ -41,6 +42,7 @@ from jax_mtp.sharding import make_data_mesh
 
 RUN_KEYS = ("mode", "preset", "checkpoint", "data", "vocab_size", "seq_len", "batch", "seed", "steps", "lr", "warmup",
             "dense_steps", "mtp_weight", "distill_targets", "fresh_mtp")  # what a resumed run must repeat
+BPE_MIN_VOCAB = 257  # a byte-level BPE's 256 bytes and EOS (corpus.train_bpe): its smallest vocabulary
 RUN_FILES = ("run.json", "tokenizer.json", corpus.TRAINING_RECORD, "state", "log.jsonl")  # what a run writes under --out
 
 
@@ -100,7 +102,18 @@ def _validate(args: argparse.Namespace) -> None:
     raise _BadInput("--mode distill needs --checkpoint (the target), and only distill takes one")
   if args.stop_after is not None and not 1 <= args.stop_after <= args.steps:
     raise _BadInput(f"--stop-after={args.stop_after} must be in [1, --steps={args.steps}]")
-  if args.dense_steps < 0:
+  if not (math.isfinite(args.lr) and args.lr > 0):
+    raise _BadInput(f"--lr={args.lr} must be a finite number > 0")
+  if not (math.isfinite(args.mtp_weight) and args.mtp_weight >= 0):
+    raise _BadInput(f"--mtp-weight={args.mtp_weight} must be a finite number ≥ 0")
+  if args.warmup < 0:
+    raise _BadInput(f"--warmup={args.warmup} must be ≥ 0 steps")
+  if args.dense_steps < -1 or args.dense_steps > args.steps:
+    raise _BadInput(f"--dense-steps={args.dense_steps} must be in [0, --steps={args.steps}] (or -1: a quarter)")
+  if args.checkpoint is None and args.vocab_size < BPE_MIN_VOCAB:
+    raise _BadInput(f"--vocab-size={args.vocab_size} must be ≥ {BPE_MIN_VOCAB} (a byte-level BPE holds the 256 "
+                    f"bytes and EOS before any merge)")
+  if args.dense_steps == -1:
     args.dense_steps = args.steps // 4
 
 

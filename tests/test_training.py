@@ -183,6 +183,14 @@ def test_bad_input_is_refused(tmp_path, capsys):
   assert "is neither a file nor a directory" in refused("--data", str(tmp_path / "missing"), out="a")
   assert "--seq-len=2 must be ≥ 3" in refused("--seq-len", "2")
   assert "--batch=4 must be a multiple of the 8 devices" in refused("--batch", "4")
+  for flag, value, named in [("--lr", "nan", "--lr=nan must be a finite number > 0"),
+                             ("--lr", "0", "--lr=0.0 must be a finite number > 0"),
+                             ("--lr", "inf", "--lr=inf must be"), ("--mtp-weight", "-1", "--mtp-weight=-1.0 must be"),
+                             ("--mtp-weight", "nan", "--mtp-weight=nan must be"), ("--warmup", "-3", "--warmup=-3"),
+                             ("--dense-steps", "-2", "--dense-steps=-2 must be in [0, --steps=3000]"),
+                             ("--dense-steps", "3001", "--dense-steps=3001"),
+                             ("--vocab-size", "3", "--vocab-size=3 must be ≥ 257")]:
+    assert named in refused(flag, value), (flag, value)  # each once trained on NaNs or silently otherwise
   assert "fewer than one window" in refused("--preset", "tiny", "--data", _corpus(tmp_path / "d"), "--vocab-size",
                                             "300", "--steps", "1", "--batch", "8", "--seq-len", "100000", out="b")
   assert not any(os.path.exists(tmp_path / out) for out in ("run", "a", "b"))  # a refused run writes nothing
