@@ -63,7 +63,8 @@ class Config:
   # whole_rows: a latent row in one TMA copy (a [1, pieces, 256] box) instead of one a 256-wide piece: 2 copies an
   # entry instead of 3 at V3.2's widths. issue_warps: the copies issued by this many warps of the gather warpgroup
   # (plgpu.warp_map, each warp a share of the rows) instead of one thread: a step's 192 copies were issued one
-  # after another, ~9 µs a 64-entry step where the dots take ~1 µs (RESULTS, B = 64, T = 4).
+  # after another: the measured 1,178 µs at B = 64, T = 4 (RESULTS) is ~9 µs a 64-entry step, where the step's
+  # dots at the tensor cores' rate would take ~1 µs (an estimate from the FLOPs, not a profile).
   whole_rows: bool = False
   issue_warps: int = 1
 
