@@ -147,6 +147,7 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
   padded = -(-n // hb) * hb
   pieces = -(-c // TMA_BOX)  # a latent row is copied as [pieces, c / pieces]: a TMA box is ≤ 256 wide
   width = c // pieces
+  row_copies = 1 if config.whole_rows else pieces  # TMA copies a latent row takes (+ one for its rope key)
   pad_heads = [(0, 0), (0, padded - n), (0, 0)]
   q_lat = jnp.pad(q_lat_BTNC.reshape(b * t, n, c), pad_heads)
   q_pe = jnp.pad(q_pe_BTNR.reshape(b * t, n, r), pad_heads)
@@ -219,9 +220,10 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
           slot = jnp.maximum(ids[i], 0)
           if config.whole_rows:  # one [1, pieces, width] box: each dimension within TMA's 256
             plgpu.copy_gmem_to_smem(lat_gmem.at[row, pl.ds(slot, 1)], lat_stage.at[pl.ds(i, 1)], gathered)
-          for j in range(0 if config.whole_rows else pieces):  # one copy a piece: a TMA box is at most 256 wide
-            plgpu.copy_gmem_to_smem(lat_gmem.at[row, pl.ds(slot, 1), j], lat_stage.at[pl.ds(i, 1), j, pl.ds(0, width)],
-                                    gathered)
+          else:  # one copy a piece: a TMA box is at most 256 wide
+            for j in range(pieces):
+              plgpu.copy_gmem_to_smem(lat_gmem.at[row, pl.ds(slot, 1), j],
+                                      lat_stage.at[pl.ds(i, 1), j, pl.ds(0, width)], gathered)
           plgpu.copy_gmem_to_smem(pe_gmem.at[row, pl.ds(slot, 1)], pe_stage.at[pl.ds(i, 1)], gathered)
 
       def issue(step):  # one TMA a selected row (or piece of one)
@@ -353,7 +355,7 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
           plgpu.Barrier(num_arrivals=2),  # q~ and q_pe
           plgpu.Barrier(num_arrivals=1, num_barriers=2),  # a step's slot ids
           # a step's one-row copies (and its scales)
-          plgpu.Barrier(num_arrivals=(1 + (1 if config.whole_rows else pieces)) * e + scaled),
+          plgpu.Barrier(num_arrivals=(row_copies + 1) * e + scaled),
           plgpu.Barrier(num_arrivals=1), plgpu.Barrier(num_arrivals=2), plgpu.Barrier(num_arrivals=1),
           plgpu.Barrier(num_arrivals=1), plgpu.Barrier(num_arrivals=1),
       ],
