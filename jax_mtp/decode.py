@@ -261,14 +261,13 @@ def _parse_ids(text: str) -> list[int]:
   if not text.strip():
     return []  # "prompt i is empty", said where the prompts are checked
   items = text.split(",")
+  gap = next((i for i, item in enumerate(items) if not item.strip()), None)
+  if gap is not None:  # "1,,2" or "1,2,": an id left out is not dropped silently
+    raise _BadInput(f"--prompt-ids {text!r}: entry {gap} of {len(items)} is empty")
   try:
-    ids = [int(item) for item in items if item.strip()]
+    return [int(item) for item in items]
   except ValueError:
     raise _BadInput(f"--prompt-ids {text!r} is not a comma-separated list of integers") from None
-  if len(ids) < len(items):  # "1,,2" or "1,2,": an id left out is not dropped silently
-    gap = next(i for i, item in enumerate(items) if not item.strip())
-    raise _BadInput(f"--prompt-ids {text!r}: entry {gap} of {len(items)} is empty")
-  return ids
 
 
 def _prompts(prompt: list[str] | None, prompt_ids: list[str] | None, source: loader.Source | None,

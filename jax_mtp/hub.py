@@ -106,16 +106,16 @@ def _download(repo_id: str, filename: str, revision: str | None, optional: bool 
   import huggingface_hub  # noqa: PLC0415 — only repo ids need it
   from huggingface_hub import constants, errors  # noqa: PLC0415
   host = urllib.parse.urlparse(constants.ENDPOINT).hostname or constants.ENDPOINT
-  resolves = constants.HF_HUB_OFFLINE or _resolves(host)
+  unresolved = not constants.HF_HUB_OFFLINE and not _resolves(host)
   try:
     # A Hub whose host does not resolve (no network) would be asked five times a file, ~25 s and ten lines of
     # warnings each, before huggingface_hub looks in the cache: ask the cache alone, as HF_HUB_OFFLINE would.
-    return huggingface_hub.hf_hub_download(repo_id, filename, revision=revision, local_files_only=not resolves)
+    return huggingface_hub.hf_hub_download(repo_id, filename, revision=revision, local_files_only=unresolved)
   except errors.LocalEntryNotFoundError:  # not cached, and offline or the Hub unreachable
     if optional:
       return None
     why = ("HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else
-           f"the Hub's host {host} does not resolve" if not resolves else "the Hub did not answer")
+           f"the Hub's host {host} does not resolve" if unresolved else "the Hub did not answer")
     if filename == CONFIG_FILE:
       raise CheckpointError(f"--checkpoint {repo_id!r} is not a local directory, and as a Hugging Face repo id it is "
                             f"neither in the cache ({constants.HF_HUB_CACHE}) nor reachable ({why})") from None

@@ -23,8 +23,7 @@ import pytest
 # `--import-mode=append` keeps pytest from putting it back in front): `tests`, `benchmarks` and `tools` still import
 # from it, while `kernels` is PyPI's.
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_in_front = [p for p in sys.path if os.path.abspath(p or os.curdir) == _REPO]
-sys.path[:] = [p for p in sys.path if p not in _in_front] + [_REPO]
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _REPO] + [_REPO]
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # libtpu takes a host-wide lockfile (/tmp/libtpu_lockfile) when it loads, to keep a second process off the TPU chips;
