@@ -131,7 +131,11 @@ def round_floor_bytes(cfg, target: dict, drafter: dict, batch: int, k: int, cont
   if cfg.has_indexer and context > cfg.index_topk:
     key_dtype = jnp.dtype(cfg.index_key_dtype)
     key_bytes = cfg.index_head_dim * key_dtype.itemsize + (4 if key_dtype.itemsize == 1 else 0)  # + fp8 scale
-    entry_bytes = (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * jnp.dtype(cfg.dtype).itemsize
+    rope_bytes = cfg.qk_rope_head_dim * jnp.dtype(cfg.dtype).itemsize
+    if cfg.kv_cache_dtype == "fp8":  # e4m3 codes, an fp32 scale a group, the rope key in the compute dtype (656 B)
+      entry_bytes = cfg.kv_lora_rank + cfg.kv_lora_rank // cfg.kv_scale_group * 4 + rope_bytes
+    else:
+      entry_bytes = cfg.kv_lora_rank * jnp.dtype(cfg.mla_cache_dtype).itemsize + rope_bytes
     calls = cfg.num_hidden_layers + k + 1  # target layers once, the MTP layer k + 1 times: each reads the keys
     queries = cfg.num_hidden_layers * batch * w + batch * w + k * batch  # each reads index_topk entries
     total += calls * batch * context * key_bytes + queries * cfg.index_topk * entry_bytes

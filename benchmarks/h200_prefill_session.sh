@@ -30,6 +30,9 @@
 #   mla5     (not run yet) whether jax_triton runs on the image (tools/jax_triton_probe.py); the Mosaic sparse-MLA
 #            gather's copy variants (whole rows, 4 issuing warps): their GPU tests, then timed beside auto's config
 #            and the Triton kernel at B = 64 / 8 / 1
+#   mla6     (not run yet) after mla5 (whole rows from 4 warps the Mosaic default; auto: Mosaic from 64 queries a
+#            call, and over an fp8 cache): the GPU tests of the model's Mosaic path, the kernels at B = 1, then the
+#            verification forward at B = 64 / 256 (4K) and B = 256 × 32K, each with its kernels per part
 #   caches   (not run yet) benchmarks.e2e at a 32K prompt with vLLM's V3.2 storage (fp8 MLA cache and fp8 indexer
 #            keys; fp8 indexer keys alone), to set beside e2e3's bf16 row
 #   fp8      benchmarks.e2e with FP8 weights kept as codes: 1K and 32K prompts at B = 1, 1K at B = 64
@@ -174,6 +177,24 @@ case "${1:?stage}" in
       -k "variants or v32_widths_on_the_gpu"
     run 300 sparse_mla_mla5.md python3 -m benchmarks.sparse_mla --batch 64 8 1 --tokens 4 1 --capacity 4096 \
       --iters 10 --fp8
+    ;;
+  mla6)  # (not run yet) the new Mosaic defaults and auto rule on the verification forward (issue 27's misses)
+    run 100 gpu_tests_mla6.txt python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_sparse_mla_mgpu.py \
+      tests/test_fp8_mla_cache.py -k "v32_widths_on_the_gpu or models_attention or gpu"
+    run 80 sparse_mla_mla6.md python3 -m benchmarks.sparse_mla --batch 1 --tokens 4 1 --capacity 4096 --iters 10 --fp8
+    run 170 verify_4k_mla6.md python3 -m benchmarks.verify_forward --layers 4 -k 3 --forms absorbed --batch 64 256 \
+      --capacity 4096 --profile --iters 5
+    run 190 verify_32k_b256.md python3 -m benchmarks.verify_forward --layers 4 -k 3 --forms absorbed --batch 256 \
+      --capacity 32768 --profile --iters 5
+    ;;
+  v256)  # (not run yet) the bf16 experts at verification's 1,024 tokens (tokamax block_m 128 swept), then B = 256 ×
+         # 32K with JAX's pool at 95 % of the device (its default 75 % is 104 GiB: a 4-layer target's 68 GiB of
+         # weights and 44 GiB of caches do not fit it) and the floor assuming all experts (mla6: the routing count
+         # ran out of memory)
+    run 150 experts_verify.md python3 -m benchmarks.moe_experts --batch 256 1024 --impls tokamax_gpu --sweep \
+      --iters 10
+    run 220 verify_32k_b256.md env XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 python3 -m benchmarks.verify_forward \
+      --layers 4 -k 3 --forms absorbed --batch 256 --capacity 32768 --all-experts-touched --profile --iters 5
     ;;
   caches)  # (not run yet) vLLM's V3.2 storage on the user's path: fp8 MLA cache and fp8 indexer keys, beside bf16
     run 280 e2e_fp8_caches.md python3 -m benchmarks.e2e --prompt 32768 --batch 1 --iters 5 \

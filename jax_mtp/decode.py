@@ -91,8 +91,8 @@ def _parser() -> argparse.ArgumentParser:
                       "auto: mosaic_gpu on GPUs where it takes the model, else xla")
   p.add_argument("--sparse-attention-impl", choices=SPARSE_ATTENTION_IMPLS, default="auto",
                  help="DSA's sparse MLA attention: xla, or a fused Pallas kernel (pallas_gpu: Triton; mosaic_gpu: "
-                      "Mosaic GPU, which also reads an fp8 cache); auto: pallas_gpu on GPUs where it takes the model, "
-                      "else xla")
+                      "Mosaic GPU, which also reads an fp8 cache); auto on GPUs: mosaic_gpu from 64 queries a call "
+                      "(rows × tokens) and over an fp8 cache, pallas_gpu below, where each takes the model; else xla")
   p.add_argument("--fp8-matmul-impl", choices=FP8_MATMUL_IMPLS, default="auto",
                  help="with FP8 weights on GPUs, the kernel multiplying the codes: triton (Pallas's Triton backend) or "
                       "mosaic_gpu (Pallas Mosaic GPU); auto: triton")
@@ -295,7 +295,7 @@ def _check_kernel_impls(cfg: jax_mtp.MtpConfig, capacity: int, tp: int) -> None:
   platform = jax.default_backend()
   checks = (("--index-scores-impl", cfg.index_scores_impl, lambda: resolve_index_scores_impl(cfg, platform, capacity)),
             ("--sparse-attention-impl", cfg.sparse_attention_impl,
-             lambda: resolve_sparse_attention_impl(cfg, platform, cfg.num_attention_heads // tp)))
+             lambda: resolve_sparse_attention_impl(cfg, platform, cfg.num_attention_heads // tp, queries=1)))
   if selects_all(cfg, capacity):  # neither kernel runs: every visible slot is attended
     return
   for flag, impl, resolve in checks:

@@ -30,8 +30,7 @@ chunks, decode steps, verification, target and MTP layers). The naive and dense 
 they read (`read_latent`); the sparse form gathers the selected codes and their scales and dequantises only those,
 so it moves ~57 % of the bf16 cache's bytes (656 of 1,152 a token at V3.2's widths). The Triton sparse-MLA kernel
 reads bf16 entries (an explicit "pallas_gpu" over an fp8 cache is refused); the Mosaic GPU one ("mosaic_gpu")
-dequantises the codes in its gather warpgroup; `auto` runs XLA's sparse form over an fp8 cache (the Mosaic kernel
-ran at its speed on the H200, benchmarks/RESULTS.md).
+dequantises the codes in its gather warpgroup; `auto` runs it over an fp8 cache (`resolve_sparse_attention_impl`).
 """
 
 from __future__ import annotations
@@ -164,7 +163,8 @@ class MLAttention(nn.Module):
     same softmax as `_absorbed` with the selection mask, reading B·T·K entries instead of B·S."""
     cfg = self.cfg
     q_lat_BTNC, w_uv_CNH = self._latent_query(q_nope_BTNP)
-    impl = resolve_sparse_attention_impl(cfg, lowering_platform(), self.num_local_heads)
+    b, t = q_nope_BTNP.shape[:2]
+    impl = resolve_sparse_attention_impl(cfg, lowering_platform(), self.num_local_heads, queries=b * t)
     with jax.named_scope("sparse_attention"):  # its kernels' part in a device profile (benchmarks.step_profile)
       if impl == "xla":
         o_lat_BTNC = sparse_mla_kernel.reference(q_lat_BTNC, q_pe_BTNR, cache.latent_BSC, cache.k_pe_BSR,
@@ -188,26 +188,38 @@ class MLAttention(nn.Module):
     return _heads_from_latent(o_lat_BTNC, w_uv_CNH, dot_dtype=cfg.dtype)
 
 
-def resolve_sparse_attention_impl(cfg: MtpConfig, platform: str, local_heads: int) -> str:
-  """"xla" or a fused kernel ("pallas_gpu": kernels/sparse_mla.py on Pallas Triton, "mosaic_gpu":
-  kernels/sparse_mla_mgpu.py on Pallas Mosaic GPU) for `cfg.sparse_attention_impl`.
+# `auto` runs the Mosaic GPU kernel over a 16-bit cache from this many queries a call (B·T) up, the Triton kernel
+# below: the H200, 2026-12-03 21:40 (benchmarks/RESULTS.md, "Sparse MLA on Mosaic GPU, the gather issued by four
+# warps"): Mosaic / Triton 533 / 703 µs at B = 64, T = 4; 197 / 241 at B = 64, T = 1; 132 / 133 at B = 8, T = 4;
+# 69 / 55 at B = 8, T = 1.
+MOSAIC_MIN_QUERIES = 64
 
-  "auto": the Triton kernel on GPUs wherever it takes the model (it keeps the gathered entries and the scores out
-  of HBM; why: benchmarks/RESULTS.md, "The sparse MLA in one Pallas pass") — not with an fp8 MLA cache, whose
-  codes and scales the Triton kernel does not read (XLA's sparse form dequantises the gathered entries; the Mosaic
-  GPU kernel reads them, at XLA's speed on the H200) —, xla elsewhere (no TPU kernel: Mosaic TPU has no row gather
-  from HBM by data-dependent ids in a block). The Mosaic GPU port passes its GPU tests but measured ~0.58× the
-  Triton kernel (RESULTS, "Sparse MLA on Mosaic GPU, second pass"), so it stays explicit. An explicit kernel
-  runs as asked — on a CPU in Pallas's interpreter (tests), compiled on CUDA — unless it cannot take the model
-  (`_sparse_kernel_problems`): then a ValueError names why."""
+
+def resolve_sparse_attention_impl(cfg: MtpConfig, platform: str, local_heads: int, queries: int) -> str:
+  """"xla" or a fused kernel ("pallas_gpu": kernels/sparse_mla.py on Pallas Triton, "mosaic_gpu":
+  kernels/sparse_mla_mgpu.py on Pallas Mosaic GPU) for `cfg.sparse_attention_impl` in a call of `queries` = B·T
+  queries.
+
+  "auto" on GPUs (elsewhere xla: Mosaic TPU has no row gather from HBM by data-dependent ids in a block):
+    fp8 MLA cache   mosaic_gpu where it takes the model (it dequantises the gathered codes in shared memory; the
+                    Triton kernel reads no codes and scales): 1.1–1.7× XLA's sparse form on the H200 (RESULTS); else
+                    xla
+    16-bit cache    from MOSAIC_MIN_QUERIES queries up mosaic_gpu, else pallas_gpu; below, pallas_gpu (measured
+                    faster there); xla where neither takes the model
+  Both kernels keep the gathered entries and the scores out of HBM (why: RESULTS, "The sparse MLA in one Pallas
+  pass"). An explicit kernel runs as asked — on a CPU in Pallas's interpreter (tests), compiled on CUDA — unless
+  it cannot take the model (`_sparse_kernel_problems`, `_mosaic_sparse_problems`): then a ValueError names why."""
   impl = cfg.sparse_attention_impl
   if impl == "xla":
     return "xla"
-  problems = _sparse_kernel_problems(cfg, local_heads)
   if impl == "auto":
-    return "pallas_gpu" if platform == "gpu" and not problems else "xla"
-  if impl == "mosaic_gpu":
-    problems = _mosaic_sparse_problems(cfg)
+    if platform != "gpu":
+      return "xla"
+    takes = {"mosaic_gpu": not _mosaic_sparse_problems(cfg), "pallas_gpu": not _sparse_kernel_problems(cfg, local_heads)}
+    order = (("mosaic_gpu",) if cfg.kv_cache_dtype == "fp8" else
+             ("mosaic_gpu", "pallas_gpu") if queries >= MOSAIC_MIN_QUERIES else ("pallas_gpu",))
+    return next((kernel for kernel in order if takes[kernel]), "xla")
+  problems = _mosaic_sparse_problems(cfg) if impl == "mosaic_gpu" else _sparse_kernel_problems(cfg, local_heads)
   if problems:
     raise ValueError(f"sparse_attention_impl={impl!r} cannot run here: {'; '.join(problems)} (use 'xla' or 'auto')")
   return impl

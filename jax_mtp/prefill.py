@@ -46,17 +46,16 @@ def auto_prefill_chunk(cfg: MtpConfig, batch: int, capacity: int, local_heads: i
   (TOPK_WORDS_PER_SLOT words a slot), plus XLA's sparse attention's K gathered [latent; k_pe] entries and
   N × K fp32 scores and probabilities — or, where the fused kernel runs it (it gathers in registers), only
   its [N, C] fp32 output."""
-  if prefill_absorb(cfg, capacity):
-    k = cfg.index_topk
-    per_token = TOPK_WORDS_PER_SLOT * 4 * capacity
-    if resolve_sparse_attention_impl(cfg, lowering_platform(), local_heads) == "xla":
-      per_token += k * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * 4 + 2 * local_heads * k * 4
-    else:
-      per_token += local_heads * cfg.kv_lora_rank * 4
-  else:
-    per_token = 2 * local_heads * capacity * 4
+  def per_token(chunk: int) -> int:
+    if not prefill_absorb(cfg, capacity):
+      return 2 * local_heads * capacity * 4
+    k, topk_bytes = cfg.index_topk, TOPK_WORDS_PER_SLOT * 4 * capacity
+    if resolve_sparse_attention_impl(cfg, lowering_platform(), local_heads, queries=batch * chunk) == "xla":
+      return topk_bytes + k * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * 4 + 2 * local_heads * k * 4
+    return topk_bytes + local_heads * cfg.kv_lora_rank * 4
+
   chunk = _MAX_CHUNK
-  while chunk > _MIN_CHUNK and batch * chunk * per_token > PREFILL_CHUNK_BYTES:
+  while chunk > _MIN_CHUNK and batch * chunk * per_token(chunk) > PREFILL_CHUNK_BYTES:
     chunk //= 2
   return chunk
 

@@ -128,4 +128,20 @@ def check_caches_fit(cfg: MtpConfig, batch: int, capacity: int, devices) -> None
     raise ValueError(f"the decode caches for {batch} row(s) × {capacity:,} positions need {need / 2**30:.2f} GiB "
                      f"per device ({cfg.num_hidden_layers} target + {cfg.num_nextn_predict_layers} MTP layers, "
                      f"replicated over tp), more than the {free / 2**30:.2f} GiB free on {device}; use fewer "
-                     f"prompts, fewer new tokens, or a smaller capacity")
+                     f"prompts, fewer new tokens, or a smaller capacity{gpu_pool_hint(device)}")
+
+
+# JAX's GPU allocator takes this share of a device's memory unless XLA_PYTHON_CLIENT_MEM_FRACTION says otherwise
+# (jax's GPU memory allocation docs).
+JAX_GPU_POOL_DEFAULT = 0.75
+
+
+def gpu_pool_hint(device, environ=os.environ) -> str:
+  """On a GPU where the pool is JAX's default share: how to give JAX more of the device (on the H200 the 75 %
+  default is 104 GiB of 139: a 4-layer V3.2 target's weights and B = 256 × 32K caches need ~112 GiB, and ran with
+  XLA_PYTHON_CLIENT_MEM_FRACTION=0.95, benchmarks/RESULTS.md)."""
+  if device.platform != "gpu" or "XLA_PYTHON_CLIENT_MEM_FRACTION" in environ \
+      or environ.get("XLA_PYTHON_CLIENT_ALLOCATOR", "") == "platform":  # no pool: the driver's allocations
+    return ""
+  return (f"; or give JAX more of the GPU than its default {JAX_GPU_POOL_DEFAULT:.0%} "
+          "(e.g. XLA_PYTHON_CLIENT_MEM_FRACTION=0.95)")

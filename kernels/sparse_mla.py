@@ -46,7 +46,10 @@ KERNEL_NAME = "dsa_sparse_mla"
 BACKENDS = ("auto", "gpu", "interpret")
 MIN_DOT = 16  # Triton's tensor-core dot: every dimension ≥ 16
 BUSY_PROGRAMS = 256  # split the K slots until about this many programs run (an H200 has 132 SMs)
-MAX_SPLITS = 8  # each split writes an fp32 [N, C] partial: more would write more than the entries read
+# Each split writes an fp32 [N, C] partial, so 16 write more than a query's entries read; still 16 measured fastest
+# where one query's programs would otherwise leave the GPU idle (H200, 2026-12-03 21:58, benchmarks/RESULTS.md: B = 1,
+# T = 1: 29.7 µs at 16 splits against 39.8 at 8; B = 1, T = 4: 41.5 against 80.1).
+MAX_SPLITS = 16
 _NEG_INIT = -1e30  # the running max starts finite: exp(−∞ − (−∞)) would be NaN
 
 

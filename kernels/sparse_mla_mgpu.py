@@ -59,14 +59,14 @@ class Config:
   # B = 64, T = 1; 198 vs 231 at B = 8, T = 4; slower at B = 8, T = 1 and B = 1, T = 4)
   contiguous_relayout: bool | None = None
   splits: int = 0  # CTAs per (query, head block), each over K / splits of its selected slots
-  # The gather's copies (not yet timed on the H200: benchmarks.sparse_mla times both beside the default).
-  # whole_rows: a latent row in one TMA copy (a [1, pieces, 256] box) instead of one a 256-wide piece: 2 copies an
-  # entry instead of 3 at V3.2's widths. issue_warps: the copies issued by this many warps of the gather warpgroup
-  # (plgpu.warp_map, each warp a share of the rows) instead of one thread: a step's 192 copies were issued one
-  # after another: the measured 1,178 µs at B = 64, T = 4 (RESULTS) is ~9 µs a 64-entry step, where the step's
-  # dots at the tensor cores' rate would take ~1 µs (an estimate from the FLOPs, not a profile).
-  whole_rows: bool = False
-  issue_warps: int = 1
+  # The gather's copies. whole_rows: a latent row in one TMA copy (a [1, pieces, 256] box) instead of one a 256-wide
+  # piece: 2 copies an entry instead of 3 at V3.2's widths. issue_warps: the copies issued by this many warps of the
+  # gather warpgroup (plgpu.warp_map, each warp a share of the rows) instead of one thread, which issued a step's
+  # 192 copies one after another. Both on by default: on the H200 (2026-12-03 21:40, benchmarks/RESULTS.md) whole
+  # rows from 4 warps took 533 µs at B = 64, T = 4 against 1,239 µs for 3 copies an entry from one thread (0.38 of
+  # the floor against 0.16), and were the fastest of the four forms at every B and T timed.
+  whole_rows: bool = True
+  issue_warps: int = 4
 
 
 def config_for(queries: int, heads: int, entries: int, config: Config | None = None, busy: int = BUSY_CTAS) -> Config:

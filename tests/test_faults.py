@@ -102,6 +102,27 @@ def test_caches_that_cannot_fit_are_refused_before_allocating(clean):
     spec.generate(spec.shard(target, mtp), [[1]] * rows, 4, capacity=CFG.max_position_embeddings)
 
 
+def test_the_cache_error_on_a_gpu_names_jaxs_pool(monkeypatch):
+  """On a GPU under JAX's default pool (75 % of the device) the error says how to give JAX more; not where the
+  fraction is set, nor on other platforms (a stand-in device: only its platform and memory stats are read)."""
+  from jax_mtp.request import check_caches_fit, gpu_pool_hint  # noqa: PLC0415
+
+  class Gpu:
+    platform, process_index = "gpu", 0
+
+    def memory_stats(self):
+      return {"bytes_limit": 2**30, "bytes_in_use": 0}
+
+  monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+  monkeypatch.delenv("XLA_PYTHON_CLIENT_ALLOCATOR", raising=False)
+  with pytest.raises(ValueError, match=r"more than the 1.00 GiB free on .*XLA_PYTHON_CLIENT_MEM_FRACTION=0.95"):
+    check_caches_fit(CFG, 1, 2**30, [Gpu()])
+  assert "75%" in gpu_pool_hint(Gpu(), environ={})
+  assert gpu_pool_hint(Gpu(), environ={"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.9"}) == ""
+  assert gpu_pool_hint(Gpu(), environ={"XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}) == ""
+  assert gpu_pool_hint(jax.devices()[0], environ={}) == ""  # a CPU device
+
+
 def test_unwritable_targets_are_one_clear_error_and_nothing_is_written(clean, tmp_path):
   import subprocess  # noqa: PLC0415
   import sys  # noqa: PLC0415

@@ -14,7 +14,7 @@ import pytest
 import jax_mtp
 from jax_mtp.kernels.sparse_mla import KERNEL_NAME, Config, combine_splits, sparse_mla, splits_for
 from jax_mtp.kernels.sparse_mla import reference as sparse_mla_reference
-from jax_mtp.mla import resolve_sparse_attention_impl
+from jax_mtp.mla import MOSAIC_MIN_QUERIES, resolve_sparse_attention_impl
 from tests.conftest import FULL_ONLY, FULL_TESTS
 from tests.sparse_mla_cases import assert_models_attention_equals_xlas, formula, problem
 from tests.lowered_step import mtp_step_module
@@ -79,7 +79,8 @@ def test_combine_splits_is_the_softmax_over_all_entries():
 
 
 def test_splits_fill_the_machine_at_small_batches_only():
-  assert splits_for(queries=1, head_blocks=4, entries=2048, block_entries=32) == 8  # B = 1: at most MAX_SPLITS
+  assert splits_for(queries=1, head_blocks=4, entries=2048, block_entries=32) == 16  # B = 1: at most MAX_SPLITS
+  assert splits_for(queries=4, head_blocks=4, entries=2048, block_entries=64) == 16  # B = 1, T = 4: 256 programs
   assert splits_for(queries=8, head_blocks=4, entries=2048, block_entries=32) == 8  # 32 programs → 256
   assert splits_for(queries=64, head_blocks=4, entries=2048, block_entries=32) == 1  # 256 programs already
   assert splits_for(queries=1, head_blocks=1, entries=32, block_entries=16) == 2  # no more chunks than that
@@ -107,14 +108,23 @@ def _kernel_cfg(**overrides):
 
 
 def test_resolution_table():
-  assert resolve_sparse_attention_impl(_kernel_cfg(), "gpu", 16) == "pallas_gpu"  # auto on a GPU
-  assert resolve_sparse_attention_impl(_kernel_cfg(), "tpu", 16) == "xla"  # no TPU kernel
-  assert resolve_sparse_attention_impl(_kernel_cfg(), "cpu", 16) == "xla"
-  assert resolve_sparse_attention_impl(_kernel_cfg(), "gpu", 8) == "xla"  # auto: heads the kernel cannot take
-  assert resolve_sparse_attention_impl(_kernel_cfg(sparse_attention_impl="pallas_gpu"), "cpu", 16) == "pallas_gpu"
-  assert resolve_sparse_attention_impl(_kernel_cfg(sparse_attention_impl="xla"), "gpu", 16) == "xla"
+  few = MOSAIC_MIN_QUERIES - 1
+  assert resolve_sparse_attention_impl(_kernel_cfg(), "gpu", 16, few) == "pallas_gpu"  # auto on a GPU, few queries
+  assert resolve_sparse_attention_impl(_kernel_cfg(), "tpu", 16, few) == "xla"  # no TPU kernel
+  assert resolve_sparse_attention_impl(_kernel_cfg(), "cpu", 16, few) == "xla"
+  assert resolve_sparse_attention_impl(_kernel_cfg(), "gpu", 8, few) == "xla"  # auto: heads the kernel cannot take
+  # from MOSAIC_MIN_QUERIES up the Mosaic kernel where it takes the model; here (a 16-wide rope) it does not
+  assert resolve_sparse_attention_impl(_kernel_cfg(), "gpu", 16, MOSAIC_MIN_QUERIES) == "pallas_gpu"
+  wide = _kernel_cfg().replace(qk_rope_head_dim=64, index_head_dim=64, kv_lora_rank=128)
+  assert resolve_sparse_attention_impl(wide, "gpu", 16, MOSAIC_MIN_QUERIES) == "mosaic_gpu"
+  assert resolve_sparse_attention_impl(wide, "gpu", 16, few) == "pallas_gpu"
+  assert resolve_sparse_attention_impl(wide, "gpu", 8, MOSAIC_MIN_QUERIES) == "mosaic_gpu"  # any head count
+  assert resolve_sparse_attention_impl(wide, "gpu", 8, few) == "xla"
+  explicit = _kernel_cfg(sparse_attention_impl="pallas_gpu")
+  assert resolve_sparse_attention_impl(explicit, "cpu", 16, MOSAIC_MIN_QUERIES) == "pallas_gpu"
+  assert resolve_sparse_attention_impl(_kernel_cfg(sparse_attention_impl="xla"), "gpu", 16, MOSAIC_MIN_QUERIES) == "xla"
   with pytest.raises(ValueError, match="float32.*qk_rope_head_dim=8 is not a power of two ≥ 16.*8 heads.*index_topk=4"):
-    resolve_sparse_attention_impl(jax_mtp.tiny(sparse_attention_impl="pallas_gpu"), "gpu", 8)
+    resolve_sparse_attention_impl(jax_mtp.tiny(sparse_attention_impl="pallas_gpu"), "gpu", 8, 1)
   with pytest.raises(jax_mtp.ConfigError, match="sparse_attention_impl='flashmla'"):
     jax_mtp.tiny(sparse_attention_impl="flashmla")
 

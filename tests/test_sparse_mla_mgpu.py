@@ -16,7 +16,7 @@ import jax_mtp
 from jax_mtp.kernels.sparse_mla import KERNEL_NAME as TRITON_KERNEL
 from jax_mtp.kernels.sparse_mla import dequantize_latent, reference
 from jax_mtp.kernels.sparse_mla_mgpu import KERNEL_NAME, Config, config_for, sparse_mla_mgpu
-from jax_mtp.mla import quantize_latent, resolve_sparse_attention_impl
+from jax_mtp.mla import MOSAIC_MIN_QUERIES, quantize_latent, resolve_sparse_attention_impl
 from tests.lowered_step import mtp_step_module
 from tests.sparse_mla_cases import assert_models_attention_equals_xlas, formula, problem
 from tests.tolerances import assert_close
@@ -47,12 +47,13 @@ def test_the_contiguous_relayout_equals_the_formula_and_xla(t):
   assert_close(got, xla, "bfloat16", what="contiguous re-layout vs XLA")
 
 
-@pytest.mark.parametrize("gather", [dict(whole_rows=True), dict(issue_warps=4), dict(whole_rows=True, issue_warps=2)],
-                         ids=["whole rows", "4 issuing warps", "whole rows, 2 issuing warps"])
+@pytest.mark.parametrize("gather", [dict(whole_rows=False, issue_warps=1), dict(whole_rows=False), dict(issue_warps=2)],
+                         ids=["a copy a piece, one thread", "a copy a piece, 4 issuing warps", "whole rows, 2 warps"])
 @pytest.mark.parametrize("t,fp8", [(1, False), (3, True)])
 def test_the_gathers_copy_variants_equal_the_formula(gather, t, fp8):
-  """Config.whole_rows (a latent row in one TMA box) and Config.issue_warps (the row copies issued from several
-  warps through plgpu.warp_map) at V3.2's widths, bf16 and fp8 caches: every row lands where the dots read it."""
+  """Config.whole_rows (a latent row in one TMA box; else a copy a 256-wide piece) and Config.issue_warps (the row
+  copies issued from several warps through plgpu.warp_map) in the forms other than the default (whole rows, 4
+  warps), at V3.2's widths, bf16 and fp8 caches: every row lands where the dots read it."""
   q_lat, q_pe, latent, k_pe, slots, valid = problem(2, t, 64, 512, 64, 192, 128, "bfloat16", seed=7 + t)
   codes, scales = quantize_latent(latent, 128) if fp8 else (latent, None)
   values = dequantize_latent(codes, scales, jnp.bfloat16) if fp8 else latent
@@ -108,9 +109,13 @@ def test_a_16_bit_output_is_the_fp32_output_rounded(splits):
   np.testing.assert_array_equal(np.asarray(got), np.asarray(call().astype(jnp.bfloat16)))
 
 
+LOWERED_CONFIGS = {"bfloat16": Config(), "fp8": Config(), "bfloat16, contiguous re-layout": Config(contiguous_relayout=True),
+                   "bfloat16, a copy a piece from one thread": Config(whole_rows=False, issue_warps=1),
+                   "fp8, a copy a piece from one thread": Config(whole_rows=False, issue_warps=1)}
+
+
 @pytest.mark.parametrize("b,t", [(1, 1), (2, 4), (64, 4)])
-@pytest.mark.parametrize("cache", ["bfloat16", "fp8", "bfloat16, contiguous re-layout", "bfloat16, whole rows",
-                                   "fp8, whole rows, 4 issuing warps"])
+@pytest.mark.parametrize("cache", LOWERED_CONFIGS)
 def test_kernel_lowers_for_cuda_at_v32_widths(b, t, cache):
   """The Mosaic GPU lowering (one-row TMA copies, the staging re-layout and the fp8 dequantisation, wgmma operands,
   shared memory checked against the H200's limit) at 128 heads × 512 + 64, top-2048 of a 32K cache."""
@@ -118,8 +123,7 @@ def test_kernel_lowers_for_cuda_at_v32_widths(b, t, cache):
   shapes = [((b, t, 128, 512), jnp.bfloat16), ((b, t, 128, 64), jnp.bfloat16),
             ((b, 32768, 512), jnp.float8_e4m3fn if fp8 else jnp.bfloat16), ((b, 32768, 64), jnp.bfloat16),
             ((b, t, 2048), jnp.int32), ((b, 32768, 4), jnp.float32)]
-  config = Config(contiguous_relayout="contiguous" in cache, whole_rows="whole rows" in cache,
-                  issue_warps=4 if "4 issuing" in cache else 1)
+  config = LOWERED_CONFIGS[cache]
   fn = jax.jit(lambda *a: sparse_mla_mgpu(*a[:5], 512**-0.5, latent_scale_BSG=a[5] if fp8 else None,
                                           out_dtype=jnp.bfloat16, config=config))
   text = fn.trace(*(jax.ShapeDtypeStruct(*x) for x in shapes)).lower(lowering_platforms=("cuda",)).as_text()
@@ -191,10 +195,20 @@ def _kernel_cfg(**overrides):
 
 
 def test_resolution():
-  assert resolve_sparse_attention_impl(_kernel_cfg(sparse_attention_impl="mosaic_gpu"), "gpu", 16) == "mosaic_gpu"
-  assert resolve_sparse_attention_impl(_kernel_cfg(sparse_attention_impl="mosaic_gpu"), "gpu", 8) == "mosaic_gpu"
+  for queries in (1, 256):  # an explicit kernel whatever the query count
+    assert resolve_sparse_attention_impl(_kernel_cfg(sparse_attention_impl="mosaic_gpu"), "gpu", 16, queries) == "mosaic_gpu"
+    assert resolve_sparse_attention_impl(_kernel_cfg(sparse_attention_impl="mosaic_gpu"), "gpu", 8, queries) == "mosaic_gpu"
   with pytest.raises(ValueError, match="float32.*kv_lora_rank=16 is not a multiple of 128 up to 512; qk_rope_head_dim=8"):
-    resolve_sparse_attention_impl(jax_mtp.tiny(sparse_attention_impl="mosaic_gpu"), "gpu", 8)
+    resolve_sparse_attention_impl(jax_mtp.tiny(sparse_attention_impl="mosaic_gpu"), "gpu", 8, 1)
+
+
+@pytest.mark.parametrize("batch,kernel", [(MOSAIC_MIN_QUERIES, "mosaic"), (MOSAIC_MIN_QUERIES // 2, "triton")])
+def test_auto_picks_the_kernel_by_queries_in_the_lowered_step(batch, kernel):
+  """`auto` in the MTP draft step exported for an H200 (T = 1: B queries): the Mosaic kernel from
+  MOSAIC_MIN_QUERIES queries, the Triton kernel below, and never both."""
+  module = mtp_step_module(_kernel_cfg(), "cuda", batch, 64)
+  mosaic, triton = KERNEL_NAME in module, TRITON_KERNEL in module.replace(KERNEL_NAME, "")
+  assert (mosaic, triton) == ((True, False) if kernel == "mosaic" else (False, True))
 
 
 def test_the_kernel_is_in_the_lowered_step_when_asked_for():
