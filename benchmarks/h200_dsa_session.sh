@@ -23,7 +23,7 @@ if [ "$stage" = steps ]; then
   timeout 240 python3 -m benchmarks.mtp_step --preset deepseek_v32 --batch 1 8 64 --capacity 4096 32768 131072 \
     --iters 10 2>&1 | tee "$OUT/mtp_step_dsa.md"
   timeout 120 python3 -m benchmarks.mtp_step --preset deepseek_v32 --batch 8 64 --capacity 131072 \
-    --index-cache-dtype float8_e4m3fn --iters 10 2>&1 | tee "$OUT/mtp_step_dsa_fp8.md"
+    --index-cache-dtype fp8 --iters 10 2>&1 | tee "$OUT/mtp_step_dsa_fp8.md"
 fi
 if [ "$stage" = long ]; then
   timeout 200 python3 -m benchmarks.long_prefill --layers 2 --prompt 32768 --max-new 8 -k 3 \

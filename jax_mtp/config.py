@@ -22,7 +22,7 @@ SUPPORTED_MODEL_TYPES = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa")
 # How the routed experts run: "auto" picks per platform and token count (jax_mtp.experts).
 MOE_IMPLS = ("auto", "gather", "ragged_dot", "tokamax_gpu", "tokamax_tpu", "fp8_grouped_gpu")
 DTYPES = ("float32", "bfloat16", "float16")  # compute (`dtype`) and parameter (`param_dtype`) dtypes
-INDEX_CACHE_DTYPES = ("auto", *DTYPES, "float8_e4m3fn")
+INDEX_CACHE_DTYPES = ("auto", *DTYPES, "fp8")  # fp8: e4m3 keys + one fp32 scale a token, as kv_cache_dtype names it
 INDEX_SCORES_IMPLS = ("auto", "xla", "mosaic_gpu", "pallas_tpu")
 SPARSE_ATTENTION_IMPLS = ("auto", "xla", "pallas_gpu", "mosaic_gpu")
 # FP8 weights' matmuls straight from the codes on GPUs (kernels/fp8_grouped_matmul.py: "triton", Pallas's Triton
@@ -108,8 +108,9 @@ class MtpConfig:
   dtype: str = "bfloat16"  # activations
   param_dtype: str = "bfloat16"
   moe_impl: str = "auto"  # routed experts' implementation, one of MOE_IMPLS (jax_mtp.experts)
-  # The DSA indexer's key cache: "auto" = `dtype`; "float8_e4m3fn" stores e4m3 keys with one fp32
-  # scale per token, as vLLM does (a quarter of fp32's bytes; the keys are read whole every step).
+  # The DSA indexer's key cache: "auto" = `dtype`; a float dtype; "fp8" stores float8_e4m3fn keys with one fp32
+  # scale per token, as vLLM does (a quarter of fp32's bytes; the keys are read whole every step). "fp8" as
+  # kv_cache_dtype names the MLA cache's fp8 layout.
   index_cache_dtype: str = "auto"
   # Prompt tokens per row per prefill call (jax_mtp.prefill); 0 = sized to PREFILL_CHUNK_BYTES.
   prefill_chunk: int = 0
@@ -145,8 +146,8 @@ class MtpConfig:
 
   @property
   def index_key_dtype(self) -> str:
-    """The indexer key cache's storage dtype (`index_cache_dtype`, "auto" resolved)."""
-    return self.dtype if self.index_cache_dtype == "auto" else self.index_cache_dtype
+    """The indexer key cache's storage dtype (`index_cache_dtype`: "auto" the compute dtype, "fp8" float8_e4m3fn)."""
+    return {"auto": self.dtype, "fp8": "float8_e4m3fn"}.get(self.index_cache_dtype, self.index_cache_dtype)
 
   @property
   def mla_cache_dtype(self) -> str:

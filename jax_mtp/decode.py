@@ -43,8 +43,7 @@ from jax_mtp.sharding import make_mesh, validate_tp
 from jax_mtp.speculative import SpecParams, SpecResult, Speculator
 from jax_mtp.tokenizer import TextCodec, eos_token_ids
 
-# --index-cache-dtype's values, as `MtpConfig.index_cache_dtype` names them
-INDEX_CACHE_FLAGS = {"auto": "auto", "bfloat16": "bfloat16", "fp8": "float8_e4m3fn"}
+INDEX_CACHE_FLAGS = ("auto", "bfloat16", "fp8")  # --index-cache-dtype's values: MtpConfig.index_cache_dtype's names
 DEFAULT_PROMPT = "1,2,3,4,5,6,7,8"  # token ids, for --random-tiny and checkpoints
 DEFAULT_TEXT = "def fibonacci(n):\n"  # the embedded default's prompt
 
@@ -99,9 +98,8 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
                  help="the MLA cache: auto (default): the compute dtype; bfloat16; fp8: e4m3 latent + one fp32 scale "
                       "per 128 values + the rope key in the compute dtype (656 bytes a token at V3.2's widths against "
-                      "1,152 in bf16; vLLM's fp8_ds_mla); the sparse attention then runs in XLA, or in the Mosaic GPU "
-                      "kernel with --sparse-attention-impl mosaic_gpu")
-  p.add_argument("--index-cache-dtype", choices=tuple(INDEX_CACHE_FLAGS), default="auto",
+                      "1,152 in bf16; vLLM's fp8_ds_mla); on GPUs the Mosaic GPU sparse-MLA kernel reads it")
+  p.add_argument("--index-cache-dtype", choices=INDEX_CACHE_FLAGS, default="auto",
                  help="the DSA indexer's key cache, read whole at every step: auto (default): the compute dtype; "
                       "bfloat16; fp8: e4m3 keys + one fp32 scale a token (132 bytes a token at V3.2's widths against "
                       "256 in bf16: half the indexer's bytes at long context; how vLLM and DeepSeek's inference code "
@@ -330,7 +328,7 @@ def with_flags(cfg: jax_mtp.MtpConfig, args: argparse.Namespace) -> jax_mtp.MtpC
                     f"model ({cfg.model_type}) has no indexer")
   return cfg.replace(moe_impl=args.moe_impl, index_scores_impl=args.index_scores_impl,
                      sparse_attention_impl=args.sparse_attention_impl, kv_cache_dtype=args.kv_cache_dtype,
-                     index_cache_dtype=INDEX_CACHE_FLAGS[args.index_cache_dtype], prefill_chunk=args.prefill_chunk,
+                     index_cache_dtype=args.index_cache_dtype, prefill_chunk=args.prefill_chunk,
                      fp8_matmul_impl=args.fp8_matmul_impl)
 
 

@@ -148,8 +148,8 @@ def _bytes_per_token(layer: jax_mtp.LayerCache, *fields: str) -> int:
 
 
 @pytest.mark.parametrize("kv,index,mla_bytes,index_bytes", [("fp8", "auto", 656, 256), ("auto", "auto", 1152, 256),
-                                                            ("bfloat16", "float8_e4m3fn", 1152, 132),
-                                                            ("fp8", "float8_e4m3fn", 656, 132)])
+                                                            ("bfloat16", "fp8", 1152, 132),
+                                                            ("fp8", "fp8", 656, 132)])
 def test_cache_bytes_per_token_at_v32_widths(kv, index, mla_bytes, index_bytes):
   """A V3.2 layer's MLA cache is 512 e4m3 + 4 fp32 scales + 64 bf16 rope values = 656 bytes a token in fp8,
   (512 + 64) · 2 = 1,152 in bf16; the indexer's keys (128 bf16, or 128 e4m3 + one fp32 scale) apart.

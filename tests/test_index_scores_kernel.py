@@ -63,10 +63,10 @@ def _kernel_cfg(**overrides):
 def test_resolution_table():
   # auto on GPUs: the Mosaic GPU kernel where it takes the model (measured ahead of Triton's on an H200) ...
   assert resolve_index_scores_impl(_kernel_cfg(), "gpu", 512) == "mosaic_gpu"
-  assert resolve_index_scores_impl(_kernel_cfg(index_cache_dtype="float8_e4m3fn", index_head_dim=32), "gpu",
+  assert resolve_index_scores_impl(_kernel_cfg(index_cache_dtype="fp8", index_head_dim=32), "gpu",
                                    512) == "mosaic_gpu"
   # ... else XLA: models only the removed Triton kernel took ...
-  for triton_only in (_kernel_cfg(index_cache_dtype="float8_e4m3fn"),  # fp8 keys of head dim 16
+  for triton_only in (_kernel_cfg(index_cache_dtype="fp8"),  # fp8 keys of head dim 16
                       _kernel_cfg(index_cache_dtype="float32"),  # keys neither the model's dtype nor float8
                       _kernel_cfg(index_n_heads=272)):  # more heads than a wgmma's N
     assert resolve_index_scores_impl(triton_only, "gpu", 512) == "xla"
@@ -103,7 +103,7 @@ def test_the_kernel_is_in_the_lowered_tpu_step_when_asked_for_and_in_no_auto_ste
 def test_auto_gives_a_cuda_step_the_mosaic_kernel_does_not_take_xlas_scores():
   """float8 keys of head dim 16: the Mosaic GPU kernel widens float8 keys of head dims in multiples of 32 only; no
   Pallas kernel in the step."""
-  module = mtp_step_module(_kernel_cfg(index_cache_dtype="float8_e4m3fn"), "cuda", 2, 512)
+  module = mtp_step_module(_kernel_cfg(index_cache_dtype="fp8"), "cuda", 2, 512)
   assert KERNEL_NAME not in module and MGPU_KERNEL not in module
 
 

@@ -109,10 +109,10 @@ def test_the_kernel_is_in_the_clis_lowered_step_when_asked_for():
   assert KERNEL_NAME in auto_cuda and TRITON_KERNEL not in auto_cuda
   assert KERNEL_NAME not in mtp_step_module(_model_cfg(index_scores_impl="auto"), "tpu", 2, 512)
   assert resolve_index_scores_impl(_model_cfg(), "gpu", 512) == "mosaic_gpu"
-  fp8_keys_cfg = _model_cfg(index_cache_dtype="float8_e4m3fn", index_head_dim=32)
+  fp8_keys_cfg = _model_cfg(index_cache_dtype="fp8", index_head_dim=32)
   assert resolve_index_scores_impl(fp8_keys_cfg, "gpu", 512) == "mosaic_gpu"
   assert KERNEL_NAME in mtp_step_module(fp8_keys_cfg, "cuda", 2, 512)
-  fp8_keys_16 = _model_cfg(index_cache_dtype="float8_e4m3fn", index_head_dim=16)
+  fp8_keys_16 = _model_cfg(index_cache_dtype="fp8", index_head_dim=16)
   with pytest.raises(ValueError, match="float8 keys of a head dim that is a multiple of 32, not index_head_dim=16"):
     resolve_index_scores_impl(fp8_keys_16, "gpu", 512)
   assert resolve_index_scores_impl(fp8_keys_16.replace(index_scores_impl="auto"), "gpu", 512) == "xla"

@@ -124,7 +124,7 @@ def test_fp8_key_scores_track_fp32_keys():
 def test_fp8_index_cache_speculative_equals_plain_greedy():
   """With e4m3 indexer keys (vLLM's storage) the cache holds e4m3 + scales, and speculative decoding
   still equals plain greedy decoding token for token (both read the same quantised keys)."""
-  cfg = jax_mtp.tiny(vocab_size=32, index_cache_dtype="float8_e4m3fn")
+  cfg = jax_mtp.tiny(vocab_size=32, index_cache_dtype="fp8")
   cache = jax_mtp.init_caches(cfg, 1, 8)[0]
   assert cache.index_k_BSJ.dtype == jnp.float8_e4m3fn and cache.index_k_scale_BS.shape == (1, 8)
   assert jax_mtp.init_caches(jax_mtp.tiny(), 1, 8)[0].index_k_scale_BS is None
