@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from typing import NamedTuple
 
@@ -112,6 +113,11 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--check", action="store_true",
                  help="also decode with the target alone and compare; exit 1 if the outputs differ (2 is bad input)")
   p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+  p.add_argument("--gpu-memory-fraction", type=float, default=None, metavar="F",
+                 help="the share of each GPU's memory JAX may take, in (0, 1] (sets XLA_PYTHON_CLIENT_MEM_FRACTION "
+                      "before JAX starts, as vLLM's --gpu-memory-utilization); default: JAX's own (0.75 unless that "
+                      "variable is set). Long contexts at large batches need more: on an H200 a 4-layer V3.2 target "
+                      "with B = 256 × 32K caches ran at 0.95")
   distributed.add_arguments(p)
   return p
 
@@ -164,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
   try:
     args = _parser().parse_args(argv)
     distributed.validate(args)  # the process flags' own consistency, before they configure JAX
+    set_gpu_memory_fraction(args.gpu_memory_fraction)
     for name, value in jax_settings(args).items():  # the only JAX config the CLI sets, before JAX starts
       try:
         jax.config.update(name, value)
@@ -187,6 +194,17 @@ def main(argv: list[str] | None = None) -> int:
     return exit_code(result)
   return print_result(result, as_json=request.settings.json, model_line=_model_line(request.settings, built.cfg),
                       prompts=request.prompts, texts=request.texts, codec=request.codec, streamed=streamed)
+
+
+def set_gpu_memory_fraction(fraction: float | None, environ=os.environ) -> None:
+  """--gpu-memory-fraction: JAX reads XLA_PYTHON_CLIENT_MEM_FRACTION when it creates its GPU client, so this runs
+  before anything touches a device (in a process where JAX already runs, e.g. a notebook, it changes nothing: set
+  the variable before JAX starts there)."""
+  if fraction is None:
+    return
+  if not 0 < fraction <= 1:  # also NaN
+    raise _BadInput(f"--gpu-memory-fraction={fraction} must be in (0, 1]")
+  environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = str(fraction)
 
 
 def jax_settings(args: argparse.Namespace) -> dict:

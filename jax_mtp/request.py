@@ -143,5 +143,5 @@ def gpu_pool_hint(device, environ=os.environ) -> str:
   if device.platform != "gpu" or "XLA_PYTHON_CLIENT_MEM_FRACTION" in environ \
       or environ.get("XLA_PYTHON_CLIENT_ALLOCATOR", "") == "platform":  # no pool: the driver's allocations
     return ""
-  return (f"; or give JAX more of the GPU than its default {JAX_GPU_POOL_DEFAULT:.0%} "
-          "(e.g. XLA_PYTHON_CLIENT_MEM_FRACTION=0.95)")
+  return (f"; or give JAX more of the GPU than its default {JAX_GPU_POOL_DEFAULT:.0%} (the CLI's "
+          "--gpu-memory-fraction 0.95; elsewhere XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 before JAX starts)")

@@ -105,6 +105,9 @@ def test_sampling_is_seeded(capsys):
     (["--sparse-attention-impl", "mosaic_gpu"], "--sparse-attention-impl=mosaic_gpu runs on gpu; this machine's JAX"),
     (["--sparse-attention-impl", "flash"], "'flash'"),
     (["--prefill-chunk", "-2"], "prefill_chunk=-2 must be a whole number of tokens"),
+    (["--gpu-memory-fraction", "0"], "--gpu-memory-fraction=0.0 must be in (0, 1]"),
+    (["--gpu-memory-fraction", "1.5"], "--gpu-memory-fraction=1.5 must be in (0, 1]"),
+    (["--gpu-memory-fraction", "nan"], "--gpu-memory-fraction=nan must be in (0, 1]"),
 ])
 def test_bad_input_returns_2_with_one_error_line(capsys, argv, named):
   """Bad input returns 2, prints nothing on stdout and one `error: ...` line naming the value (of the
@@ -114,6 +117,17 @@ def test_bad_input_returns_2_with_one_error_line(capsys, argv, named):
   assert out == ""
   lines = err.splitlines()
   assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], err
+
+
+def test_gpu_memory_fraction_sets_jaxs_variable(capsys, monkeypatch):
+  """--gpu-memory-fraction sets XLA_PYTHON_CLIENT_MEM_FRACTION (read when JAX creates its GPU client) and the run
+  goes on; without the flag the variable is left as it was."""
+  monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+  assert decode.main(["--random-tiny", "--max-new-tokens", "2"]) == 0
+  assert "XLA_PYTHON_CLIENT_MEM_FRACTION" not in os.environ
+  assert decode.main(["--random-tiny", "--max-new-tokens", "2", "--gpu-memory-fraction", "0.9"]) == 0
+  assert os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.9"
+  capsys.readouterr()
 
 
 @pytest.mark.parametrize("as_json", [False, True])

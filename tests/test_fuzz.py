@@ -105,6 +105,7 @@ _FLAGS = {
     "--prefill-chunk": st.sampled_from(["0", "1", "3", "-5"]),
     "--weights": st.sampled_from(["auto", "auto", "fp8", "bf16"]),
     "--heartbeat-timeout": st.sampled_from(["0", "5"]),
+    "--gpu-memory-fraction": _mostly(st.sampled_from(["0.5", "0.95", "1"]), st.sampled_from(["0", "1.5", "nan", "x"])),
 }
 _SWITCHES = ["--json", "--check", "--ignore-eos", "--ignore-eos", "--bogus-flag"]
 
