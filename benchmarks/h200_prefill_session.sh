@@ -21,18 +21,20 @@
 #   mla2     the same after the jax 0.11.2 fix (13:40: every compiled Mosaic sparse-MLA test failed lowering on 0.11.2)
 #   mla3     the same, without the staging padding (14:00: CUDA_ERROR_MISALIGNED_ADDRESS: TMA destinations 128 B apart)
 #   mla4     (not run yet) all the Mosaic sparse-MLA GPU tests; Config.contiguous_relayout timed beside the rest
-#   e2e5     (not run yet) benchmarks.e2e at 32K / 8K with the Mosaic index scores under auto; B = 256 × 32K verify
+#   e2e5     (superseded: B = 256 × 32K ran in v256, e2e at B = 1 is in small) e2e at 32K / 8K; B = 256 × 32K
 #   fp8mg    the Mosaic GPU FP8 grouped matmul's tests and its speed beside the Triton kernel; mla4's failures
 #   fp8mg2   the same after the 8-row-aligned tiles (16:56: 21 of 21 tests passed)
-#   fp8mg3   (not run yet) the Mosaic FP8 kernel's shared output staging and two-subtile variants, timed; the
-#            bf16 experts at verification's 1,024 tokens with tokamax's block_m 128 (issue 27: 0.77 of their floor)
+#   fp8mg3   (not run yet) the Mosaic FP8 kernel's shared output staging and two-subtile variants, timed (the bf16
+#            experts' block_m 128 sweep it also held ran in v256)
 #   fp8e2e   (not run yet) benchmarks.e2e with FP8 weights through the Triton and the Mosaic FP8 kernels
-#   mla5     (not run yet) whether jax_triton runs on the image (tools/jax_triton_probe.py); the Mosaic sparse-MLA
+#   mla5     (21:37) whether jax_triton runs on the image (tools/jax_triton_probe.py); the Mosaic sparse-MLA
 #            gather's copy variants (whole rows, 4 issuing warps): their GPU tests, then timed beside auto's config
 #            and the Triton kernel at B = 64 / 8 / 1
-#   mla6     (not run yet) after mla5 (whole rows from 4 warps the Mosaic default; auto: Mosaic from 64 queries a
+#   mla6     (21:58) after mla5 (whole rows from 4 warps the Mosaic default; auto: Mosaic from 64 queries a
 #            call, and over an fp8 cache): the GPU tests of the model's Mosaic path, the kernels at B = 1, then the
 #            verification forward at B = 64 / 256 (4K) and B = 256 × 32K, each with its kernels per part
+#   v256     (22:10) the bf16 experts at 1,024 tokens (tokamax block configs swept); B = 256 × 32K verification
+#   small    (not run yet) the Triton sparse-MLA kernel at B = 1 after MAX_SPLITS 16, GPU tests, e2e at B = 1
 #   caches   (not run yet) benchmarks.e2e at a 32K prompt with vLLM's V3.2 storage (fp8 MLA cache and fp8 indexer
 #            keys; fp8 indexer keys alone), to set beside e2e3's bf16 row
 #   fp8      benchmarks.e2e with FP8 weights kept as codes: 1K and 32K prompts at B = 1, 1K at B = 64
@@ -131,7 +133,7 @@ case "${1:?stage}" in
     run 240 sparse_mla_mla4.md python3 -m benchmarks.sparse_mla --batch 64 8 1 --tokens 4 1 --capacity 4096 \
       --iters 10 --fp8
     ;;
-  e2e5)  # (not run yet) the user's path with the Mosaic index scores under auto; B = 256 × 32K verification
+  e2e5)  # (superseded by v256 and small) the user's path with the Mosaic index scores under auto; B = 256 × 32K verification
     run 300 e2e_mgpu.md python3 -m benchmarks.e2e --prompt 32768 8192 --batch 1 --profile --iters 5 \
       --out "$OUT/e2e_mgpu.json"
     run 250 verify_32k_b256.md python3 -m benchmarks.verify_forward --layers 4 -k 3 --forms absorbed --batch 256 \
@@ -157,9 +159,13 @@ case "${1:?stage}" in
     run 80 gpu_tests_fp8mg3.txt python3 -m pytest -q --tb=short -p no:cacheprovider \
       tests/test_fp8_grouped_matmul_mgpu.py
     run 300 fp8_mgpu3.md python3 -m benchmarks.fp8_mgpu --assignments 8 64 512 2048 --rows 1 8 64 --iters 20
-    # the bf16 experts at verification's rows (B = 256 × 4 queries = 1,024 tokens): tokamax's block_m 128 swept
-    run 150 experts_verify.md python3 -m benchmarks.moe_experts --batch 256 1024 --impls tokamax_gpu --sweep \
-      --iters 10
+    ;;
+  small)  # (not run yet) the Triton sparse-MLA kernel at B = 1 after MAX_SPLITS 16 (mla6: 16 splits 1.3-1.9x 8),
+          # its GPU tests, and the user's path at B = 1 (32K and 8K prompts) under the new auto
+    run 150 gpu_tests_small.txt python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_sparse_mla_kernel.py \
+      tests/test_sparse_mla_mgpu.py -k "gpu or lowered_step or resolution"
+    run 80 sparse_mla_small.md python3 -m benchmarks.sparse_mla --batch 1 --tokens 4 1 --capacity 4096 --iters 10
+    run 300 e2e_b1.md python3 -m benchmarks.e2e --prompt 32768 8192 --batch 1 --iters 5 --out "$OUT/e2e_b1.json"
     ;;
   fp8e2e)  # (not run yet) FP8 weights on the user's path through each FP8 kernel: 1K prompts at B = 1 and 64
     for impl in triton mosaic_gpu; do
@@ -187,7 +193,7 @@ case "${1:?stage}" in
     run 190 verify_32k_b256.md python3 -m benchmarks.verify_forward --layers 4 -k 3 --forms absorbed --batch 256 \
       --capacity 32768 --profile --iters 5
     ;;
-  v256)  # (not run yet) the bf16 experts at verification's 1,024 tokens (tokamax block_m 128 swept), then B = 256 ×
+  v256)  # (22:10) the bf16 experts at verification's 1,024 tokens (tokamax block_m 128 swept), then B = 256 ×
          # 32K with JAX's pool at 95 % of the device (its default 75 % is 104 GiB: a 4-layer target's 68 GiB of
          # weights and 44 GiB of caches do not fit it) and the floor assuming all experts (mla6: the routing count
          # ran out of memory)
