@@ -311,7 +311,8 @@ def _check_kernel_impls(cfg: jax_mtp.MtpConfig, capacity: int, tp: int) -> None:
   platform = jax.default_backend()
   checks = (("--index-scores-impl", cfg.index_scores_impl, lambda: resolve_index_scores_impl(cfg, platform, capacity)),
             ("--sparse-attention-impl", cfg.sparse_attention_impl,
-             lambda: resolve_sparse_attention_impl(cfg, platform, cfg.num_attention_heads // tp, queries=1)))
+             lambda: resolve_sparse_attention_impl(cfg, platform, cfg.num_attention_heads // tp,
+                                                  queries=1)))  # explicit impls: the count does not choose
   if selects_all(cfg, capacity):  # neither kernel runs: every visible slot is attended
     return
   for flag, impl, resolve in checks:

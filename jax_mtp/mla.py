@@ -189,8 +189,8 @@ class MLAttention(nn.Module):
 
 
 # `auto` runs the Mosaic GPU kernel over a 16-bit cache from this many queries a call (B·T) up, the Triton kernel
-# below: the H200, 2026-12-03 21:40 (benchmarks/RESULTS.md, "Sparse MLA on Mosaic GPU, the gather issued by four
-# warps"): Mosaic / Triton 533 / 703 µs at B = 64, T = 4; 197 / 241 at B = 64, T = 1; 132 / 133 at B = 8, T = 4;
+# below: the H200, 2026-12-03 21:40 (benchmarks/RESULTS.md, "Sparse MLA on Mosaic GPU with its gather issued by
+# four warps"): Mosaic / Triton 533 / 703 µs at B = 64, T = 4; 197 / 241 at B = 64, T = 1; 132 / 133 at B = 8, T = 4;
 # 69 / 55 at B = 8, T = 1.
 MOSAIC_MIN_QUERIES = 64
 
@@ -204,8 +204,8 @@ def resolve_sparse_attention_impl(cfg: MtpConfig, platform: str, local_heads: in
     fp8 MLA cache   mosaic_gpu where it takes the model (it dequantises the gathered codes in shared memory; the
                     Triton kernel reads no codes and scales): 1.1–1.7× XLA's sparse form on the H200 (RESULTS); else
                     xla
-    16-bit cache    from MOSAIC_MIN_QUERIES queries up mosaic_gpu, else pallas_gpu; below, pallas_gpu (measured
-                    faster there); xla where neither takes the model
+    16-bit cache    from MOSAIC_MIN_QUERIES queries up mosaic_gpu (pallas_gpu where it does not take the model);
+                    below, pallas_gpu (measured faster there); xla where neither takes the model
   Both kernels keep the gathered entries and the scores out of HBM (why: RESULTS, "The sparse MLA in one Pallas
   pass"). An explicit kernel runs as asked — on a CPU in Pallas's interpreter (tests), compiled on CUDA — unless
   it cannot take the model (`_sparse_kernel_problems`, `_mosaic_sparse_problems`): then a ValueError names why."""
