@@ -68,8 +68,10 @@ def main(argv=None) -> int:
       if args.fp8:
         _fp8_rows(problem, b, t, bandwidth, flops, args.iters, args.backend)
       auto = mgpu.config_for(b * t, N, K_TOP)
+      # auto's splits, half and twice (past MAX_SPLITS too, where the steps allow: whether B = 1 wants more CTAs)
       variants = [dataclasses.replace(auto, splits=splits) for splits in
-                  sorted({auto.splits, max(1, auto.splits // 2), min(auto.splits * 2, mgpu.MAX_SPLITS)})]
+                  sorted({auto.splits, max(1, auto.splits // 2), auto.splits * 2})
+                  if K_TOP % (splits * auto.block_entries) == 0]
       gathers = [dict(contiguous_relayout=not auto.contiguous_relayout), dict(whole_rows=False, issue_warps=1),
                  dict(issue_warps=2)]  # the gather's other forms, beside auto's (whole rows from 4 warps)
       for config in variants + [dataclasses.replace(auto, **gather) for gather in gathers]:
