@@ -37,6 +37,7 @@ from jax_mtp.config import (DTYPES, FP8_MATMUL_IMPLS, INDEX_SCORES_IMPLS, KV_CAC
 from jax_mtp.decode_output import Progress, TextStream, exit_code, print_result
 from jax_mtp.generate import TargetDecoder
 from jax_mtp.kernels.fused_allreduce_rmsnorm import IMPLS, gpu_kernels
+from jax_mtp.platform import lowering_gpu_is_hopper
 from jax_mtp.prefill import PREFILL_CHUNK_BYTES
 from jax_mtp.request import (check_caches_fit, required_capacity, stop_id_array, validate_prompts,
                              validate_temperature)
@@ -88,11 +89,12 @@ def _parser() -> argparse.ArgumentParser:
                  help="routed experts' implementation (jax_mtp.experts); auto: by platform and size")
   p.add_argument("--index-scores-impl", choices=INDEX_SCORES_IMPLS, default="auto",
                  help="DSA indexer scores: xla, or a fused Pallas kernel (mosaic_gpu: Mosaic GPU; pallas_tpu); "
-                      "auto: mosaic_gpu on GPUs where it takes the model, else xla")
+                      "auto: mosaic_gpu on Hopper GPUs where it takes the model, else xla")
   p.add_argument("--sparse-attention-impl", choices=SPARSE_ATTENTION_IMPLS, default="auto",
                  help="DSA's sparse MLA attention: xla, or a fused Pallas kernel (pallas_gpu: Triton; mosaic_gpu: "
-                      "Mosaic GPU, which also reads an fp8 cache); auto on GPUs: mosaic_gpu from 64 queries a call "
-                      "(rows × tokens) and over an fp8 cache, pallas_gpu below, where each takes the model; else xla")
+                      "Mosaic GPU, Hopper only, which also reads an fp8 cache); auto on GPUs: mosaic_gpu from 64 queries a "
+                      "call (rows × tokens) and over an fp8 cache on Hopper, else pallas_gpu, where each takes the "
+                      "model; else xla")
   p.add_argument("--fp8-matmul-impl", choices=FP8_MATMUL_IMPLS, default="auto",
                  help="with FP8 weights on GPUs, the kernel multiplying the codes: triton (Pallas's Triton backend) or "
                       "mosaic_gpu (Pallas Mosaic GPU); auto: triton")
@@ -308,11 +310,12 @@ def _check_kernel_impls(cfg: jax_mtp.MtpConfig, capacity: int, tp: int) -> None:
   """Explicit DSA kernels (index scores, sparse attention) must suit the model, the cache and this machine."""
   from jax_mtp.indexer import resolve_index_scores_impl, selects_all  # noqa: PLC0415
   from jax_mtp.mla import resolve_sparse_attention_impl  # noqa: PLC0415
-  platform = jax.default_backend()
-  checks = (("--index-scores-impl", cfg.index_scores_impl, lambda: resolve_index_scores_impl(cfg, platform, capacity)),
+  platform, hopper = jax.default_backend(), lowering_gpu_is_hopper()
+  checks = (("--index-scores-impl", cfg.index_scores_impl,
+             lambda: resolve_index_scores_impl(cfg, platform, capacity, hopper=hopper)),
             ("--sparse-attention-impl", cfg.sparse_attention_impl,
-             lambda: resolve_sparse_attention_impl(cfg, platform, cfg.num_attention_heads // tp,
-                                                  queries=1)))  # explicit impls: the count does not choose
+             lambda: resolve_sparse_attention_impl(cfg, platform, cfg.num_attention_heads // tp, queries=1,
+                                                  hopper=hopper)))  # explicit impls: the count does not choose
   if selects_all(cfg, capacity):  # neither kernel runs: every visible slot is attended
     return
   for flag, impl, resolve in checks:

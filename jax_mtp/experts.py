@@ -31,6 +31,7 @@ import jax.numpy as jnp
 
 from jax_mtp import fp8
 from jax_mtp.config import MOE_IMPLS as EXPERT_IMPLS
+from jax_mtp.platform import NOT_HOPPER
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -67,8 +68,10 @@ def tokamax_tpu_takes(w_gate_EDF) -> bool:
 
 
 def resolve_expert_impl(impl: str, platform: str, tokens: int, experts_per_token: int, w_gate_EDF, *,
-                        fp8_codes: bool = False) -> str:
-  """The implementation that runs for `impl` on `platform` ('cpu', 'gpu', 'tpu') at T = `tokens`.
+                        fp8_codes: bool = False, hopper: bool = True) -> str:
+  """The implementation that runs for `impl` on `platform` ('cpu', 'gpu', 'tpu') at T = `tokens`. `hopper`: the GPU
+  is a Hopper (`platform.lowering_gpu_is_hopper`; the model passes it): tokamax's Mosaic-GPU kernel is sm_90's, so
+  on other GPUs `auto` takes the cpu column's impls and an explicit tokamax_gpu is refused.
 
   `w_gate_EDF`: the local gate weights, or anything with their .shape and .dtype. An explicit impl
   runs as asked (it may target another platform than this process's default, as an AOT compile
@@ -89,13 +92,15 @@ def resolve_expert_impl(impl: str, platform: str, tokens: int, experts_per_token
   """
   if impl not in EXPERT_IMPLS:
     raise ValueError(f"moe_impl={impl!r} is not one of {EXPERT_IMPLS}")
+  if impl == "tokamax_gpu" and platform == "gpu" and not hopper:
+    raise ValueError(f"moe_impl='tokamax_gpu': {NOT_HOPPER} (use 'auto', 'gather' or 'ragged_dot')")
   if impl != "auto":
     return impl
   if fp8_codes and platform == "gpu" and fp8_grouped_takes(w_gate_EDF):
     return "fp8_grouped_gpu"
   if fp8_codes and platform in ("gpu", "tpu") and tokens * experts_per_token <= w_gate_EDF.shape[0]:
     return "gather"
-  if platform == "gpu" and tokamax_gpu_takes(w_gate_EDF):
+  if platform == "gpu" and hopper and tokamax_gpu_takes(w_gate_EDF):
     return "tokamax_gpu"
   if platform == "tpu" and tokamax_tpu_takes(w_gate_EDF):
     return "tokamax_tpu"

@@ -32,7 +32,7 @@ from jax_mtp.config import MtpConfig
 from jax_mtp.kernels import index_scores as scores_kernel
 from jax_mtp.kernels import index_scores_mgpu as scores_mgpu
 from jax_mtp.layers import LayerNorm, Rotary, apply_rope, linear
-from jax_mtp.platform import lowering_platform
+from jax_mtp.platform import NOT_HOPPER, lowering_gpu_is_hopper, lowering_platform
 
 
 # A mutable collection that only training asks for (jax_mtp.training): the naive MLA form then sows
@@ -95,7 +95,7 @@ class Indexer(nn.Module):
     q_BTIJ = self.wq_b(qr_BTQ).reshape(*qr_BTQ.shape[:2], cfg.index_n_heads, cfg.index_head_dim)
     q_BTIJ = self._rope_first(q_BTIJ.astype(jnp.float32), rotary)
     w_BTI = self.weights_proj(x_BTD.astype(jnp.float32)) * cfg.index_n_heads**-0.5
-    impl = resolve_index_scores_impl(cfg, lowering_platform(), cache.capacity)
+    impl = resolve_index_scores_impl(cfg, lowering_platform(), cache.capacity, hopper=lowering_gpu_is_hopper())
     with jax.named_scope("index_scores"):  # the parts' names in a device profile (benchmarks.step_profile)
       scores_BTS = self._scores(q_BTIJ, w_BTI, positions_BT, cache, impl)
     if self.is_mutable_collection(INDEXER_TRAINING):
@@ -130,8 +130,10 @@ class Indexer(nn.Module):
 SCORE_BLOCK_SLOTS = scores_kernel.Config().block_slots
 
 
-def resolve_index_scores_impl(cfg: MtpConfig, platform: str, capacity: int) -> str:
+def resolve_index_scores_impl(cfg: MtpConfig, platform: str, capacity: int, *, hopper: bool = True) -> str:
   """"xla" or a fused kernel ("mosaic_gpu": Pallas Mosaic GPU, "pallas_tpu") for `cfg.index_scores_impl`.
+  `hopper`: the GPU is a Hopper (`platform.lowering_gpu_is_hopper`; the model passes it): on other GPUs `auto` is
+  xla and an explicit mosaic_gpu is refused (its wgmma and TMA are sm_90's).
 
   "auto":
     gpu  mosaic_gpu wherever it takes the model (`_kernel_problems` and `_mosaic_problems` empty); else xla (float8
@@ -148,10 +150,12 @@ def resolve_index_scores_impl(cfg: MtpConfig, platform: str, capacity: int) -> s
   if impl == "xla":
     return "xla"
   if impl == "auto":
-    if platform != "gpu" or _kernel_problems(cfg, capacity):
+    if platform != "gpu" or not hopper or _kernel_problems(cfg, capacity):
       return "xla"
     return "xla" if _mosaic_problems(cfg) else "mosaic_gpu"
   problems = _kernel_problems(cfg, capacity) + (_mosaic_problems(cfg) if impl == "mosaic_gpu" else [])
+  if impl == "mosaic_gpu" and platform == "gpu" and not hopper:  # elsewhere it runs in Pallas's interpreter
+    problems.append(NOT_HOPPER)
   if problems:
     raise ValueError(f"index_scores_impl={impl!r} cannot run here: {'; '.join(problems)} (use 'xla' or 'auto')")
   return impl

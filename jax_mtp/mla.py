@@ -47,7 +47,7 @@ from jax_mtp.kernels import sparse_mla_mgpu
 from jax_mtp.kernels.sparse_mla import dequantize_latent
 from jax_mtp.layers import RMSNorm, Rotary, apply_rope, linear
 from jax_mtp.sharding import TensorParallel
-from jax_mtp.platform import lowering_platform
+from jax_mtp.platform import NOT_HOPPER, lowering_gpu_is_hopper, lowering_platform
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -164,7 +164,8 @@ class MLAttention(nn.Module):
     cfg = self.cfg
     q_lat_BTNC, w_uv_CNH = self._latent_query(q_nope_BTNP)
     b, t = q_nope_BTNP.shape[:2]
-    impl = resolve_sparse_attention_impl(cfg, lowering_platform(), self.num_local_heads, queries=b * t)
+    impl = resolve_sparse_attention_impl(cfg, lowering_platform(), self.num_local_heads, queries=b * t,
+                                         hopper=lowering_gpu_is_hopper())
     with jax.named_scope("sparse_attention"):  # its kernels' part in a device profile (benchmarks.step_profile)
       if impl == "xla":
         o_lat_BTNC = sparse_mla_kernel.reference(q_lat_BTNC, q_pe_BTNR, cache.latent_BSC, cache.k_pe_BSR,
@@ -195,10 +196,12 @@ class MLAttention(nn.Module):
 MOSAIC_MIN_QUERIES = 64
 
 
-def resolve_sparse_attention_impl(cfg: MtpConfig, platform: str, local_heads: int, queries: int) -> str:
+def resolve_sparse_attention_impl(cfg: MtpConfig, platform: str, local_heads: int, queries: int, *,
+                                  hopper: bool = True) -> str:
   """"xla" or a fused kernel ("pallas_gpu": kernels/sparse_mla.py on Pallas Triton, "mosaic_gpu":
   kernels/sparse_mla_mgpu.py on Pallas Mosaic GPU) for `cfg.sparse_attention_impl` in a call of `queries` = B·T
-  queries.
+  queries. `hopper`: the GPU is a Hopper (`platform.lowering_gpu_is_hopper`; the model passes it): the Mosaic
+  kernel's wgmma and TMA are sm_90's, so on other GPUs `auto` never picks it and an explicit one is refused.
 
   "auto" on GPUs (elsewhere xla: Mosaic TPU has no row gather from HBM by data-dependent ids in a block):
     fp8 MLA cache   mosaic_gpu where it takes the model (it dequantises the gathered codes in shared memory; the
@@ -215,11 +218,14 @@ def resolve_sparse_attention_impl(cfg: MtpConfig, platform: str, local_heads: in
   if impl == "auto":
     if platform != "gpu":
       return "xla"
-    takes = {"mosaic_gpu": not _mosaic_sparse_problems(cfg), "pallas_gpu": not _sparse_kernel_problems(cfg, local_heads)}
+    takes = {"mosaic_gpu": hopper and not _mosaic_sparse_problems(cfg),
+             "pallas_gpu": not _sparse_kernel_problems(cfg, local_heads)}
     order = (("mosaic_gpu",) if cfg.kv_cache_dtype == "fp8" else
              ("mosaic_gpu", "pallas_gpu") if queries >= MOSAIC_MIN_QUERIES else ("pallas_gpu",))
     return next((kernel for kernel in order if takes[kernel]), "xla")
   problems = _mosaic_sparse_problems(cfg) if impl == "mosaic_gpu" else _sparse_kernel_problems(cfg, local_heads)
+  if impl == "mosaic_gpu" and platform == "gpu" and not hopper:  # elsewhere it runs in Pallas's interpreter
+    problems.append(NOT_HOPPER)
   if problems:
     raise ValueError(f"sparse_attention_impl={impl!r} cannot run here: {'; '.join(problems)} (use 'xla' or 'auto')")
   return impl

@@ -23,7 +23,7 @@ from jax_mtp.config import MtpConfig
 from jax_mtp.experts import resolve_expert_impl, routed_experts
 from jax_mtp.layers import dtype_of, linear
 from jax_mtp.sharding import TensorParallel
-from jax_mtp.platform import lowering_platform
+from jax_mtp.platform import lowering_gpu_is_hopper, lowering_platform
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 # A mutable collection only training asks for: each router sows its tokens per expert, from which
@@ -128,7 +128,7 @@ class MoE(nn.Module):
     dtype = self.w_gate_EDF.dtype if self.fp8_scales is None else dtype_of(cfg.param_dtype)
     weights = jax.ShapeDtypeStruct(self.w_gate_EDF.shape, dtype)
     impl = resolve_expert_impl(cfg.moe_impl, lowering_platform(), *ids_TK.shape, weights,
-                               fp8_codes=self.fp8_scales is not None)
+                               fp8_codes=self.fp8_scales is not None, hopper=lowering_gpu_is_hopper())
     y_TD = routed_experts(impl, x_TD, ids_TK, weights_TK, self.w_gate_EDF, self.w_up_EDF, self.w_down_EFD,
                           fp8_scales=self.fp8_scales, fp8_block=cfg.fp8_block, dtype=dtype,
                           fp8_matmul_impl=cfg.fp8_matmul_impl)

@@ -23,7 +23,7 @@ from jax_mtp.config import MtpConfig
 from jax_mtp.indexer import selects_all
 from jax_mtp.mla import resolve_sparse_attention_impl
 from jax_mtp.model import TargetModel, init_target_caches
-from jax_mtp.platform import lowering_platform
+from jax_mtp.platform import lowering_gpu_is_hopper, lowering_platform
 
 # One chunk's per-query intermediates per device: larger chunks keep the experts' and attention's matmuls on the
 # tensor cores (benchmarks/RESULTS.md, issue 27: the 32K prompt's chunks of 2,048 / 4,096 / 8,192 tokens)
@@ -50,7 +50,8 @@ def auto_prefill_chunk(cfg: MtpConfig, batch: int, capacity: int, local_heads: i
     if not prefill_absorb(cfg, capacity):
       return 2 * local_heads * capacity * 4
     k, topk_bytes = cfg.index_topk, TOPK_WORDS_PER_SLOT * 4 * capacity
-    if resolve_sparse_attention_impl(cfg, lowering_platform(), local_heads, queries=batch * chunk) == "xla":
+    if resolve_sparse_attention_impl(cfg, lowering_platform(), local_heads, queries=batch * chunk,
+                                     hopper=lowering_gpu_is_hopper()) == "xla":
       return topk_bytes + k * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * 4 + 2 * local_heads * k * 4
     return topk_bytes + local_heads * cfg.kv_lora_rank * 4
 

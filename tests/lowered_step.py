@@ -14,7 +14,8 @@ V5E = jax.sharding.AbstractDevice(device_kind="TPU v5 lite", num_cores=1, platfo
 DEVICES = {"cuda": H200, "tpu": V5E}  # the abstract device a program for each platform is traced on
 
 
-def mtp_step_module(cfg: jax_mtp.MtpConfig, platform: str, batch: int, capacity: int) -> str:
+def mtp_step_module(cfg: jax_mtp.MtpConfig, platform: str, batch: int, capacity: int, device=None) -> str:
+  """The MTP draft step (T = 1) for `platform` on `device` (default: DEVICES[platform]), as MLIR text."""
   if cfg.moe_impl == "auto":  # GPU auto is tokamax's Mosaic GPU kernel, which reads the local GPU when traced
     cfg = cfg.replace(moe_impl="ragged_dot")
   params = jax.eval_shape(lambda key: jax_mtp.init_params(cfg, key), jax.random.key(0))
@@ -23,7 +24,7 @@ def mtp_step_module(cfg: jax_mtp.MtpConfig, platform: str, batch: int, capacity:
   hidden = jax.ShapeDtypeStruct((batch, 1, cfg.hidden_size), jnp.dtype(cfg.dtype))
   step = jax.jit(lambda p, i, pos, h, c: jax_mtp.MtpPredictor(cfg).apply({"params": p}, i, pos, h, c).hidden_BTD)
   checks = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
-  mesh = AbstractMesh((1,), ("tp",), axis_types=(AxisType.Auto,), abstract_device=DEVICES[platform])
+  mesh = AbstractMesh((1,), ("tp",), axis_types=(AxisType.Auto,), abstract_device=device or DEVICES[platform])
   with jax.sharding.use_abstract_mesh(mesh):
     exported = jax.export.export(step, platforms=[platform], disabled_checks=checks)
     return exported(params, ids, ids, hidden, caches).mlir_module()
