@@ -34,7 +34,8 @@
 #            call, and over an fp8 cache): the GPU tests of the model's Mosaic path, the kernels at B = 1, then the
 #            verification forward at B = 64 / 256 (4K) and B = 256 × 32K, each with its kernels per part
 #   v256     (22:10) the bf16 experts at 1,024 tokens (tokamax block configs swept); B = 256 × 32K verification
-#   small    (not run yet) the Triton sparse-MLA kernel at B = 1 after MAX_SPLITS 16, GPU tests, e2e at B = 1
+#   small    (not run yet) the Triton sparse-MLA kernel at B = 1 after MAX_SPLITS 16, GPU tests, both kernels at B = 8, 1
+#   e2eb1    (not run yet) e2e at B = 1 (32K, 8K prompts) under the shape-aware auto
 #   caches   (not run yet) benchmarks.e2e at a 32K prompt with vLLM's V3.2 storage (fp8 MLA cache and fp8 indexer
 #            keys; fp8 indexer keys alone), to set beside e2e3's bf16 row
 #   fp8      benchmarks.e2e with FP8 weights kept as codes: 1K and 32K prompts at B = 1, 1K at B = 64
@@ -167,6 +168,18 @@ case "${1:?stage}" in
     # B = 8 and 1: whether the Mosaic kernel (more splits, the contiguous re-layout) can take the calls below 64
     # queries too, so that the Triton kernel can go (issue 28)
     run 150 sparse_mla_small.md python3 -m benchmarks.sparse_mla --batch 8 1 --tokens 4 1 --capacity 4096 --iters 10
+    ;;
+  impls)  # (2026-12-04) the user's path at B = 1 and 8 (4K prompts) with each sparse-MLA kernel forced: whether the
+          # Mosaic kernel can take the calls below 64 queries (small: noisy, Triton faster only at B = 1, T = 1), so
+          # that the Triton one can go (issue 28); then the draft step at B = 64, 4K vs 128K caches (issue 28: <= 1.10x)
+    for impl in pallas_gpu mosaic_gpu; do
+      run 200 "e2e_small_$impl.md" python3 -m benchmarks.e2e --prompt 4096 --batch 1 8 --iters 5 \
+        --cli=--sparse-attention-impl "--cli=$impl"
+    done
+    run 160 draft_128k.md python3 -m benchmarks.mtp_step --preset deepseek_v32 --batch 64 --capacity 4096 131072 \
+      --iters 10
+    ;;
+  e2eb1)  # the user's path at B = 1 (32K, 8K prompts) under auto (split from small: one call held both poorly)
     run 300 e2e_b1.md python3 -m benchmarks.e2e --prompt 32768 8192 --batch 1 --iters 5 --out "$OUT/e2e_b1.json"
     ;;
   fp8e2e)  # (not run yet) FP8 weights on the user's path through each FP8 kernel: 1K prompts at B = 1 and 64
