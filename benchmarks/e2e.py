@@ -51,7 +51,6 @@ from jax_mtp.generate import TargetDecoder
 from jax_mtp.kernels.fp8_grouped_matmul import KERNEL_NAME as FP8_KERNEL
 from jax_mtp.kernels.fp8_grouped_matmul_mgpu import KERNEL_NAME as FP8_MGPU_KERNEL
 from jax_mtp.kernels.index_scores_mgpu import KERNEL_NAME as INDEX_SCORES_MGPU_KERNEL
-from jax_mtp.kernels.sparse_mla import KERNEL_NAME as SPARSE_MLA_KERNEL
 from jax_mtp.kernels.sparse_mla_mgpu import KERNEL_NAME as SPARSE_MLA_MGPU_KERNEL
 from jax_mtp.model import init_target_params
 from jax_mtp.prefill import prefill_plan
@@ -151,8 +150,7 @@ def impls_in(hlo: str) -> dict[str, str]:
   experts = ("FP8 grouped matmul (Pallas Mosaic GPU)" if FP8_MGPU_KERNEL in hlo else
              "FP8 grouped matmul (Pallas Triton)" if FP8_KERNEL in hlo else "tokamax (Mosaic GPU)" if "mosaic" in others.lower()
              else "lax.ragged_dot" if "ragged-dot" in hlo or "ragged_dot" in hlo else "gather (XLA)")
-  sparse = ("Pallas Mosaic GPU kernel" if SPARSE_MLA_MGPU_KERNEL in hlo else
-            "Pallas Triton kernel" if SPARSE_MLA_KERNEL in hlo else "XLA")
+  sparse = "Pallas Mosaic GPU kernel" if SPARSE_MLA_MGPU_KERNEL in hlo else "XLA"
   return {"index scores": "Pallas Mosaic GPU kernel" if INDEX_SCORES_MGPU_KERNEL in hlo else "XLA",
           "sparse attention": sparse, "experts": experts}
 

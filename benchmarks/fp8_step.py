@@ -132,8 +132,7 @@ def main() -> None:
                                                 jax.ShapeDtypeStruct((cfg.n_routed_experts, cfg.hidden_size,
                                                                       cfg.moe_intermediate_size), cfg.param_dtype),
                                                 fp8_codes=name == "fp8")
-      attention = jax_mtp.mla.resolve_sparse_attention_impl(run_model.cfg, jax.default_backend(),
-                                                            cfg.num_attention_heads, queries=batch)
+      attention = jax_mtp.mla.resolve_sparse_attention_impl(run_model.cfg, jax.default_backend())
       results.setdefault((name, attn), (seconds, np.asarray(tokens)))
       ratio = f"{seconds / results[dense, attn][0]:.2f}" if name == "fp8" else ""
       same = str(bool(np.array_equal(np.asarray(tokens), results[dense, args.attention[0]][1])))

@@ -35,6 +35,8 @@
 #            verification forward at B = 64 / 256 (4K) and B = 256 × 32K, each with its kernels per part
 #   v256     (22:10) the bf16 experts at 1,024 tokens (tokamax block configs swept); B = 256 × 32K verification
 #   small    (not run yet) the Triton sparse-MLA kernel at B = 1 after MAX_SPLITS 16, GPU tests, both kernels at B = 8, 1
+#   impls    (07:21) e2e at B = 1, 8 with each sparse-MLA kernel forced; the draft step at B = 64, 4K vs 128K
+#   notriton (not run yet) the changed paths' GPU tests after the Triton sparse MLA went; the draft step at B = 1, 8
 #   e2eb1    (not run yet) e2e at B = 1 (32K, 8K prompts) under the shape-aware auto
 #   caches   (not run yet) benchmarks.e2e at a 32K prompt with vLLM's V3.2 storage (fp8 MLA cache and fp8 indexer
 #            keys; fp8 indexer keys alone), to set beside e2e3's bf16 row
@@ -65,7 +67,7 @@ case "${1:?stage}" in
     ;;
   tests)  # -v --tb=short: each test's verdict as it ends and the failures' reasons, even if the call's time runs out
     run 240 gpu_tests.txt python3 -m pytest -v --tb=short -p no:cacheprovider tests/test_index_scores_kernel.py \
-      tests/test_user_path_kernels.py tests/test_sparse_mla_kernel.py tests/test_fp8_mla_cache.py \
+      tests/test_user_path_kernels.py tests/test_sparse_mla_mgpu.py tests/test_fp8_mla_cache.py \
       tests/test_fp8_dense_layout.py tests/test_experts_gpu.py -k "not tpu"
     ;;
   verify4k)
@@ -163,7 +165,7 @@ case "${1:?stage}" in
     ;;
   small)  # (not run yet) the Triton sparse-MLA kernel at B = 1 after MAX_SPLITS 16 (mla6: 16 splits 1.3-1.9x 8),
           # its GPU tests, both kernels at B = 8 and 1, and the user's path at B = 1 (32K, 8K prompts) under auto
-    run 150 gpu_tests_small.txt python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_sparse_mla_kernel.py \
+    run 150 gpu_tests_small.txt python3 -m pytest -q --tb=short -p no:cacheprovider \
       tests/test_sparse_mla_mgpu.py -k "gpu or lowered_step or resolution"
     # B = 8 and 1: whether the Mosaic kernel (more splits, the contiguous re-layout) can take the calls below 64
     # queries too, so that the Triton kernel can go (issue 28)
@@ -178,6 +180,13 @@ case "${1:?stage}" in
     done
     run 160 draft_128k.md python3 -m benchmarks.mtp_step --preset deepseek_v32 --batch 64 --capacity 4096 131072 \
       --iters 10
+    ;;
+  notriton)  # (2026-12-04) after the Triton sparse-MLA kernel went (auto: Mosaic at every query count on Hopper): the
+             # GPU tests of the paths that changed, compiled; the draft step at B = 1 and 8 (it ran Triton there)
+    run 200 gpu_tests_notriton.txt python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_sparse_mla_mgpu.py \
+      tests/test_user_path_kernels.py tests/test_auto_gpu_paths.py tests/test_fp8_mla_cache.py -k "not tpu"
+    run 200 draft_small_b.md python3 -m benchmarks.mtp_step --preset deepseek_v32 --batch 1 8 --capacity 4096 131072 \
+      --iters 20
     ;;
   e2eb1)  # the user's path at B = 1 (32K, 8K prompts) under auto (split from small: one call held both poorly)
     run 300 e2e_b1.md python3 -m benchmarks.e2e --prompt 32768 8192 --batch 1 --iters 5 --out "$OUT/e2e_b1.json"

@@ -1,21 +1,20 @@
-"""The fused sparse-MLA kernels (kernels/sparse_mla.py on Pallas Triton, kernels/sparse_mla_mgpu.py on Pallas
-Mosaic GPU) against XLA's sparse attention at DeepSeek-V3.2's widths (128 heads, latent 512 + rope 64, top-2048),
-each beside its floor:
+"""The fused sparse-MLA kernel (kernels/sparse_mla_mgpu.py on Pallas Mosaic GPU) against XLA's sparse attention
+(kernels/sparse_mla.reference) at DeepSeek-V3.2's widths (128 heads, latent 512 + rope 64, top-2048), each beside its
+floor:
 
-    python -m benchmarks.sparse_mla --batch 1 8 64 --tokens 1 4 --sweep
+    python -m benchmarks.sparse_mla --batch 1 8 64 --tokens 1 4 --fp8
 
 Floor: the larger of the bytes floor (the selected entries, the queries and the output, over the copy
 bandwidth measured in this run) and the matmul floor (the score and output dots' FLOPs over a bf16
-GEMM's rate measured in this run). Each row's output is checked against XLA's bf16 path. `--sweep`
-times every launch config at the first batch and T = 1 before the table (a config Triton cannot
-compile is reported, not fatal).
+GEMM's rate measured in this run). Each row's output is checked against XLA's bf16 path. Beside `config_for`'s
+launch (auto) each row times its splits halved and doubled and the gather's other forms. (The Pallas Triton kernel's
+rows went with that kernel on 2026-12-04; its last numbers are in RESULTS.md.)
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import itertools
 import time
 
 import jax
@@ -24,7 +23,6 @@ import jax.numpy as jnp
 from benchmarks.timing import copy_bandwidth, time_in_loop
 from jax_mtp.indexer import Selection
 from jax_mtp.mla import quantize_latent
-from jax_mtp.kernels.sparse_mla import Config, model_config, sparse_mla, splits_for
 from jax_mtp.kernels import sparse_mla_mgpu as mgpu
 from jax_mtp.kernels.sparse_mla import reference as sparse_mla_reference
 
@@ -38,16 +36,12 @@ def main(argv=None) -> int:
   parser.add_argument("--tokens", type=int, nargs="+", default=[1, 4])
   parser.add_argument("--capacity", type=int, default=4096)
   parser.add_argument("--iters", type=int, default=20)
-  parser.add_argument("--sweep", action="store_true")
   parser.add_argument("--fp8", action="store_true", help="also the fp8 MLA cache (656 B an entry): XLA and Mosaic")
   parser.add_argument("--backend", default="gpu", choices=["gpu", "interpret"], help="interpret: a CPU smoke run")
   args = parser.parse_args(argv)
   bandwidth, flops = copy_bandwidth(), matmul_rate()
   print(f"sparse MLA at V3.2 widths on {jax.devices()[0].device_kind}, jax {jax.__version__}, S = {args.capacity}; "
         f"copy bandwidth {bandwidth / 1e12:.2f} TB/s, bf16 GEMM {flops / 1e12:.0f} TFLOP/s\n", flush=True)
-  if args.sweep:
-    for b in sorted({args.batch[0], args.batch[-1]}):
-      _sweep(b, args.capacity, args.iters, bandwidth, flops, args.backend)
   print("| B | T | path | config | µs | floor µs | floor / time | rel err vs XLA |")
   print("|---:|---:|---|---|---:|---:|---:|---:|")
   for b in args.batch:
@@ -61,10 +55,6 @@ def main(argv=None) -> int:
       base = xla(*xla_args)
       seconds = time_in_loop(xla, xla_args, args.iters)
       print(f"| {b} | {t} | XLA (bf16 dots) | | {seconds * 1e6:,.1f} | {floor:,.1f} | {floor / seconds / 1e6:.2f} | |")
-      for config in _configs_for_table(b * t):
-        seconds, err = _time_kernel(problem, base, config, args.iters, args.backend)
-        print(f"| {b} | {t} | Triton kernel | {_name(config)} | {seconds * 1e6:,.1f} | {floor:,.1f} | "
-              f"{floor / seconds / 1e6:.2f} | {err:.1e} |", flush=True)
       if args.fp8:
         _fp8_rows(problem, b, t, bandwidth, flops, args.iters, args.backend)
       auto = mgpu.config_for(b * t, N, K_TOP)
@@ -115,12 +105,6 @@ def _time_against(fn, args, base, iters):
   return time_in_loop(fn, args, iters), err
 
 
-def _time_kernel(problem, base, config, iters, backend):
-  fn = jax.jit(lambda ql, qp, lat, kp, sl: sparse_mla(ql, qp, lat, kp, sl, SCALE, backend=backend,
-                                                      out_dtype=jnp.bfloat16, config=config))
-  return _time_against(fn, problem, base, iters)
-
-
 def _time_mosaic(problem, base, config, iters, backend, latent_scale_BSG=None):
   """The Mosaic GPU kernel on `problem` (with `latent_scale_BSG`: problem's latent is an fp8 cache's codes)."""
   fn = jax.jit(lambda ql, qp, lat, kp, sl, sc: mgpu.sparse_mla_mgpu(ql, qp, lat, kp, sl, SCALE, latent_scale_BSG=sc,
@@ -150,34 +134,6 @@ def _fp8_rows(problem, b, t, bandwidth, flops, iters, backend):
 def _name(config) -> str:
   return " ".join(f"{k.replace('block_', '').replace('num_', '')} {v}" for k, v in dataclasses.asdict(config).items()
                   if v is not None)
-
-
-def _configs_for_table(queries: int):
-  """The config the model calls the kernel with, and the splits around `splits_for`'s pick."""
-  default = model_config(N, K_TOP)
-  auto = splits_for(queries, N // default.block_heads, K_TOP, default.block_entries)
-  yield default
-  for splits in sorted({max(1, auto // 2), auto * 2} - {auto}):
-    if splits <= 16:
-      yield dataclasses.replace(default, splits=splits)
-
-
-def _sweep(b: int, s: int, iters: int, bandwidth: float, flops: float, backend: str):
-  problem = _problem(b, 1, s)
-  base = sparse_mla_reference(*problem[:4], problem[4], problem[4] >= 0, SCALE, dot_dtype=jnp.bfloat16)
-  floor = floor_us(b, 1, bandwidth, flops)
-  print(f"launch configs at B = {b}, T = 1 (floor {floor:,.1f} µs)\n")
-  print("| config | µs | floor / time | rel err vs XLA |")
-  print("|---|---:|---:|---:|")
-  for bh, be, warps, stages in itertools.product((16, 32, 64), (32, 64, 128), (4, 8), (2, 3)):
-    config = Config(block_heads=bh, block_entries=be, num_warps=warps, num_stages=stages)
-    try:
-      seconds, err = _time_kernel(problem, base, config, iters, backend)
-    except Exception as e:  # noqa: BLE001 (a config Triton cannot compile: reported, the sweep goes on)
-      print(f"| {_name(config)} | failed: {type(e).__name__}: {str(e).splitlines()[0][:80]} | | |", flush=True)
-      continue
-    print(f"| {_name(config)} | {seconds * 1e6:,.1f} | {floor / seconds / 1e6:.2f} | {err:.1e} |", flush=True)
-  print()
 
 
 if __name__ == "__main__":

@@ -24,7 +24,10 @@ MOE_IMPLS = ("auto", "gather", "ragged_dot", "tokamax_gpu", "tokamax_tpu", "fp8_
 DTYPES = ("float32", "bfloat16", "float16")  # compute (`dtype`) and parameter (`param_dtype`) dtypes
 INDEX_CACHE_DTYPES = ("auto", *DTYPES, "fp8")  # fp8: e4m3 keys + one fp32 scale a token, as kv_cache_dtype names it
 INDEX_SCORES_IMPLS = ("auto", "xla", "mosaic_gpu", "pallas_tpu")
-SPARSE_ATTENTION_IMPLS = ("auto", "xla", "pallas_gpu", "mosaic_gpu")
+SPARSE_ATTENTION_IMPLS = ("auto", "xla", "mosaic_gpu")
+# Removed impls, and what to ask for instead: a config or command line that names one gets that in its error
+REMOVED_SPARSE_ATTENTION_IMPLS = {"pallas_gpu": "the Pallas Triton sparse-MLA kernel was removed on 2026-12-04 "
+                                                "(Pallas's Triton backend is deprecated); use 'mosaic_gpu' or 'auto'"}
 # FP8 weights' matmuls straight from the codes on GPUs (kernels/fp8_grouped_matmul.py: "triton", Pallas's Triton
 # backend; kernels/fp8_grouped_matmul_mgpu.py: "mosaic_gpu"); "auto": kernels.fp8_grouped_matmul.AUTO_IMPL
 FP8_MATMUL_IMPLS = ("auto", "triton", "mosaic_gpu")
@@ -118,7 +121,7 @@ class MtpConfig:
   # GPUs; TPU: kernels/index_scores.py); see jax_mtp.indexer.resolve_index_scores_impl.
   index_scores_impl: str = "auto"
   # DSA's sparse MLA attention over the selected slots (decode, verification, sparse prefill): XLA, or
-  # the fused Pallas kernel (kernels/sparse_mla.py); see jax_mtp.mla.resolve_sparse_attention_impl.
+  # the fused Pallas Mosaic GPU kernel (kernels/sparse_mla_mgpu.py); see jax_mtp.mla.resolve_sparse_attention_impl.
   sparse_attention_impl: str = "auto"
   # The MLA cache: "auto" = `dtype`; "bfloat16"; "fp8" = float8_e4m3fn latent codes with one fp32 scale per
   # `kv_scale_group` values and the rope key in `dtype` (vLLM's fp8_ds_mla: 656 bytes a token at V3.2's widths
@@ -244,6 +247,9 @@ def _validate(cfg: MtpConfig) -> None:
     raise ConfigError(f"moe_impl={cfg.moe_impl!r} is not one of {MOE_IMPLS}")
   if cfg.index_scores_impl not in INDEX_SCORES_IMPLS:
     raise ConfigError(f"index_scores_impl={cfg.index_scores_impl!r} is not one of {INDEX_SCORES_IMPLS}")
+  if cfg.sparse_attention_impl in REMOVED_SPARSE_ATTENTION_IMPLS:
+    raise ConfigError(f"sparse_attention_impl={cfg.sparse_attention_impl!r}: "
+                      f"{REMOVED_SPARSE_ATTENTION_IMPLS[cfg.sparse_attention_impl]}")
   if cfg.sparse_attention_impl not in SPARSE_ATTENTION_IMPLS:
     raise ConfigError(f"sparse_attention_impl={cfg.sparse_attention_impl!r} is not one of {SPARSE_ATTENTION_IMPLS}")
   if not isinstance(cfg.prefill_chunk, int) or isinstance(cfg.prefill_chunk, bool) or cfg.prefill_chunk < 0:

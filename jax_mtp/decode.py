@@ -91,10 +91,9 @@ def _parser() -> argparse.ArgumentParser:
                  help="DSA indexer scores: xla, or a fused Pallas kernel (mosaic_gpu: Mosaic GPU; pallas_tpu); "
                       "auto: mosaic_gpu on Hopper GPUs where it takes the model, else xla")
   p.add_argument("--sparse-attention-impl", choices=SPARSE_ATTENTION_IMPLS, default="auto",
-                 help="DSA's sparse MLA attention: xla, or a fused Pallas kernel (pallas_gpu: Triton; mosaic_gpu: "
-                      "Mosaic GPU, Hopper only, which also reads an fp8 cache); auto on GPUs: mosaic_gpu from 64 queries a "
-                      "call (rows × tokens) and over an fp8 cache on Hopper, else pallas_gpu, where each takes the "
-                      "model; else xla")
+                 help="DSA's sparse MLA attention: xla, or the fused Pallas kernel (mosaic_gpu: Mosaic GPU, Hopper "
+                      "only; it also reads an fp8 cache); auto: mosaic_gpu on Hopper GPUs where it takes the model, "
+                      "else xla")
   p.add_argument("--fp8-matmul-impl", choices=FP8_MATMUL_IMPLS, default="auto",
                  help="with FP8 weights on GPUs, the kernel multiplying the codes: triton (Pallas's Triton backend) or "
                       "mosaic_gpu (Pallas Mosaic GPU); auto: triton")
@@ -236,7 +235,7 @@ def validate(args: argparse.Namespace) -> Request:
   validate_tp(cfg, settings.tp)
   check_caches_fit(cfg, len(prompts), capacity, jax.devices())  # before any weight is read
   _check_impl(settings.impl)
-  _check_kernel_impls(cfg, capacity, settings.tp)
+  _check_kernel_impls(cfg, capacity)
   stop_ids = stop_ids_for(cfg, source, ignore_eos=args.ignore_eos)
   flags = {name: value for name, value in vars(args).items() if name != "process_id"}  # differs by design
   distributed.check_agreement({"flags": flags, "prompts": prompts, "config": dataclasses.asdict(cfg),
@@ -303,10 +302,10 @@ def _prompts(prompt: list[str] | None, prompt_ids: list[str] | None, source: loa
   return texts, codec, [codec.encode(text) for text in texts]
 
 
-KERNEL_PLATFORMS = {"pallas_gpu": "gpu", "mosaic_gpu": "gpu", "pallas_tpu": "tpu"}  # the DSA kernels' platforms
+KERNEL_PLATFORMS = {"mosaic_gpu": "gpu", "pallas_tpu": "tpu"}  # the DSA kernels' platforms
 
 
-def _check_kernel_impls(cfg: jax_mtp.MtpConfig, capacity: int, tp: int) -> None:
+def _check_kernel_impls(cfg: jax_mtp.MtpConfig, capacity: int) -> None:
   """Explicit DSA kernels (index scores, sparse attention) must suit the model, the cache and this machine."""
   from jax_mtp.indexer import resolve_index_scores_impl, selects_all  # noqa: PLC0415
   from jax_mtp.mla import resolve_sparse_attention_impl  # noqa: PLC0415
@@ -314,8 +313,7 @@ def _check_kernel_impls(cfg: jax_mtp.MtpConfig, capacity: int, tp: int) -> None:
   checks = (("--index-scores-impl", cfg.index_scores_impl,
              lambda: resolve_index_scores_impl(cfg, platform, capacity, hopper=hopper)),
             ("--sparse-attention-impl", cfg.sparse_attention_impl,
-             lambda: resolve_sparse_attention_impl(cfg, platform, cfg.num_attention_heads // tp, queries=1,
-                                                  hopper=hopper)))  # explicit impls: the count does not choose
+             lambda: resolve_sparse_attention_impl(cfg, platform, hopper=hopper)))
   if selects_all(cfg, capacity):  # neither kernel runs: every visible slot is attended
     return
   for flag, impl, resolve in checks:

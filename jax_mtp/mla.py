@@ -28,9 +28,8 @@ An fp8 MLA cache (`kv_cache_dtype="fp8"`, jax_mtp.cache) stores e4m3 latent code
 `kv_scale_group` values (amax → 448, `quantize_latent`), written wherever the latent is (`write_latent`: prefill
 chunks, decode steps, verification, target and MTP layers). The naive and dense absorbed forms dequantise the cache
 they read (`read_latent`); the sparse form gathers the selected codes and their scales and dequantises only those,
-so it moves ~57 % of the bf16 cache's bytes (656 of 1,152 a token at V3.2's widths). The Triton sparse-MLA kernel
-reads bf16 entries (an explicit "pallas_gpu" over an fp8 cache is refused); the Mosaic GPU one ("mosaic_gpu")
-dequantises the codes in its gather warpgroup; `auto` runs it over an fp8 cache (`resolve_sparse_attention_impl`).
+so it moves ~57 % of the bf16 cache's bytes (656 of 1,152 a token at V3.2's widths). The Mosaic GPU sparse-MLA
+kernel ("mosaic_gpu") dequantises the codes in its gather warpgroup (`resolve_sparse_attention_impl`).
 """
 
 from __future__ import annotations
@@ -42,9 +41,9 @@ import jax.numpy as jnp
 from jax_mtp.cache import LayerCache, causal_mask, write_at_positions
 from jax_mtp.config import MtpConfig
 from jax_mtp.indexer import INDEXER_TRAINING, Indexer, Selection, quantize_keys, selects_all
-from jax_mtp.kernels import sparse_mla as sparse_mla_kernel
 from jax_mtp.kernels import sparse_mla_mgpu
 from jax_mtp.kernels.sparse_mla import dequantize_latent
+from jax_mtp.kernels.sparse_mla import reference as sparse_mla_reference
 from jax_mtp.layers import RMSNorm, Rotary, apply_rope, linear
 from jax_mtp.sharding import TensorParallel
 from jax_mtp.platform import NOT_HOPPER, lowering_gpu_is_hopper, lowering_platform
@@ -163,68 +162,45 @@ class MLAttention(nn.Module):
     same softmax as `_absorbed` with the selection mask, reading B·T·K entries instead of B·S."""
     cfg = self.cfg
     q_lat_BTNC, w_uv_CNH = self._latent_query(q_nope_BTNP)
-    b, t = q_nope_BTNP.shape[:2]
-    impl = resolve_sparse_attention_impl(cfg, lowering_platform(), self.num_local_heads, queries=b * t,
-                                         hopper=lowering_gpu_is_hopper())
+    impl = resolve_sparse_attention_impl(cfg, lowering_platform(), hopper=lowering_gpu_is_hopper())
     with jax.named_scope("sparse_attention"):  # its kernels' part in a device profile (benchmarks.step_profile)
       if impl == "xla":
-        o_lat_BTNC = sparse_mla_kernel.reference(q_lat_BTNC, q_pe_BTNR, cache.latent_BSC, cache.k_pe_BSR,
-                                                 selection.slots_BTK, selection.valid_BTK, cfg.softmax_scale,
-                                                 dot_dtype=cfg.dtype, latent_scale_BSG=cache.latent_scale_BSG)
-      else:  # a fused kernel (on a CPU in its interpreter); its output in the cache's dtype, which
-        # _heads_from_latent's dot takes (the XLA path's fp32 is rounded there)
+        o_lat_BTNC = sparse_mla_reference(q_lat_BTNC, q_pe_BTNR, cache.latent_BSC, cache.k_pe_BSR,
+                                          selection.slots_BTK, selection.valid_BTK, cfg.softmax_scale,
+                                          dot_dtype=cfg.dtype, latent_scale_BSG=cache.latent_scale_BSG)
+      else:  # the fused kernel (on a CPU in its interpreter), its output in the cache's 16-bit dtype, which
+        # _heads_from_latent's dot takes (the XLA path's fp32 is rounded there); an fp8 cache's codes are
+        # dequantised inside it
         dtype = cache.k_pe_BSR.dtype  # the cache's 16-bit dtype (an fp8 cache keeps its rope part in it)
-        operands = (q_lat_BTNC.astype(dtype), q_pe_BTNR.astype(dtype), cache.latent_BSC, cache.k_pe_BSR)
         attended_BTK = jnp.where(selection.valid_BTK, selection.slots_BTK, -1)
-        if impl == "mosaic_gpu":  # an fp8 cache's codes are dequantised inside the kernel
-          config = sparse_mla_mgpu.Config()
-          o_lat_BTNC = sparse_mla_mgpu.sparse_mla_mgpu(
-              *operands, pad_slots(attended_BTK, config.block_entries), cfg.softmax_scale,
-              latent_scale_BSG=cache.latent_scale_BSG, config=config, out_dtype=dtype,
-              interpret=lowering_platform() == "cpu")
-        else:
-          config = sparse_mla_kernel.model_config(self.num_local_heads, cfg.index_topk)
-          o_lat_BTNC = sparse_mla_kernel.sparse_mla(*operands, pad_slots(attended_BTK, config.block_entries),
-                                                    cfg.softmax_scale, config=config, out_dtype=dtype)
+        config = sparse_mla_mgpu.Config()
+        o_lat_BTNC = sparse_mla_mgpu.sparse_mla_mgpu(
+            q_lat_BTNC.astype(dtype), q_pe_BTNR.astype(dtype), cache.latent_BSC, cache.k_pe_BSR,
+            pad_slots(attended_BTK, config.block_entries), cfg.softmax_scale, latent_scale_BSG=cache.latent_scale_BSG,
+            config=config, out_dtype=dtype, interpret=lowering_platform() == "cpu")
     return _heads_from_latent(o_lat_BTNC, w_uv_CNH, dot_dtype=cfg.dtype)
 
 
-# `auto` runs the Mosaic GPU kernel over a 16-bit cache from this many queries a call (B·T) up, the Triton kernel
-# below: the H200, 2026-12-03 21:40 (benchmarks/RESULTS.md, "Sparse MLA on Mosaic GPU with its gather issued by
-# four warps"): Mosaic / Triton 533 / 703 µs at B = 64, T = 4; 197 / 241 at B = 64, T = 1; 132 / 133 at B = 8, T = 4;
-# 69 / 55 at B = 8, T = 1.
-MOSAIC_MIN_QUERIES = 64
+def resolve_sparse_attention_impl(cfg: MtpConfig, platform: str, *, hopper: bool = True) -> str:
+  """"xla" or "mosaic_gpu" (the fused kernel, kernels/sparse_mla_mgpu.py on Pallas Mosaic GPU) for
+  `cfg.sparse_attention_impl`, whatever a call's query and head counts (the kernel pads heads to its 64-head blocks
+  and the selection to its 64-entry steps). `hopper`: the GPU is a Hopper (`platform.lowering_gpu_is_hopper`; the
+  model passes it): the kernel's wgmma and TMA are sm_90's.
 
-
-def resolve_sparse_attention_impl(cfg: MtpConfig, platform: str, local_heads: int, queries: int, *,
-                                  hopper: bool = True) -> str:
-  """"xla" or a fused kernel ("pallas_gpu": kernels/sparse_mla.py on Pallas Triton, "mosaic_gpu":
-  kernels/sparse_mla_mgpu.py on Pallas Mosaic GPU) for `cfg.sparse_attention_impl` in a call of `queries` = B·T
-  queries. `hopper`: the GPU is a Hopper (`platform.lowering_gpu_is_hopper`; the model passes it): the Mosaic
-  kernel's wgmma and TMA are sm_90's, so on other GPUs `auto` never picks it and an explicit one is refused.
-
-  "auto" on GPUs (elsewhere xla: Mosaic TPU has no row gather from HBM by data-dependent ids in a block):
-    fp8 MLA cache   mosaic_gpu where it takes the model (it dequantises the gathered codes in shared memory; the
-                    Triton kernel reads no codes and scales): 1.1–1.7× XLA's sparse form on the H200 (RESULTS); else
-                    xla
-    16-bit cache    from MOSAIC_MIN_QUERIES queries up mosaic_gpu (pallas_gpu where it does not take the model);
-                    below, pallas_gpu (measured faster there); xla where neither takes the model
-  Both kernels keep the gathered entries and the scores out of HBM (why: RESULTS, "The sparse MLA in one Pallas
-  pass"). An explicit kernel runs as asked — on a CPU in Pallas's interpreter (tests), compiled on CUDA — unless
-  it cannot take the model (`_sparse_kernel_problems`, `_mosaic_sparse_problems`): then a ValueError names why."""
+  "auto": mosaic_gpu on a Hopper GPU where it takes the model (`_mosaic_sparse_problems`), with a bf16 / fp16 or an
+  fp8 MLA cache, at every query count; elsewhere xla (other GPUs: nothing else fused there since the Pallas Triton
+  kernel went on 2026-12-04; TPUs: Mosaic TPU has no row gather from HBM by data-dependent ids in a block). The
+  kernel keeps the gathered entries and the scores out of HBM (why: RESULTS, "The sparse MLA in one Pallas pass").
+  An explicit "mosaic_gpu" runs as asked — on a CPU in Pallas's interpreter (tests), compiled on a Hopper — unless
+  it cannot take the model or the GPU is not a Hopper: then a ValueError names why. "pallas_gpu" (the removed Triton
+  kernel) is refused by the config (`config.validate`), naming its replacement."""
   impl = cfg.sparse_attention_impl
   if impl == "xla":
     return "xla"
   if impl == "auto":
-    if platform != "gpu":
-      return "xla"
-    takes = {"mosaic_gpu": hopper and not _mosaic_sparse_problems(cfg),
-             "pallas_gpu": not _sparse_kernel_problems(cfg, local_heads)}
-    order = (("mosaic_gpu",) if cfg.kv_cache_dtype == "fp8" else
-             ("mosaic_gpu", "pallas_gpu") if queries >= MOSAIC_MIN_QUERIES else ("pallas_gpu",))
-    return next((kernel for kernel in order if takes[kernel]), "xla")
-  problems = _mosaic_sparse_problems(cfg) if impl == "mosaic_gpu" else _sparse_kernel_problems(cfg, local_heads)
-  if impl == "mosaic_gpu" and platform == "gpu" and not hopper:  # elsewhere it runs in Pallas's interpreter
+    return "mosaic_gpu" if platform == "gpu" and hopper and not _mosaic_sparse_problems(cfg) else "xla"
+  problems = _mosaic_sparse_problems(cfg)
+  if platform == "gpu" and not hopper:  # elsewhere it runs in Pallas's interpreter
     problems.append(NOT_HOPPER)
   if problems:
     raise ValueError(f"sparse_attention_impl={impl!r} cannot run here: {'; '.join(problems)} (use 'xla' or 'auto')")
@@ -237,24 +213,6 @@ def pad_slots(slots_BTK: jax.Array, multiple: int) -> jax.Array:
   reused top-k holds index_topk + the drafts written since step 0)."""
   k = slots_BTK.shape[-1]
   return jnp.pad(slots_BTK, [(0, 0), (0, 0), (0, -k % multiple)], constant_values=-1)
-
-
-def _sparse_kernel_problems(cfg: MtpConfig, local_heads: int) -> list[str]:
-  """Why the fused sparse-MLA kernel cannot take this model (none: it can)."""
-  problems = []
-  if jnp.dtype(cfg.dtype) == jnp.float32:
-    problems.append("the model computes in float32 (the kernel's dots are bf16/fp16)")
-  if cfg.kv_cache_dtype == "fp8":
-    problems.append("kv_cache_dtype='fp8': the kernel reads bf16/fp16 latent entries, not fp8 codes and scales")
-  dims = {"kv_lora_rank": cfg.kv_lora_rank, "qk_rope_head_dim": cfg.qk_rope_head_dim}
-  for name, value in dims.items():
-    if value < 16 or value & (value - 1):
-      problems.append(f"{name}={value} is not a power of two ≥ 16")
-  if local_heads % 16:
-    problems.append(f"{local_heads} heads per device is not a multiple of 16")
-  if cfg.index_topk % 16:
-    problems.append(f"index_topk={cfg.index_topk} is not a multiple of 16")
-  return problems
 
 
 def _mosaic_sparse_problems(cfg: MtpConfig) -> list[str]:

@@ -46,18 +46,15 @@ def auto_prefill_chunk(cfg: MtpConfig, batch: int, capacity: int, local_heads: i
   (TOPK_WORDS_PER_SLOT words a slot), plus XLA's sparse attention's K gathered [latent; k_pe] entries and
   N × K fp32 scores and probabilities — or, where the fused kernel runs it (it gathers in registers), only
   its [N, C] fp32 output."""
-  absorb, platform, hopper = prefill_absorb(cfg, capacity), lowering_platform(), lowering_gpu_is_hopper()
-
-  def per_token(chunk: int) -> int:  # the sparse attention's impl may change with the chunk's query count
-    if not absorb:
-      return 2 * local_heads * capacity * 4
+  if not prefill_absorb(cfg, capacity):
+    per_token = 2 * local_heads * capacity * 4
+  else:
     k, topk_bytes = cfg.index_topk, TOPK_WORDS_PER_SLOT * 4 * capacity
-    if resolve_sparse_attention_impl(cfg, platform, local_heads, queries=batch * chunk, hopper=hopper) == "xla":
-      return topk_bytes + k * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * 4 + 2 * local_heads * k * 4
-    return topk_bytes + local_heads * cfg.kv_lora_rank * 4
-
+    impl = resolve_sparse_attention_impl(cfg, lowering_platform(), hopper=lowering_gpu_is_hopper())
+    per_token = topk_bytes + (k * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * 4 + 2 * local_heads * k * 4
+                              if impl == "xla" else local_heads * cfg.kv_lora_rank * 4)
   chunk = _MAX_CHUNK
-  while chunk > _MIN_CHUNK and batch * chunk * per_token(chunk) > PREFILL_CHUNK_BYTES:
+  while chunk > _MIN_CHUNK and batch * chunk * per_token > PREFILL_CHUNK_BYTES:
     chunk //= 2
   return chunk
 

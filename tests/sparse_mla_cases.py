@@ -1,5 +1,6 @@
 """The sparse-MLA op's inputs, float64 formula and model-level check that every implementation's tests use
-(tests/test_sparse_mla_kernel.py: the Triton kernel; tests/test_sparse_mla_mgpu.py: the Mosaic GPU one)."""
+(tests/test_sparse_mla_mgpu.py: the Mosaic GPU kernel; the Pallas Triton one that also used them was removed on
+2026-12-04)."""
 
 import flax
 import jax

@@ -1,10 +1,9 @@
-"""Every kernel `auto` runs on a GPU — the sparse-MLA attention, the DSA index scores (Mosaic GPU's kernel; Triton's
-where only it takes the model), the FP8 grouped matmul (routed experts and dense FP8 linears) — has a bounded CI test
+"""Every kernel `auto` runs on a GPU — the sparse-MLA attention and the DSA index scores (Mosaic GPU's kernels), the FP8 grouped matmul (routed experts and dense FP8 linears) — has a bounded CI test
 at the model level on a CPU host, beside the full form's longer decodes (docs/testing.md): a tiny model decoding
 speculatively through the kernel (Pallas interpret mode on CPU) gives the tokens of plain greedy decoding through the
 XLA path, on the smallest config the kernel takes, with weights under which the kernel decides the tokens
 (`_quiet_embedding`); and for the FP8 kernel, `auto` puts it in the MTP step exported for an H200 (the DSA kernels'
-`auto` lowering is test_sparse_mla_kernel's, test_index_scores_mgpu's, test_index_scores_kernel's and
+`auto` lowering is test_sparse_mla_mgpu's, test_index_scores_mgpu's, test_index_scores_kernel's and
 test_user_path_kernels'). A kernel's numerics (a 10% error is below what tokens show) are its own tests'."""
 
 import re
@@ -26,11 +25,11 @@ VOCAB = 512
 
 
 def _dsa_cfg(**overrides) -> jax_mtp.MtpConfig:
-  """The smallest bf16 model both DSA kernels take: 16 heads of each kind, power-of-two latent and rope widths,
-  top-16 of a longer cache."""
+  """A small bf16 model both Mosaic GPU DSA kernels take: 16 heads of each kind, a 128-wide latent and 64-wide rope
+  and indexer keys, top-16 of a longer cache."""
   return jax_mtp.tiny(**{"vocab_size": VOCAB, "dtype": "bfloat16", "param_dtype": "bfloat16", "index_n_heads": 16,
-                         "num_attention_heads": 16, "kv_lora_rank": 16, "qk_rope_head_dim": 16, "index_topk": 16,
-                         **overrides})
+                         "num_attention_heads": 16, "kv_lora_rank": 128, "qk_rope_head_dim": 64, "index_head_dim": 64,
+                         "index_topk": 16, **overrides})
 
 
 K = 2  # draft tokens per round: verification at T = 3, drafts at T = 1
@@ -72,11 +71,14 @@ def dsa_plain_xla():
 
 
 def test_speculative_decoding_through_the_sparse_mla_kernel_gives_plain_xla_tokens(dsa_plain_xla):
-  """Target and drafter attend through the sparse-MLA kernel (interpret mode on CPU): prefill, verification at
-  T = 3 and drafts at T = 1 all take it; the tokens are plain greedy decoding's with XLA's attention."""
+  """Target and drafter attend through the Mosaic GPU sparse-MLA kernel (its interpreter on CPU): prefill, verification at
+  T = 3 and drafts at T = 1 all take it; the tokens are plain greedy decoding's with XLA's attention. 5 new tokens,
+  not the fixture's 8 (a prefix of them: greedy tokens do not depend on how many follow), since each kernel call
+  costs seconds in Pallas's GPU interpreter (~170 s for 8)."""
   (target, mtp), prompts, plain = dsa_plain_xla
-  cfg = _dsa_cfg(index_scores_impl="xla", sparse_attention_impl="pallas_gpu")
-  assert _speculative(cfg, target, mtp, prompts, 8) == plain
+  cfg = _dsa_cfg(index_scores_impl="xla", sparse_attention_impl="mosaic_gpu")
+  assert required_capacity(cfg, prompts, 5, K) == required_capacity(cfg, prompts, 8, K)  # the same caches
+  assert _speculative(cfg, target, mtp, prompts, 5) == [row[:5] for row in plain]
 
 
 def test_speculative_decoding_through_the_index_scores_kernel_gives_plain_xla_tokens(dsa_plain_xla):

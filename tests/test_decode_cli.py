@@ -101,7 +101,7 @@ def test_sampling_is_seeded(capsys):
     (["--moe-impl", "dense"], "'dense'"),
     (["--index-scores-impl", "pallas_tpu"], "--index-scores-impl=pallas_tpu runs on tpu; this machine's JAX platform"),
     (["--index-scores-impl", "mosaic_gpu"], "--index-scores-impl=mosaic_gpu runs on gpu; this machine's JAX platform"),
-    (["--sparse-attention-impl", "pallas_gpu"], "--sparse-attention-impl=pallas_gpu runs on gpu; this machine's JAX"),
+    (["--sparse-attention-impl", "pallas_gpu"], "invalid choice: 'pallas_gpu'"),  # the removed Triton kernel
     (["--sparse-attention-impl", "mosaic_gpu"], "--sparse-attention-impl=mosaic_gpu runs on gpu; this machine's JAX"),
     (["--sparse-attention-impl", "flash"], "'flash'"),
     (["--prefill-chunk", "-2"], "prefill_chunk=-2 must be a whole number of tokens"),

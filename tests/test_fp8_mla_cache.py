@@ -15,12 +15,11 @@ from jax_mtp import decode
 from jax_mtp.cache import init_layer_cache
 from jax_mtp.config import ConfigError
 from jax_mtp.indexer import Selection
-from jax_mtp.kernels.sparse_mla import KERNEL_NAME as SPARSE_MLA_KERNEL
 from jax_mtp.kernels.sparse_mla_mgpu import KERNEL_NAME as SPARSE_MLA_MGPU_KERNEL
 from jax_mtp.layers import rotary_for_positions
 from jax_mtp.kernels.sparse_mla import dequantize_latent
 from jax_mtp.kernels.sparse_mla import reference as sparse_mla_reference
-from jax_mtp.mla import MOSAIC_MIN_QUERIES, MLAttention, quantize_latent, read_latent, resolve_sparse_attention_impl
+from jax_mtp.mla import MLAttention, quantize_latent, read_latent, resolve_sparse_attention_impl
 from jax_mtp.request import cache_bytes
 from tests.greedy import plain_and_speculative
 from tests.lowered_step import mtp_step_module
@@ -165,30 +164,22 @@ def test_cache_bytes_per_token_at_v32_widths(kv, index, mla_bytes, index_bytes):
 
 
 def test_auto_runs_the_mosaic_kernel_over_an_fp8_cache():
-  """`auto` on a GPU over an fp8 cache: the Mosaic GPU kernel (it dequantises the codes), whatever the query count,
-  where it takes the model (a 64-wide rope); XLA's sparse form where it does not (a 16-wide rope), never the Triton
-  kernel, which reads bf16 entries (an explicit pallas_gpu is refused by name). The same model with a bf16 cache
-  takes the Triton kernel below MOSAIC_MIN_QUERIES queries (the control)."""
+  """`auto` on a GPU over an fp8 cache: the Mosaic GPU kernel (it dequantises the codes) where it takes the model (a
+  64-wide rope), XLA's sparse form where it does not (a 16-wide rope)."""
   widths = dict(dtype="bfloat16", param_dtype="bfloat16", kv_lora_rank=128, qk_rope_head_dim=16,
                 num_attention_heads=16, index_topk=16)
-  assert resolve_sparse_attention_impl(jax_mtp.tiny(**widths), "gpu", 16, queries=1) == "pallas_gpu"
   fp8 = jax_mtp.tiny(kv_cache_dtype="fp8", **widths)
-  assert resolve_sparse_attention_impl(fp8, "gpu", 16, queries=1) == "xla"  # rope 16: not the Mosaic kernel's
-  for queries in (1, MOSAIC_MIN_QUERIES):
-    assert resolve_sparse_attention_impl(fp8.replace(qk_rope_head_dim=64, index_head_dim=64), "gpu", 16, queries) == "mosaic_gpu"
-  with pytest.raises(ValueError, match="kv_cache_dtype='fp8': the kernel reads bf16/fp16 latent entries"):
-    resolve_sparse_attention_impl(fp8.replace(sparse_attention_impl="pallas_gpu"), "gpu", 16, queries=1)
+  assert resolve_sparse_attention_impl(fp8, "gpu") == "xla"  # rope 16: not the Mosaic kernel's
+  assert resolve_sparse_attention_impl(fp8.replace(qk_rope_head_dim=64, index_head_dim=64), "gpu") == "mosaic_gpu"
 
 
 def test_step_lowered_for_cuda_over_an_fp8_cache():
-  """The MTP draft step exported for an H200 with `auto`: over a bf16 cache it holds the Triton sparse-MLA kernel
-  (B = 2: below MOSAIC_MIN_QUERIES); over an fp8 cache the Mosaic kernel where it takes the model, else XLA's
-  sparse form reading e4m3 codes, and no kernel."""
+  """The MTP draft step exported for an H200 with `auto` over an fp8 cache: the Mosaic kernel where it takes the
+  model, else XLA's sparse form reading e4m3 codes, and no kernel."""
   widths = dict(dtype="bfloat16", param_dtype="bfloat16", kv_lora_rank=128, qk_rope_head_dim=16,
                 num_attention_heads=16, index_topk=16, index_n_heads=16)
-  assert SPARSE_MLA_KERNEL in mtp_step_module(jax_mtp.tiny(**widths), "cuda", 2, 64)
   fp8 = mtp_step_module(jax_mtp.tiny(kv_cache_dtype="fp8", **widths), "cuda", 2, 64)
-  assert SPARSE_MLA_KERNEL not in fp8 and SPARSE_MLA_MGPU_KERNEL not in fp8 and "f8E4M3FN" in fp8
+  assert SPARSE_MLA_MGPU_KERNEL not in fp8 and "f8E4M3FN" in fp8
   mosaic = mtp_step_module(jax_mtp.tiny(kv_cache_dtype="fp8", **(widths | dict(qk_rope_head_dim=64, index_head_dim=64))), "cuda", 2, 64)
   assert SPARSE_MLA_MGPU_KERNEL in mosaic and "f8E4M3FN" in mosaic
 

@@ -97,7 +97,7 @@ _FLAGS = {
     "--moe-impl": _mostly(st.sampled_from(["auto", "gather", "ragged_dot"]),
                           st.sampled_from(["bogus", "tokamax_gpu", "fp8_grouped_gpu"])),
     "--index-scores-impl": st.sampled_from(["auto", "xla", "mosaic_gpu"]),
-    "--sparse-attention-impl": st.sampled_from(["auto", "xla", "pallas_gpu", "mosaic_gpu"]),
+    "--sparse-attention-impl": st.sampled_from(["auto", "xla", "pallas_gpu", "mosaic_gpu"]),  # pallas_gpu: removed
     "--kv-cache-dtype": _mostly(st.sampled_from(["auto", "bfloat16", "fp8"]), st.sampled_from(["float8", "int8"])),
     "--fp8-matmul-impl": st.sampled_from(["auto", "triton", "mosaic_gpu", "cutlass"]),
     "--index-cache-dtype": _mostly(st.sampled_from(["auto", "bfloat16", "fp8"]), st.sampled_from(["int4", ""])),

@@ -1,6 +1,5 @@
 """GPUs other than Hopper (Ampere, Ada, Blackwell, AMD): the Mosaic GPU kernels here and tokamax's grouped matmul
-use wgmma and TMA, which only compute capability 9.x has. `auto` must not pick them there (the Triton kernels and
-XLA run instead), and an explicit one is a clear error, not a failed compile. Checked on programs exported for
+use wgmma and TMA, which only compute capability 9.x has. `auto` must not pick them there (XLA runs instead), and an explicit one is a clear error, not a failed compile. Checked on programs exported for
 abstract devices from this host and on the resolvers' tables."""
 
 import re
@@ -12,9 +11,8 @@ from jax.sharding import AbstractMesh, AxisType
 import jax_mtp
 from jax_mtp.experts import resolve_expert_impl
 from jax_mtp.indexer import resolve_index_scores_impl
-from jax_mtp.kernels.sparse_mla import KERNEL_NAME as TRITON_SPARSE_MLA
 from jax_mtp.kernels.sparse_mla_mgpu import KERNEL_NAME as MOSAIC_SPARSE_MLA
-from jax_mtp.mla import MOSAIC_MIN_QUERIES, resolve_sparse_attention_impl
+from jax_mtp.mla import resolve_sparse_attention_impl
 from jax_mtp.platform import NOT_HOPPER, lowering_gpu_is_hopper, lowering_platform
 from tests.lowered_step import mtp_step_module
 
@@ -40,19 +38,17 @@ def test_a_cpu_is_not_a_hopper():
 
 
 def _dsa_cfg(**overrides):
-  """A small bf16 DSA model both sparse-MLA kernels and the Mosaic index scores take (rope 64, latent 128)."""
+  """A small bf16 DSA model the Mosaic sparse-MLA kernel and index scores take (rope 64, latent 128)."""
   return jax_mtp.tiny(dtype="bfloat16", param_dtype="bfloat16", num_attention_heads=16, qk_rope_head_dim=64,
                       index_head_dim=64, kv_lora_rank=128, index_n_heads=16, index_topk=16, **overrides)
 
 
 def test_auto_keeps_off_the_mosaic_kernels_on_other_gpus():
   """The same model and call on a Hopper (the control) and on another GPU."""
-  cfg, many = _dsa_cfg(), MOSAIC_MIN_QUERIES
-  assert resolve_sparse_attention_impl(cfg, "gpu", 16, many, hopper=True) == "mosaic_gpu"
-  assert resolve_sparse_attention_impl(cfg, "gpu", 16, many, hopper=False) == "pallas_gpu"
-  fp8 = cfg.replace(kv_cache_dtype="fp8")  # only the Mosaic kernel reads fp8 codes: XLA's sparse form elsewhere
-  assert resolve_sparse_attention_impl(fp8, "gpu", 16, 1, hopper=True) == "mosaic_gpu"
-  assert resolve_sparse_attention_impl(fp8, "gpu", 16, 1, hopper=False) == "xla"
+  cfg = _dsa_cfg()
+  for cache in (cfg, cfg.replace(kv_cache_dtype="fp8")):
+    assert resolve_sparse_attention_impl(cache, "gpu", hopper=True) == "mosaic_gpu"
+    assert resolve_sparse_attention_impl(cache, "gpu", hopper=False) == "xla"
   assert resolve_index_scores_impl(cfg, "gpu", 256, hopper=True) == "mosaic_gpu"
   assert resolve_index_scores_impl(cfg, "gpu", 256, hopper=False) == "xla"
   weights = jax.ShapeDtypeStruct((8, 256, 128), "bfloat16")
@@ -63,22 +59,21 @@ def test_auto_keeps_off_the_mosaic_kernels_on_other_gpus():
 def test_an_explicit_mosaic_kernel_on_another_gpu_is_one_clear_error():
   """Refused by name on a GPU that is not a Hopper; on a CPU the kernels still run in Pallas's interpreter."""
   with pytest.raises(ValueError, match="sparse_attention_impl='mosaic_gpu' cannot run here: .*need a Hopper GPU"):
-    resolve_sparse_attention_impl(_dsa_cfg(sparse_attention_impl="mosaic_gpu"), "gpu", 16, 1, hopper=False)
+    resolve_sparse_attention_impl(_dsa_cfg(sparse_attention_impl="mosaic_gpu"), "gpu", hopper=False)
   with pytest.raises(ValueError, match="index_scores_impl='mosaic_gpu' cannot run here: .*need a Hopper GPU"):
     resolve_index_scores_impl(_dsa_cfg(index_scores_impl="mosaic_gpu"), "gpu", 256, hopper=False)
   with pytest.raises(ValueError, match=re.escape(f"moe_impl='tokamax_gpu': {NOT_HOPPER}")):
     resolve_expert_impl("tokamax_gpu", "gpu", 64, 2, jax.ShapeDtypeStruct((8, 256, 128), "bfloat16"), hopper=False)
-  assert resolve_sparse_attention_impl(_dsa_cfg(sparse_attention_impl="mosaic_gpu"), "cpu", 16, 1,
-                                       hopper=False) == "mosaic_gpu"
+  assert resolve_sparse_attention_impl(_dsa_cfg(sparse_attention_impl="mosaic_gpu"), "cpu", hopper=False) == "mosaic_gpu"
   assert resolve_index_scores_impl(_dsa_cfg(index_scores_impl="mosaic_gpu"), "cpu", 256, hopper=False) == "mosaic_gpu"
 
 
 @pytest.mark.parametrize("device", [A100, B200], ids=["A100", "B200"])
 def test_the_step_exported_for_another_gpu_holds_no_mosaic_kernel(device):
-  """`auto` in the MTP draft step at B = MOSAIC_MIN_QUERIES: on an H100 the Mosaic sparse-MLA kernel and index
-  scores (the control); on an A100 or a B200 the Triton sparse-MLA kernel and no Mosaic GPU kernel at all."""
+  """`auto` in the MTP draft step at B = 64: on an H100 the Mosaic sparse-MLA kernel and index scores (the control);
+  on an A100 or a B200 no Mosaic GPU kernel at all, and no Pallas Triton one either (XLA's sparse form)."""
   cfg = _dsa_cfg()
-  hopper = mtp_step_module(cfg, "cuda", MOSAIC_MIN_QUERIES, 512, device=H100)
+  hopper = mtp_step_module(cfg, "cuda", 64, 512, device=H100)
   assert MOSAIC_SPARSE_MLA in hopper and "mosaic_gpu" in hopper
-  other = mtp_step_module(cfg, "cuda", MOSAIC_MIN_QUERIES, 512, device=device)
-  assert "mosaic_gpu" not in other and TRITON_SPARSE_MLA in other
+  other = mtp_step_module(cfg, "cuda", 64, 512, device=device)
+  assert "mosaic_gpu" not in other and "xla.gpu.triton" not in other

@@ -2,8 +2,9 @@
 path on awkward shapes (heads padded to its blocks, S not a power of two, narrow rope, bf16 / fp16, splits,
 padded selections) in Pallas's GPU interpreter (TMA copies, barriers, wgmma and the three warpgroups simulated on
 the CPU); lowered for CUDA at V3.2's widths; in the CUDA program of the MTP step when asked for; the model's
-attention through it equals XLA's; refused with the offending values where it cannot run. On a GPU the same
-cases run compiled."""
+attention through it equals XLA's, and speculative decoding through it keeps XLA's tokens; `auto` picks it on Hopper
+GPUs at every query count; refused with the offending values where it cannot run. On a GPU the same cases run
+compiled. The split partials' merge (`sparse_mla.combine_splits`) against the whole softmax."""
 
 import functools
 
@@ -13,10 +14,10 @@ import numpy as np
 import pytest
 
 import jax_mtp
-from jax_mtp.kernels.sparse_mla import KERNEL_NAME as TRITON_KERNEL
-from jax_mtp.kernels.sparse_mla import dequantize_latent, reference
+from jax_mtp.kernels.sparse_mla import combine_splits, dequantize_latent, reference
 from jax_mtp.kernels.sparse_mla_mgpu import KERNEL_NAME, Config, config_for, sparse_mla_mgpu
-from jax_mtp.mla import MOSAIC_MIN_QUERIES, quantize_latent, resolve_sparse_attention_impl
+from jax_mtp.mla import quantize_latent, resolve_sparse_attention_impl
+from tests.conftest import FULL_ONLY, FULL_TESTS
 from tests.lowered_step import mtp_step_module
 from tests.sparse_mla_cases import assert_models_attention_equals_xlas, formula, problem
 from tests.tolerances import assert_close
@@ -195,25 +196,70 @@ def _kernel_cfg(**overrides):
 
 
 def test_resolution():
-  for queries in (1, 256):  # an explicit kernel whatever the query count
-    assert resolve_sparse_attention_impl(_kernel_cfg(sparse_attention_impl="mosaic_gpu"), "gpu", 16, queries) == "mosaic_gpu"
-    assert resolve_sparse_attention_impl(_kernel_cfg(sparse_attention_impl="mosaic_gpu"), "gpu", 8, queries) == "mosaic_gpu"
+  cfg = _kernel_cfg()
+  # auto on a Hopper: the kernel, over a bf16 or an fp8 cache, any head count (padded to its 64-head blocks)
+  assert resolve_sparse_attention_impl(cfg, "gpu") == "mosaic_gpu"
+  assert resolve_sparse_attention_impl(cfg.replace(kv_cache_dtype="fp8"), "gpu") == "mosaic_gpu"
+  assert resolve_sparse_attention_impl(cfg.replace(num_attention_heads=8), "gpu") == "mosaic_gpu"
+  for platform in ("tpu", "cpu"):  # no TPU kernel; a CPU runs the kernel only when asked (its interpreter)
+    assert resolve_sparse_attention_impl(cfg, platform) == "xla"
+  assert resolve_sparse_attention_impl(cfg.replace(qk_rope_head_dim=16), "gpu") == "xla"  # auto: not the kernel's
+  assert resolve_sparse_attention_impl(cfg.replace(sparse_attention_impl="xla"), "gpu") == "xla"
+  explicit = _kernel_cfg(sparse_attention_impl="mosaic_gpu")
+  assert resolve_sparse_attention_impl(explicit, "gpu") == resolve_sparse_attention_impl(explicit, "cpu") == "mosaic_gpu"
   with pytest.raises(ValueError, match="float32.*kv_lora_rank=16 is not a multiple of 128 up to 512; qk_rope_head_dim=8"):
-    resolve_sparse_attention_impl(jax_mtp.tiny(sparse_attention_impl="mosaic_gpu"), "gpu", 8, 1)
+    resolve_sparse_attention_impl(jax_mtp.tiny(sparse_attention_impl="mosaic_gpu"), "gpu")
+  with pytest.raises(jax_mtp.ConfigError, match="sparse_attention_impl='pallas_gpu': the Pallas Triton sparse-MLA "
+                     "kernel was removed.*use 'mosaic_gpu' or 'auto'"):
+    _kernel_cfg(sparse_attention_impl="pallas_gpu")
+  with pytest.raises(jax_mtp.ConfigError, match="sparse_attention_impl='flashmla'"):
+    jax_mtp.tiny(sparse_attention_impl="flashmla")
 
 
-@pytest.mark.parametrize("batch,kernel", [(MOSAIC_MIN_QUERIES, "mosaic"), (MOSAIC_MIN_QUERIES // 2, "triton")])
-def test_auto_picks_the_kernel_by_queries_in_the_lowered_step(batch, kernel):
-  """`auto` in the MTP draft step exported for an H200 (T = 1: B queries): the Mosaic kernel from
-  MOSAIC_MIN_QUERIES queries, the Triton kernel below, and never both."""
+@pytest.mark.parametrize("batch", [1, 2, 64])
+def test_auto_runs_the_kernel_at_every_batch_in_the_lowered_step(batch):
+  """`auto` in the MTP draft step exported for an H200 (T = 1: B queries): the Mosaic GPU kernel at one query as at
+  64, and no Pallas Triton kernel anywhere in the program."""
   module = mtp_step_module(_kernel_cfg(), "cuda", batch, 64)
-  mosaic, triton = KERNEL_NAME in module, TRITON_KERNEL in module.replace(KERNEL_NAME, "")
-  assert (mosaic, triton) == ((True, False) if kernel == "mosaic" else (False, True))
+  assert KERNEL_NAME in module
+  assert "xla.gpu.triton" not in module  # Pallas's Triton backend lowers to this custom call
 
 
 def test_the_kernel_is_in_the_lowered_step_when_asked_for():
-  module = mtp_step_module(_kernel_cfg(sparse_attention_impl="mosaic_gpu"), "cuda", 2, 64)
-  assert KERNEL_NAME in module and TRITON_KERNEL not in module.replace(KERNEL_NAME, "")
+  assert KERNEL_NAME in mtp_step_module(_kernel_cfg(sparse_attention_impl="mosaic_gpu"), "cuda", 2, 64)
+  assert KERNEL_NAME not in mtp_step_module(_kernel_cfg(sparse_attention_impl="xla"), "cuda", 2, 64)
+
+
+def test_combine_splits_is_the_softmax_over_all_entries():
+  """Two halves' normalised outputs and log-sum-exps merge to the whole softmax (fp32, exact-ish)."""
+  rng = np.random.default_rng(3)
+  scores, values = rng.standard_normal((2, 3, 8)), rng.standard_normal((8, 4))  # [Q, N, K], [K, C]
+  halves = [(scores[..., i:i + 4], values[i:i + 4]) for i in (0, 4)]
+  softmax = lambda s: np.exp(s - s.max(-1, keepdims=True)) / np.exp(s - s.max(-1, keepdims=True)).sum(-1, keepdims=True)  # noqa: E731
+  outs = [np.einsum("qnk,kc->qnc", softmax(s), v) for s, v in halves]
+  lses = [np.log(np.exp(s).sum(-1)) for s, _ in halves]
+  got = combine_splits(jnp.asarray(np.stack(outs, 1), jnp.float32), jnp.asarray(np.stack(lses, 1), jnp.float32))
+  assert_close(got, np.einsum("qnk,kc->qnc", softmax(scores), values), "float32", what="combined halves")
+
+
+def test_speculative_decoding_with_the_kernel_keeps_xlas_tokens():
+  """A bf16 DSA model (caches longer than top-16) decoding speculatively, target and drafter through the kernel
+  (its interpreter on a CPU, compiled on a GPU) or XLA: the same tokens, the same drafts accepted. Every call shape
+  goes through the kernel (prefill chunks, verification T = 3, drafts T = 1). On a CPU in the full form only: CI's
+  bounded form is the attention test below."""
+  if not ON_GPU and not FULL_TESTS:
+    pytest.skip(f"on CPU: {FULL_ONLY}")
+  cfg = _kernel_cfg(vocab_size=512)
+  target_params = jax_mtp.init_target_params(cfg, jax.random.key(0))
+  mtp_params = jax_mtp.init_params(cfg, jax.random.key(1))
+  rng = np.random.default_rng(5)
+  prompts = [[int(t) for t in rng.integers(0, 512, n)] for n in (21, 34)]
+  runs = {}
+  for impl in ("xla", "mosaic_gpu"):
+    spec = jax_mtp.Speculator(cfg.replace(sparse_attention_impl=impl), jax_mtp.make_mesh(1), 2)
+    runs[impl] = spec.generate(spec.shard(target_params, mtp_params), prompts, 10)
+  assert runs["mosaic_gpu"].tokens == runs["xla"].tokens
+  assert runs["mosaic_gpu"].metrics.accepted_per_position == runs["xla"].metrics.accepted_per_position
 
 
 @pytest.mark.parametrize("t,cache", [(1, "bfloat16"), (3, "bfloat16"), (3, "fp8")])
