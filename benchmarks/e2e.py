@@ -45,7 +45,7 @@ import numpy as np
 import jax_mtp
 from benchmarks import step_profile
 from benchmarks.timing import copy_bandwidth
-from jax_mtp import decode, fp8
+from jax_mtp import decode, decode_flags, fp8
 from jax_mtp.sharding import SHARED_WITH_TARGET
 from jax_mtp.generate import TargetDecoder
 from jax_mtp.kernels.fp8_grouped_matmul import KERNEL_NAME as FP8_KERNEL
@@ -167,7 +167,7 @@ def _median_seconds(fn, repeats: int) -> float:
 def cli_config(args, chunk: int) -> jax_mtp.MtpConfig:
   """The model's config as the CLI sets it (decode.with_flags) from the CLI's own parser."""
   argv = ["--num-speculative-tokens", str(args.k), "--prefill-chunk", str(chunk), "--ignore-eos", *args.cli]
-  flags = decode._parser().parse_args(argv)
+  flags = decode_flags.parser().parse_args(argv)
   base = jax_mtp.tiny() if args.small else jax_mtp.deepseek_v32()
   return decode.with_flags(base.replace(num_hidden_layers=args.layers, first_k_dense_replace=1), flags)
 
@@ -208,7 +208,7 @@ def run_row(args, cfg, spec, params, prompt_len: int, batch: int, rng, peak: flo
   prompts = [[int(t) for t in rng.integers(0, cfg.vocab_size, prompt_len)] for _ in range(batch)]
   capacity = required_capacity(cfg, prompts, args.max_new, args.k)  # the CLI's rule
   check_caches_fit(cfg, batch, capacity, mesh.devices.flat)
-  decode._check_kernel_impls(cfg, capacity, 1)
+  decode._check_kernel_impls(cfg, capacity)
   prompt_BT, lengths_B = pack_prompts(prompts)
   stop_N = stop_id_array(cfg, [])
   row = {"weights": weights, "prompt": prompt_len, "batch": batch, "capacity": capacity, "k": args.k}

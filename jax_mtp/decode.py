@@ -32,96 +32,16 @@ import jax
 
 import jax_mtp
 from jax_mtp import distributed, loader
-from jax_mtp.config import (DTYPES, FP8_MATMUL_IMPLS, INDEX_SCORES_IMPLS, KV_CACHE_DTYPES, MOE_IMPLS,
-                            SPARSE_ATTENTION_IMPLS)
+from jax_mtp.decode_flags import DEFAULT_PROMPT, DEFAULT_TEXT, BadInput, parser
 from jax_mtp.decode_output import Progress, TextStream, exit_code, print_result
 from jax_mtp.generate import TargetDecoder
-from jax_mtp.kernels.fused_allreduce_rmsnorm import IMPLS, gpu_kernels
+from jax_mtp.kernels.fused_allreduce_rmsnorm import gpu_kernels
 from jax_mtp.platform import lowering_gpu_is_hopper
-from jax_mtp.prefill import PREFILL_CHUNK_BYTES
 from jax_mtp.request import (check_caches_fit, required_capacity, stop_id_array, validate_prompts,
                              validate_temperature)
 from jax_mtp.sharding import make_mesh, validate_tp
 from jax_mtp.speculative import SpecParams, SpecResult, Speculator
 from jax_mtp.tokenizer import TextCodec, eos_token_ids
-
-INDEX_CACHE_FLAGS = ("auto", "bfloat16", "fp8")  # --index-cache-dtype's values: MtpConfig.index_cache_dtype's names
-DEFAULT_PROMPT = "1,2,3,4,5,6,7,8"  # token ids, for --random-tiny and checkpoints
-DEFAULT_TEXT = "def fibonacci(n):\n"  # the embedded default's prompt
-
-
-class _BadInput(ValueError):
-  """Bad command-line input: exit 2 with this one-line message."""
-
-
-class _Parser(argparse.ArgumentParser):
-  def error(self, message):  # one line instead of argparse's usage block
-    raise _BadInput(message)
-
-
-def _parser() -> argparse.ArgumentParser:
-  p = _Parser(prog="python -m jax_mtp.decode", description=__doc__.splitlines()[0])
-  p.add_argument("--checkpoint", metavar="DIR|REPO",
-                 help="HF checkpoint directory (config.json + *.safetensors), a jax_mtp orbax directory, or a "
-                      "Hugging Face repo id (owner/name: only the files the run reads are fetched, into the HF cache)")
-  p.add_argument("--random-tiny", action="store_true",
-                 help="a tiny DeepSeek-V3.2-shaped model with random weights instead of the embedded default")
-  p.add_argument("--prompt", action="append", metavar="TEXT",
-                 help=f"text prompt, encoded with the model's tokenizer.json; repeat for a batch (default, for "
-                      f"the embedded model: {DEFAULT_TEXT!r})")
-  p.add_argument("--prompt-ids", action="append", metavar="IDS",
-                 help=f"comma-separated token ids; repeat for a batch (default with --random-tiny or a "
-                      f"checkpoint: {DEFAULT_PROMPT})")
-  p.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate per prompt (default 32)")
-  p.add_argument("--num-speculative-tokens", type=int, default=3, help="draft tokens k per round, ≥ 1 (default 3)")
-  p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 = rejection sampling")
-  p.add_argument("--seed", type=int, default=0, help="sampling seed (the weights' seed is fixed)")
-  p.add_argument("--tp", type=int, default=1, help="tensor-parallel devices (default 1)")
-  p.add_argument("--impl", choices=IMPLS, default=IMPLS[0], help="fused all-reduce + RMSNorm implementation")
-  p.add_argument("--dtype", choices=("auto",) + DTYPES, default="auto",
-                 help="compute and parameter dtype; auto (default): the checkpoint's torch_dtype, as vLLM")
-  p.add_argument("--weights", choices=loader.WEIGHTS, default="auto",
-                 help="FP8 checkpoints (HF or orbax): fp8 keeps the weights as stored (codes + block scales, "
-                      "dequantised inside each matmul's program), bf16 dequantises them on load (to --dtype's); "
-                      "auto (default): as the checkpoint stores them, FP8 where --tp splits whole blocks (else "
-                      "dequantised, with a note)")
-  p.add_argument("--moe-impl", choices=MOE_IMPLS, default="auto",
-                 help="routed experts' implementation (jax_mtp.experts); auto: by platform and size")
-  p.add_argument("--index-scores-impl", choices=INDEX_SCORES_IMPLS, default="auto",
-                 help="DSA indexer scores: xla, or a fused Pallas kernel (mosaic_gpu: Mosaic GPU; pallas_tpu); "
-                      "auto: mosaic_gpu on Hopper GPUs where it takes the model, else xla")
-  p.add_argument("--sparse-attention-impl", choices=SPARSE_ATTENTION_IMPLS, default="auto",
-                 help="DSA's sparse MLA attention: xla, or the fused Pallas kernel (mosaic_gpu: Mosaic GPU, Hopper "
-                      "only; it also reads an fp8 cache); auto: mosaic_gpu on Hopper GPUs where it takes the model, "
-                      "else xla")
-  p.add_argument("--fp8-matmul-impl", choices=FP8_MATMUL_IMPLS, default="auto",
-                 help="with FP8 weights on GPUs, the kernel multiplying the codes: triton (Pallas's Triton backend) or "
-                      "mosaic_gpu (Pallas Mosaic GPU); auto: triton")
-  p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
-                 help="the MLA cache: auto (default): the compute dtype; bfloat16; fp8: e4m3 latent + one fp32 scale "
-                      "per 128 values + the rope key in the compute dtype (656 bytes a token at V3.2's widths against "
-                      "1,152 in bf16; vLLM's fp8_ds_mla); on GPUs the Mosaic GPU sparse-MLA kernel reads it")
-  p.add_argument("--index-cache-dtype", choices=INDEX_CACHE_FLAGS, default="auto",
-                 help="the DSA indexer's key cache, read whole at every step: auto (default): the compute dtype; "
-                      "bfloat16; fp8: e4m3 keys + one fp32 scale a token (132 bytes a token at V3.2's widths against "
-                      "256 in bf16: half the indexer's bytes at long context; how vLLM and DeepSeek's inference code "
-                      "keep them)")
-  p.add_argument("--prefill-chunk", type=int, default=0, metavar="TOKENS",
-                 help="prompt tokens per row per prefill call; 0 (default): sized to "
-                      f"{PREFILL_CHUNK_BYTES // 2**30} GiB of per-query buffers (jax_mtp.prefill)")
-  p.add_argument("--ignore-eos", action="store_true",
-                 help="do not stop a row at the checkpoint's EOS ids (benchmarks, as vLLM's flag)")
-  p.add_argument("--check", action="store_true",
-                 help="also decode with the target alone and compare; exit 1 if the outputs differ (2 is bad input)")
-  p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-  p.add_argument("--gpu-memory-fraction", type=float, default=None, metavar="F",
-                 help="the share of each GPU's memory JAX may take, in (0, 1] (sets XLA_PYTHON_CLIENT_MEM_FRACTION "
-                      "before JAX starts, as vLLM's --gpu-memory-utilization); default: JAX's own (0.75 unless that "
-                      "variable is set). Long contexts at large batches need more: on an H200 a 4-layer V3.2 target "
-                      "with B = 256 × 32K caches ran at 0.95")
-  distributed.add_arguments(p)
-  return p
-
 
 class Settings(NamedTuple):
   """The flags decoding reads once the request is validated, as plain values."""
@@ -169,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
   """Parse, validate, build, run, print: exit 0, 1 when a row's logits became non-finite or --check found
   the outputs differ, 2 on bad input."""
   try:
-    args = _parser().parse_args(argv)
+    args = parser().parse_args(argv)
     distributed.validate(args)  # the process flags' own consistency, before they configure JAX
     set_gpu_memory_fraction(args.gpu_memory_fraction)
     for name, value in jax_settings(args).items():  # the only JAX config the CLI sets, before JAX starts
@@ -204,7 +124,7 @@ def set_gpu_memory_fraction(fraction: float | None, environ=os.environ) -> None:
   if fraction is None:
     return
   if not 0 < fraction <= 1:  # also NaN
-    raise _BadInput(f"--gpu-memory-fraction={fraction} must be in (0, 1]")
+    raise BadInput(f"--gpu-memory-fraction={fraction} must be in (0, 1]")
   environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = str(fraction)
 
 
@@ -220,10 +140,10 @@ def jax_settings(args: argparse.Namespace) -> dict:
 
 
 def validate(args: argparse.Namespace) -> Request:
-  """Every check that reads no weight, in the order their errors are reported (_BadInput / ValueError)."""
+  """Every check that reads no weight, in the order their errors are reported (BadInput / ValueError)."""
   settings = Settings.of(args)
   if settings.tp > len(jax.devices()):  # before reading a checkpoint's config
-    raise _BadInput(f"--tp={settings.tp} needs {settings.tp} devices, {len(jax.devices())} available")
+    raise BadInput(f"--tp={settings.tp} needs {settings.tp} devices, {len(jax.devices())} available")
   distributed.replica_devices(settings.tp)  # several processes: tp spans whole processes (ValueError naming them)
   source = _source(settings)
   cfg = with_flags(jax_mtp.tiny() if source is None else loader.checkpoint_config(source), args)
@@ -247,9 +167,9 @@ def _source(settings: Settings) -> loader.Source | None:
   """Where the model's config, tokenizer, EOS ids and weights are: --checkpoint's directory or repo, the
   embedded default, or None for --random-tiny."""
   if settings.random_tiny and settings.checkpoint is not None:
-    raise _BadInput("give --checkpoint or --random-tiny, not both")
+    raise BadInput("give --checkpoint or --random-tiny, not both")
   if settings.weights != "auto" and settings.checkpoint is None:
-    raise _BadInput(f"--weights {settings.weights} is for --checkpoint's weights; the embedded models are not FP8")
+    raise BadInput(f"--weights {settings.weights} is for --checkpoint's weights; the embedded models are not FP8")
   return None if settings.random_tiny else loader.locate(settings.checkpoint)
 
 
@@ -264,13 +184,13 @@ def _check_run_flags(settings: Settings) -> None:
   for flag, value in (("max-new-tokens", settings.max_new_tokens), ("num-speculative-tokens", settings.k),
                       ("tp", settings.tp)):
     if value < 1:
-      raise _BadInput(f"--{flag}={value} must be ≥ 1")
+      raise BadInput(f"--{flag}={value} must be ≥ 1")
   try:
     validate_temperature(settings.temperature)
   except ValueError as e:  # "temperature=… must …", said of the flag
-    raise _BadInput(f"--{e}") from None
+    raise BadInput(f"--{e}") from None
   if settings.check and settings.temperature > 0:
-    raise _BadInput(f"--check compares greedy outputs token for token; it needs --temperature 0, "
+    raise BadInput(f"--check compares greedy outputs token for token; it needs --temperature 0, "
                     f"got {settings.temperature}")
 
 
@@ -280,11 +200,11 @@ def _parse_ids(text: str) -> list[int]:
   items = text.split(",")
   gap = next((i for i, item in enumerate(items) if not item.strip()), None)
   if gap is not None:  # "1,,2" or "1,2,": an id left out is not dropped silently
-    raise _BadInput(f"--prompt-ids {text!r}: entry {gap} of {len(items)} is empty")
+    raise BadInput(f"--prompt-ids {text!r}: entry {gap} of {len(items)} is empty")
   try:
     return [int(item) for item in items]
   except ValueError:
-    raise _BadInput(f"--prompt-ids {text!r} is not a comma-separated list of integers") from None
+    raise BadInput(f"--prompt-ids {text!r} is not a comma-separated list of integers") from None
 
 
 def _prompts(prompt: list[str] | None, prompt_ids: list[str] | None, source: loader.Source | None,
@@ -292,11 +212,11 @@ def _prompts(prompt: list[str] | None, prompt_ids: list[str] | None, source: loa
   """(texts, codec, token ids): the ids from --prompt-ids (DEFAULT_PROMPT's where `ids_by_default` and no
   prompt is given), or from --prompt through the model's tokenizer (the embedded default's: DEFAULT_TEXT)."""
   if prompt is not None and prompt_ids is not None:
-    raise _BadInput("give --prompt or --prompt-ids, not both")
+    raise BadInput("give --prompt or --prompt-ids, not both")
   if prompt is None and (prompt_ids is not None or ids_by_default):
     return None, None, [_parse_ids(text) for text in (prompt_ids or [DEFAULT_PROMPT])]
   if source is None:
-    raise _BadInput("--prompt needs a tokenizer, and --random-tiny has none; use --prompt-ids")
+    raise BadInput("--prompt needs a tokenizer, and --random-tiny has none; use --prompt-ids")
   texts = prompt or [DEFAULT_TEXT]
   codec = TextCodec(source.directory)
   return texts, codec, [codec.encode(text) for text in texts]
@@ -321,7 +241,7 @@ def _check_kernel_impls(cfg: jax_mtp.MtpConfig, capacity: int) -> None:
       continue
     runs_on = KERNEL_PLATFORMS[impl]
     if runs_on != platform:
-      raise _BadInput(f"{flag}={impl} runs on {runs_on}; this machine's JAX platform is {platform}")
+      raise BadInput(f"{flag}={impl} runs on {runs_on}; this machine's JAX platform is {platform}")
     resolve()  # ValueError naming what the kernel cannot take
 
 
@@ -330,12 +250,12 @@ def _check_impl(impl: str) -> None:
   platform = jax.devices()[0].platform
   needed = {"pallas_tpu": "tpu", "pallas_gpu": "gpu"}.get(impl)
   if needed is not None and platform != needed:
-    raise _BadInput(f"--impl={impl} needs {needed.upper()} devices, found {platform}")
+    raise BadInput(f"--impl={impl} needs {needed.upper()} devices, found {platform}")
   if impl == "pallas_gpu":
     try:
       gpu_kernels()  # the kernels' JAX internals, imported only for this impl
     except ImportError as e:
-      raise _BadInput(f"--impl=pallas_gpu: {e}") from None
+      raise BadInput(f"--impl=pallas_gpu: {e}") from None
 
 
 def with_flags(cfg: jax_mtp.MtpConfig, args: argparse.Namespace) -> jax_mtp.MtpConfig:
@@ -344,7 +264,7 @@ def with_flags(cfg: jax_mtp.MtpConfig, args: argparse.Namespace) -> jax_mtp.MtpC
   if args.dtype != "auto":
     cfg = cfg.replace(dtype=args.dtype, param_dtype=args.dtype)
   if args.index_cache_dtype != "auto" and not cfg.has_indexer:
-    raise _BadInput(f"--index-cache-dtype={args.index_cache_dtype} is for DSA models (DeepSeek-V3.2, GLM-5); this "
+    raise BadInput(f"--index-cache-dtype={args.index_cache_dtype} is for DSA models (DeepSeek-V3.2, GLM-5); this "
                     f"model ({cfg.model_type}) has no indexer")
   return cfg.replace(moe_impl=args.moe_impl, index_scores_impl=args.index_scores_impl,
                      sparse_attention_impl=args.sparse_attention_impl, kv_cache_dtype=args.kv_cache_dtype,

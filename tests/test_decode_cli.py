@@ -12,7 +12,7 @@ import sys
 import pytest
 
 import jax_mtp
-from jax_mtp import decode
+from jax_mtp import decode, decode_flags
 from jax_mtp.decode_output import exit_code, print_result
 from jax_mtp.distributed import Gathered
 
@@ -150,7 +150,7 @@ def test_failed_check_exits_1(capsys, as_json):
                               "target (they must match token for token)"]
   assert print_result(dataclasses.replace(result, matches=True), **args) == 0
   assert capsys.readouterr().err == ""
-  assert "exit 1 if the outputs differ" in " ".join(decode._parser().format_help().split())
+  assert "exit 1 if the outputs differ" in " ".join(decode_flags.parser().format_help().split())
 
 
 def test_progress_line():
@@ -185,8 +185,8 @@ def test_dtype_moe_impl_and_prefill_chunk_flags(capsys):
   --prefill-chunk the prompt tokens per prefill call; speculative decoding still equals plain greedy
   decoding in bf16 with XLA's grouped matmul and a 9-token prompt prefilled 4 tokens at a time."""
   tiny = jax_mtp.tiny()
-  assert decode.with_flags(tiny, decode._parser().parse_args([])) == tiny
-  args = decode._parser().parse_args(["--dtype", "bfloat16", "--moe-impl", "ragged_dot", "--prefill-chunk", "4"])
+  assert decode.with_flags(tiny, decode_flags.parser().parse_args([])) == tiny
+  args = decode_flags.parser().parse_args(["--dtype", "bfloat16", "--moe-impl", "ragged_dot", "--prefill-chunk", "4"])
   assert decode.with_flags(tiny, args) == tiny.replace(dtype="bfloat16", param_dtype="bfloat16", moe_impl="ragged_dot",
                                                        prefill_chunk=4)
   out = _json_run(capsys, ["--dtype", "bfloat16", "--moe-impl", "ragged_dot", "--prefill-chunk", "4", "--check",

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from jax_mtp import decode, loader
+from jax_mtp import decode, decode_flags, loader
 from jax_mtp.model import TargetModel
 from jax_mtp.prefill import target_prefill
 from jax_mtp.sharding import make_mesh
@@ -39,7 +39,7 @@ def checkpoint(request, tmp_path_factory):
 
 def _cli_loaded(directory: str, extra=()):
   """The config and params exactly as `decode.main` builds them for these flags."""
-  args = decode._parser().parse_args(["--checkpoint", directory, "--dtype", "float32", *extra])
+  args = decode_flags.parser().parse_args(["--checkpoint", directory, "--dtype", "float32", *extra])
   cfg = decode.with_flags(loader.checkpoint_config(directory), args)
   loaded = loader.load(directory, cfg=cfg, mesh=make_mesh(args.tp), weights=args.weights)
   return loaded.cfg, loaded  # the config the weights run with, and the weights

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from jax_mtp import decode, distributed
+from jax_mtp import decode, decode_flags, distributed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DECODE = [sys.executable, "-m", "jax_mtp.decode", "--random-tiny", "--tp", "8", "--json", "--num-speculative-tokens", "2",
@@ -245,5 +245,5 @@ def test_detection_is_needed_only_where_several_processes_are_said(launcher_env,
     launcher_env(**variables)
     assert distributed.detected_cluster() is None, variables
   launcher_env(SLURM_NTASKS="4")
-  args = decode._parser().parse_args(["--coordinator-address", "h:1", "--num-processes", "4", "--process-id", "0"])
+  args = decode_flags.parser().parse_args(["--coordinator-address", "h:1", "--num-processes", "4", "--process-id", "0"])
   distributed.validate(args)

@@ -9,7 +9,7 @@ import pytest
 
 import jax_mtp
 from jax_mtp.cache import causal_mask
-from jax_mtp import decode, indexer
+from jax_mtp import decode, decode_flags, indexer
 from jax_mtp.indexer import (SCORE_CHUNK_ELEMENTS, score_chunk, topk_selection,
                               topk_selection_radix)
 from jax_mtp.kernels.index_scores import reference as index_scores
@@ -143,7 +143,7 @@ def test_bad_index_cache_dtype_is_named():
 def test_index_cache_dtype_flag(capsys):
   """--index-cache-dtype fp8 keeps the indexer's keys in e4m3 + a scale a token (vLLM's storage) and --check finds
   speculative == plain; bfloat16 and auto map as named; on a model without an indexer it is one error."""
-  parse = decode._parser().parse_args
+  parse = decode_flags.parser().parse_args
   tiny = jax_mtp.tiny()
   assert decode.with_flags(tiny, parse(["--index-cache-dtype", "fp8"])).index_key_dtype == "float8_e4m3fn"
   assert decode.with_flags(tiny, parse(["--index-cache-dtype", "bfloat16"])).index_key_dtype == "bfloat16"
