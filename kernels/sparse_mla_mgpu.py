@@ -40,7 +40,7 @@ KERNEL_NAME = "dsa_sparse_mla_mgpu"  # not containing the Triton kernel's name: 
 BLOCK_HEADS = 64  # wgmma's M
 BUSY_CTAS = 264  # two CTAs per core of an H200 (132 SMs): split a query's slots until about this many run
 MAX_SPLITS = 16
-CONTIGUOUS_MIN_QUERIES = 32  # queries (B · T) from which `config_for` re-lays the latent row-contiguously
+CONTIGUOUS_MIN_QUERIES = 32  # queries (B · T) from which `config_for` re-lays the latent row-contiguously (and at 1)
 TMA_BOX = 256  # a TMA copy's box: at most 256 elements along each dimension
 SMEM_BYTES = 232_448  # the shared memory a Hopper CTA may use (227 KiB), which the Mosaic GPU lowering checks
 _NEG_INIT = -1e30  # the running max starts finite: exp(−∞ − (−∞)) would be NaN
@@ -56,7 +56,9 @@ class Config:
   # bank conflicts) instead of WGMMA's layout (a warp reads 8 rows 1 KiB apart: 8-way conflicts); at 256-wide pieces
   # (a 512-wide latent) only. None: `config_for` picks it from CONTIGUOUS_MIN_QUERIES queries up, where it measured
   # faster on the H200 (2026-12-03 15:50, benchmarks/RESULTS.md: 1,178 vs 1,431 µs at B = 64, T = 4; 367 vs 403 at
-  # B = 64, T = 1; 198 vs 231 at B = 8, T = 4; slower at B = 8, T = 1 and B = 1, T = 4)
+  # B = 64, T = 1; 198 vs 231 at B = 8, T = 4; slower at B = 8, T = 1 and B = 1, T = 4), and at one query a call
+  # (B = 1, T = 1: the plain step and a draft step at B = 1), where it was faster and steadier in all three runs
+  # (64 / 35 / 43 µs against 263 / 42 / 106; 2026-12-03 15:50 and 21:58, 2026-12-04 07:12)
   contiguous_relayout: bool | None = None
   splits: int = 0  # CTAs per (query, head block), each over K / splits of its selected slots
   # The gather's copies. whole_rows: a latent row in one TMA copy (a [1, pieces, 256] box) instead of one a 256-wide
@@ -71,7 +73,8 @@ class Config:
 
 def config_for(queries: int, heads: int, entries: int, config: Config | None = None, busy: int = BUSY_CTAS) -> Config:
   """The call's launch: `splits` the fewest (a power of two, dividing the steps, at most MAX_SPLITS) that give
-  queries × head blocks × splits ≥ `busy` CTAs; the contiguous re-layout from CONTIGUOUS_MIN_QUERIES queries."""
+  queries × head blocks × splits ≥ `busy` CTAs; the contiguous re-layout at one query and from
+  CONTIGUOUS_MIN_QUERIES queries."""
   config = config or Config()
   block_entries = min(config.block_entries, entries)
   splits = config.splits
@@ -80,7 +83,8 @@ def config_for(queries: int, heads: int, entries: int, config: Config | None = N
     splits = 1
     while blocks * splits < busy and splits < MAX_SPLITS and steps % (2 * splits) == 0:
       splits *= 2
-  contiguous = queries >= CONTIGUOUS_MIN_QUERIES if config.contiguous_relayout is None else config.contiguous_relayout
+  contiguous = (queries == 1 or queries >= CONTIGUOUS_MIN_QUERIES if config.contiguous_relayout is None
+                else config.contiguous_relayout)
   return dataclasses.replace(config, block_entries=block_entries, splits=splits, contiguous_relayout=contiguous)
 
 

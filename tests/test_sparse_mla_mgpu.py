@@ -138,7 +138,7 @@ def test_config_fills_the_machine():
   assert config_for(256, 128, 2048).splits == 1  # B = 64 × T = 4: 512 CTAs already
   assert config_for(1, 64, 128).splits == 2  # no more splits than steps
   # the row-contiguous re-layout where it measured faster: B · T ≥ 32
-  assert [config_for(q, 128, 2048).contiguous_relayout for q in (1, 4, 8, 32, 64, 256)] == [False] * 3 + [True] * 3
+  assert [config_for(q, 128, 2048).contiguous_relayout for q in (1, 2, 4, 8, 31, 32, 64, 256)] == [True] + [False] * 4 + [True] * 3
   assert not config_for(256, 128, 2048, Config(contiguous_relayout=False)).contiguous_relayout
 
 
