@@ -37,6 +37,7 @@
 #   small    (not run yet) the Triton sparse-MLA kernel at B = 1 after MAX_SPLITS 16, GPU tests, both kernels at B = 8, 1
 #   impls    (07:21) e2e at B = 1, 8 with each sparse-MLA kernel forced; the draft step at B = 64, 4K vs 128K
 #   notriton (not run yet) the changed paths' GPU tests after the Triton sparse MLA went; the draft step at B = 1, 8
+#   gemms    (not run yet) the verification forward with XLA's Triton GEMM fusions and with cuBLAS (B = 64, 256)
 #   e2eb1    (not run yet) e2e at B = 1 (32K, 8K prompts) under the shape-aware auto
 #   caches   (not run yet) benchmarks.e2e at a 32K prompt with vLLM's V3.2 storage (fp8 MLA cache and fp8 indexer
 #            keys; fp8 indexer keys alone), to set beside e2e3's bf16 row
@@ -187,6 +188,13 @@ case "${1:?stage}" in
       tests/test_user_path_kernels.py tests/test_auto_gpu_paths.py tests/test_fp8_mla_cache.py -k "not tpu"
     run 200 draft_small_b.md python3 -m benchmarks.mtp_step --preset deepseek_v32 --batch 1 8 --capacity 4096 131072 \
       --iters 20
+    ;;
+  gemms)  # (not run yet) the verification forward's dense GEMMs: XLA's Triton GEMM fusions (q_b_proj 81 µs a call at
+          # B = 64, ~240 TFLOP/s; W_UV's product 93 µs for 4.3 GFLOP) against cuBLAS, B = 64 and 256 at 4K, per part
+    for flags in "" "--xla_gpu_enable_triton_gemm=false"; do
+      XLA_FLAGS="$flags" run 250 "verify_gemms${flags:+_cublas}.md" python3 -m benchmarks.verify_forward --layers 4 -k 3 \
+        --forms absorbed --batch 64 256 --capacity 4096 --all-experts-touched --profile --iters 5
+    done
     ;;
   e2eb1)  # the user's path at B = 1 (32K, 8K prompts) under auto (split from small: one call held both poorly)
     run 300 e2e_b1.md python3 -m benchmarks.e2e --prompt 32768 8192 --batch 1 --iters 5 --out "$OUT/e2e_b1.json"
