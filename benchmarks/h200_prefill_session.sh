@@ -37,6 +37,7 @@
 #   small    (not run yet) the Triton sparse-MLA kernel at B = 1 after MAX_SPLITS 16, GPU tests, both kernels at B = 8, 1
 #   impls    (07:21) e2e at B = 1, 8 with each sparse-MLA kernel forced; the draft step at B = 64, 4K vs 128K
 #   notriton (not run yet) the changed paths' GPU tests after the Triton sparse MLA went; the draft step at B = 1, 8
+#   dbuf     (not run yet) the double-buffered Mosaic sparse MLA: compiled tests, timed beside the default
 #   gemms    (not run yet) the verification forward with XLA's Triton GEMM fusions and with cuBLAS (B = 64, 256)
 #   e2eb1    (not run yet) e2e at B = 1 (32K, 8K prompts) under the shape-aware auto
 #   caches   (not run yet) benchmarks.e2e at a 32K prompt with vLLM's V3.2 storage (fp8 MLA cache and fp8 indexer
@@ -188,6 +189,13 @@ case "${1:?stage}" in
       tests/test_user_path_kernels.py tests/test_auto_gpu_paths.py tests/test_fp8_mla_cache.py -k "not tpu"
     run 200 draft_small_b.md python3 -m benchmarks.mtp_step --preset deepseek_v32 --batch 1 8 --capacity 4096 131072 \
       --iters 20
+    ;;
+  dbuf)  # (not run yet) the double-buffered Mosaic sparse MLA (Config.double_buffered: two buffer sets, 32 entries a
+         # step): its compiled tests, then timed beside the single-buffered default at B = 64 / 8 / 1 (issue 28: the
+         # default is 0.38 of its floor at B = 64, T = 4)
+    run 150 gpu_tests_dbuf.txt python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_sparse_mla_mgpu.py \
+      -k "double or v32_widths_on_the_gpu"
+    run 300 sparse_mla_dbuf.md python3 -m benchmarks.sparse_mla --batch 64 8 1 --tokens 4 1 --capacity 4096 --iters 10
     ;;
   gemms)  # (not run yet) the verification forward's dense GEMMs: XLA's Triton GEMM fusions (q_b_proj 81 µs a call at
           # B = 64, ~240 TFLOP/s; W_UV's product 93 µs for 4.3 GFLOP) against cuBLAS, B = 64 and 256 at 4K, per part

@@ -64,7 +64,9 @@ def main(argv=None) -> int:
                   if K_TOP % (splits * auto.block_entries) == 0]
       gathers = [dict(contiguous_relayout=not auto.contiguous_relayout), dict(whole_rows=False, issue_warps=1),
                  dict(issue_warps=2)]  # the gather's other forms, beside auto's (whole rows from 4 warps)
-      for config in variants + [dataclasses.replace(auto, **gather) for gather in gathers]:
+      # two buffer sets (32 entries a step) at config_for's splits for it
+      double = mgpu.config_for(b * t, N, K_TOP, mgpu.Config(double_buffered=True))
+      for config in variants + [dataclasses.replace(auto, **gather) for gather in gathers] + [double]:
         seconds, err = _time_mosaic(problem, base, config, args.iters, args.backend)
         print(f"| {b} | {t} | Mosaic GPU kernel | {_name(config)}{' (auto)' if config == auto else ''} | "
               f"{seconds * 1e6:,.1f} | {floor:,.1f} | {floor / seconds / 1e6:.2f} | {err:.1e} |", flush=True)

@@ -42,6 +42,7 @@ BUSY_CTAS = 264  # two CTAs per core of an H200 (132 SMs): split a query's slots
 MAX_SPLITS = 16
 CONTIGUOUS_MIN_QUERIES = 32  # queries (B · T) from which `config_for` re-lays the latent row-contiguously (and at 1)
 TMA_BOX = 256  # a TMA copy's box: at most 256 elements along each dimension
+DOUBLE_BUFFERED_ENTRIES = 32  # entries a step with two buffer sets: two sets of 64 do not fit shared memory
 SMEM_BYTES = 232_448  # the shared memory a Hopper CTA may use (227 KiB), which the Mosaic GPU lowering checks
 _NEG_INIT = -1e30  # the running max starts finite: exp(−∞ − (−∞)) would be NaN
 _LOG2E = math.log2(math.e)
@@ -69,6 +70,12 @@ class Config:
   # the floor against 0.16), and were the fastest of the four forms at every B and T timed.
   whole_rows: bool = True
   issue_warps: int = 4
+  # Two sets of staging and operand buffers (32 entries a step, all operands at a 64-byte swizzle so that a K = 32
+  # product and its 32-row re-layout lower): the gather copies step s + 2 and re-lays step s + 1 while the other two
+  # warpgroups multiply step s, where one set chains the re-layout and the dots (docs/kernels.md, "The Mosaic sparse
+  # MLA's remaining gap"). A 16-bit cache with a 512-wide latent only. Built 2026-12-04, checked in the interpreter
+  # and by the CUDA lowering; untimed, so off by default.
+  double_buffered: bool = False
 
 
 def config_for(queries: int, heads: int, entries: int, config: Config | None = None, busy: int = BUSY_CTAS) -> Config:
@@ -76,7 +83,7 @@ def config_for(queries: int, heads: int, entries: int, config: Config | None = N
   queries × head blocks × splits ≥ `busy` CTAs; the contiguous re-layout at one query and from
   CONTIGUOUS_MIN_QUERIES queries."""
   config = config or Config()
-  block_entries = min(config.block_entries, entries)
+  block_entries = min(DOUBLE_BUFFERED_ENTRIES if config.double_buffered else config.block_entries, entries)
   splits = config.splits
   if not splits:
     steps, blocks = max(entries // block_entries, 1), queries * -(-heads // BLOCK_HEADS)
@@ -112,23 +119,27 @@ def check_operands(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, confi
   e, splits = config.block_entries, config.splits
   if config.issue_warps not in (1, 2, 4):
     raise ValueError(f"issue_warps={config.issue_warps}: the gather warpgroup's 1, 2 or 4 warps issue its copies")
-  if e % 64 or e > 256 or splits < 1 or k % (splits * e):
+  if config.double_buffered and (e != DOUBLE_BUFFERED_ENTRIES or latent_scale_BSG is not None or c != 2 * TMA_BOX):
+    raise ValueError(f"double_buffered takes block_entries={DOUBLE_BUFFERED_ENTRIES}, a 16-bit cache and a "
+                     f"{2 * TMA_BOX}-wide latent; got block_entries={e}, latent {latent_BSC.dtype} of width {c}")
+  if (e % 64 and not config.double_buffered) or e > 256 or splits < 1 or k % (splits * e):
     raise ValueError(f"{k} selected slots are not a multiple of splits={splits} × block_entries={e} "
                      f"(block_entries a multiple of 64, at most 256)")
   scales = 0 if latent_scale_BSG is None else latent_scale_BSG.shape[-1]
-  need = smem_bytes(c, r, e, jnp.dtype(latent_BSC.dtype).itemsize, scales)
+  need = smem_bytes(c, r, e, jnp.dtype(latent_BSC.dtype).itemsize, scales, 2 if config.double_buffered else 1)
   if need > SMEM_BYTES:  # the lowering's own check comes only on a GPU (the interpreter has none)
     raise ValueError(f"block_entries={e} at latent width {c} and rope width {r} needs {need:,} bytes of shared "
                      f"memory, more than an H200's {SMEM_BYTES:,} (fewer entries a step)")
 
 
-def smem_bytes(c: int, r: int, e: int, latent_itemsize: int, scale_groups: int = 0) -> int:
+def smem_bytes(c: int, r: int, e: int, latent_itemsize: int, scale_groups: int = 0, sets: int = 1) -> int:
   """The kernel's shared memory (its scratch buffers, each from a 1 KiB boundary, and its barriers): q~, q_pe, the
-  untiled staging, the operands, P, the packed ids buffer, an fp8 cache's scales."""
+  untiled staging, the operands and P (`sets` of each), the packed ids buffer, an fp8 cache's scales."""
   kib = lambda n: -(-n // 1024) * 1024  # noqa: E731
-  buffers = [BLOCK_HEADS * c * 2, BLOCK_HEADS * r * 2, e * c * latent_itemsize, e * r * 2, e * c * 2, e * r * 2,
-             BLOCK_HEADS * e * 2, 4 * max(e, BLOCK_HEADS) * 4] + ([scale_groups * e * 4] if scale_groups else [])
-  return sum(map(kib, buffers)) + 72  # 9 barriers of 8 bytes
+  buffers = [BLOCK_HEADS * c * 2, BLOCK_HEADS * r * 2, sets * e * c * latent_itemsize, sets * e * r * 2,
+             sets * e * c * 2, sets * e * r * 2, sets * BLOCK_HEADS * e * 2, (3 + sets) * max(e, BLOCK_HEADS) * 4] + (
+                 [scale_groups * e * 4] if scale_groups else [])
+  return sum(map(kib, buffers)) + 8 * (5 + 4 * sets)  # barriers of 8 bytes
 
 
 def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax.Array, k_pe_BSR: jax.Array,
@@ -165,11 +176,27 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
     picked = latent_scale_BSG[rows_B1, jnp.maximum(slots_BTK, 0)].astype(jnp.float32)  # [B, T, K, G]
     scale_inputs = [picked.reshape(b * t, splits, k // splits, g).transpose(0, 1, 3, 2)]
     scale_scratch = [plgpu.SMEM((g, e), jnp.float32)]
-  lat_t, pe_t = operand_transforms(plgpu, dtype, c), operand_transforms(plgpu, dtype, r)
-  p_t = operand_transforms(plgpu, dtype, e)
+  sets = 2 if config.double_buffered else 1  # staging / operand / P buffer sets
+
+  def buf(shape):  # a buffer of `sets` sets (one set: the shape itself)
+    return shape if sets == 1 else (sets, *shape)
+
+  def at(ref, slot):  # a step's set of a buffer or barrier
+    return ref if sets == 1 else ref.at[slot]
+
+  from jax.experimental.mosaic.gpu import fragmented_array as mgpu_fa  # noqa: PLC0415
+  if config.double_buffered:  # every operand at a 64-byte swizzle: K = 32 entries (64 B of bf16) must be a multiple
+    narrow = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(64))  # of it, and a product's two swizzles agree
+    lat_t = pe_t = p_t = narrow
+  else:
+    lat_t, pe_t = operand_transforms(plgpu, dtype, c), operand_transforms(plgpu, dtype, r)
+    p_t = operand_transforms(plgpu, dtype, e)
   rows_layout = None
-  if config.contiguous_relayout and width == 256:  # [rows, 256]: a warp a row, a lane 8 contiguous values (16 B)
-    from jax.experimental.mosaic.gpu import fragmented_array as mgpu_fa  # noqa: PLC0415
+  if config.double_buffered:  # [32 rows, ·]: a warp 8 rows, its lanes 8 rows × 4 pieces of 16 B: a 64-B-swizzled
+    # tile's 512 B written conflict-free by one warp (a warp a row, as below, is refused at this swizzle)
+    rows_layout = plgpu.Layout.TILED(mgpu_fa.Tiling(((e, 32), (8, 32), (8,))), warp_dims=(-5,), lane_dims=(-3, -2),
+                                     vector_dim=-1)
+  elif config.contiguous_relayout and width == 256:  # [rows, 256]: a warp a row, a lane 8 contiguous values (16 B)
     rows_layout = plgpu.Layout.TILED(mgpu_fa.Tiling(((4, 256), (8,))), warp_dims=(-3,), lane_dims=(-2,),
                                      vector_dim=-1)
   wgmma_rows = plgpu.Layout.WGMMA.reduce(1)  # one value per head (row of the [64, ·] accumulators)
@@ -183,6 +210,7 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
     wg = lax.axis_index("wg")
     row = qi // t  # the query's batch row: its cache
     ids_smem = small_smem.at[pl.ds(0, 2), pl.ds(0, e)]  # slot ids of steps s (s % 2)
+    # rows 2 .. 2 + sets − 1: a step's rescale (by the step's set), row 2 + sets: the final sum
 
     def put_row(i, x):  # an f32 [64] row vector for the other warpgroup, as int32 bits
       small_smem.at[2 + i, pl.ds(0, hb)][...] = lax.bitcast_convert_type(x, jnp.int32)
@@ -218,60 +246,71 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
       def fetch_ids(step):  # a step's slot ids, two steps' worth in flight
         plgpu.copy_gmem_to_smem(slots_gmem.at[qi, pi, pl.ds(step * e, e)], ids_smem.at[step % 2], ids_loaded.at[step % 2])
 
-      def issue_rows(ids, first, stride):  # rows first, first + stride, ...: an invalid slot (−1) reads row 0,
-        @pl.loop(first, e, step=stride)    # masked by the scores
+      def issue_rows(ids, first, stride, lat_to, pe_to, landed):  # rows first, first + stride, ...: an invalid
+        @pl.loop(first, e, step=stride)                             # slot (−1) reads row 0, masked by the scores
         def _(i):
           slot = jnp.maximum(ids[i], 0)
           if config.whole_rows:  # one [1, pieces, width] box: each dimension within TMA's 256
-            plgpu.copy_gmem_to_smem(lat_gmem.at[row, pl.ds(slot, 1)], lat_stage.at[pl.ds(i, 1)], gathered)
+            plgpu.copy_gmem_to_smem(lat_gmem.at[row, pl.ds(slot, 1)], lat_to.at[pl.ds(i, 1)], landed)
           else:  # one copy a piece: a TMA box is at most 256 wide
             for j in range(pieces):
               plgpu.copy_gmem_to_smem(lat_gmem.at[row, pl.ds(slot, 1), j],
-                                      lat_stage.at[pl.ds(i, 1), j, pl.ds(0, width)], gathered)
-          plgpu.copy_gmem_to_smem(pe_gmem.at[row, pl.ds(slot, 1)], pe_stage.at[pl.ds(i, 1)], gathered)
+                                      lat_to.at[pl.ds(i, 1), j, pl.ds(0, width)], landed)
+          plgpu.copy_gmem_to_smem(pe_gmem.at[row, pl.ds(slot, 1)], pe_to.at[pl.ds(i, 1)], landed)
 
-      def issue(step):  # one TMA a selected row (or piece of one)
+      def issue(step):  # one TMA a selected row (or piece of one), into the step's staging set
         plgpu.barrier_wait(ids_loaded.at[step % 2])
         ids = ids_smem.at[step % 2]
+        to = (at(lat_stage, step % sets), at(pe_stage, step % sets), at(gathered, step % sets))
         if config.issue_warps == 1:
-          issue_rows(ids, 0, 1)
+          issue_rows(ids, 0, 1, *to)
         else:  # each of the first issue_warps warps a share of the rows, from its own elected thread
           plgpu.warp_map(lambda warp: pl.when(warp < config.issue_warps)(
-              lambda: issue_rows(ids, warp, config.issue_warps)))
+              lambda: issue_rows(ids, warp, config.issue_warps, *to)))
 
         if scaled:
           plgpu.copy_gmem_to_smem(scale_gmem.at[qi, pi, :, pl.ds(step * e, e)], scale_stage[0], gathered)
 
       fetch_ids(0)
       pl.when(steps > 1)(lambda: fetch_ids(1))
-      issue(0)
+      for first in range(min(sets, steps)):  # the first `sets` steps' copies, each into its own staging set
+        issue(first)
 
       @pl.loop(0, steps)
       def _(step):
-        plgpu.barrier_wait(gathered)
-        pl.when(step > 0)(lambda: plgpu.barrier_wait(op_free))  # both halves are done with the last step
+        slot = step % sets
+        if sets == 2:  # step + 2's ids into the buffer issue(step) read, ahead of its copies below
+          pl.when(step + 2 < steps)(lambda: fetch_ids(step + 2))
+        lat_stage_s, pe_stage_s, lat_op_s, pe_op_s = (at(ref, slot) for ref in (lat_stage, pe_stage, lat_op, pe_op))
+        plgpu.barrier_wait(at(gathered, slot))
+        pl.when(step >= sets)(lambda: plgpu.barrier_wait(at(op_free, slot)))  # step − sets' dots are done with it
         if rows_layout is not None and not scaled:  # each warp reads 512 contiguous bytes of one row: no conflicts
           for rb in range(0, e, 32):
             for j in range(pieces):
-              lat_op[pl.ds(rb, 32), pl.ds(j * width, width)] = plgpu.load(lat_stage.at[pl.ds(rb, 32), j],
-                                                                          layout=rows_layout)
+              lat_op_s[pl.ds(rb, 32), pl.ds(j * width, width)] = plgpu.load(lat_stage_s.at[pl.ds(rb, 32), j],
+                                                                            layout=rows_layout)
         for col in range(0, c if rows_layout is None or scaled else 0, 64):  # staging → registers → tiled operand
-          piece = plgpu.load(lat_stage.at[:, col // width, pl.ds(col % width, 64)], layout=plgpu.Layout.WGMMA,
+          piece = plgpu.load(lat_stage_s.at[:, col // width, pl.ds(col % width, 64)], layout=plgpu.Layout.WGMMA,
                              optimized=False)
           if scaled:  # codes · their group's scale, in fp32 (exact for e4m3), rounded once to the operand's dtype
             group_scale = plgpu.load(scale_stage[0].at[col // (c // g)], layout=wgmma_rows)
             piece = (piece.astype(jnp.float32) * lax.broadcast_in_dim(group_scale, piece.shape, [0])).astype(dtype)
-          lat_op[:, pl.ds(col, 64)] = piece
-        pe_op[...] = plgpu.load(pe_stage, layout=plgpu.Layout.WGMMA, optimized=False)
+          lat_op_s[:, pl.ds(col, 64)] = piece
+        pe_op_s[...] = plgpu.load(pe_stage_s, layout=rows_layout if sets == 2 else plgpu.Layout.WGMMA,
+                                  optimized=False)
         plgpu.commit_smem()
-        plgpu.barrier_arrive(op_ready)
+        plgpu.barrier_arrive(at(op_ready, slot))
 
-        @pl.when(step + 1 < steps)
-        def _():
-          issue(step + 1)
-          pl.when(step + 2 < steps)(lambda: fetch_ids(step + 2))  # into the buffer issue(step) read
+        if sets == 2:  # this staging set is free again: step + 2's copies into it
+          pl.when(step + 2 < steps)(lambda: issue(step + 2))
+        else:
+          @pl.when(step + 1 < steps)
+          def _():
+            issue(step + 1)
+            pl.when(step + 2 < steps)(lambda: fetch_ids(step + 2))  # into the buffer issue(step) read
 
-      plgpu.barrier_wait(op_free)  # the last step's completion: a waiter observes every one (the interpreter checks)
+      for last in range(max(steps - sets, 0), steps):  # the last steps' completions: a waiter observes every one
+        plgpu.barrier_wait(at(op_free, last % sets))  # (the interpreter checks)
 
     @pl.when(wg == 0)
     def _scores():
@@ -283,11 +322,13 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
 
       def step_fn(step, carry):
         acc, m, l = carry
-        plgpu.barrier_wait(op_ready)
+        slot = step % sets
+        lat_op_s, p_smem_s = at(lat_op, slot), at(p_smem, slot)
+        plgpu.barrier_wait(at(op_ready, slot))
 
         def dots(acc_ref):
-          plgpu.wgmma(acc_ref, q_lat_smem, lat_op.transpose((1, 0)))
-          plgpu.wgmma(acc_ref, q_pe_smem, pe_op.transpose((1, 0)))
+          plgpu.wgmma(acc_ref, q_lat_smem, lat_op_s.transpose((1, 0)))
+          plgpu.wgmma(acc_ref, q_pe_smem, at(pe_op, slot).transpose((1, 0)))
           return acc_ref[...]
 
         s = pl.run_scoped(dots, plgpu.ACC((hb, e), jnp.float32))
@@ -299,21 +340,21 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
         alpha = jnp.exp2(m - m_new)
         p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
         l = l * alpha + p.sum(axis=1)
-        p_smem[...] = p.astype(dtype)
-        put_row(0, alpha)
+        p_smem_s[...] = p.astype(dtype)
+        put_row(slot, alpha)
         plgpu.commit_smem()
-        plgpu.barrier_arrive(p_ready)
+        plgpu.barrier_arrive(at(p_ready, slot))
         acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
 
-        acc = accumulate(acc, p_smem, lat_op.at[:, pl.ds(0, half)])  # P from shared memory, as the other half
-        plgpu.barrier_arrive(op_free)
+        acc = accumulate(acc, p_smem_s, lat_op_s.at[:, pl.ds(0, half)])  # P from shared memory, as the other half
+        plgpu.barrier_arrive(at(op_free, slot))
         return acc, m_new, l
 
       init = (plgpu.layout_cast(jnp.zeros((hb, half), jnp.float32), plgpu.Layout.WGMMA),
               plgpu.layout_cast(jnp.full((hb,), _NEG_INIT, jnp.float32), wgmma_rows),
               plgpu.layout_cast(jnp.zeros((hb,), jnp.float32), wgmma_rows))
       acc, m, l = lax.fori_loop(0, steps, step_fn, init)
-      put_row(1, l)
+      put_row(sets, l)
       plgpu.commit_smem()
       plgpu.barrier_arrive(done)
       _write(acc, l, 0)
@@ -326,18 +367,19 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
       plgpu.set_max_registers(160, action="decrease")
 
       def step_fn(step, acc):
-        plgpu.barrier_wait(p_ready)
-        alpha = get_row(0)
+        slot = step % sets
+        plgpu.barrier_wait(at(p_ready, slot))
+        alpha = get_row(slot)
         acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
 
-        acc = accumulate(acc, p_smem, lat_op.at[:, pl.ds(half, half)])
-        plgpu.barrier_arrive(op_free)
+        acc = accumulate(acc, at(p_smem, slot), at(lat_op, slot).at[:, pl.ds(half, half)])
+        plgpu.barrier_arrive(at(op_free, slot))
         return acc
 
       acc = lax.fori_loop(0, steps, step_fn, plgpu.layout_cast(jnp.zeros((hb, half), jnp.float32),
                                                                plgpu.Layout.WGMMA))
       plgpu.barrier_wait(done)
-      _write(acc, get_row(1), half)
+      _write(acc, get_row(sets), half)
 
   out_dt = out_dtype if splits == 1 else jnp.float32
   kernel = plgpu.kernel(
@@ -348,20 +390,22 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
           plgpu.SMEM((hb, c), dtype, transforms=lat_t), plgpu.SMEM((hb, r), dtype, transforms=pe_t),
           # untiled, rows 128-byte aligned as a TMA destination must be (so a warp's re-layout load meets 8-way bank
           # conflicts: padding the rows apart misaligned the copies on the H200, 2026-12-03)
-          plgpu.SMEM((e, pieces, width), latent_BSC.dtype),
-          plgpu.SMEM((e, r), dtype),
+          plgpu.SMEM(buf((e, pieces, width)), latent_BSC.dtype),
+          plgpu.SMEM(buf((e, r)), dtype),
           # destinations
-          plgpu.SMEM((e, c), dtype, transforms=lat_t), plgpu.SMEM((e, r), dtype, transforms=pe_t),
-          plgpu.SMEM((hb, e), dtype, transforms=p_t),
-          # two steps' slot ids, a step's rescale, the final sum (f32 bits): one buffer, as buffers align to 1 KiB
-          plgpu.SMEM((4, max(e, hb)), jnp.int32),
+          plgpu.SMEM(buf((e, c)), dtype, transforms=lat_t), plgpu.SMEM(buf((e, r)), dtype, transforms=pe_t),
+          plgpu.SMEM(buf((hb, e)), dtype, transforms=p_t),
+          # two steps' slot ids, a step's rescale (a row a set), the final sum (f32 bits): one buffer, as buffers
+          # align to 1 KiB
+          plgpu.SMEM((3 + sets, max(e, hb)), jnp.int32),
           *scale_scratch,
           plgpu.Barrier(num_arrivals=2),  # q~ and q_pe
           plgpu.Barrier(num_arrivals=1, num_barriers=2),  # a step's slot ids
-          # a step's one-row copies (and its scales)
-          plgpu.Barrier(num_arrivals=(row_copies + 1) * e + scaled),
-          plgpu.Barrier(num_arrivals=1), plgpu.Barrier(num_arrivals=2), plgpu.Barrier(num_arrivals=1),
-          plgpu.Barrier(num_arrivals=1), plgpu.Barrier(num_arrivals=1),
+          # a step's one-row copies (and its scales), a set each
+          plgpu.Barrier(num_arrivals=(row_copies + 1) * e + scaled, num_barriers=sets),
+          # op_ready, op_free (both halves), p_ready: a set each; done, written
+          plgpu.Barrier(num_arrivals=1, num_barriers=sets), plgpu.Barrier(num_arrivals=2, num_barriers=sets),
+          plgpu.Barrier(num_arrivals=1, num_barriers=sets), plgpu.Barrier(num_arrivals=1), plgpu.Barrier(num_arrivals=1),
       ],
       grid=(padded // hb, splits, b * t),  # head blocks fastest: a query's CTAs read its rows through L2 once
       grid_names=("h", "p", "q"),

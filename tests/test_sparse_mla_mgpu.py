@@ -48,6 +48,21 @@ def test_the_contiguous_relayout_equals_the_formula_and_xla(t):
   assert_close(got, xla, "bfloat16", what="contiguous re-layout vs XLA")
 
 
+@pytest.mark.parametrize("t,splits,k", [(1, 1, 128), (3, 2, 192), (2, 1, 32)],
+                         ids=["4 steps", "splits of 3 steps", "one step"])
+def test_the_double_buffered_form_equals_the_formula_and_xla(t, splits, k):
+  """Config.double_buffered (two staging / operand / P sets, 32 entries a step, 64-byte swizzles, the 32-row
+  re-layout) at V3.2's widths: an odd step count per split (set 0 twice), one step (the second set unused), padded
+  selections; every step's rows land in its own set and its rescale reaches the values warpgroup."""
+  q_lat, q_pe, latent, k_pe, slots, valid = problem(2, t, 64, 512, 64, 192, k, "bfloat16", seed=11 + t)
+  config = Config(double_buffered=True, splits=splits)
+  assert config_for(2 * t, 64, k, config).block_entries == 32
+  got = _attend(q_lat, q_pe, latent, k_pe, jnp.where(valid, slots, -1), 512**-0.5, config=config)
+  assert_close(got, formula(q_lat, q_pe, latent, k_pe, slots, valid, 512**-0.5), "bfloat16", what="vs formula")
+  xla = reference(q_lat, q_pe, latent, k_pe, slots, valid, 512**-0.5, dot_dtype=jnp.bfloat16)
+  assert_close(got, xla, "bfloat16", what="double-buffered vs XLA")
+
+
 @pytest.mark.parametrize("gather", [dict(whole_rows=False, issue_warps=1), dict(whole_rows=False), dict(issue_warps=2)],
                          ids=["a copy a piece, one thread", "a copy a piece, 4 issuing warps", "whole rows, 2 warps"])
 @pytest.mark.parametrize("t,fp8", [(1, False), (3, True)])
@@ -112,7 +127,8 @@ def test_a_16_bit_output_is_the_fp32_output_rounded(splits):
 
 LOWERED_CONFIGS = {"bfloat16": Config(), "fp8": Config(), "bfloat16, contiguous re-layout": Config(contiguous_relayout=True),
                    "bfloat16, a copy a piece from one thread": Config(whole_rows=False, issue_warps=1),
-                   "fp8, a copy a piece from one thread": Config(whole_rows=False, issue_warps=1)}
+                   "fp8, a copy a piece from one thread": Config(whole_rows=False, issue_warps=1),
+                   "bfloat16, double-buffered": Config(double_buffered=True)}
 
 
 @pytest.mark.parametrize("b,t", [(1, 1), (2, 4), (64, 4)])
@@ -272,11 +288,12 @@ def test_the_models_attention_output_equals_xlas(t, cache):
 
 
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
+@pytest.mark.parametrize("double", [False, True], ids=["one buffer set", "double-buffered"])
 @pytest.mark.parametrize("b,t", [(1, 1), (8, 1), (4, 4)])
-def test_kernel_at_v32_widths_on_the_gpu(b, t):
+def test_kernel_at_v32_widths_on_the_gpu(b, t, double):
   """V3.2's widths (128 heads × 512 latent + 64 rope, top-2048 of a 4,096-slot cache), compiled."""
   q_lat, q_pe, latent, k_pe, slots, valid = problem(b, t, 128, 512, 64, 4096, 2048, "bfloat16", seed=b)
-  fn = jax.jit(lambda *a: sparse_mla_mgpu(*a, 512**-0.5))
+  fn = jax.jit(lambda *a: sparse_mla_mgpu(*a, 512**-0.5, config=Config(double_buffered=double)))
   got = fn(q_lat, q_pe, latent, k_pe, jnp.where(valid, slots, -1))
   xla = reference(q_lat, q_pe, latent, k_pe, slots, valid, 512**-0.5, dot_dtype="bfloat16")
   assert_close(got, xla, "bfloat16", what="Mosaic GPU kernel vs XLA")
