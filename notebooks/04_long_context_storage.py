@@ -146,7 +146,8 @@ print(f"speculative == plain greedy with fp8 caches and with bf16 caches; "
 # ```
 #
 # `auto` (the default of both) keeps the caches in the compute dtype: no checkpoint config names a cache
-# dtype, and FP8 changes the numbers against the Hugging Face reference the parity tests use. On GPUs the
-# sparse attention over an FP8 MLA cache runs in XLA under `auto` (or in the Mosaic GPU kernel with
-# `--sparse-attention-impl mosaic_gpu`); the indexer's scores read FP8 keys in the Mosaic GPU kernel.
+# dtype, and FP8 changes the numbers against the Hugging Face reference the parity tests use. On Hopper GPUs
+# `auto` runs the sparse attention over an FP8 MLA cache in the Mosaic GPU kernel, which dequantises the
+# gathered codes in shared memory (elsewhere XLA's sparse form does it), and the indexer's scores read FP8 keys
+# in the Mosaic GPU kernel.
 # Which kernels run, and how fast: `docs/kernels.md` and `benchmarks/RESULTS.md`.
