@@ -195,7 +195,8 @@ case "${1:?stage}" in
          # default is 0.38 of its floor at B = 64, T = 4)
     run 150 gpu_tests_dbuf.txt python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_sparse_mla_mgpu.py \
       -k "double or v32_widths_on_the_gpu"
-    run 300 sparse_mla_dbuf.md python3 -m benchmarks.sparse_mla --batch 64 8 1 --tokens 4 1 --capacity 4096 --iters 10
+    run 300 sparse_mla_dbuf.md python3 -m benchmarks.sparse_mla --batch 64 8 1 --tokens 4 1 --capacity 4096 --iters 10 \
+      --fp8
     ;;
   gemms)  # (not run yet) the verification forward's dense GEMMs: XLA's Triton GEMM fusions (q_b_proj 81 µs a call at
           # B = 64, ~240 TFLOP/s; W_UV's product 93 µs for 4.3 GFLOP) against cuBLAS, B = 64 and 256 at 4K, per part

@@ -127,7 +127,8 @@ def _fp8_rows(problem, b, t, bandwidth, flops, iters, backend):
   base = xla(*fp8, scales)
   seconds = time_in_loop(xla, (*fp8, scales), iters)
   print(f"| {b} | {t} | XLA, fp8 cache | | {seconds * 1e6:,.1f} | {floor:,.1f} | {floor / seconds / 1e6:.2f} | |")
-  for name, config in [("auto", None), ("a copy a piece from one thread", mgpu.Config(whole_rows=False, issue_warps=1))]:
+  for name, config in [("auto", None), ("a copy a piece from one thread", mgpu.Config(whole_rows=False, issue_warps=1)),
+                       ("double-buffered", mgpu.Config(double_buffered=True))]:
     seconds, err = _time_mosaic(fp8, base, config, iters, backend, latent_scale_BSG=scales)
     print(f"| {b} | {t} | Mosaic GPU kernel, fp8 cache | {name} | {seconds * 1e6:,.1f} | {floor:,.1f} | "
           f"{floor / seconds / 1e6:.2f} | {err:.1e} |", flush=True)

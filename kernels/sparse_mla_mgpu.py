@@ -73,8 +73,9 @@ class Config:
   # Two sets of staging and operand buffers (32 entries a step, all operands at a 64-byte swizzle so that a K = 32
   # product and its 32-row re-layout lower): the gather copies step s + 2 and re-lays step s + 1 while the other two
   # warpgroups multiply step s, where one set chains the re-layout and the dots (docs/kernels.md, "The Mosaic sparse
-  # MLA's remaining gap"). A 16-bit cache with a 512-wide latent only. Built 2026-12-04, checked in the interpreter
-  # and by the CUDA lowering; untimed, so off by default.
+  # MLA's remaining gap"). A 512-wide latent only (a 16-bit or an fp8 cache, whose codes are dequantised a scale
+  # group at a time in the re-layout). Built 2026-12-04, checked in the interpreter and by the CUDA lowering;
+  # untimed, so off by default.
   double_buffered: bool = False
 
 
@@ -119,9 +120,9 @@ def check_operands(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, confi
   e, splits = config.block_entries, config.splits
   if config.issue_warps not in (1, 2, 4):
     raise ValueError(f"issue_warps={config.issue_warps}: the gather warpgroup's 1, 2 or 4 warps issue its copies")
-  if config.double_buffered and (e != DOUBLE_BUFFERED_ENTRIES or latent_scale_BSG is not None or c != 2 * TMA_BOX):
-    raise ValueError(f"double_buffered takes block_entries={DOUBLE_BUFFERED_ENTRIES}, a 16-bit cache and a "
-                     f"{2 * TMA_BOX}-wide latent; got block_entries={e}, latent {latent_BSC.dtype} of width {c}")
+  if config.double_buffered and (e != DOUBLE_BUFFERED_ENTRIES or c != 2 * TMA_BOX):
+    raise ValueError(f"double_buffered takes block_entries={DOUBLE_BUFFERED_ENTRIES} and a {2 * TMA_BOX}-wide "
+                     f"latent; got block_entries={e}, a latent of width {c}")
   if (e % 64 and not config.double_buffered) or e > 256 or splits < 1 or k % (splits * e):
     raise ValueError(f"{k} selected slots are not a multiple of splits={splits} × block_entries={e} "
                      f"(block_entries a multiple of 64, at most 256)")
@@ -138,7 +139,7 @@ def smem_bytes(c: int, r: int, e: int, latent_itemsize: int, scale_groups: int =
   kib = lambda n: -(-n // 1024) * 1024  # noqa: E731
   buffers = [BLOCK_HEADS * c * 2, BLOCK_HEADS * r * 2, sets * e * c * latent_itemsize, sets * e * r * 2,
              sets * e * c * 2, sets * e * r * 2, sets * BLOCK_HEADS * e * 2, (3 + sets) * max(e, BLOCK_HEADS) * 4] + (
-                 [scale_groups * e * 4] if scale_groups else [])
+                 [sets * scale_groups * e * 4] if scale_groups else [])
   return sum(map(kib, buffers)) + 8 * (5 + 4 * sets)  # barriers of 8 bytes
 
 
@@ -175,7 +176,7 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
     rows_B1 = jnp.arange(b)[:, None, None]
     picked = latent_scale_BSG[rows_B1, jnp.maximum(slots_BTK, 0)].astype(jnp.float32)  # [B, T, K, G]
     scale_inputs = [picked.reshape(b * t, splits, k // splits, g).transpose(0, 1, 3, 2)]
-    scale_scratch = [plgpu.SMEM((g, e), jnp.float32)]
+    scale_scratch = [plgpu.SMEM((g, e) if not config.double_buffered else (2, g, e), jnp.float32)]
   sets = 2 if config.double_buffered else 1  # staging / operand / P buffer sets
 
   def buf(shape):  # a buffer of `sets` sets (one set: the shape itself)
@@ -269,7 +270,8 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
               lambda: issue_rows(ids, warp, config.issue_warps, *to)))
 
         if scaled:
-          plgpu.copy_gmem_to_smem(scale_gmem.at[qi, pi, :, pl.ds(step * e, e)], scale_stage[0], gathered)
+          plgpu.copy_gmem_to_smem(scale_gmem.at[qi, pi, :, pl.ds(step * e, e)], at(scale_stage[0], step % sets),
+                                  at(gathered, step % sets))
 
       fetch_ids(0)
       pl.when(steps > 1)(lambda: fetch_ids(1))
@@ -284,12 +286,21 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
         lat_stage_s, pe_stage_s, lat_op_s, pe_op_s = (at(ref, slot) for ref in (lat_stage, pe_stage, lat_op, pe_op))
         plgpu.barrier_wait(at(gathered, slot))
         pl.when(step >= sets)(lambda: plgpu.barrier_wait(at(op_free, slot)))  # step − sets' dots are done with it
-        if rows_layout is not None and not scaled:  # each warp reads 512 contiguous bytes of one row: no conflicts
+        if sets == 2 and scaled:  # a scale group of codes at a time, times its rows' scales, in fp32 (exact for
+          group_width = c // g    # e4m3), rounded once to the operand's dtype
+          for col in range(0, c, group_width):
+            codes = plgpu.load(lat_stage_s.at[:, col // width, pl.ds(col % width, group_width)], layout=rows_layout,
+                               optimized=False)  # 8 B a lane from rows 512 B apart: conflicts no plan avoids
+            group_scale = plgpu.load(at(scale_stage[0], slot).at[col // group_width], layout=rows_layout.reduce(1),
+                                     optimized=False)
+            row_scale = plgpu.layout_cast(lax.broadcast_in_dim(group_scale, codes.shape, [0]), rows_layout)
+            lat_op_s[:, pl.ds(col, group_width)] = (codes.astype(jnp.float32) * row_scale).astype(dtype)
+        elif rows_layout is not None and not scaled:  # each warp reads 512 contiguous bytes of one row: no conflicts
           for rb in range(0, e, 32):
             for j in range(pieces):
               lat_op_s[pl.ds(rb, 32), pl.ds(j * width, width)] = plgpu.load(lat_stage_s.at[pl.ds(rb, 32), j],
                                                                             layout=rows_layout)
-        for col in range(0, c if rows_layout is None or scaled else 0, 64):  # staging → registers → tiled operand
+        for col in range(0, c if (rows_layout is None or scaled) and sets == 1 else 0, 64):  # staging → registers
           piece = plgpu.load(lat_stage_s.at[:, col // width, pl.ds(col % width, 64)], layout=plgpu.Layout.WGMMA,
                              optimized=False)
           if scaled:  # codes · their group's scale, in fp32 (exact for e4m3), rounded once to the operand's dtype

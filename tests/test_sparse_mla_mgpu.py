@@ -48,18 +48,23 @@ def test_the_contiguous_relayout_equals_the_formula_and_xla(t):
   assert_close(got, xla, "bfloat16", what="contiguous re-layout vs XLA")
 
 
-@pytest.mark.parametrize("t,splits,k", [(1, 1, 128), (3, 2, 192), (2, 1, 32)],
-                         ids=["4 steps", "splits of 3 steps", "one step"])
-def test_the_double_buffered_form_equals_the_formula_and_xla(t, splits, k):
+@pytest.mark.parametrize("t,splits,k,fp8", [(1, 1, 128, False), (3, 2, 192, False), (2, 1, 32, False),
+                                            (3, 2, 192, True)],
+                         ids=["4 steps", "splits of 3 steps", "one step", "fp8 cache, splits of 3 steps"])
+def test_the_double_buffered_form_equals_the_formula_and_xla(t, splits, k, fp8):
   """Config.double_buffered (two staging / operand / P sets, 32 entries a step, 64-byte swizzles, the 32-row
   re-layout) at V3.2's widths: an odd step count per split (set 0 twice), one step (the second set unused), padded
-  selections; every step's rows land in its own set and its rescale reaches the values warpgroup."""
+  selections, a bf16 and an fp8 cache (its codes times their rows' scales a group at a time); every step's rows land
+  in its own set and its rescale reaches the values warpgroup."""
   q_lat, q_pe, latent, k_pe, slots, valid = problem(2, t, 64, 512, 64, 192, k, "bfloat16", seed=11 + t)
+  codes, scales = quantize_latent(latent, 128) if fp8 else (latent, None)
+  values = dequantize_latent(codes, scales, jnp.bfloat16) if fp8 else latent
   config = Config(double_buffered=True, splits=splits)
   assert config_for(2 * t, 64, k, config).block_entries == 32
-  got = _attend(q_lat, q_pe, latent, k_pe, jnp.where(valid, slots, -1), 512**-0.5, config=config)
-  assert_close(got, formula(q_lat, q_pe, latent, k_pe, slots, valid, 512**-0.5), "bfloat16", what="vs formula")
-  xla = reference(q_lat, q_pe, latent, k_pe, slots, valid, 512**-0.5, dot_dtype=jnp.bfloat16)
+  got = _attend(q_lat, q_pe, codes, k_pe, jnp.where(valid, slots, -1), 512**-0.5, latent_scale_BSG=scales,
+                config=config)
+  assert_close(got, formula(q_lat, q_pe, values, k_pe, slots, valid, 512**-0.5), "bfloat16", what="vs formula")
+  xla = reference(q_lat, q_pe, codes, k_pe, slots, valid, 512**-0.5, dot_dtype=jnp.bfloat16, latent_scale_BSG=scales)
   assert_close(got, xla, "bfloat16", what="double-buffered vs XLA")
 
 
@@ -128,7 +133,8 @@ def test_a_16_bit_output_is_the_fp32_output_rounded(splits):
 LOWERED_CONFIGS = {"bfloat16": Config(), "fp8": Config(), "bfloat16, contiguous re-layout": Config(contiguous_relayout=True),
                    "bfloat16, a copy a piece from one thread": Config(whole_rows=False, issue_warps=1),
                    "fp8, a copy a piece from one thread": Config(whole_rows=False, issue_warps=1),
-                   "bfloat16, double-buffered": Config(double_buffered=True)}
+                   "bfloat16, double-buffered": Config(double_buffered=True),
+                   "fp8, double-buffered": Config(double_buffered=True)}
 
 
 @pytest.mark.parametrize("b,t", [(1, 1), (2, 4), (64, 4)])
