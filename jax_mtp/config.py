@@ -29,7 +29,7 @@ SPARSE_ATTENTION_IMPLS = ("auto", "xla", "mosaic_gpu")
 REMOVED_SPARSE_ATTENTION_IMPLS = {"pallas_gpu": "the Pallas Triton sparse-MLA kernel was removed on 2026-12-04 "
                                                 "(Pallas's Triton backend is deprecated); use 'mosaic_gpu' or 'auto'"}
 # FP8 weights' matmuls straight from the codes on GPUs (kernels/fp8_grouped_matmul.py: "triton", Pallas's Triton
-# backend; kernels/fp8_grouped_matmul_mgpu.py: "mosaic_gpu"); "auto": kernels.fp8_grouped_matmul.AUTO_IMPL
+# backend; kernels/fp8_grouped_matmul_mgpu.py: "mosaic_gpu"); "auto": kernels.fp8_grouped_matmul.auto_impl()
 FP8_MATMUL_IMPLS = ("auto", "triton", "mosaic_gpu")
 KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8")  # the MLA cache's (`kv_cache_dtype`)
 # Latent values per fp32 scale in an fp8 MLA cache: FlashMLA's / vLLM's fp8_ds_mla tiles (4 scales for V3.2's 512).

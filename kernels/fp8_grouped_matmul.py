@@ -43,9 +43,8 @@ from jax.experimental import pallas as pl
 KERNEL_NAME = "fp8_grouped_matmul"
 BACKENDS = ("auto", "gpu", "interpret")
 # The kernels of this op: this module's ("triton", Pallas's Triton backend) and kernels/fp8_grouped_matmul_mgpu.py
-# ("mosaic_gpu"); "auto" runs AUTO_IMPL.
+# ("mosaic_gpu"); "auto" runs `auto_impl()`.
 IMPLS = ("auto", "triton", "mosaic_gpu")
-AUTO_IMPL = "triton"  # until the Mosaic GPU kernel measures at least as fast on the H200 (benchmarks/fp8_mgpu.py)
 BLOCK = 128  # DeepSeek's FP8 block: 128 × 128 codes share one scale
 WORD = 4  # codes per uint32 word
 ROW_TILE = 16  # rows per tensor-core product of a group (Triton's dot needs M ≥ 16)
@@ -55,6 +54,24 @@ MAX_ROW_TILE = 64  # one group (a dense linear): up to this many rows a product,
 # about this many programs have work (why 256 and not 512: benchmarks/RESULTS.md, "FP8 straight from the
 # codes", the K-split sweep).
 BUSY_PROGRAMS = 256
+
+
+def auto_impl() -> str:
+  """What impl="auto" runs: the Triton kernel while this JAX has Pallas's Triton backend (it measured faster on the
+  H200: 0.82–0.92 of the floor on V3.2's experts against the Mosaic kernel's best 0.72–0.83, benchmarks/RESULTS.md,
+  "The Triton sparse-MLA kernel removed"); the Mosaic GPU kernel once a JAX release removes that backend (deprecated
+  since JAX 0.11.0), so that FP8 models keep decoding on Hopper GPUs instead of failing to import it."""
+  return "triton" if has_pallas_triton() else "mosaic_gpu"
+
+
+@functools.cache
+def has_pallas_triton() -> bool:
+  """Whether this JAX still has Pallas's Triton backend."""
+  try:
+    from jax.experimental.pallas import triton  # noqa: F401, PLC0415
+  except ImportError:
+    return False
+  return True
 
 
 def reference(x_AK, codes_EKN, scale_EkN, group_sizes_E) -> jax.Array:
@@ -178,7 +195,7 @@ def fp8_grouped_matmul(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: jax.Arr
     raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")
   if impl not in IMPLS:
     raise ValueError(f"impl={impl!r} is not one of {IMPLS}")
-  if (AUTO_IMPL if impl == "auto" else impl) == "mosaic_gpu":
+  if (auto_impl() if impl == "auto" else impl) == "mosaic_gpu":
     from jax_mtp.kernels.fp8_grouped_matmul_mgpu import fp8_grouped_matmul_mgpu  # noqa: PLC0415 (no cycle)
     from jax_mtp.platform import lowering_platform  # noqa: PLC0415
     # "auto" by the program's platform at trace time (the interpreter's ordered callbacks cannot sit in a

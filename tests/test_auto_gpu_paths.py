@@ -150,3 +150,22 @@ def test_fp8_matmul_impl_mosaic_gpu_puts_the_mosaic_kernel_where_the_triton_one_
   assert triton_calls > 3 and f'"{FP8_KERNEL}"' in triton and MOSAIC_FP8 in mosaic  # experts + dense linears
   assert len(re.findall(r"custom_call @mosaic_gpu_v2", mosaic)) == triton_calls
   assert "xla.gpu.triton" not in mosaic
+
+
+def test_auto_runs_the_mosaic_fp8_kernel_once_jax_has_no_pallas_triton(monkeypatch):
+  """fp8_matmul_impl='auto' in the MTP step exported for an H200: the Triton kernel while this JAX has Pallas's
+  Triton backend (the control), the Mosaic GPU kernel in each of its places once a JAX release removes the backend
+  (simulated: `has_pallas_triton` answers False), so FP8 models keep decoding."""
+  from jax_mtp.kernels import fp8_grouped_matmul  # noqa: PLC0415
+  from jax_mtp.kernels.fp8_grouped_matmul_mgpu import KERNEL_NAME as MOSAIC_FP8  # noqa: PLC0415
+
+  cfg = _fp8_cfg("fp8_grouped_gpu")
+  assert fp8_grouped_matmul.auto_impl() == "triton"
+  with_triton = _fp8_step_for_an_h200(cfg)
+  monkeypatch.setattr(fp8_grouped_matmul, "has_pallas_triton", lambda: False)
+  assert fp8_grouped_matmul.auto_impl() == "mosaic_gpu"
+  without = _fp8_step_for_an_h200(cfg)
+  triton_calls = len(re.findall(r"custom_call @__gpu\$xla\.gpu\.triton", with_triton))
+  assert triton_calls > 3 and MOSAIC_FP8 not in with_triton
+  assert "xla.gpu.triton" not in without and MOSAIC_FP8 in without
+  assert len(re.findall(r"custom_call @mosaic_gpu_v2", without)) == triton_calls
