@@ -16,25 +16,25 @@ with three warpgroups:
   values   O[:, C/2:] = O · rescale + P · latent[:, C/2:], P read from shared memory.
 Registers per thread: 232 scores (S [64, E] and half of O), 160 values (the other half), 104 gather: 496 of the
 512 × 128 an SM has for 384 threads (a sum above what the launch gave would block `setmaxnreg` forever).
-The operands are single-buffered: a step's gather overlaps the previous step's dots only in its TMA copies.
+By default the operands are single-buffered: a step's gather overlaps the previous step's dots only in its TMA
+copies; `Config.double_buffered` keeps two sets (32 entries a step) so the re-layout overlaps the dots too.
 Splits (few queries: B = 1 would fill 2 of 132 SMs) write normalised partials and their log-sum-exp, merged by
-`sparse_mla.combine_splits`, as the Triton kernel does. Heads are padded to `BLOCK_HEADS` (zero queries, dropped).
-The lowering is Lane semantics (explicit layouts): the default Warpgroup semantics cannot infer layouts for the
-row gather.
+`sparse_mla.combine_splits`. Heads are padded to `BLOCK_HEADS` (zero queries, dropped). The lowering is Lane
+semantics (explicit layouts): the default Warpgroup semantics cannot infer layouts for the row gather. This module
+holds the launch (`Config`, `config_for`, `check_operands`, `smem_bytes`, the buffers and barriers);
+`sparse_mla_mgpu_body.py` the three warpgroups' phases.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import jax
 import jax.numpy as jnp
-from jax import lax
-from jax.experimental import pallas as pl
 
 from jax_mtp.kernels.mosaic_gpu_common import operand_transforms
 from jax_mtp.kernels.sparse_mla import combine_splits
+from jax_mtp.kernels.sparse_mla_mgpu_body import Plan, body_for
 
 KERNEL_NAME = "dsa_sparse_mla_mgpu"  # not containing the Triton kernel's name: a test can tell them apart
 BLOCK_HEADS = 64  # wgmma's M
@@ -44,8 +44,6 @@ CONTIGUOUS_MIN_QUERIES = 32  # queries (B · T) from which `config_for` re-lays 
 TMA_BOX = 256  # a TMA copy's box: at most 256 elements along each dimension
 DOUBLE_BUFFERED_ENTRIES = 32  # entries a step with two buffer sets: two sets of 64 do not fit shared memory
 SMEM_BYTES = 232_448  # the shared memory a Hopper CTA may use (227 KiB), which the Mosaic GPU lowering checks
-_NEG_INIT = -1e30  # the running max starts finite: exp(−∞ − (−∞)) would be NaN
-_LOG2E = math.log2(math.e)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,7 +157,7 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
   config = config_for(b * t, n, k, config)
   check_operands(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, config, latent_scale_BSG)
   e, splits = config.block_entries, config.splits
-  dtype, hb, half = q_lat_BTNC.dtype, BLOCK_HEADS, c // 2
+  dtype, hb = q_lat_BTNC.dtype, BLOCK_HEADS
   padded = -(-n // hb) * hb
   pieces = -(-c // TMA_BOX)  # a latent row is copied as [pieces, c / pieces]: a TMA box is ≤ 256 wide
   width = c // pieces
@@ -182,9 +180,6 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
   def buf(shape):  # a buffer of `sets` sets (one set: the shape itself)
     return shape if sets == 1 else (sets, *shape)
 
-  def at(ref, slot):  # a step's set of a buffer or barrier
-    return ref if sets == 1 else ref.at[slot]
-
   from jax.experimental.mosaic.gpu import fragmented_array as mgpu_fa  # noqa: PLC0415
   if config.double_buffered:  # every operand at a 64-byte swizzle: K = 32 entries (64 B of bf16) must be a multiple
     narrow = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(64))  # of it, and a product's two swizzles agree
@@ -200,201 +195,12 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
   elif config.contiguous_relayout and width == 256:  # [rows, 256]: a warp a row, a lane 8 contiguous values (16 B)
     rows_layout = plgpu.Layout.TILED(mgpu_fa.Tiling(((4, 256), (8,))), warp_dims=(-3,), lane_dims=(-2,),
                                      vector_dim=-1)
-  wgmma_rows = plgpu.Layout.WGMMA.reduce(1)  # one value per head (row of the [64, ·] accumulators)
-  wgmma_cols = plgpu.Layout.WGMMA.reduce(0)  # one value per entry (column of the scores)
-
-  def body(q_lat_gmem, q_pe_gmem, lat_gmem, pe_gmem, slots_gmem, *refs):
-    scale_gmem = refs[0] if scaled else None
-    (out_gmem, lse_gmem, q_lat_smem, q_pe_smem, lat_stage, pe_stage, lat_op, pe_op, p_smem, small_smem,
-     *scale_stage, loaded, ids_loaded, gathered, op_ready, op_free, p_ready, done, written) = refs[scaled:]
-    hi, pi, qi = lax.axis_index("h"), lax.axis_index("p"), lax.axis_index("q")
-    wg = lax.axis_index("wg")
-    row = qi // t  # the query's batch row: its cache
-    ids_smem = small_smem.at[pl.ds(0, 2), pl.ds(0, e)]  # slot ids of steps s (s % 2)
-    # rows 2 .. 2 + sets − 1: a step's rescale (by the step's set), row 2 + sets: the final sum
-
-    def put_row(i, x):  # an f32 [64] row vector for the other warpgroup, as int32 bits
-      small_smem.at[2 + i, pl.ds(0, hb)][...] = lax.bitcast_convert_type(x, jnp.int32)
-
-    def get_row(i):
-      return lax.bitcast_convert_type(plgpu.load(small_smem.at[2 + i, pl.ds(0, hb)], layout=wgmma_rows), jnp.float32)
-
-    def accumulate(acc, a, b_ref):  # acc + a · b on the tensor cores, accumulated in place
-      if interpret:  # Pallas's GPU interpreter does not run pl.run_state (jax 0.12): a fresh product, added
-        return acc + pl.run_scoped(lambda ref: (plgpu.wgmma(ref, a, b_ref), ref[...])[1], plgpu.ACC(acc.shape))
-      return pl.run_state(lambda ref: plgpu.wgmma(ref, a, b_ref))(plgpu.ACC.init(acc))
-
-    def _write(acc, l, col):  # this half of the normalised partial output
-      norm = jnp.where(l > 0, l, 1.0)
-      out = (acc / lax.broadcast_in_dim(norm, acc.shape, [0])).astype(out_gmem.dtype)
-      if jnp.dtype(out_gmem.dtype).itemsize == 4:  # straight from registers: a quad's 4 × 8 B are whole sectors
-        out_gmem.at[qi, pi, pl.ds(hi * hb, hb), pl.ds(col, half)][...] = out
-        return
-      # 16-bit: both halves into q~'s buffer (free once the last step's scores are done: the values half waits
-      # for them), then one TMA copy by the scores warpgroup, since a quad's 4 × 4 B would store half sectors
-      q_lat_smem[:, pl.ds(col, half)] = out
-      plgpu.commit_smem()
-      if col:
-        plgpu.barrier_arrive(written)
-        return
-      plgpu.barrier_wait(written)
-      plgpu.copy_smem_to_gmem(q_lat_smem, out_gmem.at[qi, pi, pl.ds(hi * hb, hb)])
-      plgpu.wait_smem_to_gmem(0)
-
-    @pl.when(wg == 2)
-    def _gather():
-      plgpu.set_max_registers(104, action="decrease")
-      def fetch_ids(step):  # a step's slot ids, two steps' worth in flight
-        plgpu.copy_gmem_to_smem(slots_gmem.at[qi, pi, pl.ds(step * e, e)], ids_smem.at[step % 2], ids_loaded.at[step % 2])
-
-      def issue_rows(ids, first, stride, lat_to, pe_to, landed):  # rows first, first + stride, ...: an invalid
-        @pl.loop(first, e, step=stride)                             # slot (−1) reads row 0, masked by the scores
-        def _(i):
-          slot = jnp.maximum(ids[i], 0)
-          if config.whole_rows:  # one [1, pieces, width] box: each dimension within TMA's 256
-            plgpu.copy_gmem_to_smem(lat_gmem.at[row, pl.ds(slot, 1)], lat_to.at[pl.ds(i, 1)], landed)
-          else:  # one copy a piece: a TMA box is at most 256 wide
-            for j in range(pieces):
-              plgpu.copy_gmem_to_smem(lat_gmem.at[row, pl.ds(slot, 1), j],
-                                      lat_to.at[pl.ds(i, 1), j, pl.ds(0, width)], landed)
-          plgpu.copy_gmem_to_smem(pe_gmem.at[row, pl.ds(slot, 1)], pe_to.at[pl.ds(i, 1)], landed)
-
-      def issue(step):  # one TMA a selected row (or piece of one), into the step's staging set
-        plgpu.barrier_wait(ids_loaded.at[step % 2])
-        ids = ids_smem.at[step % 2]
-        to = (at(lat_stage, step % sets), at(pe_stage, step % sets), at(gathered, step % sets))
-        if config.issue_warps == 1:
-          issue_rows(ids, 0, 1, *to)
-        else:  # each of the first issue_warps warps a share of the rows, from its own elected thread
-          plgpu.warp_map(lambda warp: pl.when(warp < config.issue_warps)(
-              lambda: issue_rows(ids, warp, config.issue_warps, *to)))
-
-        if scaled:
-          plgpu.copy_gmem_to_smem(scale_gmem.at[qi, pi, :, pl.ds(step * e, e)], at(scale_stage[0], step % sets),
-                                  at(gathered, step % sets))
-
-      fetch_ids(0)
-      pl.when(steps > 1)(lambda: fetch_ids(1))
-      for first in range(min(sets, steps)):  # the first `sets` steps' copies, each into its own staging set
-        issue(first)
-
-      @pl.loop(0, steps)
-      def _(step):
-        slot = step % sets
-        if sets == 2:  # step + 2's ids into the buffer issue(step) read, ahead of its copies below
-          pl.when(step + 2 < steps)(lambda: fetch_ids(step + 2))
-        lat_stage_s, pe_stage_s, lat_op_s, pe_op_s = (at(ref, slot) for ref in (lat_stage, pe_stage, lat_op, pe_op))
-        plgpu.barrier_wait(at(gathered, slot))
-        pl.when(step >= sets)(lambda: plgpu.barrier_wait(at(op_free, slot)))  # step − sets' dots are done with it
-        if sets == 2 and scaled:  # a scale group of codes at a time, times its rows' scales, in fp32 (exact for
-          group_width = c // g    # e4m3), rounded once to the operand's dtype
-          for col in range(0, c, group_width):
-            codes = plgpu.load(lat_stage_s.at[:, col // width, pl.ds(col % width, group_width)], layout=rows_layout,
-                               optimized=False)  # 8 B a lane from rows 512 B apart: conflicts no plan avoids
-            group_scale = plgpu.load(at(scale_stage[0], slot).at[col // group_width], layout=rows_layout.reduce(1),
-                                     optimized=False)
-            row_scale = plgpu.layout_cast(lax.broadcast_in_dim(group_scale, codes.shape, [0]), rows_layout)
-            lat_op_s[:, pl.ds(col, group_width)] = (codes.astype(jnp.float32) * row_scale).astype(dtype)
-        elif rows_layout is not None and not scaled:  # each warp reads 512 contiguous bytes of one row: no conflicts
-          for rb in range(0, e, 32):
-            for j in range(pieces):
-              lat_op_s[pl.ds(rb, 32), pl.ds(j * width, width)] = plgpu.load(lat_stage_s.at[pl.ds(rb, 32), j],
-                                                                            layout=rows_layout)
-        for col in range(0, c if (rows_layout is None or scaled) and sets == 1 else 0, 64):  # staging → registers
-          piece = plgpu.load(lat_stage_s.at[:, col // width, pl.ds(col % width, 64)], layout=plgpu.Layout.WGMMA,
-                             optimized=False)
-          if scaled:  # codes · their group's scale, in fp32 (exact for e4m3), rounded once to the operand's dtype
-            group_scale = plgpu.load(scale_stage[0].at[col // (c // g)], layout=wgmma_rows)
-            piece = (piece.astype(jnp.float32) * lax.broadcast_in_dim(group_scale, piece.shape, [0])).astype(dtype)
-          lat_op_s[:, pl.ds(col, 64)] = piece
-        pe_op_s[...] = plgpu.load(pe_stage_s, layout=rows_layout if sets == 2 else plgpu.Layout.WGMMA,
-                                  optimized=False)
-        plgpu.commit_smem()
-        plgpu.barrier_arrive(at(op_ready, slot))
-
-        if sets == 2:  # this staging set is free again: step + 2's copies into it
-          pl.when(step + 2 < steps)(lambda: issue(step + 2))
-        else:
-          @pl.when(step + 1 < steps)
-          def _():
-            issue(step + 1)
-            pl.when(step + 2 < steps)(lambda: fetch_ids(step + 2))  # into the buffer issue(step) read
-
-      for last in range(max(steps - sets, 0), steps):  # the last steps' completions: a waiter observes every one
-        plgpu.barrier_wait(at(op_free, last % sets))  # (the interpreter checks)
-
-    @pl.when(wg == 0)
-    def _scores():
-      plgpu.set_max_registers(232, action="increase")
-      heads = pl.ds(hi * hb, hb)
-      plgpu.copy_gmem_to_smem(q_lat_gmem.at[qi, heads], q_lat_smem, loaded)
-      plgpu.copy_gmem_to_smem(q_pe_gmem.at[qi, heads], q_pe_smem, loaded)
-      plgpu.barrier_wait(loaded)
-
-      def step_fn(step, carry):
-        acc, m, l = carry
-        slot = step % sets
-        lat_op_s, p_smem_s = at(lat_op, slot), at(p_smem, slot)
-        plgpu.barrier_wait(at(op_ready, slot))
-
-        def dots(acc_ref):
-          plgpu.wgmma(acc_ref, q_lat_smem, lat_op_s.transpose((1, 0)))
-          plgpu.wgmma(acc_ref, q_pe_smem, at(pe_op, slot).transpose((1, 0)))
-          return acc_ref[...]
-
-        s = pl.run_scoped(dots, plgpu.ACC((hb, e), jnp.float32))
-        ids = plgpu.load(slots_gmem.at[qi, pi, pl.ds(step * e, e)], layout=wgmma_cols,
-                         optimized=False)  # from HBM, 256 B (jax 0.11.2 optimises transfers from SMEM only)
-        valid = lax.broadcast_in_dim(ids >= 0, (hb, e), [1])
-        s = jnp.where(valid, s * (scale * _LOG2E), -jnp.inf)  # log2 units: exp2 below
-        m_new = jnp.maximum(m, s.max(axis=1))
-        alpha = jnp.exp2(m - m_new)
-        p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
-        l = l * alpha + p.sum(axis=1)
-        p_smem_s[...] = p.astype(dtype)
-        put_row(slot, alpha)
-        plgpu.commit_smem()
-        plgpu.barrier_arrive(at(p_ready, slot))
-        acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
-
-        acc = accumulate(acc, p_smem_s, lat_op_s.at[:, pl.ds(0, half)])  # P from shared memory, as the other half
-        plgpu.barrier_arrive(at(op_free, slot))
-        return acc, m_new, l
-
-      init = (plgpu.layout_cast(jnp.zeros((hb, half), jnp.float32), plgpu.Layout.WGMMA),
-              plgpu.layout_cast(jnp.full((hb,), _NEG_INIT, jnp.float32), wgmma_rows),
-              plgpu.layout_cast(jnp.zeros((hb,), jnp.float32), wgmma_rows))
-      acc, m, l = lax.fori_loop(0, steps, step_fn, init)
-      put_row(sets, l)
-      plgpu.commit_smem()
-      plgpu.barrier_arrive(done)
-      _write(acc, l, 0)
-      seen = l > 0
-      lse = jnp.where(seen, (m + jnp.log2(jnp.where(seen, l, 1.0))) / _LOG2E, -jnp.inf)
-      lse_gmem.at[qi, pi, heads][...] = lse
-
-    @pl.when(wg == 1)
-    def _values():
-      plgpu.set_max_registers(160, action="decrease")
-
-      def step_fn(step, acc):
-        slot = step % sets
-        plgpu.barrier_wait(at(p_ready, slot))
-        alpha = get_row(slot)
-        acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
-
-        acc = accumulate(acc, at(p_smem, slot), at(lat_op, slot).at[:, pl.ds(half, half)])
-        plgpu.barrier_arrive(at(op_free, slot))
-        return acc
-
-      acc = lax.fori_loop(0, steps, step_fn, plgpu.layout_cast(jnp.zeros((hb, half), jnp.float32),
-                                                               plgpu.Layout.WGMMA))
-      plgpu.barrier_wait(done)
-      _write(acc, get_row(sets), half)
-
+  plan = Plan(plgpu=plgpu, config=config, t=t, e=e, c=c, steps=steps, sets=sets, pieces=pieces, width=width, hb=hb,
+              groups=g if scaled else 0, dtype=dtype, scale=scale, interpret=interpret, rows_layout=rows_layout,
+              wgmma_rows=plgpu.Layout.WGMMA.reduce(1), wgmma_cols=plgpu.Layout.WGMMA.reduce(0))
   out_dt = out_dtype if splits == 1 else jnp.float32
   kernel = plgpu.kernel(
-      body,
+      body_for(plan),
       out_type=(jax.ShapeDtypeStruct((b * t, splits, padded, c), out_dt),
                 jax.ShapeDtypeStruct((b * t, splits, padded), jnp.float32)),
       scratch_types=[

@@ -1,0 +1,329 @@
+"""The Mosaic GPU sparse-MLA kernel's body (`sparse_mla_mgpu.py` builds the launch): one CTA's query, 64-head block and
+split of the selected slots, in three warpgroups, each a named phase here:
+
+  gather   (`_gather`) TMA-copies each step's selected rows into a staging set (`_issue`), waits for them, re-lays
+           them into wgmma's swizzled operands (`_relayout`, dequantising an fp8 cache's codes) and signals the set
+           ready; it copies ahead by the number of buffer sets.
+  scores   (`_scores`) q~ · latentᵀ + q_pe · k_peᵀ, the masked online softmax, P and its rescale for the values
+           warpgroup, then O[:, :C/2] += P · latent[:, :C/2]; at the end the log-sum-exp and its half of the output.
+  values   (`_values`) O[:, C/2:] = O · rescale + P · latent[:, C/2:]; at the end its half of the output.
+
+`Plan` holds the launch's static facts, `Refs` the CTA's refs and grid indices; the phases only read them."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+_NEG_INIT = -1e30  # the running max starts finite: exp(−∞ − (−∞)) would be NaN
+_LOG2E = math.log2(math.e)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """A launch's static facts (`sparse_mla_mgpu.sparse_mla_mgpu` fills them)."""
+
+  plgpu: Any  # jax.experimental.pallas.mosaic_gpu, imported only where a call is built
+  config: Any  # sparse_mla_mgpu.Config, completed by config_for
+  t: int  # tokens a row: a query's batch row is its index // t
+  e: int  # entries a step
+  c: int  # latent width
+  steps: int  # steps a split
+  sets: int  # staging / operand / P buffer sets
+  pieces: int  # a latent row's TMA pieces (each ≤ 256 wide)
+  width: int  # a piece's width
+  hb: int  # heads a block (wgmma's M)
+  groups: int  # an fp8 cache's scale groups a row; 0 for a 16-bit cache
+  dtype: Any  # the operands' 16-bit dtype
+  scale: float
+  interpret: bool
+  rows_layout: Any  # the row-contiguous re-layout's register layout, or None
+  wgmma_rows: Any  # one value per head (row of the [64, ·] accumulators)
+  wgmma_cols: Any  # one value per entry (column of the scores)
+
+  @property
+  def half(self) -> int:
+    return self.c // 2
+
+  @property
+  def scaled(self) -> bool:
+    return self.groups > 0
+
+  def at(self, ref, slot):
+    """A step's set of a buffer or barrier (one set: the ref itself)."""
+    return ref if self.sets == 1 else ref.at[slot]
+
+
+@dataclasses.dataclass(frozen=True)
+class Refs:
+  """One CTA's refs (HBM operands, shared-memory scratch, barriers) and grid indices."""
+
+  q_lat_gmem: Any
+  q_pe_gmem: Any
+  lat_gmem: Any
+  pe_gmem: Any
+  slots_gmem: Any
+  scale_gmem: Any
+  out_gmem: Any
+  lse_gmem: Any
+  q_lat_smem: Any
+  q_pe_smem: Any
+  lat_stage: Any
+  pe_stage: Any
+  lat_op: Any
+  pe_op: Any
+  p_smem: Any
+  small_smem: Any  # rows 0–1: two steps' slot ids; 2 .. 2 + sets − 1: a step's rescale (by set); 2 + sets: the sum
+  scale_stage: Any  # an fp8 cache's selected scales, or None
+  loaded: Any
+  ids_loaded: Any
+  gathered: Any
+  op_ready: Any
+  op_free: Any
+  p_ready: Any
+  done: Any
+  written: Any
+  hi: Any  # head block
+  pi: Any  # split
+  qi: Any  # query
+  row: Any  # the query's batch row: its cache
+
+
+def body_for(plan: Plan):
+  """The kernel body `plgpu.kernel` calls with the operands, the outputs and the scratch (in sparse_mla_mgpu's order)."""
+
+  def body(q_lat_gmem, q_pe_gmem, lat_gmem, pe_gmem, slots_gmem, *refs):
+    scale_gmem = refs[0] if plan.scaled else None
+    (out_gmem, lse_gmem, q_lat_smem, q_pe_smem, lat_stage, pe_stage, lat_op, pe_op, p_smem, small_smem,
+     *scale_stage, loaded, ids_loaded, gathered, op_ready, op_free, p_ready, done, written) = refs[plan.scaled:]
+    hi, pi, qi = lax.axis_index("h"), lax.axis_index("p"), lax.axis_index("q")
+    wg = lax.axis_index("wg")
+    r = Refs(q_lat_gmem, q_pe_gmem, lat_gmem, pe_gmem, slots_gmem, scale_gmem, out_gmem, lse_gmem, q_lat_smem,
+             q_pe_smem, lat_stage, pe_stage, lat_op, pe_op, p_smem, small_smem, scale_stage[0] if scale_stage else None,
+             loaded, ids_loaded, gathered, op_ready, op_free, p_ready, done, written, hi, pi, qi, qi // plan.t)
+    pl.when(wg == 2)(lambda: _gather(plan, r))
+    pl.when(wg == 0)(lambda: _scores(plan, r))
+    pl.when(wg == 1)(lambda: _values(plan, r))
+
+  return body
+
+
+def _ids_smem(plan: Plan, r: Refs):
+  """The slot ids of steps s, at s % 2."""
+  return r.small_smem.at[pl.ds(0, 2), pl.ds(0, plan.e)]
+
+
+def _put_row(plan: Plan, r: Refs, i, x):
+  """An f32 [64] row vector for the other warpgroup, as int32 bits."""
+  r.small_smem.at[2 + i, pl.ds(0, plan.hb)][...] = lax.bitcast_convert_type(x, jnp.int32)
+
+
+def _get_row(plan: Plan, r: Refs, i):
+  return lax.bitcast_convert_type(plan.plgpu.load(r.small_smem.at[2 + i, pl.ds(0, plan.hb)], layout=plan.wgmma_rows),
+                                  jnp.float32)
+
+
+def _accumulate(plan: Plan, acc, a, b_ref):
+  """acc + a · b on the tensor cores, accumulated in place."""
+  plgpu = plan.plgpu
+  if plan.interpret:  # Pallas's GPU interpreter does not run pl.run_state (jax 0.12): a fresh product, added
+    return acc + pl.run_scoped(lambda ref: (plgpu.wgmma(ref, a, b_ref), ref[...])[1], plgpu.ACC(acc.shape))
+  return pl.run_state(lambda ref: plgpu.wgmma(ref, a, b_ref))(plgpu.ACC.init(acc))
+
+
+def _write(plan: Plan, r: Refs, acc, l, col):
+  """This warpgroup's half of the normalised partial output."""
+  plgpu, hb, half = plan.plgpu, plan.hb, plan.half
+  norm = jnp.where(l > 0, l, 1.0)
+  out = (acc / lax.broadcast_in_dim(norm, acc.shape, [0])).astype(r.out_gmem.dtype)
+  if jnp.dtype(r.out_gmem.dtype).itemsize == 4:  # straight from registers: a quad's 4 × 8 B are whole sectors
+    r.out_gmem.at[r.qi, r.pi, pl.ds(r.hi * hb, hb), pl.ds(col, half)][...] = out
+    return
+  # 16-bit: both halves into q~'s buffer (free once the last step's scores are done: the values half waits for
+  # them), then one TMA copy by the scores warpgroup, since a quad's 4 × 4 B would store half sectors
+  r.q_lat_smem[:, pl.ds(col, half)] = out
+  plgpu.commit_smem()
+  if col:
+    plgpu.barrier_arrive(r.written)
+    return
+  plgpu.barrier_wait(r.written)
+  plgpu.copy_smem_to_gmem(r.q_lat_smem, r.out_gmem.at[r.qi, r.pi, pl.ds(r.hi * hb, hb)])
+  plgpu.wait_smem_to_gmem(0)
+
+
+def _fetch_ids(plan: Plan, r: Refs, step):
+  """A step's slot ids into shared memory, two steps' worth in flight."""
+  e = plan.e
+  plan.plgpu.copy_gmem_to_smem(r.slots_gmem.at[r.qi, r.pi, pl.ds(step * e, e)], _ids_smem(plan, r).at[step % 2],
+                               r.ids_loaded.at[step % 2])
+
+
+def _issue_rows(plan: Plan, r: Refs, ids, first, stride, lat_to, pe_to, landed):
+  """TMA copies of rows first, first + stride, ... of a step (an invalid slot, −1, reads row 0: the scores mask it)."""
+  plgpu, pieces, width = plan.plgpu, plan.pieces, plan.width
+
+  @pl.loop(first, plan.e, step=stride)
+  def _(i):
+    slot = jnp.maximum(ids[i], 0)
+    if plan.config.whole_rows:  # one [1, pieces, width] box: each dimension within TMA's 256
+      plgpu.copy_gmem_to_smem(r.lat_gmem.at[r.row, pl.ds(slot, 1)], lat_to.at[pl.ds(i, 1)], landed)
+    else:  # one copy a piece: a TMA box is at most 256 wide
+      for j in range(pieces):
+        plgpu.copy_gmem_to_smem(r.lat_gmem.at[r.row, pl.ds(slot, 1), j],
+                                lat_to.at[pl.ds(i, 1), j, pl.ds(0, width)], landed)
+    plgpu.copy_gmem_to_smem(r.pe_gmem.at[r.row, pl.ds(slot, 1)], pe_to.at[pl.ds(i, 1)], landed)
+
+
+def _issue(plan: Plan, r: Refs, step):
+  """One TMA a selected row (or piece of one) into the step's staging set, once its ids have landed."""
+  plgpu, config, sets, e = plan.plgpu, plan.config, plan.sets, plan.e
+  plgpu.barrier_wait(r.ids_loaded.at[step % 2])
+  ids = _ids_smem(plan, r).at[step % 2]
+  to = (plan.at(r.lat_stage, step % sets), plan.at(r.pe_stage, step % sets), plan.at(r.gathered, step % sets))
+  if config.issue_warps == 1:
+    _issue_rows(plan, r, ids, 0, 1, *to)
+  else:  # each of the first issue_warps warps a share of the rows, from its own elected thread
+    plgpu.warp_map(lambda warp: pl.when(warp < config.issue_warps)(
+        lambda: _issue_rows(plan, r, ids, warp, config.issue_warps, *to)))
+  if plan.scaled:
+    plgpu.copy_gmem_to_smem(r.scale_gmem.at[r.qi, r.pi, :, pl.ds(step * e, e)], plan.at(r.scale_stage, step % sets),
+                            plan.at(r.gathered, step % sets))
+
+
+def _relayout(plan: Plan, r: Refs, slot):
+  """A landed staging set → registers → its operand set (tiled, swizzled), an fp8 cache's codes dequantised."""
+  plgpu, c, e, width, pieces, dtype, rows_layout = (plan.plgpu, plan.c, plan.e, plan.width, plan.pieces, plan.dtype,
+                                                    plan.rows_layout)
+  lat_stage_s, pe_stage_s, lat_op_s, pe_op_s = (plan.at(ref, slot) for ref in (r.lat_stage, r.pe_stage, r.lat_op,
+                                                                                r.pe_op))
+  if plan.sets == 2 and plan.scaled:  # a scale group of codes at a time, times its rows' scales, in fp32 (exact for
+    group_width = c // plan.groups   # e4m3), rounded once to the operand's dtype
+    for col in range(0, c, group_width):
+      codes = plgpu.load(lat_stage_s.at[:, col // width, pl.ds(col % width, group_width)], layout=rows_layout,
+                         optimized=False)  # 8 B a lane from rows 512 B apart: conflicts no plan avoids
+      group_scale = plgpu.load(plan.at(r.scale_stage, slot).at[col // group_width], layout=rows_layout.reduce(1),
+                               optimized=False)
+      row_scale = plgpu.layout_cast(lax.broadcast_in_dim(group_scale, codes.shape, [0]), rows_layout)
+      lat_op_s[:, pl.ds(col, group_width)] = (codes.astype(jnp.float32) * row_scale).astype(dtype)
+  elif rows_layout is not None and not plan.scaled:  # each warp reads 512 contiguous bytes of one row: no conflicts
+    for rb in range(0, e, 32):
+      for j in range(pieces):
+        lat_op_s[pl.ds(rb, 32), pl.ds(j * width, width)] = plgpu.load(lat_stage_s.at[pl.ds(rb, 32), j],
+                                                                      layout=rows_layout)
+  for col in range(0, c if (rows_layout is None or plan.scaled) and plan.sets == 1 else 0, 64):  # WGMMA pieces
+    piece = plgpu.load(lat_stage_s.at[:, col // width, pl.ds(col % width, 64)], layout=plgpu.Layout.WGMMA,
+                       optimized=False)
+    if plan.scaled:  # codes · their group's scale, in fp32 (exact for e4m3), rounded once to the operand's dtype
+      group_scale = plgpu.load(r.scale_stage.at[col // (c // plan.groups)], layout=plan.wgmma_rows)
+      piece = (piece.astype(jnp.float32) * lax.broadcast_in_dim(group_scale, piece.shape, [0])).astype(dtype)
+    lat_op_s[:, pl.ds(col, 64)] = piece
+  pe_op_s[...] = plgpu.load(pe_stage_s, layout=rows_layout if plan.sets == 2 else plgpu.Layout.WGMMA, optimized=False)
+
+
+def _gather(plan: Plan, r: Refs):
+  """The gather warpgroup: copies `sets` steps ahead, re-lays each landed step into its operand set."""
+  plgpu, sets, steps = plan.plgpu, plan.sets, plan.steps
+  plgpu.set_max_registers(104, action="decrease")
+  _fetch_ids(plan, r, 0)
+  pl.when(steps > 1)(lambda: _fetch_ids(plan, r, 1))
+  for first in range(min(sets, steps)):  # the first `sets` steps' copies, each into its own staging set
+    _issue(plan, r, first)
+
+  @pl.loop(0, steps)
+  def _(step):
+    slot = step % sets
+    if sets == 2:  # step + 2's ids into the buffer _issue(step) read, ahead of its copies below
+      pl.when(step + 2 < steps)(lambda: _fetch_ids(plan, r, step + 2))
+    plgpu.barrier_wait(plan.at(r.gathered, slot))
+    pl.when(step >= sets)(lambda: plgpu.barrier_wait(plan.at(r.op_free, slot)))  # step − sets' dots are done with it
+    _relayout(plan, r, slot)
+    plgpu.commit_smem()
+    plgpu.barrier_arrive(plan.at(r.op_ready, slot))
+    if sets == 2:  # this staging set is free again: step + 2's copies into it
+      pl.when(step + 2 < steps)(lambda: _issue(plan, r, step + 2))
+    else:
+      @pl.when(step + 1 < steps)
+      def _():
+        _issue(plan, r, step + 1)
+        pl.when(step + 2 < steps)(lambda: _fetch_ids(plan, r, step + 2))  # into the buffer _issue(step) read
+
+  for last in range(max(steps - sets, 0), steps):  # the last steps' completions: a waiter observes every one
+    plgpu.barrier_wait(plan.at(r.op_free, last % sets))  # (the interpreter checks)
+
+
+def _scores_step(plan: Plan, r: Refs, step, carry):
+  """One step of the scores warpgroup: S, the online softmax, P and its rescale out, O[:, :C/2] updated."""
+  plgpu, hb, e = plan.plgpu, plan.hb, plan.e
+  acc, m, l = carry
+  slot = step % plan.sets
+  lat_op_s, p_smem_s = plan.at(r.lat_op, slot), plan.at(r.p_smem, slot)
+  plgpu.barrier_wait(plan.at(r.op_ready, slot))
+
+  def dots(acc_ref):
+    plgpu.wgmma(acc_ref, r.q_lat_smem, lat_op_s.transpose((1, 0)))
+    plgpu.wgmma(acc_ref, r.q_pe_smem, plan.at(r.pe_op, slot).transpose((1, 0)))
+    return acc_ref[...]
+
+  s = pl.run_scoped(dots, plgpu.ACC((hb, e), jnp.float32))
+  ids = plgpu.load(r.slots_gmem.at[r.qi, r.pi, pl.ds(step * e, e)], layout=plan.wgmma_cols,
+                   optimized=False)  # from HBM, 256 B (jax 0.11.2 optimises transfers from SMEM only)
+  valid = lax.broadcast_in_dim(ids >= 0, (hb, e), [1])
+  s = jnp.where(valid, s * (plan.scale * _LOG2E), -jnp.inf)  # log2 units: exp2 below
+  m_new = jnp.maximum(m, s.max(axis=1))
+  alpha = jnp.exp2(m - m_new)
+  p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
+  l = l * alpha + p.sum(axis=1)
+  p_smem_s[...] = p.astype(plan.dtype)
+  _put_row(plan, r, slot, alpha)
+  plgpu.commit_smem()
+  plgpu.barrier_arrive(plan.at(r.p_ready, slot))
+  acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+  acc = _accumulate(plan, acc, p_smem_s, lat_op_s.at[:, pl.ds(0, plan.half)])  # P from shared memory, as the other
+  plgpu.barrier_arrive(plan.at(r.op_free, slot))                                # half takes it
+  return acc, m_new, l
+
+
+def _scores(plan: Plan, r: Refs):
+  """The scores warpgroup: q~ and q_pe in, the steps, the final sum for the values warpgroup, lse and its half out."""
+  plgpu, hb = plan.plgpu, plan.hb
+  plgpu.set_max_registers(232, action="increase")
+  heads = pl.ds(r.hi * hb, hb)
+  plgpu.copy_gmem_to_smem(r.q_lat_gmem.at[r.qi, heads], r.q_lat_smem, r.loaded)
+  plgpu.copy_gmem_to_smem(r.q_pe_gmem.at[r.qi, heads], r.q_pe_smem, r.loaded)
+  plgpu.barrier_wait(r.loaded)
+  init = (plgpu.layout_cast(jnp.zeros((hb, plan.half), jnp.float32), plgpu.Layout.WGMMA),
+          plgpu.layout_cast(jnp.full((hb,), _NEG_INIT, jnp.float32), plan.wgmma_rows),
+          plgpu.layout_cast(jnp.zeros((hb,), jnp.float32), plan.wgmma_rows))
+  acc, m, l = lax.fori_loop(0, plan.steps, lambda step, carry: _scores_step(plan, r, step, carry), init)
+  _put_row(plan, r, plan.sets, l)
+  plgpu.commit_smem()
+  plgpu.barrier_arrive(r.done)
+  _write(plan, r, acc, l, 0)
+  seen = l > 0
+  lse = jnp.where(seen, (m + jnp.log2(jnp.where(seen, l, 1.0))) / _LOG2E, -jnp.inf)
+  r.lse_gmem.at[r.qi, r.pi, heads][...] = lse
+
+
+def _values(plan: Plan, r: Refs):
+  """The values warpgroup: O[:, C/2:] rescaled and updated each step, then its half out."""
+  plgpu, half = plan.plgpu, plan.half
+  plgpu.set_max_registers(160, action="decrease")
+
+  def step_fn(step, acc):
+    slot = step % plan.sets
+    plgpu.barrier_wait(plan.at(r.p_ready, slot))
+    alpha = _get_row(plan, r, slot)
+    acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+    acc = _accumulate(plan, acc, plan.at(r.p_smem, slot), plan.at(r.lat_op, slot).at[:, pl.ds(half, half)])
+    plgpu.barrier_arrive(plan.at(r.op_free, slot))
+    return acc
+
+  acc = lax.fori_loop(0, plan.steps, step_fn, plgpu.layout_cast(jnp.zeros((plan.hb, half), jnp.float32),
+                                                                plgpu.Layout.WGMMA))
+  plgpu.barrier_wait(r.done)
+  _write(plan, r, acc, _get_row(plan, r, plan.sets), half)
