@@ -36,7 +36,7 @@ from jax_mtp.kernels.mosaic_gpu_common import operand_transforms
 from jax_mtp.kernels.sparse_mla import combine_splits
 from jax_mtp.kernels.sparse_mla_mgpu_body import Plan, body_for
 
-KERNEL_NAME = "dsa_sparse_mla_mgpu"  # not containing the Triton kernel's name: a test can tell them apart
+KERNEL_NAME = "dsa_sparse_mla_mgpu"  # what tests and benchmarks look for in a compiled program
 BLOCK_HEADS = 64  # wgmma's M
 BUSY_CTAS = 264  # two CTAs per core of an H200 (132 SMs): split a query's slots until about this many run
 MAX_SPLITS = 16
