@@ -193,7 +193,7 @@ def resolve_sparse_attention_impl(cfg: MtpConfig, platform: str, *, hopper: bool
   kernel keeps the gathered entries and the scores out of HBM (why: RESULTS, "The sparse MLA in one Pallas pass").
   An explicit "mosaic_gpu" runs as asked — on a CPU in Pallas's interpreter (tests), compiled on a Hopper — unless
   it cannot take the model or the GPU is not a Hopper: then a ValueError names why. "pallas_gpu" (the removed Triton
-  kernel) is refused by the config (`config.validate`), naming its replacement."""
+  kernel) is refused when the config is built (`MtpConfig`'s validation), naming its replacement."""
   impl = cfg.sparse_attention_impl
   if impl == "xla":
     return "xla"

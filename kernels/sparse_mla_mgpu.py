@@ -77,6 +77,11 @@ class Config:
   double_buffered: bool = False
 
 
+def buffer_sets(config: Config) -> int:
+  """Staging / operand / P buffer sets: two with `double_buffered`, else one."""
+  return 2 if config.double_buffered else 1
+
+
 def config_for(queries: int, heads: int, entries: int, config: Config | None = None, busy: int = BUSY_CTAS) -> Config:
   """The call's launch: `splits` the fewest (a power of two, dividing the steps, at most MAX_SPLITS) that give
   queries × head blocks × splits ≥ `busy` CTAs; the contiguous re-layout at one query and from
@@ -125,7 +130,7 @@ def check_operands(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, confi
     raise ValueError(f"{k} selected slots are not a multiple of splits={splits} × block_entries={e} "
                      f"(block_entries a multiple of 64, at most 256)")
   scales = 0 if latent_scale_BSG is None else latent_scale_BSG.shape[-1]
-  need = smem_bytes(c, r, e, jnp.dtype(latent_BSC.dtype).itemsize, scales, 2 if config.double_buffered else 1)
+  need = smem_bytes(c, r, e, jnp.dtype(latent_BSC.dtype).itemsize, scales, buffer_sets(config))
   if need > SMEM_BYTES:  # the lowering's own check comes only on a GPU (the interpreter has none)
     raise ValueError(f"block_entries={e} at latent width {c} and rope width {r} needs {need:,} bytes of shared "
                      f"memory, more than an H200's {SMEM_BYTES:,} (fewer entries a step)")
@@ -145,7 +150,7 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
                     slots_BTK: jax.Array, scale: float, *, latent_scale_BSG: jax.Array | None = None,
                     config: Config | None = None, out_dtype=jnp.float32, interpret: bool = False) -> jax.Array:
   """[B, T, N, C] in `out_dtype`: each query's heads attending over its selected slots (`slots_BTK` int32, −1 =
-  not attended), the operands as `sparse_mla.sparse_mla` takes them. `latent_scale_BSG`: an fp8 MLA cache's
+  not attended), the operands as `sparse_mla.reference` takes them. `latent_scale_BSG`: an fp8 MLA cache's
   scales (`latent_BSC` then holds its e4m3 codes, `sparse_mla.dequantize_latent`'s format): the gather warpgroup
   dequantises each copied row in registers on its way into the bf16 operand; the selected rows' scales are
   gathered by XLA first (16 B an entry beside its 512 B of codes). `interpret`: Pallas's GPU interpreter (any host:
@@ -167,6 +172,11 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
   q_pe = jnp.pad(q_pe_BTNR.reshape(b * t, n, r), pad_heads)
   slots = slots_BTK.astype(jnp.int32).reshape(b * t, splits, k // splits)
   steps = k // splits // e
+  sets = buffer_sets(config)
+
+  def buf(shape):  # a buffer of `sets` sets (one set: the shape itself)
+    return shape if sets == 1 else (sets, *shape)
+
   scaled = latent_scale_BSG is not None
   scale_inputs, scale_scratch = [], []
   if scaled:  # the selected rows' scales, [B·T, splits, G, K / splits]: a step's are one [G, E] TMA box
@@ -174,11 +184,7 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
     rows_B1 = jnp.arange(b)[:, None, None]
     picked = latent_scale_BSG[rows_B1, jnp.maximum(slots_BTK, 0)].astype(jnp.float32)  # [B, T, K, G]
     scale_inputs = [picked.reshape(b * t, splits, k // splits, g).transpose(0, 1, 3, 2)]
-    scale_scratch = [plgpu.SMEM((g, e) if not config.double_buffered else (2, g, e), jnp.float32)]
-  sets = 2 if config.double_buffered else 1  # staging / operand / P buffer sets
-
-  def buf(shape):  # a buffer of `sets` sets (one set: the shape itself)
-    return shape if sets == 1 else (sets, *shape)
+    scale_scratch = [plgpu.SMEM(buf((g, e)), jnp.float32)]
 
   from jax.experimental.mosaic.gpu import fragmented_array as mgpu_fa  # noqa: PLC0415
   if config.double_buffered:  # every operand at a 64-byte swizzle: K = 32 entries (64 B of bf16) must be a multiple

@@ -215,13 +215,14 @@ def _relayout(plan: Plan, r: Refs, slot):
       for j in range(pieces):
         lat_op_s[pl.ds(rb, 32), pl.ds(j * width, width)] = plgpu.load(lat_stage_s.at[pl.ds(rb, 32), j],
                                                                       layout=rows_layout)
-  for col in range(0, c if (rows_layout is None or plan.scaled) and plan.sets == 1 else 0, 64):  # WGMMA pieces
-    piece = plgpu.load(lat_stage_s.at[:, col // width, pl.ds(col % width, 64)], layout=plgpu.Layout.WGMMA,
-                       optimized=False)
-    if plan.scaled:  # codes · their group's scale, in fp32 (exact for e4m3), rounded once to the operand's dtype
-      group_scale = plgpu.load(r.scale_stage.at[col // (c // plan.groups)], layout=plan.wgmma_rows)
-      piece = (piece.astype(jnp.float32) * lax.broadcast_in_dim(group_scale, piece.shape, [0])).astype(dtype)
-    lat_op_s[:, pl.ds(col, 64)] = piece
+  else:  # one set (two always have rows_layout): 64-column pieces in WGMMA's layout
+    for col in range(0, c, 64):
+      piece = plgpu.load(lat_stage_s.at[:, col // width, pl.ds(col % width, 64)], layout=plgpu.Layout.WGMMA,
+                         optimized=False)
+      if plan.scaled:  # codes · their group's scale, in fp32 (exact for e4m3), rounded once to the operand's dtype
+        group_scale = plgpu.load(r.scale_stage.at[col // (c // plan.groups)], layout=plan.wgmma_rows)
+        piece = (piece.astype(jnp.float32) * lax.broadcast_in_dim(group_scale, piece.shape, [0])).astype(dtype)
+      lat_op_s[:, pl.ds(col, 64)] = piece
   pe_op_s[...] = plgpu.load(pe_stage_s, layout=rows_layout if plan.sets == 2 else plgpu.Layout.WGMMA, optimized=False)
 
 
