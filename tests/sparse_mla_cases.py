@@ -12,6 +12,14 @@ from jax_mtp.mla import MLAttention
 from tests.tolerances import assert_close
 
 
+def dsa_kernel_cfg(**overrides) -> jax_mtp.MtpConfig:
+  """The small bf16 DSA model the tests run the Mosaic GPU DSA kernels on: 16 attention and indexer heads (padded
+  to the sparse-MLA kernel's 64), a 128-wide latent, 64-wide rope and indexer keys, top-16 of a longer cache."""
+  return jax_mtp.tiny(**{"dtype": "bfloat16", "param_dtype": "bfloat16", "num_attention_heads": 16,
+                         "qk_rope_head_dim": 64, "index_head_dim": 64, "kv_lora_rank": 128, "index_n_heads": 16,
+                         "index_topk": 16, **overrides})
+
+
 def problem(b, t, n, c, r, s, k, dtype, seed=0, padded=0.2):
   """Queries, a cache, and per query k distinct slots of which a `padded` share is not attended
   (slot −1, as the selection's padding); the first slot is always attended."""

@@ -19,17 +19,15 @@ from jax_mtp import fp8
 from jax_mtp.kernels.fp8_grouped_matmul import KERNEL_NAME as FP8_KERNEL
 from jax_mtp.request import required_capacity
 from tests.lowered_step import H200
+from tests.sparse_mla_cases import dsa_kernel_cfg
 
 ON_GPU = jax.default_backend() == "gpu"
 VOCAB = 512
 
 
 def _dsa_cfg(**overrides) -> jax_mtp.MtpConfig:
-  """A small bf16 model both Mosaic GPU DSA kernels take: 16 heads of each kind, a 128-wide latent and 64-wide rope
-  and indexer keys, top-16 of a longer cache."""
-  return jax_mtp.tiny(**{"vocab_size": VOCAB, "dtype": "bfloat16", "param_dtype": "bfloat16", "index_n_heads": 16,
-                         "num_attention_heads": 16, "kv_lora_rank": 128, "qk_rope_head_dim": 64, "index_head_dim": 64,
-                         "index_topk": 16, **overrides})
+  """The Mosaic GPU DSA kernels' test model (`dsa_kernel_cfg`) with a 512-token vocabulary."""
+  return dsa_kernel_cfg(**{"vocab_size": VOCAB, **overrides})
 
 
 K = 2  # draft tokens per round: verification at T = 3, drafts at T = 1

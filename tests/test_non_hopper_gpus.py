@@ -8,13 +8,13 @@ import jax
 import pytest
 from jax.sharding import AbstractMesh, AxisType
 
-import jax_mtp
 from jax_mtp.experts import resolve_expert_impl
 from jax_mtp.indexer import resolve_index_scores_impl
 from jax_mtp.kernels.sparse_mla_mgpu import KERNEL_NAME as MOSAIC_SPARSE_MLA
 from jax_mtp.mla import resolve_sparse_attention_impl
 from jax_mtp.platform import NOT_HOPPER, lowering_gpu_is_hopper, lowering_platform
 from tests.lowered_step import mtp_step_module
+from tests.sparse_mla_cases import dsa_kernel_cfg as _dsa_cfg
 
 
 def _device(kind: str, platform: str = "cuda"):
@@ -35,12 +35,6 @@ def test_the_traced_programs_gpu_is_told_apart(device, hopper):
 
 def test_a_cpu_is_not_a_hopper():
   assert lowering_platform() == "cpu" and not lowering_gpu_is_hopper()
-
-
-def _dsa_cfg(**overrides):
-  """A small bf16 DSA model the Mosaic sparse-MLA kernel and index scores take (rope 64, latent 128)."""
-  return jax_mtp.tiny(dtype="bfloat16", param_dtype="bfloat16", num_attention_heads=16, qk_rope_head_dim=64,
-                      index_head_dim=64, kv_lora_rank=128, index_n_heads=16, index_topk=16, **overrides)
 
 
 def test_auto_keeps_off_the_mosaic_kernels_on_other_gpus():

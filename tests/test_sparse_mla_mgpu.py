@@ -20,6 +20,7 @@ from jax_mtp.mla import quantize_latent, resolve_sparse_attention_impl
 from tests.conftest import FULL_ONLY, FULL_TESTS
 from tests.lowered_step import mtp_step_module
 from tests.sparse_mla_cases import assert_models_attention_equals_xlas, formula, problem
+from tests.sparse_mla_cases import dsa_kernel_cfg as _kernel_cfg
 from tests.tolerances import assert_close
 
 ON_GPU = jax.devices()[0].platform == "gpu"
@@ -208,13 +209,6 @@ def test_the_smem_count_is_the_lowerings(c, r, e, fp8, monkeypatch):
   monkeypatch.setattr(kernel, "SMEM_BYTES", 10**9)
   with pytest.raises(ValueError, match=f"smem_bytes={need} > max_smem_bytes="):
     lower()
-
-
-def _kernel_cfg(**overrides):
-  """A small bf16 DSA config the Mosaic kernel takes: a 128-wide latent, 64-wide rope, 16 heads (padded to 64),
-  top-16."""
-  return jax_mtp.tiny(dtype="bfloat16", param_dtype="bfloat16", num_attention_heads=16, qk_rope_head_dim=64,
-                      index_head_dim=64, kv_lora_rank=128, index_n_heads=16, index_topk=16, **overrides)
 
 
 def test_resolution():

@@ -20,14 +20,8 @@ from jax_mtp.mtp import MtpPredictor, init_caches
 from jax_mtp.request import required_capacity
 from tests.conftest import FULL_ONLY, FULL_TESTS
 from tests.lowered_step import speculator_modules
+from tests.sparse_mla_cases import dsa_kernel_cfg as _kernel_cfg
 from tests.tolerances import assert_close
-
-
-def _kernel_cfg(**overrides):
-  """A small bf16 model both Mosaic GPU DSA kernels take (16 heads, a 128-wide latent, 64-wide rope and keys)."""
-  return jax_mtp.tiny(**{"dtype": "bfloat16", "param_dtype": "bfloat16", "index_n_heads": 16,
-                         "num_attention_heads": 16, "kv_lora_rank": 128, "qk_rope_head_dim": 64,
-                         "index_head_dim": 64, "index_topk": 16, **overrides})
 
 
 @pytest.mark.parametrize("prompt, max_new, k, expected", [
