@@ -40,8 +40,8 @@
 #   dbuf     (not run yet) the double-buffered Mosaic sparse MLA: compiled tests, timed beside the default
 #   gemms    (not run yet) the verification forward with XLA's Triton GEMM fusions and with cuBLAS (B = 64, 256)
 #   e2eb1    (not run yet) e2e at B = 1 (32K, 8K prompts) under the shape-aware auto
-#   caches   (not run yet) benchmarks.e2e at a 32K prompt with vLLM's V3.2 storage (fp8 MLA cache and fp8 indexer
-#            keys; fp8 indexer keys alone), to set beside e2e3's bf16 row
+#   caches   benchmarks.e2e at a 32K prompt, B = 1, with vLLM's V3.2 storage (fp8 MLA cache and fp8 indexer keys)
+#            and with bf16 caches, in one call
 #   fp8      benchmarks.e2e with FP8 weights kept as codes: 1K and 32K prompts at B = 1, 1K at B = 64
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
@@ -243,11 +243,11 @@ case "${1:?stage}" in
     run 220 verify_32k_b256.md env XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 python3 -m benchmarks.verify_forward \
       --layers 4 -k 3 --forms absorbed --batch 256 --capacity 32768 --all-experts-touched --profile --iters 5
     ;;
-  caches)  # (not run yet) vLLM's V3.2 storage on the user's path: fp8 MLA cache and fp8 indexer keys, beside bf16
-    run 280 e2e_fp8_caches.md python3 -m benchmarks.e2e --prompt 32768 --batch 1 --iters 5 \
+  caches)  # vLLM's V3.2 storage on the user's path (fp8 MLA cache, double-buffered in the Mosaic kernel since
+          # 2026-12-04, and fp8 indexer keys) beside bf16 caches, one call: a 32K prompt at B = 1
+    run 270 e2e_fp8_caches.md python3 -m benchmarks.e2e --prompt 32768 --batch 1 --iters 5 \
       --cli=--kv-cache-dtype --cli=fp8 --cli=--index-cache-dtype --cli=fp8
-    run 280 e2e_fp8_index.md python3 -m benchmarks.e2e --prompt 32768 --batch 1 --iters 5 \
-      --cli=--index-cache-dtype --cli=fp8
+    run 270 e2e_bf16_caches.md python3 -m benchmarks.e2e --prompt 32768 --batch 1 --iters 5
     ;;
   *) echo "unknown stage $1"; exit 2 ;;
 esac

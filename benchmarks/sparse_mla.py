@@ -7,7 +7,8 @@ floor:
 Floor: the larger of the bytes floor (the selected entries, the queries and the output, over the copy
 bandwidth measured in this run) and the matmul floor (the score and output dots' FLOPs over a bf16
 GEMM's rate measured in this run). Each row's output is checked against XLA's bf16 path. Beside `config_for`'s
-launch (auto) each row times its splits halved and doubled and the gather's other forms. (The Pallas Triton kernel's
+launch (auto: two buffer sets at this width) each row times its splits halved and doubled, one buffer set and that
+form's gather variants. (The Pallas Triton kernel's
 rows went with that kernel on 2026-12-04; its last numbers are in RESULTS.md.)
 """
 
@@ -57,16 +58,16 @@ def main(argv=None) -> int:
       print(f"| {b} | {t} | XLA (bf16 dots) | | {seconds * 1e6:,.1f} | {floor:,.1f} | {floor / seconds / 1e6:.2f} | |")
       if args.fp8:
         _fp8_rows(problem, b, t, bandwidth, flops, args.iters, args.backend)
-      auto = mgpu.config_for(b * t, N, K_TOP)
+      auto = mgpu.config_for(b * t, N, K_TOP, C)  # two buffer sets (32 entries a step) at V3.2's width
       # auto's splits, half and twice (past MAX_SPLITS too, where the steps allow: whether B = 1 wants more CTAs)
       variants = [dataclasses.replace(auto, splits=splits) for splits in
                   sorted({auto.splits, max(1, auto.splits // 2), auto.splits * 2})
                   if K_TOP % (splits * auto.block_entries) == 0]
-      gathers = [dict(contiguous_relayout=not auto.contiguous_relayout), dict(whole_rows=False, issue_warps=1),
-                 dict(issue_warps=2)]  # the gather's other forms, beside auto's (whole rows from 4 warps)
-      # two buffer sets (32 entries a step) at config_for's splits for it
-      double = mgpu.config_for(b * t, N, K_TOP, mgpu.Config(double_buffered=True))
-      for config in variants + [dataclasses.replace(auto, **gather) for gather in gathers] + [double]:
+      # one buffer set (64 entries a step) at config_for's splits for it, and its gather's other forms
+      single = mgpu.config_for(b * t, N, K_TOP, C, mgpu.Config(double_buffered=False))
+      gathers = [dict(contiguous_relayout=not single.contiguous_relayout), dict(whole_rows=False, issue_warps=1),
+                 dict(issue_warps=2)]
+      for config in variants + [single] + [dataclasses.replace(single, **gather) for gather in gathers]:
         seconds, err = _time_mosaic(problem, base, config, args.iters, args.backend)
         print(f"| {b} | {t} | Mosaic GPU kernel | {_name(config)}{' (auto)' if config == auto else ''} | "
               f"{seconds * 1e6:,.1f} | {floor:,.1f} | {floor / seconds / 1e6:.2f} | {err:.1e} |", flush=True)
@@ -127,8 +128,9 @@ def _fp8_rows(problem, b, t, bandwidth, flops, iters, backend):
   base = xla(*fp8, scales)
   seconds = time_in_loop(xla, (*fp8, scales), iters)
   print(f"| {b} | {t} | XLA, fp8 cache | | {seconds * 1e6:,.1f} | {floor:,.1f} | {floor / seconds / 1e6:.2f} | |")
-  for name, config in [("auto", None), ("a copy a piece from one thread", mgpu.Config(whole_rows=False, issue_warps=1)),
-                       ("double-buffered", mgpu.Config(double_buffered=True))]:
+  for name, config in [("auto (double-buffered)", None), ("one buffer set", mgpu.Config(double_buffered=False)),
+                       ("one buffer set, a copy a piece from one thread",
+                        mgpu.Config(double_buffered=False, whole_rows=False, issue_warps=1))]:
     seconds, err = _time_mosaic(fp8, base, config, iters, backend, latent_scale_BSG=scales)
     print(f"| {b} | {t} | Mosaic GPU kernel, fp8 cache | {name} | {seconds * 1e6:,.1f} | {floor:,.1f} | "
           f"{floor / seconds / 1e6:.2f} | {err:.1e} |", flush=True)

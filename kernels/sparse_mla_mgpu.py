@@ -16,8 +16,9 @@ with three warpgroups:
   values   O[:, C/2:] = O · rescale + P · latent[:, C/2:], P read from shared memory.
 Registers per thread: 232 scores (S [64, E] and half of O), 160 values (the other half), 104 gather: 496 of the
 512 × 128 an SM has for 384 threads (a sum above what the launch gave would block `setmaxnreg` forever).
-By default the operands are single-buffered: a step's gather overlaps the previous step's dots only in its TMA
-copies; `Config.double_buffered` keeps two sets (32 entries a step) so the re-layout overlaps the dots too.
+At a 512-wide latent (V3.2's) the operands are double-buffered (`Config.double_buffered`: two sets, 32 entries a
+step) so that a step's re-layout overlaps the previous step's dots; at other widths one set of 64 entries, where a
+step's gather overlaps the dots only in its TMA copies.
 Splits (few queries: B = 1 would fill 2 of 132 SMs) write normalised partials and their log-sum-exp, merged by
 `sparse_mla.combine_splits`. Heads are padded to `BLOCK_HEADS` (zero queries, dropped). The lowering is Lane
 semantics (explicit layouts): the default Warpgroup semantics cannot infer layouts for the row gather. This module
@@ -72,9 +73,12 @@ class Config:
   # product and its 32-row re-layout lower): the gather copies step s + 2 and re-lays step s + 1 while the other two
   # warpgroups multiply step s, where one set chains the re-layout and the dots (docs/kernels.md, "The Mosaic sparse
   # MLA's remaining gap"). A 512-wide latent only (a 16-bit or an fp8 cache, whose codes are dequantised a scale
-  # group at a time in the re-layout). Built 2026-12-04, checked in the interpreter and by the CUDA lowering;
-  # untimed, so off by default.
-  double_buffered: bool = False
+  # group at a time in the re-layout). None: `config_for` takes it wherever the latent is 512 wide. On the H200
+  # (2026-12-04 12:27, benchmarks/RESULTS.md) it was the fastest form at B = 64, T = 4 (505 µs against 518 for one
+  # set; 655 against 869 over an fp8 cache), B = 8, T = 4 (115 against 132; fp8 138 against 186), B = 64, T = 1
+  # and B = 8, T = 1; over an fp8 cache at B = 8, T = 1 it was slower (88 against 77 µs, a row that varies 2x
+  # between runs).
+  double_buffered: bool | None = None
 
 
 def buffer_sets(config: Config) -> int:
@@ -82,11 +86,14 @@ def buffer_sets(config: Config) -> int:
   return 2 if config.double_buffered else 1
 
 
-def config_for(queries: int, heads: int, entries: int, config: Config | None = None, busy: int = BUSY_CTAS) -> Config:
-  """The call's launch: `splits` the fewest (a power of two, dividing the steps, at most MAX_SPLITS) that give
-  queries × head blocks × splits ≥ `busy` CTAs; the contiguous re-layout at one query and from
-  CONTIGUOUS_MIN_QUERIES queries."""
+def config_for(queries: int, heads: int, entries: int, latent_width: int, config: Config | None = None,
+               busy: int = BUSY_CTAS) -> Config:
+  """The call's launch: two buffer sets at a 512-wide latent; `splits` the fewest (a power of two, dividing the
+  steps, at most MAX_SPLITS) that give queries × head blocks × splits ≥ `busy` CTAs; the contiguous re-layout at one
+  query and from CONTIGUOUS_MIN_QUERIES queries."""
   config = config or Config()
+  if config.double_buffered is None:
+    config = dataclasses.replace(config, double_buffered=latent_width == 2 * TMA_BOX)
   block_entries = min(DOUBLE_BUFFERED_ENTRIES if config.double_buffered else config.block_entries, entries)
   splits = config.splits
   if not splits:
@@ -159,7 +166,7 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
 
   b, t, n, c = q_lat_BTNC.shape
   r, k = q_pe_BTNR.shape[-1], slots_BTK.shape[-1]
-  config = config_for(b * t, n, k, config)
+  config = config_for(b * t, n, k, c, config)
   check_operands(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, config, latent_scale_BSG)
   e, splits = config.block_entries, config.splits
   dtype, hb = q_lat_BTNC.dtype, BLOCK_HEADS

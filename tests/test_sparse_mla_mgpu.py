@@ -34,19 +34,21 @@ CASES = [  # b, t, n, c, r, s, k, block_entries, splits
     (1, 1, 64, 128, 64, 256, 128, 64, 1),
     (2, 3, 32, 128, 64, 300, 128, 64, 2),  # heads padded to 64, T > 1 (verification), S not a power of two
     (1, 2, 80, 128, 64, 200, 128, 128, 1),  # 80 heads: two blocks, the second padded; 128 entries a step
-    (2, 1, 64, 512, 64, 192, 128, 64, 0),  # V3.2's latent and rope widths, splits by config_for
+    (2, 1, 64, 512, 64, 192, 128, 64, 0),  # V3.2's widths: config_for's two buffer sets of 32 entries, its splits
 ]
 
 
+@pytest.mark.parametrize("contiguous", [True, False], ids=["contiguous re-layout", "WGMMA-piece re-layout"])
 @pytest.mark.parametrize("t", [1, 3])
-def test_the_contiguous_relayout_equals_the_formula_and_xla(t):
-  """Config.contiguous_relayout (row-contiguous register pieces for the bf16 latent's re-layout) at V3.2's widths."""
+def test_one_buffer_set_equals_the_formula_and_xla(t, contiguous):
+  """One buffer set of 64 entries a step (config_for's form at latent widths other than 512) at V3.2's widths, with
+  each re-layout of the bf16 latent (Config.contiguous_relayout: row-contiguous register pieces, or WGMMA's)."""
   q_lat, q_pe, latent, k_pe, slots, valid = problem(2, t, 64, 512, 64, 192, 128, "bfloat16", seed=t)
   got = _attend(q_lat, q_pe, latent, k_pe, jnp.where(valid, slots, -1), 512**-0.5,
-                config=Config(contiguous_relayout=True))
+                config=Config(double_buffered=False, contiguous_relayout=contiguous))
   assert_close(got, formula(q_lat, q_pe, latent, k_pe, slots, valid, 512**-0.5), "bfloat16", what="vs formula")
   xla = reference(q_lat, q_pe, latent, k_pe, slots, valid, 512**-0.5, dot_dtype=jnp.bfloat16)
-  assert_close(got, xla, "bfloat16", what="contiguous re-layout vs XLA")
+  assert_close(got, xla, "bfloat16", what=f"one buffer set, contiguous={contiguous}, vs XLA")
 
 
 @pytest.mark.parametrize("t,splits,k,fp8", [(1, 1, 128, False), (3, 2, 192, False), (2, 1, 32, False),
@@ -61,7 +63,7 @@ def test_the_double_buffered_form_equals_the_formula_and_xla(t, splits, k, fp8):
   codes, scales = quantize_latent(latent, 128) if fp8 else (latent, None)
   values = dequantize_latent(codes, scales, jnp.bfloat16) if fp8 else latent
   config = Config(double_buffered=True, splits=splits)
-  assert config_for(2 * t, 64, k, config).block_entries == 32
+  assert config_for(2 * t, 64, k, 512, config).block_entries == 32
   got = _attend(q_lat, q_pe, codes, k_pe, jnp.where(valid, slots, -1), 512**-0.5, latent_scale_BSG=scales,
                 config=config)
   assert_close(got, formula(q_lat, q_pe, values, k_pe, slots, valid, 512**-0.5), "bfloat16", what="vs formula")
@@ -75,12 +77,12 @@ def test_the_double_buffered_form_equals_the_formula_and_xla(t, splits, k, fp8):
 def test_the_gathers_copy_variants_equal_the_formula(gather, t, fp8):
   """Config.whole_rows (a latent row in one TMA box; else a copy a 256-wide piece) and Config.issue_warps (the row
   copies issued from several warps through plgpu.warp_map) in the forms other than the default (whole rows, 4
-  warps), at V3.2's widths, bf16 and fp8 caches: every row lands where the dots read it."""
+  warps), one buffer set at V3.2's widths, bf16 and fp8 caches: every row lands where the dots read it."""
   q_lat, q_pe, latent, k_pe, slots, valid = problem(2, t, 64, 512, 64, 192, 128, "bfloat16", seed=7 + t)
   codes, scales = quantize_latent(latent, 128) if fp8 else (latent, None)
   values = dequantize_latent(codes, scales, jnp.bfloat16) if fp8 else latent
   got = _attend(q_lat, q_pe, codes, k_pe, jnp.where(valid, slots, -1), 512**-0.5, latent_scale_BSG=scales,
-                config=Config(splits=2, **gather))
+                config=Config(splits=2, double_buffered=False, **gather))
   assert_close(got, formula(q_lat, q_pe, values, k_pe, slots, valid, 512**-0.5), "bfloat16", what=f"{gather}")
 
 
@@ -131,11 +133,14 @@ def test_a_16_bit_output_is_the_fp32_output_rounded(splits):
   np.testing.assert_array_equal(np.asarray(got), np.asarray(call().astype(jnp.bfloat16)))
 
 
-LOWERED_CONFIGS = {"bfloat16": Config(), "fp8": Config(), "bfloat16, contiguous re-layout": Config(contiguous_relayout=True),
-                   "bfloat16, a copy a piece from one thread": Config(whole_rows=False, issue_warps=1),
-                   "fp8, a copy a piece from one thread": Config(whole_rows=False, issue_warps=1),
-                   "bfloat16, double-buffered": Config(double_buffered=True),
-                   "fp8, double-buffered": Config(double_buffered=True)}
+ONE_SET = Config(double_buffered=False)
+LOWERED_CONFIGS = {"bfloat16 (double-buffered)": Config(), "fp8 (double-buffered)": Config(),
+                   "bfloat16, one buffer set": ONE_SET, "fp8, one buffer set": ONE_SET,
+                   "bfloat16, one set, contiguous re-layout": Config(double_buffered=False, contiguous_relayout=True),
+                   "bfloat16, one set, a copy a piece from one thread":
+                       Config(double_buffered=False, whole_rows=False, issue_warps=1),
+                   "fp8, one set, a copy a piece from one thread":
+                       Config(double_buffered=False, whole_rows=False, issue_warps=1)}
 
 
 @pytest.mark.parametrize("b,t", [(1, 1), (2, 4), (64, 4)])
@@ -155,14 +160,29 @@ def test_kernel_lowers_for_cuda_at_v32_widths(b, t, cache):
 
 
 def test_config_fills_the_machine():
-  assert config_for(1, 128, 2048).splits == 16  # 2 head blocks: 264 CTAs wanted, at most MAX_SPLITS
-  assert config_for(8, 128, 2048).splits == 16  # 16 × 16 = 256: the next power of two would exceed the cap
-  assert config_for(64, 128, 2048).splits == 4  # 128 blocks × 4 ≥ 264
-  assert config_for(256, 128, 2048).splits == 1  # B = 64 × T = 4: 512 CTAs already
-  assert config_for(1, 64, 128).splits == 2  # no more splits than steps
+  one = Config(double_buffered=False)  # 64 entries a step: 32 steps of top-2048
+  assert config_for(1, 128, 2048, 512, one).splits == 16  # 2 head blocks: 264 CTAs wanted, at most MAX_SPLITS
+  assert config_for(8, 128, 2048, 512, one).splits == 16  # 16 × 16 = 256: the next power of two would exceed the cap
+  assert config_for(64, 128, 2048, 512, one).splits == 4  # 128 blocks × 4 ≥ 264
+  assert config_for(256, 128, 2048, 512, one).splits == 1  # B = 64 × T = 4: 512 CTAs already
+  assert config_for(1, 64, 128, 128).splits == 2  # no more splits than steps
   # the row-contiguous re-layout where it measured faster: B · T ≥ 32
-  assert [config_for(q, 128, 2048).contiguous_relayout for q in (1, 2, 4, 8, 31, 32, 64, 256)] == [True] + [False] * 4 + [True] * 3
-  assert not config_for(256, 128, 2048, Config(contiguous_relayout=False)).contiguous_relayout
+  assert [config_for(q, 128, 2048, 512, one).contiguous_relayout for q in (1, 2, 4, 8, 31, 32, 64, 256)] == \
+      [True] + [False] * 4 + [True] * 3
+  assert not config_for(256, 128, 2048, 512, Config(contiguous_relayout=False)).contiguous_relayout
+
+
+def test_config_double_buffers_a_512_wide_latent_only():
+  """Two buffer sets (32 entries a step) where they measured faster: V3.2's 512-wide latent; one set of 64 at the
+  widths the double-buffered form does not take; an explicit choice kept."""
+  for queries in (1, 8, 256):
+    auto = config_for(queries, 128, 2048, 512)
+    assert auto.double_buffered and auto.block_entries == 32
+    assert config_for(queries, 128, 2048, 512).splits == config_for(queries, 128, 2048, 512, auto).splits
+  for width in (128, 256):
+    narrow = config_for(8, 128, 2048, width)
+    assert not narrow.double_buffered and narrow.block_entries == 64
+  assert not config_for(8, 128, 2048, 512, Config(double_buffered=False)).double_buffered
 
 
 def test_kernel_refuses_what_it_cannot_run():
