@@ -16,9 +16,9 @@ with three warpgroups:
   values   O[:, C/2:] = O · rescale + P · latent[:, C/2:], P read from shared memory.
 Registers per thread: 232 scores (S [64, E] and half of O), 160 values (the other half), 104 gather: 496 of the
 512 × 128 an SM has for 384 threads (a sum above what the launch gave would block `setmaxnreg` forever).
-At a 512-wide latent (V3.2's) the operands are double-buffered (`Config.double_buffered`: two sets, 32 entries a
-step) so that a step's re-layout overlaps the previous step's dots; at other widths one set of 64 entries, where a
-step's gather overlaps the dots only in its TMA copies.
+At a 512-wide latent (V3.2's) and two or more queries a call the operands are double-buffered
+(`Config.double_buffered`: two sets, 32 entries a step) so that a step's re-layout overlaps the previous step's
+dots; otherwise one set of 64 entries, where a step's gather overlaps the dots only in its TMA copies.
 Splits (few queries: B = 1 would fill 2 of 132 SMs) write normalised partials and their log-sum-exp, merged by
 `sparse_mla.combine_splits`. Heads are padded to `BLOCK_HEADS` (zero queries, dropped). The lowering is Lane
 semantics (explicit layouts): the default Warpgroup semantics cannot infer layouts for the row gather. This module
@@ -73,11 +73,12 @@ class Config:
   # product and its 32-row re-layout lower): the gather copies step s + 2 and re-lays step s + 1 while the other two
   # warpgroups multiply step s, where one set chains the re-layout and the dots (docs/kernels.md, "The Mosaic sparse
   # MLA's remaining gap"). A 512-wide latent only (a 16-bit or an fp8 cache, whose codes are dequantised a scale
-  # group at a time in the re-layout). None: `config_for` takes it wherever the latent is 512 wide. On the H200
-  # (2026-12-04 12:27, benchmarks/RESULTS.md) it was the fastest form at B = 64, T = 4 (505 µs against 518 for one
-  # set; 655 against 869 over an fp8 cache), B = 8, T = 4 (115 against 132; fp8 138 against 186), B = 64, T = 1
-  # and B = 8, T = 1; over an fp8 cache at B = 8, T = 1 it was slower (88 against 77 µs, a row that varies 2x
-  # between runs).
+  # group at a time in the re-layout). None: `config_for` takes it at a 512-wide latent from 2 queries a call. On
+  # the H200 (2026-12-04 12:27 and 12:57, benchmarks/RESULTS.md) it was the fastest form at B = 64, T = 4 (505 µs
+  # against 518 for one set; 655 against 869 over an fp8 cache), B = 8, T = 4 (115 against 132; fp8 138 against
+  # 186), B = 64, T = 1, B = 8, T = 1 and B = 1, T = 4 (34 against 47); at one query a call one set was faster
+  # (B = 1, T = 1: 31 against 41 µs), and over an fp8 cache at B = 8, T = 1 too (77 against 88 µs, a row that
+  # varies 2x between runs).
   double_buffered: bool | None = None
 
 
@@ -88,12 +89,12 @@ def buffer_sets(config: Config) -> int:
 
 def config_for(queries: int, heads: int, entries: int, latent_width: int, config: Config | None = None,
                busy: int = BUSY_CTAS) -> Config:
-  """The call's launch: two buffer sets at a 512-wide latent; `splits` the fewest (a power of two, dividing the
+  """The call's launch: two buffer sets at a 512-wide latent from two queries; `splits` the fewest (a power of two, dividing the
   steps, at most MAX_SPLITS) that give queries × head blocks × splits ≥ `busy` CTAs; the contiguous re-layout at one
   query and from CONTIGUOUS_MIN_QUERIES queries."""
   config = config or Config()
   if config.double_buffered is None:
-    config = dataclasses.replace(config, double_buffered=latent_width == 2 * TMA_BOX)
+    config = dataclasses.replace(config, double_buffered=latent_width == 2 * TMA_BOX and queries > 1)
   block_entries = min(DOUBLE_BUFFERED_ENTRIES if config.double_buffered else config.block_entries, entries)
   splits = config.splits
   if not splits:

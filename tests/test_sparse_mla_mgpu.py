@@ -172,17 +172,20 @@ def test_config_fills_the_machine():
   assert not config_for(256, 128, 2048, 512, Config(contiguous_relayout=False)).contiguous_relayout
 
 
-def test_config_double_buffers_a_512_wide_latent_only():
-  """Two buffer sets (32 entries a step) where they measured faster: V3.2's 512-wide latent; one set of 64 at the
-  widths the double-buffered form does not take; an explicit choice kept."""
-  for queries in (1, 8, 256):
+def test_config_double_buffers_a_512_wide_latent_from_two_queries():
+  """Two buffer sets (32 entries a step) where they measured faster: V3.2's 512-wide latent from two queries a call;
+  one set of 64 at one query and at the widths the double-buffered form does not take; an explicit choice kept."""
+  for queries in (2, 8, 256):
     auto = config_for(queries, 128, 2048, 512)
     assert auto.double_buffered and auto.block_entries == 32
-    assert config_for(queries, 128, 2048, 512).splits == config_for(queries, 128, 2048, 512, auto).splits
+    assert auto.splits == config_for(queries, 128, 2048, 512, auto).splits
+  one_query = config_for(1, 128, 2048, 512)
+  assert not one_query.double_buffered and one_query.block_entries == 64
   for width in (128, 256):
     narrow = config_for(8, 128, 2048, width)
     assert not narrow.double_buffered and narrow.block_entries == 64
   assert not config_for(8, 128, 2048, 512, Config(double_buffered=False)).double_buffered
+  assert config_for(1, 128, 2048, 512, Config(double_buffered=True)).double_buffered
 
 
 def test_kernel_refuses_what_it_cannot_run():
