@@ -26,7 +26,7 @@
 #   fp8mg2   the same after the 8-row-aligned tiles (16:56: 21 of 21 tests passed)
 #   fp8mg3   (not run yet) the Mosaic FP8 kernel's shared output staging and two-subtile variants, timed (the bf16
 #            experts' block_m 128 sweep it also held ran in v256)
-#   fp8e2e   (not run yet) benchmarks.e2e with FP8 weights through the Triton and the Mosaic FP8 kernels
+#   fp8e2e   (12:47 2026-12-04; B = 64 cut by the 280 s bound) benchmarks.e2e with FP8 weights through the Triton and the Mosaic FP8 kernels
 #   mla5     (21:37) whether jax_triton runs on the image (tools/jax_triton_probe.py); the Mosaic sparse-MLA
 #            gather's copy variants (whole rows, 4 issuing warps): their GPU tests, then timed beside auto's config
 #            and the Triton kernel at B = 64 / 8 / 1
@@ -37,8 +37,8 @@
 #   small    (not run yet) the Triton sparse-MLA kernel at B = 1 after MAX_SPLITS 16, GPU tests, both kernels at B = 8, 1
 #   impls    (07:21) e2e at B = 1, 8 with each sparse-MLA kernel forced; the draft step at B = 64, 4K vs 128K
 #   notriton (not run yet) the changed paths' GPU tests after the Triton sparse MLA went; the draft step at B = 1, 8
-#   dbuf     (not run yet) the double-buffered Mosaic sparse MLA: compiled tests, timed beside the default
-#   gemms    (not run yet) the verification forward with XLA's Triton GEMM fusions and with cuBLAS (B = 64, 256)
+#   dbuf     (12:26 2026-12-04) the double-buffered Mosaic sparse MLA: compiled tests, timed beside the default
+#   gemms    (12:35 2026-12-04) the verification forward with XLA's Triton GEMM fusions and with cuBLAS (B = 64, 256)
 #   e2eb1    (not run yet) e2e at B = 1 (32K, 8K prompts) under the shape-aware auto
 #   caches   benchmarks.e2e at a 32K prompt, B = 1, with vLLM's V3.2 storage (fp8 MLA cache and fp8 indexer keys)
 #            and with bf16 caches, in one call
@@ -190,7 +190,7 @@ case "${1:?stage}" in
     run 200 draft_small_b.md python3 -m benchmarks.mtp_step --preset deepseek_v32 --batch 1 8 --capacity 4096 131072 \
       --iters 20
     ;;
-  dbuf)  # (not run yet) the double-buffered Mosaic sparse MLA (Config.double_buffered: two buffer sets, 32 entries a
+  dbuf)  # (2026-12-04 12:26) the double-buffered Mosaic sparse MLA (Config.double_buffered: two buffer sets, 32 entries a
          # step): its compiled tests, then timed beside the single-buffered default at B = 64 / 8 / 1 (issue 28: the
          # default is 0.38 of its floor at B = 64, T = 4)
     run 150 gpu_tests_dbuf.txt python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_sparse_mla_mgpu.py \
@@ -198,7 +198,7 @@ case "${1:?stage}" in
     run 300 sparse_mla_dbuf.md python3 -m benchmarks.sparse_mla --batch 64 8 1 --tokens 4 1 --capacity 4096 --iters 10 \
       --fp8
     ;;
-  gemms)  # (not run yet) the verification forward's dense GEMMs: XLA's Triton GEMM fusions (q_b_proj 81 µs a call at
+  gemms)  # (2026-12-04 12:35) the verification forward's dense GEMMs: XLA's Triton GEMM fusions (q_b_proj 81 µs a call at
           # B = 64, ~240 TFLOP/s; W_UV's product 93 µs for 4.3 GFLOP) against cuBLAS, B = 64 and 256 at 4K, per part
     for flags in "" "--xla_gpu_enable_triton_gemm=false"; do
       XLA_FLAGS="$flags" run 250 "verify_gemms${flags:+_cublas}.md" python3 -m benchmarks.verify_forward --layers 4 -k 3 \
@@ -208,7 +208,7 @@ case "${1:?stage}" in
   e2eb1)  # the user's path at B = 1 (32K, 8K prompts) under auto (split from small: one call held both poorly)
     run 300 e2e_b1.md python3 -m benchmarks.e2e --prompt 32768 8192 --batch 1 --iters 5 --out "$OUT/e2e_b1.json"
     ;;
-  fp8e2e)  # (not run yet) FP8 weights on the user's path through each FP8 kernel: 1K prompts at B = 1 and 64
+  fp8e2e)  # (2026-12-04 12:47: B = 64 did not finish in 280 s) FP8 weights on the user's path through each FP8 kernel: 1K prompts at B = 1 and 64
     for impl in triton mosaic_gpu; do
       run 280 "e2e_fp8_$impl.md" python3 -m benchmarks.e2e --weights fp8 --prompt 1024 --batch 1 64 --iters 5 \
         --cli=--fp8-matmul-impl "--cli=$impl"

@@ -76,9 +76,10 @@ class Config:
   # group at a time in the re-layout). None: `config_for` takes it at a 512-wide latent from 2 queries a call. On
   # the H200 (2026-12-04 12:27 and 12:57, benchmarks/RESULTS.md) it was the fastest form at B = 64, T = 4 (505 µs
   # against 518 for one set; 655 against 869 over an fp8 cache), B = 8, T = 4 (115 against 132; fp8 138 against
-  # 186), B = 64, T = 1, B = 8, T = 1 and B = 1, T = 4 (34 against 47); at one query a call one set was faster
-  # (B = 1, T = 1: 31 against 41 µs), and over an fp8 cache at B = 8, T = 1 too (77 against 88 µs, a row that
-  # varies 2x between runs).
+  # 186), and within a few µs of one set's best variant at B = 64, T = 1, B = 8, T = 1 and B = 1, T = 4 (34 µs
+  # against 47, 31.5 with the contiguous re-layout). At one query a call one set was faster (B = 1, T = 1: 31-36
+  # against 41 µs), and over an fp8 cache at B = 8, T = 1 (77 against 88 µs); rows below B = 8 vary up to 2x
+  # between runs.
   double_buffered: bool | None = None
 
 
