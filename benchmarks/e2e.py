@@ -208,7 +208,7 @@ def run_row(args, cfg, spec, params, prompt_len: int, batch: int, rng, peak: flo
   prompts = [[int(t) for t in rng.integers(0, cfg.vocab_size, prompt_len)] for _ in range(batch)]
   capacity = required_capacity(cfg, prompts, args.max_new, args.k)  # the CLI's rule
   check_caches_fit(cfg, batch, capacity, mesh.devices.flat)
-  decode._check_kernel_impls(cfg, capacity)
+  decode.check_kernel_impls(cfg, capacity)
   prompt_BT, lengths_B = pack_prompts(prompts)
   stop_N = stop_id_array(cfg, [])
   row = {"weights": weights, "prompt": prompt_len, "batch": batch, "capacity": capacity, "k": args.k}

@@ -155,7 +155,7 @@ def validate(args: argparse.Namespace) -> Request:
   validate_tp(cfg, settings.tp)
   check_caches_fit(cfg, len(prompts), capacity, jax.devices())  # before any weight is read
   _check_impl(settings.impl)
-  _check_kernel_impls(cfg, capacity)
+  check_kernel_impls(cfg, capacity)
   stop_ids = stop_ids_for(cfg, source, ignore_eos=args.ignore_eos)
   flags = {name: value for name, value in vars(args).items() if name != "process_id"}  # differs by design
   distributed.check_agreement({"flags": flags, "prompts": prompts, "config": dataclasses.asdict(cfg),
@@ -225,7 +225,7 @@ def _prompts(prompt: list[str] | None, prompt_ids: list[str] | None, source: loa
 KERNEL_PLATFORMS = {"mosaic_gpu": "gpu", "pallas_tpu": "tpu"}  # the DSA kernels' platforms
 
 
-def _check_kernel_impls(cfg: jax_mtp.MtpConfig, capacity: int) -> None:
+def check_kernel_impls(cfg: jax_mtp.MtpConfig, capacity: int) -> None:
   """Explicit DSA kernels (index scores, sparse attention) must suit the model, the cache and this machine."""
   from jax_mtp.indexer import resolve_index_scores_impl, selects_all  # noqa: PLC0415
   from jax_mtp.mla import resolve_sparse_attention_impl  # noqa: PLC0415
