@@ -81,6 +81,11 @@ class Config:
   # against 41 µs), and over an fp8 cache at B = 8, T = 1 (77 against 88 µs); rows below B = 8 vary up to 2x
   # between runs.
   double_buffered: bool | None = None
+  # The scores warpgroup's load of a step's slot ids (its mask, from HBM) issued before it waits for the step's
+  # operand and runs its dots, so that the load's latency (a global load's, hundreds of ns, each step) overlaps
+  # them instead of following them on the step's critical path. Built 2026-12-04, checked in the interpreter and by
+  # the CUDA lowering; untimed, so off by default (`benchmarks.sparse_mla` times it beside auto).
+  ids_before_dots: bool = False
 
 
 def buffer_sets(config: Config) -> int:

@@ -263,6 +263,13 @@ def _scores_step(plan: Plan, r: Refs, step, carry):
   acc, m, l = carry
   slot = step % plan.sets
   lat_op_s, p_smem_s = plan.at(r.lat_op, slot), plan.at(r.p_smem, slot)
+
+  def load_ids():  # the step's slot ids, for the mask, from HBM (e × 4 B; jax 0.11.2 optimises transfers from SMEM
+    # only)
+    return plgpu.load(r.slots_gmem.at[r.qi, r.pi, pl.ds(step * e, e)], layout=plan.wgmma_cols, optimized=False)
+
+  early = plan.config.ids_before_dots
+  ids = load_ids() if early else None  # its latency overlapping the operand wait and the dots
   plgpu.barrier_wait(plan.at(r.op_ready, slot))
 
   def dots(acc_ref):
@@ -271,8 +278,7 @@ def _scores_step(plan: Plan, r: Refs, step, carry):
     return acc_ref[...]
 
   s = pl.run_scoped(dots, plgpu.ACC((hb, e), jnp.float32))
-  ids = plgpu.load(r.slots_gmem.at[r.qi, r.pi, pl.ds(step * e, e)], layout=plan.wgmma_cols,
-                   optimized=False)  # from HBM, 256 B (jax 0.11.2 optimises transfers from SMEM only)
+  ids = ids if early else load_ids()
   valid = lax.broadcast_in_dim(ids >= 0, (hb, e), [1])
   s = jnp.where(valid, s * (plan.scale * _LOG2E), -jnp.inf)  # log2 units: exp2 below
   m_new = jnp.maximum(m, s.max(axis=1))

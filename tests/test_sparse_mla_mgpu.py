@@ -71,6 +71,18 @@ def test_the_double_buffered_form_equals_the_formula_and_xla(t, splits, k, fp8):
   assert_close(got, xla, "bfloat16", what="double-buffered vs XLA")
 
 
+@pytest.mark.parametrize("double", [True, False], ids=["two buffer sets", "one set"])
+def test_the_ids_loaded_before_the_dots_give_the_same_output(double):
+  """Config.ids_before_dots (the mask's slot ids loaded ahead of the operand wait and the dots) at V3.2's widths,
+  with padded selections and splits: the formula's output, and bit for bit the default order's (one program order
+  apart, the same arithmetic)."""
+  q_lat, q_pe, latent, k_pe, slots, valid = problem(2, 3, 64, 512, 64, 192, 128, "bfloat16", seed=5)
+  attend = functools.partial(_attend, q_lat, q_pe, latent, k_pe, jnp.where(valid, slots, -1), 512**-0.5)
+  got = attend(config=Config(double_buffered=double, splits=2, ids_before_dots=True))
+  assert_close(got, formula(q_lat, q_pe, latent, k_pe, slots, valid, 512**-0.5), "bfloat16", what="vs formula")
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(attend(config=Config(double_buffered=double, splits=2))))
+
+
 @pytest.mark.parametrize("gather", [dict(whole_rows=False, issue_warps=1), dict(whole_rows=False), dict(issue_warps=2)],
                          ids=["a copy a piece, one thread", "a copy a piece, 4 issuing warps", "whole rows, 2 warps"])
 @pytest.mark.parametrize("t,fp8", [(1, False), (3, True)])
@@ -140,7 +152,9 @@ LOWERED_CONFIGS = {"bfloat16 (double-buffered)": Config(), "fp8 (double-buffered
                    "bfloat16, one set, a copy a piece from one thread":
                        Config(double_buffered=False, whole_rows=False, issue_warps=1),
                    "fp8, one set, a copy a piece from one thread":
-                       Config(double_buffered=False, whole_rows=False, issue_warps=1)}
+                       Config(double_buffered=False, whole_rows=False, issue_warps=1),
+                   "bfloat16, ids before the dots": Config(ids_before_dots=True),
+                   "fp8, one set, ids before the dots": Config(double_buffered=False, ids_before_dots=True)}
 
 
 @pytest.mark.parametrize("b,t", [(1, 1), (2, 4), (64, 4)])
@@ -310,13 +324,17 @@ def test_the_models_attention_output_equals_xlas(t, cache):
   assert_models_attention_equals_xlas(cfg, "mosaic_gpu", t, f"attention output, T = {t}, {cache} cache")
 
 
+GPU_CONFIGS = {"one buffer set": Config(double_buffered=False), "double-buffered": Config(double_buffered=True),
+               "ids before the dots": Config(ids_before_dots=True)}
+
+
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
-@pytest.mark.parametrize("double", [False, True], ids=["one buffer set", "double-buffered"])
+@pytest.mark.parametrize("form", GPU_CONFIGS)
 @pytest.mark.parametrize("b,t", [(1, 1), (8, 1), (4, 4)])
-def test_kernel_at_v32_widths_on_the_gpu(b, t, double):
+def test_kernel_at_v32_widths_on_the_gpu(b, t, form):
   """V3.2's widths (128 heads × 512 latent + 64 rope, top-2048 of a 4,096-slot cache), compiled."""
   q_lat, q_pe, latent, k_pe, slots, valid = problem(b, t, 128, 512, 64, 4096, 2048, "bfloat16", seed=b)
-  fn = jax.jit(lambda *a: sparse_mla_mgpu(*a, 512**-0.5, config=Config(double_buffered=double)))
+  fn = jax.jit(lambda *a: sparse_mla_mgpu(*a, 512**-0.5, config=GPU_CONFIGS[form]))
   got = fn(q_lat, q_pe, latent, k_pe, jnp.where(valid, slots, -1))
   xla = reference(q_lat, q_pe, latent, k_pe, slots, valid, 512**-0.5, dot_dtype="bfloat16")
   assert_close(got, xla, "bfloat16", what="Mosaic GPU kernel vs XLA")
