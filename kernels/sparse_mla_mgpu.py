@@ -150,6 +150,17 @@ def check_operands(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, confi
                      f"memory, more than an H200's {SMEM_BYTES:,} (fewer entries a step)")
 
 
+def profile_ranges(used_smem: int) -> int:
+  """Ranges a warpgroup's trace holds in the shared memory a launch of `used_smem` bytes leaves (Mosaic GPU's
+  profiler: 4 int32 entries a range, 3 warpgroups, from an 8-byte boundary); the trace keeps its first ones
+  (bounds-checked), so a profile sees the first steps. A ValueError where fewer than 8 fit."""
+  ranges = (SMEM_BYTES - (-(-used_smem // 8) * 8)) // (3 * 4 * 4)
+  if ranges < 8:
+    raise ValueError(f"{used_smem:,} of {SMEM_BYTES:,} bytes of shared memory leave room for {ranges} profiled "
+                     f"ranges a warpgroup (at least 8 wanted)")
+  return ranges
+
+
 def smem_bytes(c: int, r: int, e: int, latent_itemsize: int, scale_groups: int = 0, sets: int = 1) -> int:
   """The kernel's shared memory (its scratch buffers, each from a 1 KiB boundary, and its barriers): q~, q_pe, the
   untiled staging, the operands and P (`sets` of each), the packed ids buffer, an fp8 cache's scales."""
@@ -162,13 +173,16 @@ def smem_bytes(c: int, r: int, e: int, latent_itemsize: int, scale_groups: int =
 
 def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax.Array, k_pe_BSR: jax.Array,
                     slots_BTK: jax.Array, scale: float, *, latent_scale_BSG: jax.Array | None = None,
-                    config: Config | None = None, out_dtype=jnp.float32, interpret: bool = False) -> jax.Array:
+                    config: Config | None = None, out_dtype=jnp.float32, interpret: bool = False,
+                    profile_dir: str | None = None) -> jax.Array:
   """[B, T, N, C] in `out_dtype`: each query's heads attending over its selected slots (`slots_BTK` int32, −1 =
   not attended), the operands as `sparse_mla.reference` takes them. `latent_scale_BSG`: an fp8 MLA cache's
   scales (`latent_BSC` then holds its e4m3 codes, `sparse_mla.dequantize_latent`'s format): the gather warpgroup
   dequantises each copied row in registers on its way into the bf16 operand; the selected rows' scales are
   gathered by XLA first (16 B an entry beside its 512 B of codes). `interpret`: Pallas's GPU interpreter (any host:
-  the tests)."""
+  the tests). `profile_dir`: Mosaic GPU's on-device profiler on, each call writing a trace of the warpgroups' named
+  phases (`sparse_mla_mgpu_body`) there, in the shared memory the launch leaves free (`profile_ranges`); for
+  `benchmarks.sparse_mla_profile`, compiled only."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # noqa: PLC0415 (a GPU backend's module)
 
   b, t, n, c = q_lat_BTNC.shape
@@ -176,6 +190,13 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
   config = config_for(b * t, n, k, c, config)
   check_operands(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, config, latent_scale_BSG)
   e, splits = config.block_entries, config.splits
+  profile = {}
+  if profile_dir is not None:
+    if interpret:
+      raise ValueError("profile_dir: Mosaic GPU's profiler runs compiled only, not in the interpreter")
+    scales = 0 if latent_scale_BSG is None else latent_scale_BSG.shape[-1]
+    ranges = profile_ranges(smem_bytes(c, r, e, jnp.dtype(latent_BSC.dtype).itemsize, scales, buffer_sets(config)))
+    profile = dict(profile_space=ranges, profile_dir=profile_dir, profile_bounds_check=True)
   dtype, hb = q_lat_BTNC.dtype, BLOCK_HEADS
   padded = -(-n // hb) * hb
   pieces = -(-c // TMA_BOX)  # a latent row is copied as [pieces, c / pieces]: a TMA box is ≤ 256 wide
@@ -249,7 +270,8 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
       num_threads=3,
       thread_name="wg",
       # no cross-warp reduction scratch: the row max / sum stay within a quad, and V3.2 widths need all but 3 KiB
-      compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane, reduction_scratch_bytes=0),
+      compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane, reduction_scratch_bytes=0,
+                                           **profile),
       kernel_name=KERNEL_NAME,
       interpret=plgpu.InterpretGPUParams() if interpret else None,
   )

@@ -8,7 +8,10 @@ split of the selected slots, in three warpgroups, each a named phase here:
            warpgroup, then O[:, :C/2] += P · latent[:, :C/2]; at the end the log-sum-exp and its half of the output.
   values   (`_values`) O[:, C/2:] = O · rescale + P · latent[:, C/2:]; at the end its half of the output.
 
-`Plan` holds the launch's static facts, `Refs` the CTA's refs and grid indices; the phases only read them."""
+`Plan` holds the launch's static facts, `Refs` the CTA's refs and grid indices; the phases only read them. The
+phases' named scopes (`jax.named_scope`: "gather wait", "relayout", "scores wait", "qk", "softmax", "pv", "values
+wait", "values pv") are the ranges Mosaic GPU's on-device profiler records when a launch asks for one
+(`sparse_mla_mgpu(profile_dir=...)`); otherwise they lower to nothing."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import dataclasses
 import math
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
@@ -240,10 +244,12 @@ def _gather(plan: Plan, r: Refs):
     slot = step % sets
     if sets == 2:  # step + 2's ids into the buffer _issue(step) read, ahead of its copies below
       pl.when(step + 2 < steps)(lambda: _fetch_ids(plan, r, step + 2))
-    plgpu.barrier_wait(plan.at(r.gathered, slot))
-    pl.when(step >= sets)(lambda: plgpu.barrier_wait(plan.at(r.op_free, slot)))  # step − sets' dots are done with it
-    _relayout(plan, r, slot)
-    plgpu.commit_smem()
+    with jax.named_scope("gather wait"):  # the step's copies landed, and step − sets' dots done with its operand set
+      plgpu.barrier_wait(plan.at(r.gathered, slot))
+      pl.when(step >= sets)(lambda: plgpu.barrier_wait(plan.at(r.op_free, slot)))
+    with jax.named_scope("relayout"):
+      _relayout(plan, r, slot)
+      plgpu.commit_smem()
     plgpu.barrier_arrive(plan.at(r.op_ready, slot))
     if sets == 2:  # this staging set is free again: step + 2's copies into it
       pl.when(step + 2 < steps)(lambda: _issue(plan, r, step + 2))
@@ -270,28 +276,32 @@ def _scores_step(plan: Plan, r: Refs, step, carry):
 
   early = plan.config.ids_before_dots
   ids = load_ids() if early else None  # its latency overlapping the operand wait and the dots
-  plgpu.barrier_wait(plan.at(r.op_ready, slot))
+  with jax.named_scope("scores wait"):
+    plgpu.barrier_wait(plan.at(r.op_ready, slot))
 
   def dots(acc_ref):
     plgpu.wgmma(acc_ref, r.q_lat_smem, lat_op_s.transpose((1, 0)))
     plgpu.wgmma(acc_ref, r.q_pe_smem, plan.at(r.pe_op, slot).transpose((1, 0)))
     return acc_ref[...]
 
-  s = pl.run_scoped(dots, plgpu.ACC((hb, e), jnp.float32))
-  ids = ids if early else load_ids()
-  valid = lax.broadcast_in_dim(ids >= 0, (hb, e), [1])
-  s = jnp.where(valid, s * (plan.scale * _LOG2E), -jnp.inf)  # log2 units: exp2 below
-  m_new = jnp.maximum(m, s.max(axis=1))
-  alpha = jnp.exp2(m - m_new)
-  p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
-  l = l * alpha + p.sum(axis=1)
-  p_smem_s[...] = p.astype(plan.dtype)
-  _put_row(plan, r, slot, alpha)
-  plgpu.commit_smem()
-  plgpu.barrier_arrive(plan.at(r.p_ready, slot))
-  acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
-  acc = _accumulate(plan, acc, p_smem_s, lat_op_s.at[:, pl.ds(0, plan.half)])  # P from shared memory, as the other
-  plgpu.barrier_arrive(plan.at(r.op_free, slot))                                # half takes it
+  with jax.named_scope("qk"):
+    s = pl.run_scoped(dots, plgpu.ACC((hb, e), jnp.float32))
+  with jax.named_scope("softmax"):
+    ids = ids if early else load_ids()
+    valid = lax.broadcast_in_dim(ids >= 0, (hb, e), [1])
+    s = jnp.where(valid, s * (plan.scale * _LOG2E), -jnp.inf)  # log2 units: exp2 below
+    m_new = jnp.maximum(m, s.max(axis=1))
+    alpha = jnp.exp2(m - m_new)
+    p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
+    l = l * alpha + p.sum(axis=1)
+    p_smem_s[...] = p.astype(plan.dtype)
+    _put_row(plan, r, slot, alpha)
+    plgpu.commit_smem()
+    plgpu.barrier_arrive(plan.at(r.p_ready, slot))
+  with jax.named_scope("pv"):  # P from shared memory, as the other half takes it
+    acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+    acc = _accumulate(plan, acc, p_smem_s, lat_op_s.at[:, pl.ds(0, plan.half)])
+    plgpu.barrier_arrive(plan.at(r.op_free, slot))
   return acc, m_new, l
 
 
@@ -323,11 +333,13 @@ def _values(plan: Plan, r: Refs):
 
   def step_fn(step, acc):
     slot = step % plan.sets
-    plgpu.barrier_wait(plan.at(r.p_ready, slot))
-    alpha = _get_row(plan, r, slot)
-    acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
-    acc = _accumulate(plan, acc, plan.at(r.p_smem, slot), plan.at(r.lat_op, slot).at[:, pl.ds(half, half)])
-    plgpu.barrier_arrive(plan.at(r.op_free, slot))
+    with jax.named_scope("values wait"):
+      plgpu.barrier_wait(plan.at(r.p_ready, slot))
+    with jax.named_scope("values pv"):
+      alpha = _get_row(plan, r, slot)
+      acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+      acc = _accumulate(plan, acc, plan.at(r.p_smem, slot), plan.at(r.lat_op, slot).at[:, pl.ds(half, half)])
+      plgpu.barrier_arrive(plan.at(r.op_free, slot))
     return acc
 
   acc = lax.fori_loop(0, plan.steps, step_fn, plgpu.layout_cast(jnp.zeros((plan.hb, half), jnp.float32),

@@ -1,0 +1,50 @@
+"""benchmarks.sparse_mla_profile: the trace summary (phase durations per warpgroup from Mosaic GPU's profiler
+events) on hand-made traces; on a GPU, a real trace of the kernel holds every named phase."""
+
+import jax
+import pytest
+
+from benchmarks.sparse_mla_profile import phase_durations, table
+
+
+def _range(tid, name, begin_us, end_us):
+  return [{"name": name, "ph": "B", "ts": begin_us, "pid": 1, "tid": tid},
+          {"name": name, "ph": "E", "ts": end_us, "pid": 1, "tid": tid}]
+
+
+def test_durations_are_each_ranges_end_minus_begin_per_warpgroup():
+  # CTA 0: scores (tid 1) two steps of wait + qk; gather (tid 3) one relayout; CTA 1: scores (tid 4) one step
+  events = (_range(1, "scores wait", 0.0, 0.5) + _range(1, "qk", 0.5, 0.8) + _range(1, "scores wait", 0.8, 0.9)
+            + _range(1, "qk", 0.9, 1.3) + _range(3, "relayout", 0.1, 1.1) + _range(4, "scores wait", 2.0, 2.2))
+  got = phase_durations(events)
+  assert got.keys() == {("scores", "scores wait"), ("scores", "qk"), ("gather", "relayout")}
+  assert got["scores", "scores wait"] == pytest.approx([500.0, 100.0, 200.0])
+  assert got["scores", "qk"] == pytest.approx([300.0, 400.0])
+  assert got["gather", "relayout"] == pytest.approx([1000.0])
+  # skip: each trace's first occurrence of a phase left out (the pipeline's fill)
+  skipped = phase_durations(events, skip=1)
+  assert skipped.keys() == {("scores", "scores wait"), ("scores", "qk")}
+  assert skipped["scores", "scores wait"] == pytest.approx([100.0]) and skipped["scores", "qk"] == pytest.approx([400.0])
+
+
+def test_table_gives_means_and_shares_of_the_warpgroups_recorded_time():
+  rows = table({("scores", "qk"): [300.0, 500.0], ("scores", "softmax"): [200.0, 200.0], ("gather", "relayout"): [7.0]})
+  assert rows[2:] == ["| scores | qk | 2 | 400 | 67% |", "| scores | softmax | 2 | 200 | 33% |",
+                      "| gather | relayout | 1 | 7 | 100% |"]
+
+
+def test_a_range_ending_inside_another_is_refused():
+  events = [{"name": "qk", "ph": "B", "ts": 0.0, "tid": 1}, {"name": "softmax", "ph": "B", "ts": 0.1, "tid": 1},
+            {"name": "qk", "ph": "E", "ts": 0.2, "tid": 1}]
+  with pytest.raises(ValueError, match="'qk' ends inside 'softmax'"):
+    phase_durations(events)
+
+
+@pytest.mark.skipif(jax.devices()[0].platform != "gpu", reason="needs a GPU: Mosaic GPU's profiler runs compiled only")
+def test_a_profiled_launch_records_every_phase(tmp_path, capsys):
+  from benchmarks.sparse_mla_profile import main  # noqa: PLC0415
+  assert main(["--batch", "2", "--tokens", "4", "--capacity", "4096", "--iters", "2", "--skip", "0",
+               "--trace-dir", str(tmp_path)]) == 0
+  text = capsys.readouterr().out
+  for phase in ("gather wait", "relayout", "scores wait", "qk", "softmax", "| pv", "values wait", "values pv"):
+    assert phase in text, phase
