@@ -44,7 +44,7 @@ import numpy as np
 
 import jax_mtp
 from benchmarks import step_profile
-from benchmarks.timing import copy_bandwidth
+from benchmarks.timing import bf16_peak, copy_bandwidth
 from jax_mtp import decode, decode_flags, fp8
 from jax_mtp.sharding import SHARED_WITH_TARGET
 from jax_mtp.generate import TargetDecoder
@@ -59,21 +59,6 @@ from jax_mtp.sharding import tensor_parallel
 
 ACCEPTANCE = {1: 1.92, 3: 2.96}  # DeepSeek-V3.2's published mean acceptance lengths (see the docstring)
 _EXPERTS = ("w_gate_EDF", "w_up_EDF", "w_down_EFD")
-
-
-def bf16_peak(n: int) -> float:
-  """FLOP/s of a bf16 n³ matmul (fp32 accumulation), the median of 3 timings of 10 calls."""
-  a = jnp.ones((n, n), jnp.bfloat16)
-  matmul = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32).astype(jnp.bfloat16))
-  jax.block_until_ready(matmul(a, a))
-  runs = []
-  for _ in range(3):
-    start = time.perf_counter()
-    for _ in range(10):
-      out = matmul(a, a)
-    jax.block_until_ready(out)
-    runs.append((time.perf_counter() - start) / 10)
-  return 2 * n**3 / statistics.median(runs)
 
 
 def layer_flops(cfg: jax_mtp.MtpConfig, moe: bool, position: int) -> float:

@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import time
 
 import jax
 import jax.numpy as jnp
 
-from benchmarks.timing import copy_bandwidth, time_in_loop
+from benchmarks.timing import bf16_peak, copy_bandwidth, time_in_loop
 from jax_mtp.indexer import Selection
 from jax_mtp.mla import quantize_latent
 from jax_mtp.kernels import sparse_mla_mgpu as mgpu
@@ -40,7 +39,7 @@ def main(argv=None) -> int:
   parser.add_argument("--fp8", action="store_true", help="also the fp8 MLA cache (656 B an entry): XLA and Mosaic")
   parser.add_argument("--backend", default="gpu", choices=["gpu", "interpret"], help="interpret: a CPU smoke run")
   args = parser.parse_args(argv)
-  bandwidth, flops = copy_bandwidth(), matmul_rate()
+  bandwidth, flops = copy_bandwidth(), bf16_peak()
   print(f"sparse MLA at V3.2 widths on {jax.devices()[0].device_kind}, jax {jax.__version__}, S = {args.capacity}; "
         f"copy bandwidth {bandwidth / 1e12:.2f} TB/s, bf16 GEMM {flops / 1e12:.0f} TFLOP/s\n", flush=True)
   print("| B | T | path | config | µs | floor µs | floor / time | rel err vs XLA |")
@@ -73,18 +72,6 @@ def main(argv=None) -> int:
         print(f"| {b} | {t} | Mosaic GPU kernel | {_name(config)}{' (auto)' if config == auto else ''} | "
               f"{seconds * 1e6:,.1f} | {floor:,.1f} | {floor / seconds / 1e6:.2f} | {err:.1e} |", flush=True)
   return 0
-
-
-def matmul_rate(n: int = 8192, iters: int = 10) -> float:
-  """FLOP/s of a bf16 [n, n] × [n, n] GEMM with fp32 accumulation on this device."""
-  a = jnp.ones((n, n), jnp.bfloat16)
-  mm = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32).astype(jnp.bfloat16))
-  mm(a, a).block_until_ready()
-  start = time.perf_counter()
-  for _ in range(iters):
-    out = mm(a, a)
-  out.block_until_ready()
-  return 2 * n**3 * iters / (time.perf_counter() - start)
 
 
 def floor_us(b: int, t: int, bandwidth: float, flops: float, fp8: bool = False) -> float:

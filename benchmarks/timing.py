@@ -1,5 +1,5 @@
-"""Shared benchmark helpers: the copy-bandwidth ceiling measured in the same run, a step timer, and
-the routed experts a call touches (for the floors)."""
+"""Shared benchmark helpers: the copy-bandwidth and bf16-matmul ceilings measured in the same run, a step timer,
+and the routed experts a call touches (for the floors)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,22 @@ def copy_bandwidth(nbytes: int | None = None, iters: int = 20) -> float:
     x = copy(x)
   x.block_until_ready()
   return 2 * nbytes * iters / (time.perf_counter() - start)
+
+
+def bf16_peak(n: int | None = None) -> float:
+  """FLOP/s of a bf16 n³ matmul (fp32 accumulation), the median of 3 timings of 10 calls (n: 8192 on a GPU)."""
+  n = n or (8192 if jax.devices()[0].platform == "gpu" else 256)
+  a = jnp.ones((n, n), jnp.bfloat16)
+  matmul = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32).astype(jnp.bfloat16))
+  jax.block_until_ready(matmul(a, a))
+  runs = []
+  for _ in range(3):
+    start = time.perf_counter()
+    for _ in range(10):
+      out = matmul(a, a)
+    jax.block_until_ready(out)
+    runs.append((time.perf_counter() - start) / 10)
+  return 2 * n**3 / statistics.median(runs)
 
 
 def time_call(fn, args, iters: int, repeats: int = 3) -> float:

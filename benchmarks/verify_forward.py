@@ -7,7 +7,10 @@ The target has `--layers` layers, the first dense and the rest MoE (V3.2 widths:
 D 7168), random bf16 weights, caches of `--capacity` with every row at position capacity/2.
 "floor" = bytes of every weight the forward reads (embedding and head rows aside: the head is
 read whole; the routed experts only those the routing picked, counted per layer from the router's
-output) / copy bandwidth measured in the same run; cache bytes are not in it. `absorb` is MLA's
+output) / copy bandwidth measured in the same run; cache bytes are not in it. "roofline" = each part at the larger
+of its bytes over that bandwidth and its FLOPs over a bf16 GEMM's rate measured in the same run, summed, with the
+attended cache entries and the indexer's keys counted (`roofline_seconds`): where the weights floor says whether
+the weights stream at the bandwidth, it says whether any part could be faster. `absorb` is MLA's
 form: "naive" re-expands kv_b_proj over the cache (what the speculator runs today), "absorbed" is
 the decode form. Tokens are checked equal across experts impls of one form. `--profile` adds each row's kernels
 per model part from a device trace.
@@ -16,6 +19,7 @@ per model part from a device trace.
 from __future__ import annotations
 
 import argparse
+import math
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +27,7 @@ import numpy as np
 
 import jax_mtp
 from benchmarks import step_profile
-from benchmarks.timing import copy_bandwidth, experts_touched, time_carrying
+from benchmarks.timing import bf16_peak, copy_bandwidth, experts_touched, time_carrying
 from jax_mtp.model import TargetModel, init_target_caches, init_target_params
 
 
@@ -41,6 +45,47 @@ def floor_bytes(params, cfg, touched_per_layer: list[int]) -> int:
     experts = sum(mlp[k].nbytes for k in ("w_gate_EDF", "w_up_EDF", "w_down_EFD"))
     total -= experts * (1 - touched / cfg.n_routed_experts)
   return int(total)
+
+
+def roofline_seconds(params, cfg, batch: int, width: int, visible: int, touched_per_layer: list[int],
+                     bandwidth: float, peak: float) -> float:
+  """A floor that also counts the FLOPs and the caches' bytes: each part the forward cannot skip at its own roofline,
+  max(bytes / bandwidth, FLOPs / peak), summed over the parts (one kernel each, none overlapping):
+    - every weight matrix but the embedding (the head included): its bytes (a MoE layer's experts scaled by the
+      share touched), 2 · tokens · its size FLOPs (tokens = batch · width; a routed expert's matrices
+      2 · tokens · top-k · D · F: one expert each assignment); norms and biases their bytes;
+    - each layer's sparse attention: the entries a row attends (top-k of the `visible` positions) read once a row,
+      2 · tokens · heads · k · (C + R + C) FLOPs (scores over latent and rope, the output over the latent);
+    - each layer's index scores: a row's `visible` keys read once, 2 · tokens · index heads · visible · index dim
+      FLOPs (none where the cache holds no more than top-k positions: everything is attended).
+  `weights_floor / time` asks whether the weights stream at the bandwidth; this one whether any part could be faster."""
+  from jax_mtp.cache import init_layer_cache  # noqa: PLC0415
+  tokens = batch * width
+  seconds = 0.0
+  experts = dict(zip([i for i in range(cfg.num_hidden_layers) if cfg.is_moe_layer(i)], touched_per_layer, strict=True))
+  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+    names = [getattr(k, "key", "") for k in path]
+    if names[0] == "embed_tokens":
+      continue
+    size = math.prod(leaf.shape)  # (arrays or their shapes: jax.eval_shape's, for a model this host cannot hold)
+    nbytes = size * jnp.dtype(leaf.dtype).itemsize
+    if len(leaf.shape) == 3:  # a MoE layer's routed experts [E, ·, ·]
+      nbytes *= experts[int(names[0].removeprefix("layers_"))] / cfg.n_routed_experts
+      flops = 2 * tokens * cfg.num_experts_per_tok * leaf.shape[1] * leaf.shape[2]
+    else:
+      flops = 2 * tokens * size if len(leaf.shape) == 2 else 0
+    seconds += max(nbytes / bandwidth, flops / peak)
+  cache = jax.eval_shape(lambda: init_layer_cache(cfg, 1, 1))  # one position's bytes per cache part
+  per_slot = {name: sum(x.dtype.itemsize * math.prod(x.shape) for x in jax.tree.leaves(getattr(cache, name)))
+              for name in cache._fields if getattr(cache, name) is not None}
+  entry = sum(per_slot[k] for k in per_slot if not k.startswith("index_"))
+  key = sum(per_slot[k] for k in per_slot if k.startswith("index_"))
+  k = min(cfg.index_topk, visible)
+  c, r, n = cfg.kv_lora_rank, cfg.qk_rope_head_dim, cfg.num_attention_heads
+  attention = max(batch * k * entry / bandwidth, 2 * tokens * n * k * (2 * c + r) / peak)
+  scores = 0.0 if visible <= cfg.index_topk else max(
+      batch * visible * key / bandwidth, 2 * tokens * cfg.index_n_heads * visible * cfg.index_head_dim / peak)
+  return seconds + cfg.num_hidden_layers * (attention + scores)
 
 
 def main(argv=None) -> int:
@@ -61,12 +106,13 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
   cfg = target_config(args.layers, args.small)
   params = init_target_params(cfg, jax.random.key(0))
-  bandwidth = copy_bandwidth()
+  bandwidth, peak = copy_bandwidth(), bf16_peak()
   print(f"verification forward, {args.layers}-layer {'tiny' if args.small else 'V3.2'}-width target, k = {args.k}, "
         f"caches {args.capacity}, on {jax.devices()[0].device_kind}, jax {jax.__version__}, "
-        f"copy bandwidth {bandwidth / 1e12:.2f} TB/s\n")
-  print("| S | B | T | MLA form | experts impl | experts touched / layer | ms | floor ms | floor / time | tokens match |")
-  print("|---:|---:|---:|---|---|---|---:|---:|---:|---|")
+        f"copy bandwidth {bandwidth / 1e12:.2f} TB/s, bf16 GEMM {peak / 1e12:.0f} TFLOP/s\n")
+  print("| S | B | T | MLA form | experts impl | experts touched / layer | ms | floor ms | floor / time | "
+        "roofline ms | roofline / time | tokens match |")
+  print("|---:|---:|---:|---|---|---|---:|---:|---:|---:|---:|---|")
   w = args.k + 1
   for capacity, batch in [(c, b) for c in args.capacity for b in args.batch]:
     rng = np.random.default_rng(batch)
@@ -79,6 +125,7 @@ def main(argv=None) -> int:
       touched = experts_touched(TargetModel(cfg), params, ids, positions, init_target_caches(cfg, batch, capacity),
                                 donate_state=True, absorb=True)  # as timed
     floor = floor_bytes(params, cfg, touched) / bandwidth
+    roofline = roofline_seconds(params, cfg, batch, w, capacity // 2 + w, touched, bandwidth, peak)
     for form in args.forms:
       reference = None
       for moe_impl in args.moe_impls:
@@ -92,12 +139,14 @@ def main(argv=None) -> int:
           seconds, tokens = time_carrying(verify, (params, ids, positions, init_target_caches(cfg, batch, capacity)),
                                           args.iters, copy_state=False)
         except Exception as e:  # e.g. out of memory for the naive form at large B: a row, not the end
-          print(f"| {capacity} | {batch} | {batch * w} | {form} | {moe_impl} | {touched} | failed: {type(e).__name__} | | | |")
+          print(f"| {capacity} | {batch} | {batch * w} | {form} | {moe_impl} | {touched} | failed: {type(e).__name__} | "
+                "| | | | |")
           continue
         tokens = np.asarray(tokens)
         reference = tokens if reference is None else reference
         print(f"| {capacity} | {batch} | {batch * w} | {form} | {moe_impl} | {touched}{" (assumed)" * args.all_experts_touched} | {seconds * 1e3:,.2f} | "
-              f"{floor * 1e3:,.2f} | {floor / seconds:.2f} | {bool(np.all(tokens == reference))} |")
+              f"{floor * 1e3:,.2f} | {floor / seconds:.2f} | {roofline * 1e3:,.2f} | {roofline / seconds:.2f} | "
+              f"{bool(np.all(tokens == reference))} |")
         if args.profile:
           profile_row(verify, (params, ids, positions, init_target_caches(cfg, batch, capacity)),
                       f"S = {capacity}, B = {batch}, {form}, {moe_impl}")
