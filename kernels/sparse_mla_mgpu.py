@@ -38,6 +38,7 @@ from jax_mtp.kernels.sparse_mla import combine_splits
 from jax_mtp.kernels.sparse_mla_mgpu_body import Plan, body_for
 
 KERNEL_NAME = "dsa_sparse_mla_mgpu"  # what tests and benchmarks look for in a compiled program
+FORM_SUFFIXES = {1: "_one_set", 2: "_two_sets"}  # a launch's name: KERNEL_NAME + its buffer sets' suffix
 BLOCK_HEADS = 64  # wgmma's M
 BUSY_CTAS = 264  # two CTAs per core of an H200 (132 SMs): split a query's slots until about this many run
 MAX_SPLITS = 16
@@ -272,7 +273,7 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
       # no cross-warp reduction scratch: the row max / sum stay within a quad, and V3.2 widths need all but 3 KiB
       compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane, reduction_scratch_bytes=0,
                                            **profile),
-      kernel_name=KERNEL_NAME,
+      kernel_name=KERNEL_NAME + FORM_SUFFIXES[sets],  # which form ran, readable from a compiled program
       interpret=plgpu.InterpretGPUParams() if interpret else None,
   )
   out, lse = kernel(q_lat, q_pe, latent_BSC.reshape(b, -1, pieces, width), k_pe_BSR, slots, *scale_inputs)

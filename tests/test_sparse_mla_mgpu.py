@@ -15,7 +15,7 @@ import pytest
 
 import jax_mtp
 from jax_mtp.kernels.sparse_mla import combine_splits, dequantize_latent, reference
-from jax_mtp.kernels.sparse_mla_mgpu import KERNEL_NAME, Config, config_for, sparse_mla_mgpu
+from jax_mtp.kernels.sparse_mla_mgpu import FORM_SUFFIXES, KERNEL_NAME, Config, config_for, sparse_mla_mgpu
 from jax_mtp.mla import quantize_latent, resolve_sparse_attention_impl
 from tests.conftest import FULL_ONLY, FULL_TESTS
 from tests.lowered_step import mtp_step_module
@@ -170,7 +170,9 @@ def test_kernel_lowers_for_cuda_at_v32_widths(b, t, cache):
   fn = jax.jit(lambda *a: sparse_mla_mgpu(*a[:5], 512**-0.5, latent_scale_BSG=a[5] if fp8 else None,
                                           out_dtype=jnp.bfloat16, config=config))
   text = fn.trace(*(jax.ShapeDtypeStruct(*x) for x in shapes)).lower(lowering_platforms=("cuda",)).as_text()
-  assert "mosaic_gpu" in text and KERNEL_NAME in text
+  sets = 2 if config_for(b * t, 128, 2048, 512, config).double_buffered else 1
+  assert "mosaic_gpu" in text and KERNEL_NAME + FORM_SUFFIXES[sets] in text  # its name says which form runs
+  assert KERNEL_NAME + FORM_SUFFIXES[3 - sets] not in text
 
 
 def test_config_fills_the_machine():
