@@ -40,6 +40,37 @@ def test_a_range_ending_inside_another_is_refused():
     phase_durations(events)
 
 
+def _lower_profiled(fp8: bool, config):
+  """Lower a profiled launch at V3.2's widths, B = 64, T = 4, for CUDA on this host: the Mosaic GPU lowering checks
+  the shared memory (scratch + the profiler's buffer) against 227 KiB, then the trace's host callback stops a CPU
+  host's lowering (it needs the GPU platform). The error says which of the two stopped it ("" where none did)."""
+  import jax.numpy as jnp  # noqa: PLC0415
+
+  from jax_mtp.kernels.sparse_mla_mgpu import sparse_mla_mgpu  # noqa: PLC0415
+  b, t = 64, 4
+  shapes = [((b, t, 128, 512), jnp.bfloat16), ((b, t, 128, 64), jnp.bfloat16),
+            ((b, 4096, 512), jnp.float8_e4m3fn if fp8 else jnp.bfloat16), ((b, 4096, 64), jnp.bfloat16),
+            ((b, t, 2048), jnp.int32), ((b, 4096, 4), jnp.float32)]
+  fn = jax.jit(lambda *a: sparse_mla_mgpu(*a[:5], 512**-0.5, latent_scale_BSG=a[5] if fp8 else None, config=config,
+                                          out_dtype=jnp.bfloat16, profile_dir="/nonexistent"))
+  try:
+    fn.trace(*(jax.ShapeDtypeStruct(*x) for x in shapes)).lower(lowering_platforms=("cuda",))
+  except Exception as error:  # noqa: BLE001 (either stop is an error; its message says which)
+    return str(error)
+  return ""  # on a GPU host the whole launch lowers
+
+
+@pytest.mark.parametrize("fp8,one_set", [(False, False), (True, False), (False, True)],
+                         ids=["bf16, two sets", "fp8, two sets", "bf16, one set"])
+def test_the_profiles_ranges_are_as_many_as_the_shared_memory_holds(fp8, one_set, monkeypatch):
+  from jax_mtp.kernels import sparse_mla_mgpu as mgpu  # noqa: PLC0415
+  config = mgpu.Config(double_buffered=False) if one_set else mgpu.Config()
+  assert "shared memory" not in _lower_profiled(fp8, config)  # past the check: profile_ranges' trace fits
+  ranges = mgpu.profile_ranges
+  monkeypatch.setattr(mgpu, "profile_ranges", lambda used: ranges(used) + 1)
+  assert "exceeds available shared memory" in _lower_profiled(fp8, config)  # and one range more would not
+
+
 @pytest.mark.skipif(jax.devices()[0].platform != "gpu", reason="needs a GPU: Mosaic GPU's profiler runs compiled only")
 def test_a_profiled_launch_records_every_phase(tmp_path, capsys):
   from benchmarks.sparse_mla_profile import main  # noqa: PLC0415
