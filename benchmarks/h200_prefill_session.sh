@@ -42,8 +42,8 @@
 #   e2eb1    (not run yet) e2e at B = 1 (32K, 8K prompts) under the shape-aware auto
 #   caches   benchmarks.e2e at a 32K prompt, B = 1, with vLLM's V3.2 storage (fp8 MLA cache and fp8 indexer keys)
 #            and with bf16 caches, in one call
-#   profile  (not run yet) Mosaic GPU's on-device profile of the sparse MLA's phases (benchmarks.sparse_mla_profile),
-#            and Config.ids_before_dots timed
+#   profile  (not run yet) Mosaic GPU's on-device profile of the sparse MLA's phases (benchmarks.sparse_mla_profile)
+#   ids      (not run yet) Config.ids_before_dots timed beside auto at B = 64 and 8
 #   fp8      benchmarks.e2e with FP8 weights kept as codes: 1K and 32K prompts at B = 1, 1K at B = 64
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
@@ -224,13 +224,15 @@ case "${1:?stage}" in
     ;;
   profile)  # (not run yet) where the sparse MLA's step goes: its GPU tests with the profiler and ids_before_dots, then
             # Mosaic GPU's on-device profile of its phases (bf16 two sets, one set, fp8, ids before the dots) at
-            # B = 64, T = 4, then the kernel's rows at B = 64 and 8 (ids_before_dots timed beside auto)
+            # B = 64, T = 4
     run 150 gpu_tests_profile.txt python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_sparse_mla_profile.py \
-      tests/test_sparse_mla_mgpu.py -k "profiled or v32_widths_on_the_gpu"
+      tests/test_sparse_mla_mgpu.py -k "profiled or shared_memory_holds or v32_widths_on_the_gpu"
     for flags in "" "--one-set" "--fp8" "--ids-before-dots"; do
-      run 60 "profile${flags//-/_}.md" python3 -m benchmarks.sparse_mla_profile --batch 64 --tokens 4 $flags
+      run 90 "profile${flags//-/_}.md" python3 -m benchmarks.sparse_mla_profile --batch 64 --tokens 4 $flags
     done
-    run 200 sparse_mla_ids.md python3 -m benchmarks.sparse_mla --batch 64 8 --tokens 4 1 --capacity 4096 --iters 10 --fp8
+    ;;
+  ids)  # (not run yet) the kernel's rows at B = 64 and 8, ids_before_dots timed beside auto (bf16 and fp8 caches)
+    run 560 sparse_mla_ids.md python3 -m benchmarks.sparse_mla --batch 64 8 --tokens 4 1 --capacity 4096 --iters 10 --fp8
     ;;
   *) echo "unknown stage $1"; exit 2 ;;
 esac

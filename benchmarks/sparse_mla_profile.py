@@ -27,7 +27,7 @@ WARPGROUPS = ("scores", "values", "gather")  # trace index within a CTA: the ker
 def phase_durations(events: list[dict], skip: int = 0) -> dict[tuple[str, str], list[float]]:
   """{(warpgroup, phase): [ns of each occurrence past each trace's first `skip` of that phase]} from a Mosaic GPU
   profiler trace's events (Chrome trace "B" / "E" pairs, "ts" in µs, one "tid" per warpgroup trace, nested ranges
-  closed innermost first)."""
+  closed innermost first). A range the trace's buffer cut off (closed by the profiler at its start) is left out."""
   open_ranges, seen = collections.defaultdict(list), collections.Counter()
   durations = collections.defaultdict(list)
   for event in events:
@@ -38,6 +38,8 @@ def phase_durations(events: list[dict], skip: int = 0) -> dict[tuple[str, str], 
     begin = open_ranges[tid].pop()
     if begin["name"] != event["name"]:
       raise ValueError(f"trace {tid}: range {event['name']!r} ends inside {begin['name']!r}")
+    if event["ts"] == begin["ts"]:  # the profiler's close of a range its full buffer cut off (recorded times
+      continue                      # strictly increase: a real range lasts ≥ 1 ns)
     key = (WARPGROUPS[(tid - 1) % len(WARPGROUPS)], event["name"])
     seen[tid, event["name"]] += 1
     if seen[tid, event["name"]] > skip:
