@@ -216,6 +216,35 @@ case "${1:?stage}" in
     run 560 "e2e_fp8_${impl}_b64.md" python3 -m benchmarks.e2e --weights fp8 --prompt 1024 --batch 64 --iters 5 \
       --cli=--fp8-matmul-impl "--cli=$impl"
     ;;
+  mla5)  # (not run yet) Config.whole_rows / issue_warps: compiled tests, then timed (bf16 and fp8 caches); first
+         # whether jax_triton runs on the image (carry .whl-probe: jax_triton 0.3.1 takes triton >= 3.6, 0.4.1 >= 3.7)
+    for v in 0.3.1 0.4.1; do
+      python3 -m pip install -q --no-index --no-deps --target "/tmp/jt$v" .whl-probe/jax_triton-$v-*.whl \
+        && PYTHONPATH="/tmp/jt$v:${PYTHONPATH:-}" run 60 "jax_triton_$v.txt" python3 tools/jax_triton_probe.py
+    done
+    run 120 gpu_tests_mla5.txt python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_sparse_mla_mgpu.py \
+      -k "variants or v32_widths_on_the_gpu"
+    run 300 sparse_mla_mla5.md python3 -m benchmarks.sparse_mla --batch 64 8 1 --tokens 4 1 --capacity 4096 \
+      --iters 10 --fp8
+    ;;
+  mla6)  # (not run yet) the new Mosaic defaults and auto rule on the verification forward (issue 27's misses)
+    run 100 gpu_tests_mla6.txt python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_sparse_mla_mgpu.py \
+      tests/test_fp8_mla_cache.py -k "v32_widths_on_the_gpu or models_attention or gpu"
+    run 80 sparse_mla_mla6.md python3 -m benchmarks.sparse_mla --batch 1 --tokens 4 1 --capacity 4096 --iters 10 --fp8
+    run 170 verify_4k_mla6.md python3 -m benchmarks.verify_forward --layers 4 -k 3 --forms absorbed --batch 64 256 \
+      --capacity 4096 --profile --iters 5
+    run 190 verify_32k_b256.md python3 -m benchmarks.verify_forward --layers 4 -k 3 --forms absorbed --batch 256 \
+      --capacity 32768 --profile --iters 5
+    ;;
+  v256)  # (22:10) the bf16 experts at verification's 1,024 tokens (tokamax block_m 128 swept), then B = 256 ×
+         # 32K with JAX's pool at 95 % of the device (its default 75 % is 104 GiB: a 4-layer target's 68 GiB of
+         # weights and 44 GiB of caches do not fit it) and the floor assuming all experts (mla6: the routing count
+         # ran out of memory)
+    run 150 experts_verify.md python3 -m benchmarks.moe_experts --batch 256 1024 --impls tokamax_gpu --sweep \
+      --iters 10
+    run 220 verify_32k_b256.md env XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 python3 -m benchmarks.verify_forward \
+      --layers 4 -k 3 --forms absorbed --batch 256 --capacity 32768 --all-experts-touched --profile --iters 5
+    ;;
   caches)  # vLLM's V3.2 storage on the user's path (fp8 MLA cache, double-buffered in the Mosaic kernel since
           # 2026-12-04, and fp8 indexer keys) beside bf16 caches, one call: a 32K prompt at B = 1
     run 270 e2e_fp8_caches.md python3 -m benchmarks.e2e --prompt 32768 --batch 1 --iters 5 \
