@@ -31,6 +31,9 @@ from benchmarks.timing import bf16_peak, copy_bandwidth, experts_touched, time_c
 from jax_mtp.model import TargetModel, init_target_caches, init_target_params
 
 
+ROUTED_EXPERTS = ("w_gate_EDF", "w_up_EDF", "w_down_EFD")  # a MoE layer's routed experts' weights
+
+
 def target_config(layers: int, small: bool) -> jax_mtp.MtpConfig:
   base = jax_mtp.tiny() if small else jax_mtp.deepseek_v32()
   return base.replace(num_hidden_layers=layers, first_k_dense_replace=1)
@@ -42,7 +45,7 @@ def floor_bytes(params, cfg, touched_per_layer: list[int]) -> int:
   moe_layers = [i for i in range(cfg.num_hidden_layers) if cfg.is_moe_layer(i)]
   for i, touched in zip(moe_layers, touched_per_layer, strict=True):
     mlp = params[f"layers_{i}"]["mlp"]
-    experts = sum(mlp[k].nbytes for k in ("w_gate_EDF", "w_up_EDF", "w_down_EFD"))
+    experts = sum(mlp[k].nbytes for k in ROUTED_EXPERTS)
     total -= experts * (1 - touched / cfg.n_routed_experts)
   return int(total)
 
@@ -69,7 +72,7 @@ def roofline_seconds(params, cfg, batch: int, width: int, visible: int, touched_
       continue
     size = math.prod(leaf.shape)  # (arrays or their shapes: jax.eval_shape's, for a model this host cannot hold)
     nbytes = size * jnp.dtype(leaf.dtype).itemsize
-    if len(leaf.shape) == 3:  # a MoE layer's routed experts [E, ·, ·]
+    if names[-1] in ROUTED_EXPERTS:
       nbytes *= experts[int(names[0].removeprefix("layers_"))] / cfg.n_routed_experts
       flops = 2 * tokens * cfg.num_experts_per_tok * leaf.shape[1] * leaf.shape[2]
     else:
@@ -77,7 +80,7 @@ def roofline_seconds(params, cfg, batch: int, width: int, visible: int, touched_
     seconds += max(nbytes / bandwidth, flops / peak)
   cache = jax.eval_shape(lambda: init_layer_cache(cfg, 1, 1))  # one position's bytes per cache part
   per_slot = {name: sum(x.dtype.itemsize * math.prod(x.shape) for x in jax.tree.leaves(getattr(cache, name)))
-              for name in cache._fields if getattr(cache, name) is not None}
+              for name in cache._fields}  # an absent part (None) has no leaves: 0 bytes
   entry = sum(per_slot[k] for k in per_slot if not k.startswith("index_"))
   key = sum(per_slot[k] for k in per_slot if k.startswith("index_"))
   k = min(cfg.index_topk, visible)

@@ -144,11 +144,17 @@ def check_operands(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, confi
   if (e % 64 and not config.double_buffered) or e > 256 or splits < 1 or k % (splits * e):
     raise ValueError(f"{k} selected slots are not a multiple of splits={splits} × block_entries={e} "
                      f"(block_entries a multiple of 64, at most 256)")
-  scales = 0 if latent_scale_BSG is None else latent_scale_BSG.shape[-1]
-  need = smem_bytes(c, r, e, jnp.dtype(latent_BSC.dtype).itemsize, scales, buffer_sets(config))
+  need = launch_smem_bytes(config, latent_BSC, k_pe_BSR, latent_scale_BSG)
   if need > SMEM_BYTES:  # the lowering's own check comes only on a GPU (the interpreter has none)
     raise ValueError(f"block_entries={e} at latent width {c} and rope width {r} needs {need:,} bytes of shared "
                      f"memory, more than an H200's {SMEM_BYTES:,} (fewer entries a step)")
+
+
+def launch_smem_bytes(config: Config, latent_BSC, k_pe_BSR, latent_scale_BSG=None) -> int:
+  """`smem_bytes` of a completed `config`'s launch over these cache operands."""
+  scales = 0 if latent_scale_BSG is None else latent_scale_BSG.shape[-1]
+  return smem_bytes(latent_BSC.shape[-1], k_pe_BSR.shape[-1], config.block_entries,
+                    jnp.dtype(latent_BSC.dtype).itemsize, scales, buffer_sets(config))
 
 
 def profile_ranges(used_smem: int) -> int:
@@ -195,8 +201,7 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
   if profile_dir is not None:
     if interpret:
       raise ValueError("profile_dir: Mosaic GPU's profiler runs compiled only, not in the interpreter")
-    scales = 0 if latent_scale_BSG is None else latent_scale_BSG.shape[-1]
-    ranges = profile_ranges(smem_bytes(c, r, e, jnp.dtype(latent_BSC.dtype).itemsize, scales, buffer_sets(config)))
+    ranges = profile_ranges(launch_smem_bytes(config, latent_BSC, k_pe_BSR, latent_scale_BSG))
     profile = dict(profile_space=ranges, profile_dir=profile_dir, profile_bounds_check=True)
   dtype, hb = q_lat_BTNC.dtype, BLOCK_HEADS
   padded = -(-n // hb) * hb
