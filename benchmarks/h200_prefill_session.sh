@@ -253,7 +253,8 @@ case "${1:?stage}" in
     ;;
   profile)  # (not run yet) where the sparse MLA's step goes: its GPU tests with the profiler and ids_before_dots, then
             # Mosaic GPU's on-device profile of its phases (bf16 two sets, one set, fp8, ids before the dots) at
-            # B = 64, T = 4
+            # B = 64, T = 4. The profiler writes its trace through a host callback, which needs the CPU platform.
+    export JAX_PLATFORMS=cuda,cpu
     run 150 gpu_tests_profile.txt python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_sparse_mla_profile.py \
       tests/test_sparse_mla_mgpu.py -k "profiled or shared_memory_holds or v32_widths_on_the_gpu"
     for flags in "" "--one-set" "--fp8" "--ids-before-dots"; do
@@ -262,6 +263,15 @@ case "${1:?stage}" in
     ;;
   ids)  # (not run yet) the kernel's rows at B = 64 and 8, ids_before_dots timed beside auto (bf16 and fp8 caches)
     run 560 sparse_mla_ids.md python3 -m benchmarks.sparse_mla --batch 64 8 --tokens 4 1 --capacity 4096 --iters 10 --fp8
+    ;;
+  ablate)  # where the sparse MLA's step goes: the kernel timed with phases removed, bf16 and fp8 caches; then the
+           # model path's GPU tests under auto (two buffer sets from two queries)
+    run 100 gpu_tests_ablate.txt python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_sparse_mla_ablate.py
+    run 200 ablate_bf16.md python3 -m benchmarks.sparse_mla_ablate --batch 64 --tokens 4
+    run 200 ablate_fp8.md python3 -m benchmarks.sparse_mla_ablate --batch 64 --tokens 4 --fp8
+    run 200 gpu_tests_model_path.txt python3 -m pytest -q --tb=short -p no:cacheprovider \
+      tests/test_user_path_kernels.py tests/test_e2e_impls.py tests/test_sparse_mla_mgpu.py -k "gpu or lowered_step or \
+      resolution or index_sharing or user_path or impls"
     ;;
   *) echo "unknown stage $1"; exit 2 ;;
 esac

@@ -79,6 +79,10 @@ def main(argv=None) -> int:
   parser.add_argument("--iters", type=int, default=20)
   parser.add_argument("--trace-dir", default=None, help="keep the raw traces here (default: a temporary folder)")
   args = parser.parse_args(argv)
+  try:  # Mosaic GPU's profiler writes its trace through a host callback, which runs on the CPU platform
+    jax.devices("cpu")
+  except RuntimeError as e:
+    raise SystemExit(f"the profiler needs the CPU platform beside the GPU: JAX_PLATFORMS=cuda,cpu ({e})") from None
   ql, qp, latent, kp, slots = _problem(args.batch, args.tokens, args.capacity)
   latent, scales = quantize_latent(latent, 128) if args.fp8 else (latent, None)
   config = mgpu.Config(double_buffered=False if args.one_set else None, ids_before_dots=args.ids_before_dots)

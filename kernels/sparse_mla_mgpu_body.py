@@ -263,12 +263,34 @@ def _gather(plan: Plan, r: Refs):
     plgpu.barrier_wait(plan.at(r.op_free, last % sets))  # (the interpreter checks)
 
 
+def _qk(plan: Plan, r: Refs, slot):
+  """S = q~ · latentᵀ + q_pe · k_peᵀ over a step's operand set, [64, E] f32 on the tensor cores."""
+  plgpu = plan.plgpu
+
+  def dots(acc_ref):
+    plgpu.wgmma(acc_ref, r.q_lat_smem, plan.at(r.lat_op, slot).transpose((1, 0)))
+    plgpu.wgmma(acc_ref, r.q_pe_smem, plan.at(r.pe_op, slot).transpose((1, 0)))
+    return acc_ref[...]
+
+  return pl.run_scoped(dots, plgpu.ACC((plan.hb, plan.e), jnp.float32))
+
+
+def _online_softmax(plan: Plan, s, ids, m, l):
+  """The masked online softmax of a step's scores in log2 units: (P, the new running max, sum, the rescale)."""
+  valid = lax.broadcast_in_dim(ids >= 0, s.shape, [1])
+  s = jnp.where(valid, s * (plan.scale * _LOG2E), -jnp.inf)  # log2 units: exp2 below
+  m_new = jnp.maximum(m, s.max(axis=1))
+  alpha = jnp.exp2(m - m_new)
+  p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
+  return p, m_new, l * alpha + p.sum(axis=1), alpha
+
+
 def _scores_step(plan: Plan, r: Refs, step, carry):
   """One step of the scores warpgroup: S, the online softmax, P and its rescale out, O[:, :C/2] updated."""
-  plgpu, hb, e = plan.plgpu, plan.hb, plan.e
+  plgpu, e = plan.plgpu, plan.e
   acc, m, l = carry
   slot = step % plan.sets
-  lat_op_s, p_smem_s = plan.at(r.lat_op, slot), plan.at(r.p_smem, slot)
+  p_smem_s = plan.at(r.p_smem, slot)
 
   def load_ids():  # the step's slot ids, for the mask, from HBM (e × 4 B; jax 0.11.2 optimises transfers from SMEM
     # only)
@@ -278,31 +300,19 @@ def _scores_step(plan: Plan, r: Refs, step, carry):
   ids = load_ids() if early else None  # its latency overlapping the operand wait and the dots
   with jax.named_scope("scores wait"):
     plgpu.barrier_wait(plan.at(r.op_ready, slot))
-
-  def dots(acc_ref):
-    plgpu.wgmma(acc_ref, r.q_lat_smem, lat_op_s.transpose((1, 0)))
-    plgpu.wgmma(acc_ref, r.q_pe_smem, plan.at(r.pe_op, slot).transpose((1, 0)))
-    return acc_ref[...]
-
   with jax.named_scope("qk"):
-    s = pl.run_scoped(dots, plgpu.ACC((hb, e), jnp.float32))
+    s = _qk(plan, r, slot)
   with jax.named_scope("softmax"):
-    ids = ids if early else load_ids()
-    valid = lax.broadcast_in_dim(ids >= 0, (hb, e), [1])
-    s = jnp.where(valid, s * (plan.scale * _LOG2E), -jnp.inf)  # log2 units: exp2 below
-    m_new = jnp.maximum(m, s.max(axis=1))
-    alpha = jnp.exp2(m - m_new)
-    p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [0]))
-    l = l * alpha + p.sum(axis=1)
+    p, m, l, alpha = _online_softmax(plan, s, ids if early else load_ids(), m, l)
     p_smem_s[...] = p.astype(plan.dtype)
     _put_row(plan, r, slot, alpha)
     plgpu.commit_smem()
     plgpu.barrier_arrive(plan.at(r.p_ready, slot))
   with jax.named_scope("pv"):  # P from shared memory, as the other half takes it
     acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
-    acc = _accumulate(plan, acc, p_smem_s, lat_op_s.at[:, pl.ds(0, plan.half)])
+    acc = _accumulate(plan, acc, p_smem_s, plan.at(r.lat_op, slot).at[:, pl.ds(0, plan.half)])
     plgpu.barrier_arrive(plan.at(r.op_free, slot))
-  return acc, m_new, l
+  return acc, m, l
 
 
 def _scores(plan: Plan, r: Refs):
