@@ -273,5 +273,13 @@ case "${1:?stage}" in
       tests/test_user_path_kernels.py tests/test_e2e_impls.py tests/test_sparse_mla_mgpu.py -k "gpu or lowered_step or \
       resolution or index_sharing or user_path or impls"
     ;;
+  verify64x3)  # the verification forward at B = 64 (4K) three times, for a median and its spread; the ablation's GPU
+               # test (its traced-body comparison)
+    run 60 gpu_tests_ablate2.txt python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_sparse_mla_ablate.py
+    for i in 1 2 3; do
+      run 115 "verify_b64_run$i.md" python3 -m benchmarks.verify_forward --layers 4 -k 3 --forms absorbed --batch 64 \
+        --capacity 4096 --iters 5
+    done
+    ;;
   *) echo "unknown stage $1"; exit 2 ;;
 esac
