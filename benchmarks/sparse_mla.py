@@ -66,7 +66,8 @@ def main(argv=None) -> int:
       single = mgpu.config_for(b * t, N, K_TOP, C, mgpu.Config(double_buffered=False))
       gathers = [dict(contiguous_relayout=not single.contiguous_relayout), dict(whole_rows=False, issue_warps=1),
                  dict(issue_warps=2)]
-      early = [dataclasses.replace(auto, ids_before_dots=True)]  # the mask's ids loaded ahead of the dots
+      early = [dataclasses.replace(auto, ids_before_dots=True),  # the mask's ids loaded ahead of the dots
+               dataclasses.replace(auto, values_relayout=True)]  # the values warpgroup re-lays half of each step
       for config in variants + early + [single] + [dataclasses.replace(single, **gather) for gather in gathers]:
         seconds, err = _time_mosaic(problem, base, config, args.iters, args.backend)
         print(f"| {b} | {t} | Mosaic GPU kernel | {_name(config)}{' (auto)' if config == auto else ''} | "
@@ -119,7 +120,8 @@ def _fp8_rows(problem, b, t, bandwidth, flops, iters, backend):
   for name, config in [("auto (double-buffered)", None), ("one buffer set", mgpu.Config(double_buffered=False)),
                        ("one buffer set, a copy a piece from one thread",
                         mgpu.Config(double_buffered=False, whole_rows=False, issue_warps=1)),
-                       ("auto, ids before the dots", mgpu.Config(ids_before_dots=True))]:
+                       ("auto, ids before the dots", mgpu.Config(ids_before_dots=True)),
+                       ("auto, the values warpgroup re-lays half", mgpu.Config(values_relayout=True))]:
     seconds, err = _time_mosaic(fp8, base, config, iters, backend, latent_scale_BSG=scales)
     print(f"| {b} | {t} | Mosaic GPU kernel, fp8 cache | {name} | {seconds * 1e6:,.1f} | {floor:,.1f} | "
           f"{floor / seconds / 1e6:.2f} | {err:.1e} |", flush=True)

@@ -57,7 +57,7 @@ def _no_softmax(plan, s, ids, m, l):
 
 _REPLACEMENTS = {
     "copies": ("_issue_rows", _arrive_without_copies),
-    "relayout": ("_relayout", lambda plan, r, slot: None),
+    "relayout": ("_relayout", lambda plan, r, slot, *columns, **options: None),
     "softmax": ("_online_softmax", _no_softmax),
     "qk": ("_qk", _zero_scores),
     "pv": ("_accumulate", lambda plan, acc, a, b_ref: acc),

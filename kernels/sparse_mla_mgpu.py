@@ -84,9 +84,19 @@ class Config:
   double_buffered: bool | None = None
   # The scores warpgroup's load of a step's slot ids (its mask, from HBM) issued before it waits for the step's
   # operand and runs its dots, so that the load's latency (a global load's, hundreds of ns, each step) overlaps
-  # them instead of following them on the step's critical path. Built 2026-12-04, checked in the interpreter and by
-  # the CUDA lowering; untimed, so off by default (`benchmarks.sparse_mla` times it beside auto).
+  # them instead of following them on the step's critical path. Off: on the H200 (2026-12-04 15:29, RESULTS "Where
+  # the Mosaic sparse MLA's step goes") 517.9 against 504.5 µs at B = 64, T = 4 (fp8 cache 663 against 648), and
+  # 480 against 485 in the profile run: within the rows' spread, not faster.
   ids_before_dots: bool = False
+  # The values warpgroup re-lays the latent's second half of step s + 1 (in 64-column loads: its registers hold its
+  # output half) after its P · V of step s − 1 and before it waits for step s's P; the gather warpgroup re-lays the
+  # first half and the rope key. Why: timed with phases removed (benchmarks.sparse_mla_ablate, H200 2026-12-04
+  # 15:48), the gather's chain (copies, re-layout) is as long as the scores' (qk, softmax, P · V) over a bf16 cache
+  # and the longer over an fp8 one (its dequantising re-layout 27 % of the kernel), while the values warpgroup waits
+  # 78-87 % of its time for P (the profile). Two buffer sets only. Built 2026-12-04 after the device time was spent:
+  # checked in the interpreter (its race detector too) and by the CUDA lowering, untimed, so off by default
+  # (benchmarks.sparse_mla times it). Where `config_for` resolves double_buffered=None to one set, it is dropped.
+  values_relayout: bool = False
 
 
 def buffer_sets(config: Config) -> int:
@@ -100,8 +110,9 @@ def config_for(queries: int, heads: int, entries: int, latent_width: int, config
   steps, at most MAX_SPLITS) that give queries × head blocks × splits ≥ `busy` CTAs; the contiguous re-layout at one
   query and from CONTIGUOUS_MIN_QUERIES queries."""
   config = config or Config()
-  if config.double_buffered is None:
-    config = dataclasses.replace(config, double_buffered=latent_width == 2 * TMA_BOX and queries > 1)
+  if config.double_buffered is None:  # (values_relayout is the two-set form's: where that resolves to one set, off)
+    double = latent_width == 2 * TMA_BOX and queries > 1
+    config = dataclasses.replace(config, double_buffered=double, values_relayout=config.values_relayout and double)
   block_entries = min(DOUBLE_BUFFERED_ENTRIES if config.double_buffered else config.block_entries, entries)
   splits = config.splits
   if not splits:
@@ -138,6 +149,9 @@ def check_operands(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, confi
   e, splits = config.block_entries, config.splits
   if config.issue_warps not in (1, 2, 4):
     raise ValueError(f"issue_warps={config.issue_warps}: the gather warpgroup's 1, 2 or 4 warps issue its copies")
+  if config.values_relayout and not config.double_buffered:
+    raise ValueError("values_relayout takes two buffer sets (double_buffered): the values warpgroup re-lays the next "
+                     "step's set while the scores warpgroup reads the other")
   if config.double_buffered and (e != DOUBLE_BUFFERED_ENTRIES or c != 2 * TMA_BOX):
     raise ValueError(f"double_buffered takes block_entries={DOUBLE_BUFFERED_ENTRIES} and a {2 * TMA_BOX}-wide "
                      f"latent; got block_entries={e}, a latent of width {c}")
@@ -180,15 +194,16 @@ def smem_bytes(c: int, r: int, e: int, latent_itemsize: int, scale_groups: int =
 
 def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax.Array, k_pe_BSR: jax.Array,
                     slots_BTK: jax.Array, scale: float, *, latent_scale_BSG: jax.Array | None = None,
-                    config: Config | None = None, out_dtype=jnp.float32, interpret: bool = False,
+                    config: Config | None = None, out_dtype=jnp.float32, interpret=False,
                     profile_dir: str | None = None) -> jax.Array:
   """[B, T, N, C] in `out_dtype`: each query's heads attending over its selected slots (`slots_BTK` int32, −1 =
   not attended), the operands as `sparse_mla.reference` takes them. `latent_scale_BSG`: an fp8 MLA cache's
   scales (`latent_BSC` then holds its e4m3 codes, `sparse_mla.dequantize_latent`'s format): the gather warpgroup
   dequantises each copied row in registers on its way into the bf16 operand; the selected rows' scales are
   gathered by XLA first (16 B an entry beside its 512 B of codes). `interpret`: Pallas's GPU interpreter (any host:
-  the tests). `profile_dir`: Mosaic GPU's on-device profiler on, each call writing a trace of the warpgroups' named
-  phases (`sparse_mla_mgpu_body`) there, in the shared memory the launch leaves free (`profile_ranges`); for
+  the tests); True for its defaults, or a `plgpu.InterpretGPUParams` (the tests' race detection). `profile_dir`:
+  Mosaic GPU's on-device profiler on, each call writing a trace of the warpgroups' named phases
+  (`sparse_mla_mgpu_body`) there, in the shared memory the launch leaves free (`profile_ranges`); for
   `benchmarks.sparse_mla_profile`, compiled only."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # noqa: PLC0415 (a GPU backend's module)
 
@@ -243,7 +258,7 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
     rows_layout = plgpu.Layout.TILED(mgpu_fa.Tiling(((4, 256), (8,))), warp_dims=(-3,), lane_dims=(-2,),
                                      vector_dim=-1)
   plan = Plan(plgpu=plgpu, config=config, t=t, e=e, c=c, steps=steps, sets=sets, pieces=pieces, width=width, hb=hb,
-              groups=g if scaled else 0, dtype=dtype, scale=scale, interpret=interpret, rows_layout=rows_layout,
+              groups=g if scaled else 0, dtype=dtype, scale=scale, interpret=bool(interpret), rows_layout=rows_layout,
               wgmma_rows=plgpu.Layout.WGMMA.reduce(1), wgmma_cols=plgpu.Layout.WGMMA.reduce(0))
   out_dt = out_dtype if splits == 1 else jnp.float32
   kernel = plgpu.kernel(
@@ -267,8 +282,10 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
           plgpu.Barrier(num_arrivals=1, num_barriers=2),  # a step's slot ids
           # a step's one-row copies (and its scales), a set each
           plgpu.Barrier(num_arrivals=(row_copies + 1) * e + scaled, num_barriers=sets),
-          # op_ready, op_free (both halves), p_ready: a set each; done, written
-          plgpu.Barrier(num_arrivals=1, num_barriers=sets), plgpu.Barrier(num_arrivals=2, num_barriers=sets),
+          # op_ready (the gather, and the values warpgroup where it re-lays half), op_free (both halves), p_ready: a
+          # set each; done, written
+          plgpu.Barrier(num_arrivals=1 + config.values_relayout, num_barriers=sets),
+          plgpu.Barrier(num_arrivals=2, num_barriers=sets),
           plgpu.Barrier(num_arrivals=1, num_barriers=sets), plgpu.Barrier(num_arrivals=1), plgpu.Barrier(num_arrivals=1),
       ],
       grid=(padded // hb, splits, b * t),  # head blocks fastest: a query's CTAs read its rows through L2 once
@@ -279,7 +296,7 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
       compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane, reduction_scratch_bytes=0,
                                            **profile),
       kernel_name=KERNEL_NAME + FORM_SUFFIXES[sets],  # which form ran, readable from a compiled program
-      interpret=plgpu.InterpretGPUParams() if interpret else None,
+      interpret=(plgpu.InterpretGPUParams() if interpret is True else interpret) or None,
   )
   out, lse = kernel(q_lat, q_pe, latent_BSC.reshape(b, -1, pieces, width), k_pe_BSR, slots, *scale_inputs)
   return combine_splits(out[:, :, :n], lse[:, :, :n]).astype(out_dtype).reshape(b, t, n, c)

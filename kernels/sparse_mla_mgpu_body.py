@@ -199,27 +199,39 @@ def _issue(plan: Plan, r: Refs, step):
                             plan.at(r.gathered, step % sets))
 
 
-def _relayout(plan: Plan, r: Refs, slot):
-  """A landed staging set → registers → its operand set (tiled, swizzled), an fp8 cache's codes dequantised."""
+def _relayout(plan: Plan, r: Refs, slot, cols=None, chunk=None, rope=True):
+  """A landed staging set → registers → its operand set (tiled, swizzled), an fp8 cache's codes dequantised.
+
+  With two sets: the latent's columns `cols` (default all), `chunk` columns a load (default a TMA piece, or a scale
+  group over an fp8 cache; smaller for the values warpgroup's registers), and the rope key if `rope`."""
   plgpu, c, e, width, pieces, dtype, rows_layout = (plan.plgpu, plan.c, plan.e, plan.width, plan.pieces, plan.dtype,
                                                     plan.rows_layout)
   lat_stage_s, pe_stage_s, lat_op_s, pe_op_s = (plan.at(ref, slot) for ref in (r.lat_stage, r.pe_stage, r.lat_op,
                                                                                 r.pe_op))
-  if plan.sets == 2 and plan.scaled:  # a scale group of codes at a time, times its rows' scales, in fp32 (exact for
-    group_width = c // plan.groups   # e4m3), rounded once to the operand's dtype
-    for col in range(0, c, group_width):
-      codes = plgpu.load(lat_stage_s.at[:, col // width, pl.ds(col % width, group_width)], layout=rows_layout,
-                         optimized=False)  # 8 B a lane from rows 512 B apart: conflicts no plan avoids
-      group_scale = plgpu.load(plan.at(r.scale_stage, slot).at[col // group_width], layout=rows_layout.reduce(1),
-                               optimized=False)
-      row_scale = plgpu.layout_cast(lax.broadcast_in_dim(group_scale, codes.shape, [0]), rows_layout)
-      lat_op_s[:, pl.ds(col, group_width)] = (codes.astype(jnp.float32) * row_scale).astype(dtype)
-  elif rows_layout is not None and not plan.scaled:  # each warp reads 512 contiguous bytes of one row: no conflicts
+  if plan.sets == 2:  # rows_layout: a warp 8 rows × 4 lanes' 16-B pieces (see sparse_mla_mgpu)
+    group_width = c // plan.groups if plan.scaled else width
+    cols = cols or range(0, c)
+    chunk = chunk or group_width
+    for col in range(cols.start, cols.stop, chunk):
+      src = lat_stage_s.at[:, col // width, pl.ds(col % width, chunk)]
+      if plan.scaled:  # codes times their rows' group scale, in fp32 (exact for e4m3), rounded once to the operand's
+        codes = plgpu.load(src, layout=rows_layout, optimized=False)  # dtype; 8 B a lane from rows 512 B apart:
+        # conflicts no plan avoids
+        group_scale = plgpu.load(plan.at(r.scale_stage, slot).at[col // group_width], layout=rows_layout.reduce(1),
+                                 optimized=False)
+        row_scale = plgpu.layout_cast(lax.broadcast_in_dim(group_scale, codes.shape, [0]), rows_layout)
+        lat_op_s[:, pl.ds(col, chunk)] = (codes.astype(jnp.float32) * row_scale).astype(dtype)
+      else:  # each warp reads 512 contiguous bytes of one row's piece: no conflicts
+        lat_op_s[:, pl.ds(col, chunk)] = plgpu.load(src, layout=rows_layout)
+    if rope:
+      pe_op_s[...] = plgpu.load(pe_stage_s, layout=rows_layout, optimized=False)
+    return
+  if rows_layout is not None and not plan.scaled:  # each warp reads 512 contiguous bytes of one row: no conflicts
     for rb in range(0, e, 32):
       for j in range(pieces):
         lat_op_s[pl.ds(rb, 32), pl.ds(j * width, width)] = plgpu.load(lat_stage_s.at[pl.ds(rb, 32), j],
                                                                       layout=rows_layout)
-  else:  # one set (two always have rows_layout): 64-column pieces in WGMMA's layout
+  else:  # 64-column pieces in WGMMA's layout
     for col in range(0, c, 64):
       piece = plgpu.load(lat_stage_s.at[:, col // width, pl.ds(col % width, 64)], layout=plgpu.Layout.WGMMA,
                          optimized=False)
@@ -227,7 +239,12 @@ def _relayout(plan: Plan, r: Refs, slot):
         group_scale = plgpu.load(r.scale_stage.at[col // (c // plan.groups)], layout=plan.wgmma_rows)
         piece = (piece.astype(jnp.float32) * lax.broadcast_in_dim(group_scale, piece.shape, [0])).astype(dtype)
       lat_op_s[:, pl.ds(col, 64)] = piece
-  pe_op_s[...] = plgpu.load(pe_stage_s, layout=rows_layout if plan.sets == 2 else plgpu.Layout.WGMMA, optimized=False)
+  pe_op_s[...] = plgpu.load(pe_stage_s, layout=plgpu.Layout.WGMMA, optimized=False)
+
+
+def _gather_columns(plan: Plan):
+  """The latent columns the gather warpgroup re-lays: all, or the first half with Config.values_relayout."""
+  return range(0, plan.half) if plan.config.values_relayout else None
 
 
 def _gather(plan: Plan, r: Refs):
@@ -238,6 +255,10 @@ def _gather(plan: Plan, r: Refs):
   pl.when(steps > 1)(lambda: _fetch_ids(plan, r, 1))
   for first in range(min(sets, steps)):  # the first `sets` steps' copies, each into its own staging set
     _issue(plan, r, first)
+  # the warps that issued those copies read their ids from the buffers the loop's first two steps fetch into: a
+  # warpgroup barrier first (later steps pass one in each re-layout's commit; the interpreter's race detector caught
+  # step 2's ids landing over step 0's while a warp could still be reading them)
+  plgpu.commit_smem()
 
   @pl.loop(0, steps)
   def _(step):
@@ -248,11 +269,16 @@ def _gather(plan: Plan, r: Refs):
       plgpu.barrier_wait(plan.at(r.gathered, slot))
       pl.when(step >= sets)(lambda: plgpu.barrier_wait(plan.at(r.op_free, slot)))
     with jax.named_scope("relayout"):
-      _relayout(plan, r, slot)
+      _relayout(plan, r, slot, _gather_columns(plan))
       plgpu.commit_smem()
     plgpu.barrier_arrive(plan.at(r.op_ready, slot))
-    if sets == 2:  # this staging set is free again: step + 2's copies into it
-      pl.when(step + 2 < steps)(lambda: _issue(plan, r, step + 2))
+    if sets == 2:  # this staging set is free again (with Config.values_relayout once the values warpgroup has re-laid
+      # its half too: the set's operand ready): step + 2's copies into it
+      def reissue():
+        if plan.config.values_relayout:
+          plgpu.barrier_wait(plan.at(r.op_ready, slot))
+        _issue(plan, r, step + 2)
+      pl.when(step + 2 < steps)(reissue)
     else:
       @pl.when(step + 1 < steps)
       def _():
@@ -261,6 +287,8 @@ def _gather(plan: Plan, r: Refs):
 
   for last in range(max(steps - sets, 0), steps):  # the last steps' completions: a waiter observes every one
     plgpu.barrier_wait(plan.at(r.op_free, last % sets))  # (the interpreter checks)
+    if plan.config.values_relayout:  # (their operand-ready ones, which the loop waited for only ahead of a reissue)
+      plgpu.barrier_wait(plan.at(r.op_ready, last % sets))
 
 
 def _qk(plan: Plan, r: Refs, slot):
@@ -336,13 +364,35 @@ def _scores(plan: Plan, r: Refs):
   r.lse_gmem.at[r.qi, r.pi, heads][...] = lse
 
 
+VALUES_RELAYOUT_CHUNK = 64  # columns a load of the values warpgroup's re-layout: its registers hold its output half
+
+
+def _values_relayout(plan: Plan, r: Refs, step):
+  """Config.values_relayout: the latent's second half of `step` re-laid by the values warpgroup, once its copies have
+  landed and the set's previous step is done (its own P · V and the scores warpgroup's)."""
+  plgpu, sets = plan.plgpu, plan.sets
+  slot = step % sets
+  with jax.named_scope("values relayout"):
+    plgpu.barrier_wait(plan.at(r.gathered, slot))
+    pl.when(step >= sets)(lambda: plgpu.barrier_wait(plan.at(r.op_free, slot)))
+    _relayout(plan, r, slot, range(plan.half, plan.c), VALUES_RELAYOUT_CHUNK, rope=False)
+    plgpu.commit_smem()
+    plgpu.barrier_arrive(plan.at(r.op_ready, slot))
+
+
 def _values(plan: Plan, r: Refs):
-  """The values warpgroup: O[:, C/2:] rescaled and updated each step, then its half out."""
-  plgpu, half = plan.plgpu, plan.half
+  """The values warpgroup: O[:, C/2:] rescaled and updated each step, then its half out. With
+  Config.values_relayout it also re-lays each next step's second half while the scores warpgroup computes P."""
+  plgpu, half, sets, steps = plan.plgpu, plan.half, plan.sets, plan.steps
   plgpu.set_max_registers(160, action="decrease")
+  shares = plan.config.values_relayout
+  if shares:
+    _values_relayout(plan, r, 0)
 
   def step_fn(step, acc):
-    slot = step % plan.sets
+    slot = step % sets
+    if shares:  # the next step's half while P is computed (it waits for its set's step − 1, done just before)
+      pl.when(step + 1 < steps)(lambda: _values_relayout(plan, r, step + 1))
     with jax.named_scope("values wait"):
       plgpu.barrier_wait(plan.at(r.p_ready, slot))
     with jax.named_scope("values pv"):
@@ -352,7 +402,10 @@ def _values(plan: Plan, r: Refs):
       plgpu.barrier_arrive(plan.at(r.op_free, slot))
     return acc
 
-  acc = lax.fori_loop(0, plan.steps, step_fn, plgpu.layout_cast(jnp.zeros((plan.hb, half), jnp.float32),
-                                                                plgpu.Layout.WGMMA))
+  acc = lax.fori_loop(0, steps, step_fn, plgpu.layout_cast(jnp.zeros((plan.hb, half), jnp.float32),
+                                                           plgpu.Layout.WGMMA))
+  if shares:  # the operand-free completions its re-layouts did not wait for: a waiter observes every one
+    for last in range(max(steps - sets, 0), steps):
+      plgpu.barrier_wait(plan.at(r.op_free, last % sets))
   plgpu.barrier_wait(r.done)
   _write(plan, r, acc, _get_row(plan, r, plan.sets), half)
