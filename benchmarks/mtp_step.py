@@ -88,7 +88,7 @@ def main(argv=None) -> int:
           out = model.apply({"params": p}, i, pos, h, c)
           return model.apply({"params": p}, out.hidden_BTD, method=model.get_top_tokens), out.caches
 
-        seconds, tokens = time_carrying(step, (params, ids, positions, hidden, caches), args.iters)
+        seconds, tokens, _ = time_carrying(step, (params, ids, positions, hidden, caches), args.iters)
         reference = tokens if reference is None else reference
         same = bool(jnp.all(tokens == reference))
         print(f"| {capacity} | {batch} | {impl} | {moe_impl} | {touched} | {cache / 1e6:,.1f} | {seconds * 1e6:,.0f} | "

@@ -54,7 +54,8 @@ def time_call(fn, args, iters: int, repeats: int = 3) -> float:
 
 
 def time_carrying(fn, args, iters: int, repeats: int = 3, *, copy_state: bool = True):
-  """(seconds per call, last output) of `fn(*args) -> (output, new_state)` whose last argument is a
+  """(seconds per call: the median of `repeats` runs of `iters` calls, last output, every run's seconds per call) of
+  `fn(*args) -> (output, new_state)` whose last argument is a
   state (the caches) it updates: each call's new state is fed to the next and donated, as the decode
   loop does, so the caches are updated in place. Timing it without donation would time a copy of
   every cache per call (1.4 GB at B = 8 and 128K slots). Calls must be idempotent in their output
@@ -72,7 +73,7 @@ def time_carrying(fn, args, iters: int, repeats: int = 3, *, copy_state: bool = 
       out, state = step(*fixed, state)
     jax.block_until_ready((out, state))
     runs.append((time.perf_counter() - start) / iters)
-  return statistics.median(runs), out
+  return statistics.median(runs), out, runs
 
 
 def time_in_loop(fn, args, iters: int, repeats: int = 3) -> float:

@@ -99,7 +99,8 @@ def main(argv=None) -> int:
   parser.add_argument("--capacity", type=int, nargs="+", default=[1024], help="cache capacities (rows at S/2)")
   parser.add_argument("--moe-impls", nargs="+", default=["auto"], choices=jax_mtp.config.MOE_IMPLS)
   parser.add_argument("--forms", nargs="+", default=["naive", "absorbed"], choices=["naive", "absorbed"])
-  parser.add_argument("--iters", type=int, default=10)
+  parser.add_argument("--iters", type=int, default=10, help="calls a timed run")
+  parser.add_argument("--repeats", type=int, default=3, help="timed runs a row (one compile): its median and spread")
   parser.add_argument("--all-experts-touched", action="store_true",
                       help="floor with every routed expert read, without the routing count's own forward (which ran "
                            "out of memory at B = 256 × 32K on the H200; B = 256 × 4 queries touched all 256 at 4K)")
@@ -113,9 +114,9 @@ def main(argv=None) -> int:
   print(f"verification forward, {args.layers}-layer {'tiny' if args.small else 'V3.2'}-width target, k = {args.k}, "
         f"caches {args.capacity}, on {jax.devices()[0].device_kind}, jax {jax.__version__}, "
         f"copy bandwidth {bandwidth / 1e12:.2f} TB/s, bf16 GEMM {peak / 1e12:.0f} TFLOP/s\n")
-  print("| S | B | T | MLA form | experts impl | experts touched / layer | ms | floor ms | floor / time | "
-        "roofline ms | roofline / time | tokens match |")
-  print("|---:|---:|---:|---|---|---|---:|---:|---:|---:|---:|---|")
+  print(f"| S | B | T | MLA form | experts impl | experts touched / layer | ms (median of {args.repeats} runs) | "
+        "min–max ms | floor ms | floor / time | roofline ms | roofline / time | tokens match |")
+  print("|---:|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|---|")
   w = args.k + 1
   for capacity, batch in [(c, b) for c in args.capacity for b in args.batch]:
     rng = np.random.default_rng(batch)
@@ -139,21 +140,27 @@ def main(argv=None) -> int:
           return model.apply({"params": p}, out.hidden_BTD, method=model.get_top_tokens), out.caches
 
         try:
-          seconds, tokens = time_carrying(verify, (params, ids, positions, init_target_caches(cfg, batch, capacity)),
-                                          args.iters, copy_state=False)
+          seconds, tokens, runs = time_carrying(verify, (params, ids, positions,
+                                                         init_target_caches(cfg, batch, capacity)),
+                                                args.iters, args.repeats, copy_state=False)
         except Exception as e:  # e.g. out of memory for the naive form at large B: a row, not the end
           print(f"| {capacity} | {batch} | {batch * w} | {form} | {moe_impl} | {touched} | failed: {type(e).__name__} | "
-                "| | | | |")
+                "| | | | | |")
           continue
         tokens = np.asarray(tokens)
         reference = tokens if reference is None else reference
-        print(f"| {capacity} | {batch} | {batch * w} | {form} | {moe_impl} | {touched}{" (assumed)" * args.all_experts_touched} | {seconds * 1e3:,.2f} | "
+        print(f"| {capacity} | {batch} | {batch * w} | {form} | {moe_impl} | {touched}{" (assumed)" * args.all_experts_touched} | {seconds * 1e3:,.2f} | {spread_ms(runs)} | "
               f"{floor * 1e3:,.2f} | {floor / seconds:.2f} | {roofline * 1e3:,.2f} | {roofline / seconds:.2f} | "
               f"{bool(np.all(tokens == reference))} |")
         if args.profile:
           profile_row(verify, (params, ids, positions, init_target_caches(cfg, batch, capacity)),
                       f"S = {capacity}, B = {batch}, {form}, {moe_impl}")
   return 0
+
+
+def spread_ms(runs: list[float]) -> str:
+  """The runs' range in ms ("min–max"), the spread a row's median comes with."""
+  return f"{min(runs) * 1e3:,.2f}–{max(runs) * 1e3:,.2f}"
 
 
 def profile_row(verify, call_args, label: str, calls: int = 3) -> None:

@@ -1,6 +1,6 @@
 """benchmarks.verify_forward's floors on the tiny config's shapes (jax.eval_shape: no weights made): the roofline
 floor is the weights floor plus the caches' bytes when FLOPs cost nothing, the forward's FLOP count when bytes cost
-nothing, and never below the weights floor."""
+nothing, and never below the weights floor. A row's time is the median of its timed runs, printed with their spread."""
 
 import math
 
@@ -49,3 +49,16 @@ def test_with_free_bytes_the_roofline_counts_the_forwards_flops():
 def test_the_roofline_is_never_below_the_weights_floor(batch):
   got = roofline_seconds(PARAMS, CFG, batch, 4, 40, TOUCHED, bandwidth=4e12, peak=8e14)
   assert got >= _floor_bytes(TOUCHED) / 4e12
+
+
+def test_a_row_is_the_median_of_its_runs_with_their_spread(capsys):
+  """A row of `python -m benchmarks.verify_forward` (the tiny preset's widths, two layers, on this host): its time is
+  the median of --repeats timed runs from one compile, printed with the runs' min–max, and the median lies inside."""
+  from benchmarks.verify_forward import main  # noqa: PLC0415
+  assert main(["--small", "--layers", "2", "--batch", "2", "--capacity", "128", "--iters", "1", "--repeats", "3",
+               "--forms", "absorbed"]) == 0
+  header, _, row = capsys.readouterr().out.strip().splitlines()[-3:]
+  assert "ms (median of 3 runs) | min–max ms" in header
+  cells = [c.strip() for c in row.strip("|").split("|")]
+  median, (low, high) = float(cells[6]), map(float, cells[7].split("–"))
+  assert low <= median <= high and cells[-1] == "True"
