@@ -42,8 +42,12 @@
 #   e2eb1    (not run yet) e2e at B = 1 (32K, 8K prompts) under the shape-aware auto
 #   caches   benchmarks.e2e at a 32K prompt, B = 1, with vLLM's V3.2 storage (fp8 MLA cache and fp8 indexer keys)
 #            and with bf16 caches, in one call
-#   profile  (not run yet) Mosaic GPU's on-device profile of the sparse MLA's phases (benchmarks.sparse_mla_profile)
-#   ids      (not run yet) Config.ids_before_dots timed beside auto at B = 64 and 8
+#   profile  (15:22 2026-12-04) Mosaic GPU's on-device profile of the sparse MLA's phases (sparse_mla_profile)
+#   ids      (not run; ids_before_dots timed at 15:29 in a scratch run instead) ids_before_dots beside auto
+#   ablate   (15:48 2026-12-04) the sparse MLA with phases removed (sparse_mla_ablate); the model path's GPU tests
+#   verify64x3 (15:54 2026-12-04) the verification forward at B = 64, three processes (one finished its 115 s)
+#   vrelay   (not run yet) Config.values_relayout: compiled tests, then benchmarks.sparse_mla at B = 64 and 8
+#   vrelay2  (not run yet) the ablation of Config.values_relayout's form
 #   fp8      benchmarks.e2e with FP8 weights kept as codes: 1K and 32K prompts at B = 1, 1K at B = 64
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
@@ -287,6 +291,12 @@ case "${1:?stage}" in
       tests/test_sparse_mla_mgpu.py -k "v32_widths_on_the_gpu or rows_run"
     run 420 sparse_mla_vrelay.md python3 -m benchmarks.sparse_mla --batch 64 8 --tokens 4 1 --capacity 4096 --iters 10 \
       --fp8
+    ;;
+  vrelay2)  # (not run yet) where Config.values_relayout's step goes: the ablation of that form, bf16 and fp8 caches
+    for cache in "" "--fp8"; do
+      run 200 "ablate_vrelay${cache//-/_}.md" python3 -m benchmarks.sparse_mla_ablate --batch 64 --tokens 4 \
+        --values-relayout $cache --rows "" copies relayout softmax qk copies,relayout,softmax
+    done
     ;;
   *) echo "unknown stage $1"; exit 2 ;;
 esac

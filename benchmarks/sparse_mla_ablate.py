@@ -100,6 +100,7 @@ def main(argv=None) -> int:
   parser.add_argument("--capacity", type=int, default=4096)
   parser.add_argument("--fp8", action="store_true", help="an fp8 MLA cache (its codes and scales)")
   parser.add_argument("--rows", nargs="*", default=list(ROWS), help="comma-joined phases removed a row")
+  parser.add_argument("--values-relayout", action="store_true", help="the launch's Config.values_relayout")
   parser.add_argument("--iters", type=int, default=10)
   args = parser.parse_args(argv)
   rows = [(row, parse(row)) for row in args.rows]
@@ -108,13 +109,15 @@ def main(argv=None) -> int:
       jnp.float32)
   latent, scales = quantize_latent(latent, 128) if args.fp8 else (latent, None)
   operands = (ql, qp, latent, kp, slots, scales)
+  config = mgpu.Config(values_relayout=args.values_relayout)
   print(f"sparse MLA ablation on {jax.devices()[0].device_kind}, jax {jax.__version__}: B = {args.batch}, "
-        f"T = {args.tokens}, S = {args.capacity}, {'fp8' if args.fp8 else 'bf16'} cache\n")
+        f"T = {args.tokens}, S = {args.capacity}, {'fp8' if args.fp8 else 'bf16'} cache, {config}\n")
   print("| phases removed | µs a call | of the full kernel | max error vs XLA |\n|---|---:|---:|---:|")
   full = None
   for row, parts in rows:
     with ablated(parts):  # traced and compiled inside: the patched body is what runs
-      fn = jax.jit(lambda *a: mgpu.sparse_mla_mgpu(*a[:5], SCALE, latent_scale_BSG=a[5], out_dtype=jnp.bfloat16))
+      fn = jax.jit(lambda *a: mgpu.sparse_mla_mgpu(*a[:5], SCALE, latent_scale_BSG=a[5], config=config,
+                                                   out_dtype=jnp.bfloat16))
       seconds = time_in_loop(fn, operands, args.iters)
       out = fn(*operands).astype(jnp.float32)
     full = seconds if not parts else full
