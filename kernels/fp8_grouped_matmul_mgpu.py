@@ -90,9 +90,10 @@ def check_operands(x_AK, codes_EKN, scale_EkN, group_sizes_E, config: Config) ->
 
 
 def fp8_grouped_matmul_mgpu(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: jax.Array, group_sizes_E: jax.Array,
-                            *, config: Config | None = None, interpret: bool = False) -> jax.Array:
+                            *, config: Config | None = None, interpret=False) -> jax.Array:
   """fp32 [A, N]: the rows of group e (sorted, consecutive) times expert e's FP8 weight (e4m3 codes [E, K, N],
-  block scales [E, K/128, N/128]); x is taken in bf16. `interpret`: Pallas's GPU interpreter (any host)."""
+  block scales [E, K/128, N/128]); x is taken in bf16. `interpret`: Pallas's GPU interpreter (any host; True, or
+  a `plgpu.InterpretGPUParams`: the tests' race detection)."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # noqa: PLC0415 (a GPU backend's module)
 
   a, k = x_AK.shape
@@ -202,7 +203,7 @@ def fp8_grouped_matmul_mgpu(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: ja
       kernel_name=KERNEL_NAME,
       # Lane semantics: the default Warpgroup semantics finds no layouts for this body (jax 0.12)
       compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane),
-      interpret=plgpu.InterpretGPUParams() if interpret else None,
+      interpret=(plgpu.InterpretGPUParams() if interpret is True else interpret) or None,
   )
   out = kernel(starts, sizes, x, codes_EKN, scale_EkN.astype(jnp.float32))
   return jnp.sum(out[:, :a], axis=0)  # the K parts (a fixed order: deterministic)

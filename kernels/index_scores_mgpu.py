@@ -88,12 +88,13 @@ def check_operands(q_BTIJ, k_BSJ, w_BTI, *, k_scale_BS, positions_BT, config: Co
 
 def index_scores_mgpu(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, scale: float, *,
                       k_scale_BS: jax.Array | None = None, positions_BT: jax.Array | None = None,
-                      config: Config | None = None, interpret: bool = False) -> jax.Array:
+                      config: Config | None = None, interpret=False) -> jax.Array:
   """fp32 [B, T, S] index scores (S a multiple of block_slots × splits). `k_scale_BS`: per-key scales of float8
   keys (e4m3 / e5m2), which the kernel widens to q's dtype in shared memory (through fp32: exact) before the
   dot and whose scales multiply the fp32 logits. `positions_BT` (int32, optional): each query's position; steps
   that start past its query block's last position are then written as zeros without a dot (and, with
-  `config.bound_reads`, without reading their keys). `interpret`: Pallas's GPU interpreter (any host: the tests)."""
+  `config.bound_reads`, without reading their keys). `interpret`: Pallas's GPU interpreter (any host: the tests;
+  True, or a `plgpu.InterpretGPUParams`: the tests' race detection)."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # noqa: PLC0415 (a GPU backend's module)
 
   b, t, i, j = q_BTIJ.shape
@@ -192,7 +193,7 @@ def index_scores_mgpu(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, sca
       grid=(b, padded // tb, splits),
       grid_names=("b", "q", "s"),
       kernel_name=KERNEL_NAME,
-      interpret=plgpu.InterpretGPUParams() if interpret else None,
+      interpret=(plgpu.InterpretGPUParams() if interpret is True else interpret) or None,
   )
   inputs = [q, k_BSJ, w, last_BQ] + ([k_scale_BS.astype(jnp.float32)] if scaled else [])
   return kernel(*inputs)[:, :t]

@@ -44,6 +44,21 @@ def test_kernel_equals_the_formula_the_dequantised_product_and_the_triton_kernel
   assert_close(got, np.asarray(triton)[:rows], "float32", "Mosaic vs Triton kernel")
 
 
+@pytest.mark.skipif(ON_GPU, reason="the interpreter's race detector (on a CPU)")
+@pytest.mark.parametrize("config", [Config(row_tile=8, stages=2), Config(row_tile=8, share_output_smem=True),
+                                    Config(row_tile=16, subtiles=2, row_programs=2)],
+                         ids=["2 stages", "output in the weights' memory", "two subtiles"])
+def test_no_shared_memory_race_between_the_warpgroups(config):
+  """The GPU interpreter's race detector (vector clocks over every shared-memory access, TMA copies included) finds
+  no unordered access: groups over several tiles and off the 8-row boundary, the pipeline's stages, the output
+  staged in the weights' shared memory, two subtiles a block. It raises at the first race."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # noqa: PLC0415
+  x, codes, scale, sizes_E = problem(3, 256, 128, (3, 12, 9))
+  got = np.asarray(fp8_grouped_matmul_mgpu(x, codes, scale, sizes_E, config=config,
+                                           interpret=plgpu.InterpretGPUParams(detect_races=True)))[:24]
+  assert_equals_the_formula_and_the_dequantised_product(got, x, codes, scale, sizes_E, "race-checked kernel")
+
+
 def test_a_tile_spanning_past_its_group_leaves_the_next_groups_rows_alone():
   """A one-row group's 8-row tile spans the 9-row group after it: every row holds its own group's product (the
   tile stores only its group's rows). Rows past Σ sizes (another device's assignments) are the contract's

@@ -33,6 +33,20 @@ def test_kernel_equals_xla_and_the_formula(b, t, i, j, s, block, splits, keys):
   assert_equals_xla_and_the_formula(got, q, k, w, 0.25, k_scale=None, dot=dot, what=f"kernel, {keys} keys")
 
 
+@pytest.mark.skipif(ON_GPU, reason="the interpreter's race detector (on a CPU)")
+@pytest.mark.parametrize("keys", ["bfloat16", "float8_e4m3fn"])
+def test_no_shared_memory_race_between_the_warpgroups(keys):
+  """The GPU interpreter's race detector (vector clocks over every shared-memory access, TMA copies included) finds
+  no unordered access over several key blocks and splits, bf16 keys and float8 keys widened in shared memory; it
+  raises at the first race."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # noqa: PLC0415
+  q, k, w = inputs(2, 3, 16, 64, 384)
+  k, k_scale, dot = keys_as(k, keys)
+  got = index_scores_mgpu(q.astype(dot), k, w, 0.25, k_scale_BS=k_scale, config=Config(block_slots=64, splits=2),
+                          interpret=plgpu.InterpretGPUParams(detect_races=True))
+  assert_equals_xla_and_the_formula(got, q, k, w, 0.25, k_scale=k_scale, dot=dot, what=f"race-checked, {keys} keys")
+
+
 @pytest.mark.parametrize("b,t,i,j,s,block,splits", [(1, 1, 16, 32, 128, 64, 1), (2, 5, 16, 128, 512, 128, 2)])
 @pytest.mark.parametrize("keys", ["float8_e4m3fn", "float8_e5m2"])
 def test_float8_keys_equal_xla_and_the_formula(b, t, i, j, s, block, splits, keys):
