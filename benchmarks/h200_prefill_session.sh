@@ -287,9 +287,9 @@ case "${1:?stage}" in
     ;;
   vrelay)  # (not run yet) Config.values_relayout: its compiled tests, then timed beside auto at B = 64 and 8 (bf16 and
            # fp8 caches; the fp8 kernel's gather chain is where it should gain), then the ablation of the default
-    run 120 gpu_tests_vrelay.txt python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_sparse_mla_ablate.py \
+    run 100 gpu_tests_vrelay.txt python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_sparse_mla_ablate.py \
       tests/test_sparse_mla_mgpu.py -k "v32_widths_on_the_gpu or rows_run"
-    run 420 sparse_mla_vrelay.md python3 -m benchmarks.sparse_mla --batch 64 8 --tokens 4 1 --capacity 4096 --iters 10 \
+    run 480 sparse_mla_vrelay.md python3 -m benchmarks.sparse_mla --batch 64 8 --tokens 4 1 --capacity 4096 --iters 10 \
       --fp8
     ;;
   vrelay2)  # (not run yet) where Config.values_relayout's step goes: the ablation of that form, bf16 and fp8 caches
