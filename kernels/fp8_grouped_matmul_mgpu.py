@@ -29,7 +29,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from jax_mtp.kernels.fp8_grouped_matmul import BLOCK, check_shapes
-from jax_mtp.kernels.mosaic_gpu_common import operand_transforms
+from jax_mtp.kernels.mosaic_gpu_common import interpret_params, operand_transforms
 
 KERNEL_NAME = "fp8_codes_gmm_mgpu"  # not containing the Triton kernel's name: a test can tell them apart
 # Rows a product (wgmma's N). Not 32 or 64: the total's [128, tile] fp32 staging rows would lie a multiple of 128 B
@@ -203,7 +203,7 @@ def fp8_grouped_matmul_mgpu(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: ja
       kernel_name=KERNEL_NAME,
       # Lane semantics: the default Warpgroup semantics finds no layouts for this body (jax 0.12)
       compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane),
-      interpret=(plgpu.InterpretGPUParams() if interpret is True else interpret) or None,
+      interpret=interpret_params(plgpu, interpret),
   )
   out = kernel(starts, sizes, x, codes_EKN, scale_EkN.astype(jnp.float32))
   return jnp.sum(out[:, :a], axis=0)  # the K parts (a fixed order: deterministic)

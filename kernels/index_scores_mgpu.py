@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from jax_mtp.kernels.mosaic_gpu_common import operand_transforms
+from jax_mtp.kernels.mosaic_gpu_common import interpret_params, operand_transforms
 
 KERNEL_NAME = "dsa_scores_mgpu"  # not containing the Triton kernel's name: a test can tell them apart
 MIN_STEPS_PER_CTA = 4
@@ -193,7 +193,7 @@ def index_scores_mgpu(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, sca
       grid=(b, padded // tb, splits),
       grid_names=("b", "q", "s"),
       kernel_name=KERNEL_NAME,
-      interpret=(plgpu.InterpretGPUParams() if interpret is True else interpret) or None,
+      interpret=interpret_params(plgpu, interpret),
   )
   inputs = [q, k_BSJ, w, last_BQ] + ([k_scale_BS.astype(jnp.float32)] if scaled else [])
   return kernel(*inputs)[:, :t]

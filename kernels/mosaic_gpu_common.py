@@ -1,5 +1,5 @@
-"""What the Mosaic GPU kernels share (`index_scores_mgpu.py`, `sparse_mla_mgpu.py`): the shared-memory layout of a
-wgmma operand."""
+"""What the Mosaic GPU kernels share (`index_scores_mgpu.py`, `sparse_mla_mgpu.py`, `fp8_grouped_matmul_mgpu.py`): the
+shared-memory layout of a wgmma operand, and their `interpret=` argument."""
 
 from __future__ import annotations
 
@@ -12,3 +12,9 @@ def operand_transforms(plgpu, dtype, minor: int):
   bits = jnp.dtype(dtype).itemsize * 8
   swizzle = plgpu.find_swizzle(minor * bits)
   return plgpu.TilingTransform((8, swizzle * 8 // bits)), plgpu.SwizzleTransform(swizzle)
+
+
+def interpret_params(plgpu, interpret):
+  """A kernel's `interpret=` as `plgpu.kernel` takes it: True → Pallas's GPU interpreter with its defaults, a
+  `plgpu.InterpretGPUParams` as given (the tests' race detection), False / None → compiled (None)."""
+  return (plgpu.InterpretGPUParams() if interpret is True else interpret) or None

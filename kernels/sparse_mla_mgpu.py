@@ -33,7 +33,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jax_mtp.kernels.mosaic_gpu_common import operand_transforms
+from jax_mtp.kernels.mosaic_gpu_common import interpret_params, operand_transforms
 from jax_mtp.kernels.sparse_mla import combine_splits
 from jax_mtp.kernels.sparse_mla_mgpu_body import Plan, body_for
 
@@ -296,7 +296,7 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
       compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane, reduction_scratch_bytes=0,
                                            **profile),
       kernel_name=KERNEL_NAME + FORM_SUFFIXES[sets],  # which form ran, readable from a compiled program
-      interpret=(plgpu.InterpretGPUParams() if interpret is True else interpret) or None,
+      interpret=interpret_params(plgpu, interpret),
   )
   out, lse = kernel(q_lat, q_pe, latent_BSC.reshape(b, -1, pieces, width), k_pe_BSR, slots, *scale_inputs)
   return combine_splits(out[:, :, :n], lse[:, :, :n]).astype(out_dtype).reshape(b, t, n, c)
