@@ -83,6 +83,24 @@ def floor_us(b: int, t: int, bandwidth: float, flops: float, fp8: bool = False) 
   return max(nbytes / bandwidth, work / flops) * 1e6
 
 
+def add_problem_arguments(parser) -> None:
+  """One kernel call's problem as flags (--batch, --tokens, --capacity, --fp8): the per-call tools'
+  (`sparse_mla_profile`, `sparse_mla_ablate`) shared arguments, read back by `kernel_operands`."""
+  parser.add_argument("--batch", type=int, default=64)
+  parser.add_argument("--tokens", type=int, default=4)
+  parser.add_argument("--capacity", type=int, default=4096)
+  parser.add_argument("--fp8", action="store_true", help="an fp8 MLA cache (its codes and scales)")
+
+
+def kernel_operands(args):
+  """(the bf16 problem `_problem` makes for `args`, the kernel's operands: q~, q_pe, the latent or with --fp8 its
+  codes, k_pe, slots, and the fp8 cache's scales or None)."""
+  problem = _problem(args.batch, args.tokens, args.capacity)
+  ql, qp, latent, kp, slots = problem
+  latent, scales = quantize_latent(latent, 128) if args.fp8 else (latent, None)
+  return problem, (ql, qp, latent, kp, slots, scales)
+
+
 def _problem(b: int, t: int, s: int):
   keys = iter(jax.random.split(jax.random.key(b * 10 + t), 6))
   normal = lambda shape, scale=1.0: (jax.random.normal(next(keys), shape) * scale).astype(jnp.bfloat16)  # noqa: E731

@@ -88,27 +88,21 @@ def ablated(parts: tuple[str, ...]):
 
 
 def main(argv=None) -> int:
-  from benchmarks.sparse_mla import SCALE, _problem  # noqa: PLC0415
+  from benchmarks.sparse_mla import SCALE, add_problem_arguments, kernel_operands  # noqa: PLC0415
   from benchmarks.timing import time_in_loop  # noqa: PLC0415
   from jax_mtp.kernels import sparse_mla_mgpu as mgpu  # noqa: PLC0415
   from jax_mtp.kernels.sparse_mla import reference  # noqa: PLC0415
-  from jax_mtp.mla import quantize_latent  # noqa: PLC0415
 
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--batch", type=int, default=64)
-  parser.add_argument("--tokens", type=int, default=4)
-  parser.add_argument("--capacity", type=int, default=4096)
-  parser.add_argument("--fp8", action="store_true", help="an fp8 MLA cache (its codes and scales)")
+  add_problem_arguments(parser)
   parser.add_argument("--rows", nargs="*", default=list(ROWS), help="comma-joined phases removed a row")
   parser.add_argument("--values-relayout", action="store_true", help="the launch's Config.values_relayout")
   parser.add_argument("--iters", type=int, default=10)
   args = parser.parse_args(argv)
   rows = [(row, parse(row)) for row in args.rows]
-  ql, qp, latent, kp, slots = _problem(args.batch, args.tokens, args.capacity)
+  (ql, qp, latent, kp, slots), operands = kernel_operands(args)
   base = reference(ql, qp, latent, kp, jnp.maximum(slots, 0), slots >= 0, SCALE, dot_dtype=jnp.bfloat16).astype(
       jnp.float32)
-  latent, scales = quantize_latent(latent, 128) if args.fp8 else (latent, None)
-  operands = (ql, qp, latent, kp, slots, scales)
   config = mgpu.Config(values_relayout=args.values_relayout)
   print(f"sparse MLA ablation on {jax.devices()[0].device_kind}, jax {jax.__version__}: B = {args.batch}, "
         f"T = {args.tokens}, S = {args.capacity}, {'fp8' if args.fp8 else 'bf16'} cache, {config}\n")

@@ -63,16 +63,12 @@ def main(argv=None) -> int:
   import jax  # noqa: PLC0415 (the trace summary above runs without a device)
   import jax.numpy as jnp  # noqa: PLC0415
 
-  from benchmarks.sparse_mla import SCALE, _problem  # noqa: PLC0415
+  from benchmarks.sparse_mla import SCALE, add_problem_arguments, kernel_operands  # noqa: PLC0415
   from benchmarks.timing import time_in_loop  # noqa: PLC0415
   from jax_mtp.kernels import sparse_mla_mgpu as mgpu  # noqa: PLC0415
-  from jax_mtp.mla import quantize_latent  # noqa: PLC0415
 
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--batch", type=int, default=64)
-  parser.add_argument("--tokens", type=int, default=4)
-  parser.add_argument("--capacity", type=int, default=4096)
-  parser.add_argument("--fp8", action="store_true", help="an fp8 MLA cache (its codes and scales)")
+  add_problem_arguments(parser)
   parser.add_argument("--one-set", action="store_true", help="one buffer set (64 entries a step)")
   parser.add_argument("--ids-before-dots", action="store_true", help="Config.ids_before_dots")
   parser.add_argument("--skip", type=int, default=2, help="each trace's first occurrences of a phase left out")
@@ -83,8 +79,8 @@ def main(argv=None) -> int:
     jax.devices("cpu")
   except RuntimeError as e:
     raise SystemExit(f"the profiler needs the CPU platform beside the GPU: JAX_PLATFORMS=cuda,cpu ({e})") from None
-  ql, qp, latent, kp, slots = _problem(args.batch, args.tokens, args.capacity)
-  latent, scales = quantize_latent(latent, 128) if args.fp8 else (latent, None)
+  _, operands = kernel_operands(args)
+  ql, _, latent, _, slots, _ = operands
   config = mgpu.Config(double_buffered=False if args.one_set else None, ids_before_dots=args.ids_before_dots)
   trace_dir = args.trace_dir or tempfile.mkdtemp(prefix="sparse_mla_profile_")
   os.makedirs(trace_dir, exist_ok=True)
@@ -93,7 +89,6 @@ def main(argv=None) -> int:
     return jax.jit(lambda *a: mgpu.sparse_mla_mgpu(*a[:5], SCALE, latent_scale_BSG=a[5], config=config,
                                                    out_dtype=jnp.bfloat16, profile_dir=profile_dir))
 
-  operands = (ql, qp, latent, kp, slots, scales)
   plain = time_in_loop(call(None), operands, args.iters)
   profiled_fn = call(trace_dir)
   profiled_fn(*operands).block_until_ready()
