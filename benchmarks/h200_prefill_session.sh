@@ -46,8 +46,11 @@
 #   ids      (not run; ids_before_dots timed at 15:29 in a scratch run instead) ids_before_dots beside auto
 #   ablate   (15:48 2026-12-04) the sparse MLA with phases removed (sparse_mla_ablate); the model path's GPU tests
 #   verify64x3 (15:54 2026-12-04) the verification forward at B = 64, three processes (one finished its 115 s)
-#   vrelay   (not run yet) Config.values_relayout: compiled tests, then benchmarks.sparse_mla at B = 64 and 8
-#   vrelay2  (not run yet) the ablation of Config.values_relayout's form
+#   vrelay   (18:10 2026-12-04) Config.values_relayout: compiled tests, then benchmarks.sparse_mla at B = 64 and 8
+#   vrelay2  (not run) the ablation of Config.values_relayout's form (not worth it: vrelay found it no faster)
+#   splits   (18:31 2026-12-04) the sparse MLA's splits swept (sparse_mla_splits); MLA's projections laid out ahead
+#   splits2  after the one-wave rule: the sparse MLA's compiled tests; the index scores' splits swept at 128K
+#   splits3  the user's path after it: e2e at B = 1 and 8, the verification forward at B = 64 (3 runs), GPU tests
 #   fp8      benchmarks.e2e with FP8 weights kept as codes: 1K and 32K prompts at B = 1, 1K at B = 64
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
@@ -285,18 +288,39 @@ case "${1:?stage}" in
         --capacity 4096 --iters 5
     done
     ;;
-  vrelay)  # (not run yet) Config.values_relayout: its compiled tests, then timed beside auto at B = 64 and 8 (bf16 and
+  vrelay)  # (18:10 2026-12-04) Config.values_relayout: its compiled tests, then timed beside auto at B = 64 and 8 (bf16 and
            # fp8 caches; the fp8 kernel's gather chain is where it should gain), then the ablation of the default
     run 100 gpu_tests_vrelay.txt python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_sparse_mla_ablate.py \
       tests/test_sparse_mla_mgpu.py -k "v32_widths_on_the_gpu or rows_run"
     run 480 sparse_mla_vrelay.md python3 -m benchmarks.sparse_mla --batch 64 8 --tokens 4 1 --capacity 4096 --iters 10 \
       --fp8
     ;;
-  vrelay2)  # (not run yet) where Config.values_relayout's step goes: the ablation of that form, bf16 and fp8 caches
+  vrelay2)  # (not run: vrelay found the form no faster) where Config.values_relayout's step goes: the ablation of that form, bf16 and fp8 caches
     for cache in "" "--fp8"; do
       run 200 "ablate_vrelay${cache//-/_}.md" python3 -m benchmarks.sparse_mla_ablate --batch 64 --tokens 4 \
         --values-relayout $cache --rows "" copies relayout softmax qk copies,relayout,softmax
     done
+    ;;
+  splits)  # (2026-12-04 evening) the sparse MLA's splits swept around config_for's (vrelay: half of auto's was faster
+           # at every shape with more than one), fp8 rows with ids_before_dots too; then MLA's projections laid out
+           # ahead vs the model's per-call slices (mla_projections)
+    run 420 sparse_mla_splits.md python3 -m benchmarks.sparse_mla_splits --batch 64 8 1 --tokens 4 1 --iters 20
+    run 120 mla_projections.md python3 -m benchmarks.mla_projections --tokens 256 1024
+    ;;
+  splits2)  # after the one-wave split rule: the sparse MLA's compiled tests at V3.2 widths, then the index scores'
+            # splits swept at 128K (its config_for also asks for two CTAs a core)
+    run 120 gpu_tests_splits.txt python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_sparse_mla_mgpu.py \
+      tests/test_sweep_benchmarks.py -k "v32_widths_on_the_gpu or rows_run or splits or forms_agree"
+    run 240 index_scores_splits.md python3 -m benchmarks.index_scores_splits --capacity 131072 --batch 64 8 1 \
+      --tokens 4 1 --iters 20
+    ;;
+  splits3)  # the user's path after the split rules: e2e at B = 1 and 8 (4K prompts), the verification forward at
+            # B = 64 (median of 3 from one compile), the model path's GPU tests under auto
+    run 200 e2e_small.md python3 -m benchmarks.e2e --prompt 4096 --batch 1 8 --iters 5
+    run 150 verify_b64.md python3 -m benchmarks.verify_forward --layers 4 -k 3 --forms absorbed --batch 64 \
+      --capacity 4096 --iters 5 --repeats 3
+    run 170 gpu_tests_path.txt python3 -m pytest -v --tb=short -p no:cacheprovider tests/test_auto_gpu_paths.py \
+      tests/test_user_path_kernels.py tests/test_e2e_impls.py -k "gpu or lowered_step or resolution or user_path"
     ;;
   *) echo "unknown stage $1"; exit 2 ;;
 esac

@@ -76,16 +76,20 @@ def time_carrying(fn, args, iters: int, repeats: int = 3, *, copy_state: bool = 
   return statistics.median(runs), out, runs
 
 
-def time_in_loop(fn, args, iters: int, repeats: int = 3) -> float:
+def time_in_loop(fn, args, iters: int, repeats: int = 3, *, whole_output: bool = False) -> float:
   """Seconds per call of `fn(*args)` run `iters` times inside one compiled loop, for calls too short
   to time from Python (dispatch would dominate). Each call's first argument is perturbed by the
-  previous output (times 0, which XLA does not fold for floats), so no call can be hoisted."""
+  previous output (times 0, which XLA does not fold for floats), so no call can be hoisted.
+  `whole_output`: the loop carries every output array (all of it stays live), not one element of the first, where
+  XLA could otherwise drop a product whose output only the other leaves hold."""
   def loop(*args):  # the arrays are arguments: closed over, XLA would embed them as constants
     def body(_, carry):
-      first = args[0] + (carry * 0).astype(args[0].dtype)
+      first = args[0] + (jax.tree.leaves(carry)[0].ravel()[0] * 0).astype(args[0].dtype)
       out = fn(first, *args[1:])
-      return jax.tree.leaves(out)[0].ravel()[0].astype(jnp.float32)
-    return jax.lax.fori_loop(0, iters, body, jnp.float32(0))
+      return out if whole_output else jax.tree.leaves(out)[0].ravel()[0].astype(jnp.float32)
+    init = (jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(fn, *args)) if whole_output
+            else jnp.float32(0))
+    return jax.lax.fori_loop(0, iters, body, init)
 
   loop = jax.jit(loop).lower(*args).compile()  # the timed calls below exclude compilation
   jax.block_until_ready(loop(*args))

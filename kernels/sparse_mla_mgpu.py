@@ -40,7 +40,9 @@ from jax_mtp.kernels.sparse_mla_mgpu_body import Plan, body_for
 KERNEL_NAME = "dsa_sparse_mla_mgpu"  # what tests and benchmarks look for in a compiled program
 FORM_SUFFIXES = {1: "_one_set", 2: "_two_sets"}  # a launch's name: KERNEL_NAME + its buffer sets' suffix
 BLOCK_HEADS = 64  # wgmma's M
-BUSY_CTAS = 264  # two CTAs per core of an H200 (132 SMs): split a query's slots until about this many run
+# An H200's (and H100 SXM's) cores: a CTA of either form takes most of a core's 227 KiB of shared memory, so one runs
+# a core, and `config_for` splits a query's slots until one wave of this many CTAs is as full as it gets
+ONE_WAVE_CTAS = 132
 MAX_SPLITS = 16
 CONTIGUOUS_MIN_QUERIES = 32  # queries (B · T) from which `config_for` re-lays the latent row-contiguously (and at 1)
 TMA_BOX = 256  # a TMA copy's box: at most 256 elements along each dimension
@@ -61,7 +63,11 @@ class Config:
   # (B = 1, T = 1: the plain step and a draft step at B = 1), where it was faster and steadier in all three runs
   # (64 / 35 / 43 µs against 263 / 42 / 106; 2026-12-03 15:50 and 21:58, 2026-12-04 07:12)
   contiguous_relayout: bool | None = None
-  splits: int = 0  # CTAs per (query, head block), each over K / splits of its selected slots
+  # CTAs per (query, head block), each over K / splits of its selected slots. 0: `config_for`'s one-wave rule. On the
+  # H200 (2026-12-04 18:31, benchmarks/RESULTS.md, "The sparse MLA's splits") the most splits that keep to one wave
+  # were the fastest, or within the rows' spread, at every B and T timed: B = 64, T = 1: 145 µs at 1 split (128
+  # CTAs) against 169 at 4; B = 8, T = 4: 82 at 2 against 109 at 8; B = 8, T = 1: 44.5 at 8 against 56 at 16
+  splits: int = 0
   # The gather's copies. whole_rows: a latent row in one TMA copy (a [1, pieces, 256] box) instead of one a 256-wide
   # piece: 2 copies an entry instead of 3 at V3.2's widths. issue_warps: the copies issued by this many warps of the
   # gather warpgroup (plgpu.warp_map, each warp a share of the rows) instead of one thread, which issued a step's
@@ -105,10 +111,12 @@ def buffer_sets(config: Config) -> int:
 
 
 def config_for(queries: int, heads: int, entries: int, latent_width: int, config: Config | None = None,
-               busy: int = BUSY_CTAS) -> Config:
-  """The call's launch: two buffer sets at a 512-wide latent from two queries; `splits` the fewest (a power of two, dividing the
-  steps, at most MAX_SPLITS) that give queries × head blocks × splits ≥ `busy` CTAs; the contiguous re-layout at one
-  query and from CONTIGUOUS_MIN_QUERIES queries."""
+               wave: int = ONE_WAVE_CTAS) -> Config:
+  """The call's launch: two buffer sets at a 512-wide latent from two queries; `splits` the most (a power of two,
+  dividing the steps, at most MAX_SPLITS; at least 1) that keep queries × head blocks × splits ≤ `wave` CTAs, one
+  wave of one CTA a core: a second wave costs more than the shorter loops save (each split also pays a pipeline's
+  prologue and a share of the combine); the contiguous re-layout at one query and from CONTIGUOUS_MIN_QUERIES
+  queries."""
   config = config or Config()
   if config.double_buffered is None:  # (values_relayout is the two-set form's: where that resolves to one set, off)
     double = latent_width == 2 * TMA_BOX and queries > 1
@@ -118,7 +126,7 @@ def config_for(queries: int, heads: int, entries: int, latent_width: int, config
   if not splits:
     steps, blocks = max(entries // block_entries, 1), queries * -(-heads // BLOCK_HEADS)
     splits = 1
-    while blocks * splits < busy and splits < MAX_SPLITS and steps % (2 * splits) == 0:
+    while blocks * splits * 2 <= wave and splits < MAX_SPLITS and steps % (2 * splits) == 0:
       splits *= 2
   contiguous = (queries == 1 or queries >= CONTIGUOUS_MIN_QUERIES if config.contiguous_relayout is None
                 else config.contiguous_relayout)

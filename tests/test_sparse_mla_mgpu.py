@@ -223,13 +223,16 @@ def test_kernel_lowers_for_cuda_at_v32_widths(b, t, cache):
   assert KERNEL_NAME + FORM_SUFFIXES[3 - sets] not in text
 
 
-def test_config_fills_the_machine():
+def test_config_fills_one_wave():
+  """The most splits that keep the CTAs to one wave of one a core (132), at most MAX_SPLITS and the steps."""
   one = Config(double_buffered=False)  # 64 entries a step: 32 steps of top-2048
-  assert config_for(1, 128, 2048, 512, one).splits == 16  # 2 head blocks: 264 CTAs wanted, at most MAX_SPLITS
-  assert config_for(8, 128, 2048, 512, one).splits == 16  # 16 × 16 = 256: the next power of two would exceed the cap
-  assert config_for(64, 128, 2048, 512, one).splits == 4  # 128 blocks × 4 ≥ 264
+  assert config_for(1, 128, 2048, 512, one).splits == 16  # 2 head blocks × 16 = 32 CTAs: MAX_SPLITS binds
+  assert config_for(8, 128, 2048, 512, one).splits == 8  # 16 blocks × 8 = 128 ≤ 132 < 256
+  assert config_for(64, 128, 2048, 512, one).splits == 1  # 128 blocks: a second split would make two waves
   assert config_for(256, 128, 2048, 512, one).splits == 1  # B = 64 × T = 4: 512 CTAs already
   assert config_for(1, 64, 128, 128).splits == 2  # no more splits than steps
+  assert [config_for(q, 128, 2048, 512).splits for q in (4, 32, 33, 34, 64)] == [16, 2, 2, 1, 1]  # two sets: 64 steps
+  assert config_for(8, 128, 2048, 512, wave=264).splits == 16  # the wave is a parameter
   # the row-contiguous re-layout where it measured faster: B · T ≥ 32
   assert [config_for(q, 128, 2048, 512, one).contiguous_relayout for q in (1, 2, 4, 8, 31, 32, 64, 256)] == \
       [True] + [False] * 4 + [True] * 3

@@ -1,0 +1,44 @@
+"""The sweep benchmarks' own logic on CPU: which launches they time (around `config_for`'s choice, only ones the
+kernel takes) and, for the MLA projections, that the laid-out-ahead forms compute the model form's outputs."""
+
+import jax
+import jax.numpy as jnp
+
+from benchmarks import index_scores_splits, mla_projections, sparse_mla_splits
+from jax_mtp.kernels import index_scores_mgpu, sparse_mla_mgpu
+from tests.tolerances import assert_close
+
+
+def test_sparse_mla_splits_brackets_auto():
+  auto = sparse_mla_mgpu.config_for(16, 128, 2048, 512)  # B = 8, T = 2: 32 blocks, 4 splits
+  assert auto.splits == 4
+  assert sparse_mla_splits.candidate_splits(auto) == [1, 2, 4, 8]
+  one = sparse_mla_mgpu.config_for(1, 128, 2048, 512)  # one set of 64 entries: 32 steps, 16 splits
+  assert sparse_mla_splits.candidate_splits(one) == [4, 8, 16]  # never past MAX_SPLITS
+
+
+def test_index_scores_splits_keep_the_kernels_rules():
+  auto = index_scores_mgpu.config_for(1, 1, 131072)
+  steps = 131072 // auto.block_slots
+  chosen = index_scores_splits.candidate_splits(auto, steps)
+  assert auto.splits in chosen and len(chosen) >= 3
+  assert all(steps % d == 0 and steps // d >= index_scores_mgpu.MIN_STEPS_PER_CTA for d in chosen)
+
+
+def test_mla_projection_forms_agree():
+  n, p, r, c, h, q = (mla_projections.N, mla_projections.P, mla_projections.R, mla_projections.C,
+                      mla_projections.H, mla_projections.Q)
+  keys = iter(jax.random.split(jax.random.key(1), 4))
+  x = jax.random.normal(next(keys), (3, q), jnp.float32)
+  w_qb = jax.random.normal(next(keys), (q, n * (p + r)), jnp.float32) * 0.02
+  w_kvb = jax.random.normal(next(keys), (c, n * (p + h)), jnp.float32) * 0.02
+  o = jax.random.normal(next(keys), (3, n, c), jnp.float32)
+  w_qb_NK, w_kvb_CNK = w_qb.reshape(q, n, p + r), w_kvb.reshape(c, n, p + h)
+  w_uk_NPC, w_uv_NCH = w_kvb_CNK[..., :p].transpose(1, 2, 0), w_kvb_CNK[..., p:].transpose(1, 0, 2)
+  model = mla_projections.q_model(x, w_qb, w_kvb)
+  for form in (mla_projections.q_uk_prelaid(x, w_qb, w_uk_NPC),
+               mla_projections.q_prelaid(x, w_qb_NK[..., :p].reshape(q, -1), w_qb_NK[..., p:].reshape(q, -1),
+                                         w_uk_NPC)):
+    for got, want in zip(form, model, strict=True):
+      assert_close(got, want, "float32", "q form")
+  assert_close(mla_projections.v_prelaid(o, w_uv_NCH), mla_projections.v_model(o, w_kvb), "float32", "W_UV form")
