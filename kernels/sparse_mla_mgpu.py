@@ -64,9 +64,10 @@ class Config:
   # (64 / 35 / 43 µs against 263 / 42 / 106; 2026-12-03 15:50 and 21:58, 2026-12-04 07:12)
   contiguous_relayout: bool | None = None
   # CTAs per (query, head block), each over K / splits of its selected slots. 0: `config_for`'s one-wave rule. On the
-  # H200 (2026-12-04 18:31, benchmarks/RESULTS.md, "The sparse MLA's splits") the most splits that keep to one wave
-  # were the fastest, or within the rows' spread, at every B and T timed: B = 64, T = 1: 145 µs at 1 split (128
-  # CTAs) against 169 at 4; B = 8, T = 4: 82 at 2 against 109 at 8; B = 8, T = 1: 44.5 at 8 against 56 at 16
+  # H200 (2026-12-04 18:31, benchmarks/RESULTS.md, "The sparse MLA's splits by one wave") the most splits that keep
+  # to one wave were the fastest in 10 of 12 (B, T, cache) groups and within 10 % in the others: B = 64, T = 1: 145
+  # µs at 1 split (128 CTAs) against 169 at 4; B = 8, T = 4: 82 at 2 against 109 at 8; B = 8, T = 1: 44.5 at 8
+  # against 56 at 16 (over an fp8 cache there the old rule's 16 was 9 % faster, the noisiest row)
   splits: int = 0
   # The gather's copies. whole_rows: a latent row in one TMA copy (a [1, pieces, 256] box) instead of one a 256-wide
   # piece: 2 copies an entry instead of 3 at V3.2's widths. issue_warps: the copies issued by this many warps of the
@@ -99,9 +100,10 @@ class Config:
   # first half and the rope key. Why: timed with phases removed (benchmarks.sparse_mla_ablate, H200 2026-12-04
   # 15:48), the gather's chain (copies, re-layout) is as long as the scores' (qk, softmax, P · V) over a bf16 cache
   # and the longer over an fp8 one (its dequantising re-layout 27 % of the kernel), while the values warpgroup waits
-  # 78-87 % of its time for P (the profile). Two buffer sets only. Built 2026-12-04 after the device time was spent:
-  # checked in the interpreter (its race detector too) and by the CUDA lowering, untimed, so off by default
-  # (benchmarks.sparse_mla times it). Where `config_for` resolves double_buffered=None to one set, it is dropped.
+  # 78-87 % of its time for P (the profile). Two buffer sets only. Off: timed on the H200 (2026-12-04 18:10,
+  # benchmarks/RESULTS.md) it was 15 % slower at B = 64, T = 4 over a bf16 cache (556 against 483 µs), 2-5 % faster
+  # over an fp8 one at B = 64, 12 % slower at B = 8, T = 1 (fp8): its re-layout lengthens the chain feeding P as much
+  # as it shortens the gather's. Where `config_for` resolves double_buffered=None to one set, it is dropped.
   values_relayout: bool = False
 
 
