@@ -51,6 +51,7 @@
 #   splits   (18:31 2026-12-04) the sparse MLA's splits swept (sparse_mla_splits); MLA's projections laid out ahead
 #   splits2  after the one-wave rule: the sparse MLA's compiled tests; the index scores' splits swept at 128K
 #   splits3  the user's path after it: e2e at B = 1 and 8, the verification forward at B = 64 (3 runs), GPU tests
+#   overlap  the index scores' Config.overlap_queries: compiled tests, then timed beside auto at T = 4
 #   fp8      benchmarks.e2e with FP8 weights kept as codes: 1K and 32K prompts at B = 1, 1K at B = 64
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
@@ -321,6 +322,13 @@ case "${1:?stage}" in
       --capacity 4096 --iters 5 --repeats 3
     run 170 gpu_tests_path.txt python3 -m pytest -v --tb=short -p no:cacheprovider tests/test_auto_gpu_paths.py \
       tests/test_user_path_kernels.py tests/test_e2e_impls.py -k "gpu or lowered_step or resolution or user_path"
+    ;;
+  overlap)  # Config.overlap_queries of the index scores (query n + 1's dot during query n's epilogue): its compiled
+            # tests, then timed beside auto at T = 4 (verification), 128K and 32K
+    run 90 gpu_tests_overlap.txt python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_index_scores_mgpu.py \
+      -k "True and (equals or float8)"
+    run 120 index_scores_overlap.md python3 -m benchmarks.index_scores_splits --capacity 131072 32768 --batch 64 8 \
+      --tokens 4 --no-sweep --iters 20
     ;;
   *) echo "unknown stage $1"; exit 2 ;;
 esac

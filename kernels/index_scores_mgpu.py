@@ -46,6 +46,12 @@ class Config:
   # step and skips the unseen steps' dots. Both passed their compiled tests on the H200 (2026-12-03 13:40); at a
   # 2,048-token prefill chunk True took 1,437 µs, False 1,515 (12:42, benchmarks/RESULTS.md)
   bound_reads: bool = True
+  # Queries of a block overlapped (T > 1): query n + 1's wgmma is issued into a second accumulator before query n's
+  # epilogue (ReLU, head weights, the row sum) runs, so the tensor cores and the epilogue work at once instead of in
+  # turn. Why: on the H200 (2026-12-04 18:39, benchmarks/RESULTS.md) four queries a block took 2.2× one query's time
+  # over the same keys (1,184 against 545 µs at B = 64, 128K): a step's tb dots and epilogues ran one after another.
+  # Off until timed (benchmarks.index_scores_splits times it); two accumulators cost 64 more registers a thread.
+  overlap_queries: bool = False
 
 
 def config_for(batch: int, tokens: int, slots: int, config: Config | None = None, cores: int = 132) -> Config:
@@ -150,17 +156,39 @@ def index_scores_mgpu(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, sca
         widened_smem[...] = k_smem[...].astype(jnp.float32).astype(q.dtype)
         plgpu.commit_smem()
         keys = widened_smem
-      for n in range(tb):
-        def dot(acc_ref, n=n):
-          plgpu.wgmma(acc_ref, keys, q_smem.at[pl.ds(n * i, i)].transpose((1, 0)))
-          return acc_ref[...]
-        logits = pl.run_scoped(dot, plgpu.ACC((bs, i), jnp.float32))  # [slots, heads]
-        if scale_smem:
-          k_scale = plgpu.load(scale_smem[0], layout=plgpu.Layout.WGMMA.reduce(1))
-          logits = logits * lax.broadcast_in_dim(k_scale, (bs, i), [0])
+      k_scale = (lax.broadcast_in_dim(plgpu.load(scale_smem[0], layout=plgpu.Layout.WGMMA.reduce(1)), (bs, i), [0])
+                 if scale_smem else None)
+
+      def issue(acc_ref, n):  # query n's logitsᵀ [slots, heads] += keys · q_nᵀ (async)
+        plgpu.wgmma(acc_ref, keys, q_smem.at[pl.ds(n * i, i)].transpose((1, 0)))
+
+      def epilogue(logits, n):
+        if k_scale is not None:
+          logits = logits * k_scale
         w_row = plgpu.load(w_smem.at[n], layout=plgpu.Layout.WGMMA.reduce(0))
         weighted = jnp.maximum(logits, 0.0) * lax.broadcast_in_dim(w_row, (bs, i), [1])
         out[n] = weighted.sum(axis=1) * scale
+
+      if not config.overlap_queries or tb == 1:
+        for n in range(tb):
+          def dot(acc_ref, n=n):
+            issue(acc_ref, n)
+            return acc_ref[...]
+          epilogue(pl.run_scoped(dot, plgpu.ACC((bs, i), jnp.float32)), n)
+        return
+
+      def overlapped(n, previous):  # query n's dot issued, then query n − 1's epilogue while it runs
+        def scoped(acc_ref):  # a fresh (zero) accumulator a query, nested so that two are live at once
+          issue(acc_ref, n)
+          if previous is not None:
+            epilogue(plgpu.wgmma_accumulator_load(previous, wait_n=1), n - 1)
+          if n + 1 < tb:
+            overlapped(n + 1, acc_ref)
+          else:
+            epilogue(plgpu.wgmma_accumulator_load(acc_ref, wait_n=0), n)
+        pl.run_scoped(scoped, plgpu.ACC((bs, i), jnp.float32))
+
+      overlapped(0, None)
 
     in_specs = [plgpu.BlockSpec((bs, j), lambda st: (st, 0), transforms=operand_transforms(plgpu, k_gmem.dtype, j))]
     gmem = [k_gmem.at[bi, pl.ds(first, share)]]

@@ -26,34 +26,39 @@ def _scores(*args, **kwargs):
 @pytest.mark.parametrize("b,t,i,j,s,block,splits", [(1, 1, 16, 16, 128, 64, 1), (3, 3, 8, 32, 384, 128, 3),
                                                      (2, 5, 16, 64, 512, 64, 2), (1, 4, 64, 128, 256, 128, 0)])
 @pytest.mark.parametrize("keys", ["bfloat16", "float16"])
-def test_kernel_equals_xla_and_the_formula(b, t, i, j, s, block, splits, keys):
+@pytest.mark.parametrize("overlap", [False, True])
+def test_kernel_equals_xla_and_the_formula(b, t, i, j, s, block, splits, keys, overlap):
   q, k, w = inputs(b, t, i, j, s)
   k, _, dot = keys_as(k, keys)
-  got = _scores(q.astype(dot), k, w, 0.25, config=Config(block_slots=block, splits=splits))
+  got = _scores(q.astype(dot), k, w, 0.25, config=Config(block_slots=block, splits=splits, overlap_queries=overlap))
   assert_equals_xla_and_the_formula(got, q, k, w, 0.25, k_scale=None, dot=dot, what=f"kernel, {keys} keys")
 
 
 @pytest.mark.skipif(ON_GPU, reason="the interpreter's race detector (on a CPU)")
 @pytest.mark.parametrize("keys", ["bfloat16", "float8_e4m3fn"])
-def test_no_shared_memory_race_between_the_warpgroups(keys):
+@pytest.mark.parametrize("overlap", [False, True])
+def test_no_shared_memory_race_between_the_warpgroups(keys, overlap):
   """The GPU interpreter's race detector (vector clocks over every shared-memory access, TMA copies included) finds
   no unordered access over several key blocks and splits, bf16 keys and float8 keys widened in shared memory; it
   raises at the first race."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # noqa: PLC0415
   q, k, w = inputs(2, 3, 16, 64, 384)
   k, k_scale, dot = keys_as(k, keys)
-  got = index_scores_mgpu(q.astype(dot), k, w, 0.25, k_scale_BS=k_scale, config=Config(block_slots=64, splits=2),
+  got = index_scores_mgpu(q.astype(dot), k, w, 0.25, k_scale_BS=k_scale,
+                          config=Config(block_slots=64, splits=2, overlap_queries=overlap),
                           interpret=plgpu.InterpretGPUParams(detect_races=True))
   assert_equals_xla_and_the_formula(got, q, k, w, 0.25, k_scale=k_scale, dot=dot, what=f"race-checked, {keys} keys")
 
 
 @pytest.mark.parametrize("b,t,i,j,s,block,splits", [(1, 1, 16, 32, 128, 64, 1), (2, 5, 16, 128, 512, 128, 2)])
 @pytest.mark.parametrize("keys", ["float8_e4m3fn", "float8_e5m2"])
-def test_float8_keys_equal_xla_and_the_formula(b, t, i, j, s, block, splits, keys):
+@pytest.mark.parametrize("overlap", [False, True])
+def test_float8_keys_equal_xla_and_the_formula(b, t, i, j, s, block, splits, keys, overlap):
   """Keys widened to bf16 in shared memory (exact) and their per-key scales on the fp32 logits, as XLA's form."""
   q, k, w = inputs(b, t, i, j, s)
   k, k_scale, dot = keys_as(k, keys)
-  got = _scores(q.astype(dot), k, w, 0.25, k_scale_BS=k_scale, config=Config(block_slots=block, splits=splits))
+  got = _scores(q.astype(dot), k, w, 0.25, k_scale_BS=k_scale,
+                config=Config(block_slots=block, splits=splits, overlap_queries=overlap))
   assert_equals_xla_and_the_formula(got, q, k, w, 0.25, k_scale=k_scale, dot=dot, what=f"kernel, {keys} keys")
 
 
@@ -68,17 +73,19 @@ def test_positions_bound_the_scored_slots(t, tokens, bound_reads):
 
 
 @pytest.mark.parametrize("t", [1, 2, 3, 5, 7])
-def test_kernel_lowers_for_cuda_at_any_t(t):
+@pytest.mark.parametrize("overlap", [False, True])
+def test_kernel_lowers_for_cuda_at_any_t(t, overlap):
   """The Mosaic GPU lowering (TMA descriptors, wgmma operand layouts) at V3.2's widths, with and without positions."""
   args = (jax.ShapeDtypeStruct((2, t, 64, 128), jnp.bfloat16), jax.ShapeDtypeStruct((2, 4096, 128), jnp.bfloat16),
           jax.ShapeDtypeStruct((2, t, 64), jnp.float32))
   for positions, bound_reads in [(None, False), (jax.ShapeDtypeStruct((2, t), jnp.int32), False),
                                  (jax.ShapeDtypeStruct((2, t), jnp.int32), True)]:
-    fn = jax.jit(lambda q, k, w, p, b=bound_reads: index_scores_mgpu(q, k, w, 0.5, positions_BT=p,
-                                                                     config=Config(bound_reads=b)))
+    fn = jax.jit(lambda q, k, w, p, b=bound_reads: index_scores_mgpu(
+        q, k, w, 0.5, positions_BT=p, config=Config(bound_reads=b, overlap_queries=overlap)))
     text = fn.trace(*args, positions).lower(lowering_platforms=("cuda",)).as_text()
     assert "mosaic_gpu" in text and KERNEL_NAME in text
-  fp8 = jax.jit(lambda q, k, w, ks: index_scores_mgpu(q, k, w, 0.5, k_scale_BS=ks))  # the widening copy lowers too
+  fp8 = jax.jit(lambda q, k, w, ks: index_scores_mgpu(  # the widening copy lowers too
+      q, k, w, 0.5, k_scale_BS=ks, config=Config(overlap_queries=overlap)))
   k8 = jax.ShapeDtypeStruct((2, 4096, 128), jnp.float8_e4m3fn)
   text = fp8.trace(args[0], k8, args[2], jax.ShapeDtypeStruct((2, 4096), jnp.float32)).lower(
       lowering_platforms=("cuda",)).as_text()
