@@ -323,7 +323,7 @@ case "${1:?stage}" in
     run 170 gpu_tests_path.txt python3 -m pytest -v --tb=short -p no:cacheprovider tests/test_auto_gpu_paths.py \
       tests/test_user_path_kernels.py tests/test_e2e_impls.py -k "gpu or lowered_step or resolution or user_path"
     ;;
-  overlap)  # Config.overlap_queries of the index scores (query n + 1's dot during query n's epilogue): its compiled
+  overlap)  # (18:56 2026-12-04) Config.overlap_queries of the index scores (query n + 1's dot during query n's epilogue): its compiled
             # tests, then timed beside auto at T = 4 (verification), 128K and 32K
     run 90 gpu_tests_overlap.txt python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_index_scores_mgpu.py \
       -k "True and (equals or float8)"

@@ -1,5 +1,5 @@
 """The Mosaic GPU index-scores kernel's split count (CTAs per query block, each over S / splits slots) swept around
-`config_for`'s choice, bf16 and fp8 keys, at decode's shapes; at T > 1 also auto with `Config.overlap_queries`:
+`config_for`'s choice, bf16 and fp8 keys, at decode's shapes; at T > 1 also auto with `Config.overlap_queries` flipped:
 
     python -m benchmarks.index_scores_splits --capacity 131072 --batch 64 8 1 --tokens 4 1
 
@@ -39,7 +39,7 @@ def main(argv=None) -> int:
   parser.add_argument("--tokens", type=int, nargs="+", default=[4, 1])
   parser.add_argument("--iters", type=int, default=20)
   parser.add_argument("--backend", default="gpu", choices=["gpu", "interpret"], help="interpret: a CPU smoke run")
-  parser.add_argument("--no-sweep", action="store_true", help="auto's splits only (with and without overlap_queries)")
+  parser.add_argument("--no-sweep", action="store_true", help="auto's splits only (and, at T > 1, overlap_queries flipped)")
   args = parser.parse_args(argv)
   bandwidth = copy_bandwidth()
   print(f"index scores' splits on {jax.devices()[0].device_kind}, jax {jax.__version__}; copy bandwidth "
@@ -62,8 +62,8 @@ def main(argv=None) -> int:
           configs = [] if args.no_sweep else [dataclasses.replace(auto, splits=d)
                                                for d in candidate_splits(auto, s // auto.block_slots)]
           configs = configs or [auto]
-          if t > 1:  # query n + 1's dot overlapping query n's epilogue
-            configs.append(dataclasses.replace(auto, overlap_queries=True))
+          if t > 1:  # query n + 1's dot overlapping query n's epilogue (auto's), and the queries in turn
+            configs.append(dataclasses.replace(auto, overlap_queries=not auto.overlap_queries))
           for config in configs:
             splits = config.splits
             fn = jax.jit(lambda q, k, w, ks, config=config: mgpu.index_scores_mgpu(
@@ -71,7 +71,9 @@ def main(argv=None) -> int:
             out = fn(q, k, w, k_scale)
             err = float(jnp.max(jnp.abs(out - xla)) / jnp.max(jnp.abs(xla)))
             seconds = time_in_loop(fn, (q, k, w, k_scale), args.iters)
-            mark = " (auto)" if config == auto else ", overlap_queries" if config.overlap_queries else ""
+            mark = (" (auto)" if config == auto else
+                    f", overlap_queries {config.overlap_queries}" if config.overlap_queries != auto.overlap_queries
+                    else "")
             print(f"| {s} | {b} | {t} | {name} | {splits}{mark} | {query_blocks * splits} | {seconds * 1e6:,.1f} | "
                   f"{floor:,.1f} | {floor / seconds / 1e6:.2f} | {err:.1e} |", flush=True)
   return 0

@@ -50,8 +50,9 @@ class Config:
   # epilogue (ReLU, head weights, the row sum) runs, so the tensor cores and the epilogue work at once instead of in
   # turn. Why: on the H200 (2026-12-04 18:39, benchmarks/RESULTS.md) four queries a block took 2.2× one query's time
   # over the same keys (1,184 against 545 µs at B = 64, 128K): a step's tb dots and epilogues ran one after another.
-  # Off until timed (benchmarks.index_scores_splits times it); two accumulators cost 64 more registers a thread.
-  overlap_queries: bool = False
+  # On by default: at T = 4 (18:56) it was faster in all 8 rows timed, by 0.6-14 % (B = 64, 128K: 1,160 against
+  # 1,177 µs; B = 8, 32K: 62.4 against 72.8), so the serial chain was a small part of the T = 4 gap.
+  overlap_queries: bool = True
 
 
 def config_for(batch: int, tokens: int, slots: int, config: Config | None = None, cores: int = 132) -> Config:
