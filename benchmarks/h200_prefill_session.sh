@@ -51,7 +51,8 @@
 #   splits   (18:31 2026-12-04) the sparse MLA's splits swept (sparse_mla_splits); MLA's projections laid out ahead
 #   splits2  after the one-wave rule: the sparse MLA's compiled tests; the index scores' splits swept at 128K
 #   splits3  the user's path after it: e2e at B = 1 and 8, the verification forward at B = 64 (3 runs), GPU tests
-#   overlap  the index scores' Config.overlap_queries: compiled tests, then timed beside auto at T = 4
+#   overlap  (18:56 2026-12-04) the index scores' Config.overlap_queries: compiled tests, then timed at T = 4
+#   kregs    (not run yet) the index scores' Config.keys_in_registers: compiled tests (never run), then timed
 #   fp8      benchmarks.e2e with FP8 weights kept as codes: 1K and 32K prompts at B = 1, 1K at B = 64
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
@@ -329,6 +330,14 @@ case "${1:?stage}" in
       -k "True and (equals or float8)"
     run 120 index_scores_overlap.md python3 -m benchmarks.index_scores_splits --capacity 131072 32768 --batch 64 8 \
       --tokens 4 --no-sweep --iters 20
+    ;;
+  kregs)  # (not run yet) the index scores' Config.keys_in_registers (a step's keys read once into wgmma's register
+          # operand for the block's queries): its compiled tests (never run: the interpreter has no register-operand
+          # wgmma), then timed beside auto at T = 4, 128K and 32K; if faster, it becomes the default
+    run 120 gpu_tests_kregs.txt python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_index_scores_mgpu.py \
+      -k "registers or equals or float8"
+    run 150 index_scores_kregs.md python3 -m benchmarks.index_scores_splits --capacity 131072 32768 --batch 64 8 \
+      --tokens 4 --no-sweep --keys-in-registers --iters 20
     ;;
   *) echo "unknown stage $1"; exit 2 ;;
 esac

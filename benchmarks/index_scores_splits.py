@@ -40,6 +40,7 @@ def main(argv=None) -> int:
   parser.add_argument("--iters", type=int, default=20)
   parser.add_argument("--backend", default="gpu", choices=["gpu", "interpret"], help="interpret: a CPU smoke run")
   parser.add_argument("--no-sweep", action="store_true", help="auto's splits only (and, at T > 1, overlap_queries flipped)")
+  parser.add_argument("--keys-in-registers", action="store_true", help="at T > 1 also auto with keys_in_registers")
   args = parser.parse_args(argv)
   bandwidth = copy_bandwidth()
   print(f"index scores' splits on {jax.devices()[0].device_kind}, jax {jax.__version__}; copy bandwidth "
@@ -64,6 +65,9 @@ def main(argv=None) -> int:
           configs = configs or [auto]
           if t > 1:  # query n + 1's dot overlapping query n's epilogue (auto's), and the queries in turn
             configs.append(dataclasses.replace(auto, overlap_queries=not auto.overlap_queries))
+            if args.keys_in_registers:  # the step's keys read once into wgmma's register operand
+              configs += [dataclasses.replace(auto, keys_in_registers=True, overlap_queries=overlap)
+                          for overlap in (True, False)]
           for config in configs:
             splits = config.splits
             fn = jax.jit(lambda q, k, w, ks, config=config: mgpu.index_scores_mgpu(
@@ -71,9 +75,9 @@ def main(argv=None) -> int:
             out = fn(q, k, w, k_scale)
             err = float(jnp.max(jnp.abs(out - xla)) / jnp.max(jnp.abs(xla)))
             seconds = time_in_loop(fn, (q, k, w, k_scale), args.iters)
-            mark = (" (auto)" if config == auto else
-                    f", overlap_queries {config.overlap_queries}" if config.overlap_queries != auto.overlap_queries
-                    else "")
+            changed = [f"{name} {getattr(config, name)}" for name in ("overlap_queries", "keys_in_registers")
+                       if getattr(config, name) != getattr(auto, name)]
+            mark = " (auto)" if config == auto else "".join(f", {c}" for c in changed)
             print(f"| {s} | {b} | {t} | {name} | {splits}{mark} | {query_blocks * splits} | {seconds * 1e6:,.1f} | "
                   f"{floor:,.1f} | {floor / seconds / 1e6:.2f} | {err:.1e} |", flush=True)
   return 0

@@ -53,6 +53,14 @@ class Config:
   # On by default: at T = 4 (18:56) it was faster in all 8 rows timed, by 0.6-14 % (B = 64, 128K: 1,160 against
   # 1,177 µs; B = 8, 32K: 62.4 against 72.8), so the serial chain was a small part of the T = 4 gap.
   overlap_queries: bool = True
+  # A step's keys loaded once from shared memory into registers (wgmma's A operand) for all of a block's queries,
+  # where each query's wgmma re-reads them from shared memory. Why: at T = 4 a step's four [128, 128] key reads and
+  # four [64, 128] query reads are 192 KiB of shared-memory traffic (~1,500 cycles at 128 B a cycle, about the step's
+  # measured time); from registers, 96 KiB. Float8 keys are widened in shared memory first, as without it. Built
+  # 2026-12-04 after the device time was spent: lowered for CUDA (jax 0.12, 0.11.2), never run (the GPU interpreter
+  # has no register-operand wgmma, and its GPU tests wait for a device session): off until timed
+  # (benchmarks.index_scores_splits --keys-in-registers).
+  keys_in_registers: bool = False
 
 
 def config_for(batch: int, tokens: int, slots: int, config: Config | None = None, cores: int = 132) -> Config:
@@ -159,6 +167,11 @@ def index_scores_mgpu(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, sca
         keys = widened_smem
       k_scale = (lax.broadcast_in_dim(plgpu.load(scale_smem[0], layout=plgpu.Layout.WGMMA.reduce(1)), (bs, i), [0])
                  if scale_smem else None)
+
+      # one shared-memory read of the step's keys for all tb queries (compiled only: Pallas's GPU interpreter runs no
+      # wgmma with a register operand, so there the keys stay in shared memory, the same product)
+      if config.keys_in_registers and tb > 1 and not interpret:
+        keys = plgpu.load(keys, layout=plgpu.Layout.WGMMA, optimized=False)
 
       def issue(acc_ref, n):  # query n's logitsᵀ [slots, heads] += keys · q_nᵀ (async)
         plgpu.wgmma(acc_ref, keys, q_smem.at[pl.ds(n * i, i)].transpose((1, 0)))

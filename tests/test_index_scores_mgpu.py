@@ -62,6 +62,20 @@ def test_float8_keys_equal_xla_and_the_formula(b, t, i, j, s, block, splits, key
   assert_equals_xla_and_the_formula(got, q, k, w, 0.25, k_scale=k_scale, dot=dot, what=f"kernel, {keys} keys")
 
 
+@pytest.mark.skipif(not ON_GPU, reason="compiled only: Pallas's GPU interpreter runs no wgmma with a register operand, "
+                                       "so there the keys stay in shared memory (the CUDA lowering is tested below)")
+@pytest.mark.parametrize("b,t,i,j,s,block,splits", [(2, 5, 16, 64, 512, 64, 2), (1, 4, 64, 128, 256, 128, 0)])
+@pytest.mark.parametrize("keys", ["bfloat16", "float8_e4m3fn"])
+@pytest.mark.parametrize("overlap", [False, True])
+def test_keys_in_registers_equal_xla_and_the_formula(b, t, i, j, s, block, splits, keys, overlap):
+  """Config.keys_in_registers: a step's keys read once into wgmma's register operand for the block's queries."""
+  q, k, w = inputs(b, t, i, j, s)
+  k, k_scale, dot = keys_as(k, keys)
+  config = Config(block_slots=block, splits=splits, overlap_queries=overlap, keys_in_registers=True)
+  got = _scores(q.astype(dot), k, w, 0.25, k_scale_BS=k_scale, config=config)
+  assert_equals_xla_and_the_formula(got, q, k, w, 0.25, k_scale=k_scale, dot=dot, what=f"keys in registers, {keys}")
+
+
 @pytest.mark.parametrize("bound_reads", [False, True])
 @pytest.mark.parametrize("t,tokens", [(5, 4), (3, 1), (3, 4)])
 def test_positions_bound_the_scored_slots(t, tokens, bound_reads):
@@ -73,19 +87,20 @@ def test_positions_bound_the_scored_slots(t, tokens, bound_reads):
 
 
 @pytest.mark.parametrize("t", [1, 2, 3, 5, 7])
-@pytest.mark.parametrize("overlap", [False, True])
-def test_kernel_lowers_for_cuda_at_any_t(t, overlap):
+@pytest.mark.parametrize("overlap,registers", [(False, False), (True, False), (True, True)])
+def test_kernel_lowers_for_cuda_at_any_t(t, overlap, registers):
   """The Mosaic GPU lowering (TMA descriptors, wgmma operand layouts) at V3.2's widths, with and without positions."""
   args = (jax.ShapeDtypeStruct((2, t, 64, 128), jnp.bfloat16), jax.ShapeDtypeStruct((2, 4096, 128), jnp.bfloat16),
           jax.ShapeDtypeStruct((2, t, 64), jnp.float32))
   for positions, bound_reads in [(None, False), (jax.ShapeDtypeStruct((2, t), jnp.int32), False),
                                  (jax.ShapeDtypeStruct((2, t), jnp.int32), True)]:
     fn = jax.jit(lambda q, k, w, p, b=bound_reads: index_scores_mgpu(
-        q, k, w, 0.5, positions_BT=p, config=Config(bound_reads=b, overlap_queries=overlap)))
+        q, k, w, 0.5, positions_BT=p, config=Config(bound_reads=b, overlap_queries=overlap,
+                                                    keys_in_registers=registers)))
     text = fn.trace(*args, positions).lower(lowering_platforms=("cuda",)).as_text()
     assert "mosaic_gpu" in text and KERNEL_NAME in text
   fp8 = jax.jit(lambda q, k, w, ks: index_scores_mgpu(  # the widening copy lowers too
-      q, k, w, 0.5, k_scale_BS=ks, config=Config(overlap_queries=overlap)))
+      q, k, w, 0.5, k_scale_BS=ks, config=Config(overlap_queries=overlap, keys_in_registers=registers)))
   k8 = jax.ShapeDtypeStruct((2, 4096, 128), jnp.float8_e4m3fn)
   text = fp8.trace(args[0], k8, args[2], jax.ShapeDtypeStruct((2, 4096), jnp.float32)).lower(
       lowering_platforms=("cuda",)).as_text()
