@@ -53,6 +53,7 @@
 #   splits3  the user's path after it: e2e at B = 1 and 8, the verification forward at B = 64 (3 runs), GPU tests
 #   overlap  (18:56 2026-12-04) the index scores' Config.overlap_queries: compiled tests, then timed at T = 4
 #   kregs    (not run yet) the index scores' Config.keys_in_registers: compiled tests (never run), then timed
+#   handoff  (not run yet) one hand-off and one wgmma of the sparse MLA's step, each alone (mgpu_handoff)
 #   fp8      benchmarks.e2e with FP8 weights kept as codes: 1K and 32K prompts at B = 1, 1K at B = 64
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
@@ -338,6 +339,10 @@ case "${1:?stage}" in
       -k "registers or equals or float8"
     run 150 index_scores_kregs.md python3 -m benchmarks.index_scores_splits --capacity 131072 32768 --batch 64 8 \
       --tokens 4 --no-sweep --keys-in-registers --iters 20
+    ;;
+  handoff)  # (not run yet) what one hand-off between warpgroups and one wgmma of the sparse MLA's step cost alone
+            # (benchmarks.mgpu_handoff): whether its ~0.8 µs a step is hand-offs or the products' latency
+    run 120 handoff.md python3 -m benchmarks.mgpu_handoff --reps 2000 --entries 32 48 64
     ;;
   *) echo "unknown stage $1"; exit 2 ;;
 esac
