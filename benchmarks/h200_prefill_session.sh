@@ -26,7 +26,8 @@
 #   fp8mg2   the same after the 8-row-aligned tiles (16:56: 21 of 21 tests passed)
 #   fp8mg3   (not run yet) the Mosaic FP8 kernel's shared output staging and two-subtile variants, timed (the bf16
 #            experts' block_m 128 sweep it also held ran in v256)
-#   fp8e2e   IMPL (12:47 2026-12-04 ran B = 1; B = 64 was cut by a 280 s bound) benchmarks.e2e with FP8 weights through the Triton and the Mosaic FP8 kernels
+#   fp8e2e   [IMPL] (12:47 2026-12-04 ran B = 1; B = 64 was cut by a 280 s bound) benchmarks.e2e with FP8 weights: B = 64 × 1K
+#            and a 32K prompt, under auto (the prefill rule) or through one FP8 kernel
 #   mla5     (21:37) whether jax_triton runs on the image (tools/jax_triton_probe.py); the Mosaic sparse-MLA
 #            gather's copy variants (whole rows, 4 issuing warps): their GPU tests, then timed beside auto's config
 #            and the Triton kernel at B = 64 / 8 / 1
@@ -220,11 +221,15 @@ case "${1:?stage}" in
   e2eb1)  # the user's path at B = 1 (32K, 8K prompts) under auto (split from small: one call held both poorly)
     run 300 e2e_b1.md python3 -m benchmarks.e2e --prompt 32768 8192 --batch 1 --iters 5 --out "$OUT/e2e_b1.json"
     ;;
-  fp8e2e)  # (2026-12-04 12:47: B = 64 did not finish in 280 s a run) FP8 weights on the user's path through each FP8
-           # kernel: 1K prompts at B = 64 (B = 1 ran at 12:47), one call a kernel: fp8e2e triton, fp8e2e mosaic_gpu
-    impl="${2:-triton}"
-    run 560 "e2e_fp8_${impl}_b64.md" python3 -m benchmarks.e2e --weights fp8 --prompt 1024 --batch 64 --iters 5 \
-      --cli=--fp8-matmul-impl "--cli=$impl"
+  fp8e2e)  # (2026-12-04 12:47: B = 64 did not finish in 280 s a run; a 32K prompt did not on 12-03) FP8 weights on the
+           # user's path after the prefill rule (a chunk's dense FP8 linears on XLA's GEMM, the bytes layout bounded):
+           # `fp8e2e` under auto; `fp8e2e IMPL` with --fp8-matmul-impl IMPL (triton, mosaic_gpu: decode's kernel)
+    impl="${2:-auto}"
+    flags=(); [ "$impl" != auto ] && flags=(--cli=--fp8-matmul-impl "--cli=$impl")
+    run 280 "e2e_fp8_${impl}_b64.md" python3 -m benchmarks.e2e --weights fp8 --prompt 1024 --batch 64 --iters 5 \
+      "${flags[@]}"
+    run 280 "e2e_fp8_${impl}_32k.md" python3 -m benchmarks.e2e --weights fp8 --prompt 32768 --batch 1 --iters 5 \
+      "${flags[@]}"
     ;;
   mla5)  # (not run yet) Config.whole_rows / issue_warps: compiled tests, then timed (bf16 and fp8 caches); first
          # whether jax_triton runs on the image (carry .whl-probe: jax_triton 0.3.1 takes triton >= 3.6, 0.4.1 >= 3.7)

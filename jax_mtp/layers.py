@@ -73,6 +73,8 @@ class Linear(nn.Module):
   and N multiples of 128), the product runs straight from the codes in kernels/fp8_grouped_matmul.py
   (one group: every row) and no bf16 copy of the weight is written; elsewhere the codes are
   dequantised inside the program (XLA fuses that into the product at decode sizes, not always above).
+  Under the automatic choices a prefill chunk past the kernel's AUTO_MAX_ROWS rows also takes the dequantised
+  product: it is compute-bound there (`fp8_grouped_matmul.auto_takes`).
   """
 
   in_features: int
@@ -98,16 +100,20 @@ class Linear(nn.Module):
       return self.kernel
     return fp8.dequantize(self.kernel, self.kernel_scale_inv, dtype_of(self.param_dtype), self.fp8_block)
 
-  def runs_fp8_kernel(self) -> bool:
-    """Whether the product runs from the FP8 codes in the Pallas kernel (see the class docstring)."""
+  def runs_fp8_kernel(self, shape: tuple[int, ...] | None = None) -> bool:
+    """Whether the product of an input of `shape` ([..., T, in]; None: any) runs from the FP8 codes in the Pallas
+    kernel (see the class docstring). With both choices automatic (`fp8_kernel` None, `fp8_impl` "auto"), a prefill
+    chunk's rows go through XLA's bf16 GEMM over the dequantised weight instead (`fp8_grouped_matmul.auto_takes`)."""
     from jax_mtp.kernels import fp8_grouped_matmul as kernel  # noqa: PLC0415 (Pallas: only where used)
     wanted = lowering_platform() == "gpu" if self.fp8_kernel is None else self.fp8_kernel
+    if self.fp8_kernel is None and self.fp8_impl == "auto" and shape is not None:
+      wanted = wanted and kernel.auto_takes(math.prod(shape[:-1]), shape[-2] if len(shape) > 2 else 1)
     return (wanted and self.kernel_scale_inv is not None and self.dtype == "bfloat16"
             and kernel.takes(*self.kernel.shape, self.fp8_block))  # this device's share of the weight
 
   def __call__(self, x: jax.Array) -> jax.Array:
     x = x.astype(self.dtype)
-    if self.runs_fp8_kernel():
+    if self.runs_fp8_kernel(x.shape):
       from jax_mtp.kernels.fp8_grouped_matmul import fp8_grouped_matmul  # noqa: PLC0415
       rows = math.prod(x.shape[:-1])
       y = fp8_grouped_matmul(x.reshape(rows, x.shape[-1]), self.kernel[None], self.kernel_scale_inv[None],

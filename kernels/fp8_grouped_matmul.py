@@ -148,14 +148,36 @@ def split_k_for(rows: int, experts: int, k: int, n: int) -> int:
 
 LAYOUTS = ("auto", "words", "bytes")
 BYTES_MIN_ROWS = 32  # one group of at least this many rows takes the "bytes" layout (see layout_for)
+# At most this many row tiles a "bytes" program: its kernel unrolls its row tiles (each a K loop of products and a
+# masked store), so its size, and Triton's compile time, grow with the rows. A prefill chunk's thousands of rows
+# (4,096 at a 32K prompt: 64 tiles; 65,536 at B = 64 × 1K: 1,024) made programs that did not finish compiling on the
+# H200 (benchmarks/RESULTS.md: 2026-12-03, "still compiling when its 270 s ran out"; 2026-12-04 12:47); the "words"
+# layout's loop over row tiles is a loop in the kernel, whatever the rows.
+BYTES_MAX_TILES = 16
+# impl="auto" runs a dense FP8 linear (one group) in a kernel here up to AUTO_MAX_ROWS rows, and above them while
+# its rows are decode's (fewer than PREFILL_MIN_TOKENS tokens a sequence: a step, a verification of k + 1): there
+# reading the codes (1 byte a weight) bounds the product. A prefill chunk of more rows is compute-bound: XLA's bf16
+# GEMM over the weight dequantised in the program runs the tensor cores at full rate, where these kernels' products
+# of ≤ 64 rows do not. Decode calls keep the kernel at every batch, so a speculative round and a plain step multiply
+# alike (greedy speculative == plain).
+AUTO_MAX_ROWS = 1024
+PREFILL_MIN_TOKENS = 64
+
+
+def auto_takes(rows: int, tokens: int) -> bool:
+  """Whether impl="auto" runs a dense FP8 linear of `rows` rows, `tokens` a sequence, in a kernel here."""
+  return rows <= AUTO_MAX_ROWS or tokens < PREFILL_MIN_TOKENS
 
 
 def layout_for(experts: int, k: int, n: int, rows: int) -> str:
-  """"bytes" for one group (a dense linear) of ≥ BYTES_MIN_ROWS rows whose codes Triton's int32 offsets
-  reach as bytes: a program multiplies whole 128 × 128 code tiles, which pays once the rows fill the
-  product; "words" otherwise (the experts, and few rows, where the words' split K loop was as fast or
-  faster). Why: benchmarks/RESULTS.md, "The dense FP8 linears: whole 128 × 128 tiles"."""
-  return "bytes" if can_take_bytes(experts, k, n) and rows >= BYTES_MIN_ROWS else "words"
+  """"bytes" for one group (a dense linear) of BYTES_MIN_ROWS to BYTES_MAX_TILES row tiles' rows whose codes
+  Triton's int32 offsets reach as bytes: a program multiplies whole 128 × 128 code tiles, which pays once the rows
+  fill the product; "words" otherwise (the experts, and few rows, where the words' split K loop was as fast or
+  faster; and more rows than the bytes program unrolls). Why: benchmarks/RESULTS.md, "The dense FP8 linears: whole
+  128 × 128 tiles"."""
+  tiles = -(-rows // row_tile_for(rows, experts))
+  return ("bytes" if can_take_bytes(experts, k, n) and rows >= BYTES_MIN_ROWS and tiles <= BYTES_MAX_TILES
+          else "words")
 
 
 def can_take_bytes(experts: int, k: int, n: int) -> bool:

@@ -38,6 +38,8 @@ def test_the_layout_is_bytes_for_one_group_of_many_rows_within_int32_offsets_onl
   assert layout_for(1, 16384, 7168, 8) == "words"  # ... at B = 8 (measured faster there)
   assert layout_for(256, 7168, 2048, 512) == "words"  # the experts
   assert layout_for(1, 65536, 65536, 64) == "words"  # 2^32 codes: past int32 byte offsets
+  assert layout_for(1, 16384, 7168, 1024) == "bytes"  # 16 tiles of 64: verification at B = 256
+  assert layout_for(1, 16384, 7168, 1025) == "words"  # 17: past BYTES_MAX_TILES (a prefill chunk's rows)
   x, codes = jnp.zeros((2, 128), jnp.bfloat16), jnp.zeros((3, 128, 128), jnp.float8_e4m3fn)
   with pytest.raises(ValueError, match="layout='bytes' does not take codes \\(3, 128, 128\\)"):
     fp8_grouped_matmul(x, codes, jnp.zeros((3, 1, 1)), jnp.zeros((3,), jnp.int32), backend="interpret",
@@ -45,3 +47,22 @@ def test_the_layout_is_bytes_for_one_group_of_many_rows_within_int32_offsets_onl
   with pytest.raises(ValueError, match="layout='tiles'"):
     fp8_grouped_matmul(x, codes[:1], jnp.zeros((1, 1, 1)), jnp.zeros((1,), jnp.int32), backend="interpret",
                        config=Config(layout="tiles"))
+
+
+def _kernel_equations(rows: int, layout: str = "auto") -> int:
+  """Equations in the body of the one-group kernel traced for `rows` rows."""
+  x, codes = jax.ShapeDtypeStruct((rows, 256), jnp.bfloat16), jax.ShapeDtypeStruct((1, 256, 128), jnp.float8_e4m3fn)
+  scale, sizes = jax.ShapeDtypeStruct((1, 2, 1), jnp.float32), jax.ShapeDtypeStruct((1,), jnp.int32)
+  jaxpr = jax.make_jaxpr(lambda *a: fp8_grouped_matmul(*a, backend="interpret", config=Config(layout=layout)))(
+      x, codes, scale, sizes)
+  calls = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "pallas_call"]
+  assert len(calls) == 1
+  return len(calls[0].params["jaxpr"].eqns)
+
+
+def test_the_kernel_does_not_grow_with_the_rows():
+  """The "bytes" program unrolls its row tiles (its size grows with the rows: Triton's compile time with it), so
+  past BYTES_MAX_TILES tiles the launch takes the "words" layout, whose size does not depend on the rows: a prefill
+  chunk's rows give the kernel a few thousand rows do."""
+  assert _kernel_equations(4096, "bytes") > 3 * _kernel_equations(1024, "bytes")  # 64 tiles against 16
+  assert _kernel_equations(8192) == _kernel_equations(65536)

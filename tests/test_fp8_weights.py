@@ -316,6 +316,43 @@ def test_fp8_grouped_kernel_is_in_the_lowered_cuda_step():
   assert triton_calls("gather")[0] == len(dense)
 
 
+def test_auto_runs_a_prefill_chunks_rows_through_xlas_gemm_and_decode_rows_through_the_kernel():
+  """With every choice automatic, a dense FP8 linear runs the codes in the FP8 kernel in a program for an H200 up to
+  AUTO_MAX_ROWS rows and, at any batch, for decode's few tokens a sequence; a prefill chunk of more rows runs XLA's
+  GEMM over the dequantised weight (no kernel). An explicit kernel request keeps the kernel; both paths give x
+  times the dequantised weight."""
+  from jax.sharding import AbstractMesh, AxisType  # noqa: PLC0415
+  from jax_mtp.kernels.fp8_grouped_matmul import AUTO_MAX_ROWS, PREFILL_MIN_TOKENS  # noqa: PLC0415
+  from jax_mtp.layers import Linear  # noqa: PLC0415
+  rng = np.random.default_rng(4)
+  codes = jnp.asarray(rng.standard_normal((256, 384)) * 20, jnp.float8_e4m3fn)
+  scale = jnp.asarray(rng.uniform(1e-3, 1e-2, (2, 3)), jnp.float32)
+  params = {"kernel": codes, fp8.scale_name("kernel"): scale}
+
+  def kernel_calls(shape, **kwargs):
+    module = Linear(256, 384, "bfloat16", "bfloat16", (128, 128), **kwargs)
+    step = jax.jit(lambda p, x: module.apply({"params": p}, x))
+    device = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
+    mesh = AbstractMesh((1,), ("tp",), axis_types=(AxisType.Auto,), abstract_device=device)
+    with jax.sharding.use_abstract_mesh(mesh):
+      exported = jax.export.export(step, platforms=["cuda"], disabled_checks=[
+          jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])
+      text = exported(params, jax.ShapeDtypeStruct((*shape, 256), jnp.bfloat16)).mlir_module()
+    return text.count("custom_call @__gpu$xla.gpu.triton") + text.count("custom_call @mosaic_gpu")
+
+  chunk = (AUTO_MAX_ROWS // PREFILL_MIN_TOKENS + 1, PREFILL_MIN_TOKENS)  # a prefill chunk past AUTO_MAX_ROWS
+  assert kernel_calls((1, AUTO_MAX_ROWS)) == 1  # a prefill chunk within AUTO_MAX_ROWS
+  assert kernel_calls(chunk) == 0
+  assert kernel_calls((AUTO_MAX_ROWS, 4)) == 1  # verification of k = 3 at B = 1,024: decode's rows
+  assert kernel_calls(chunk, fp8_kernel=True) == 1  # asked for
+  assert kernel_calls(chunk, fp8_impl="mosaic_gpu") == 1
+  x = jnp.asarray(rng.standard_normal((*chunk, 256)), jnp.bfloat16)
+  exact = np.asarray(x, np.float32) @ np.asarray(fp8.dequantize(codes, scale, jnp.float32, (128, 128)))
+  for fp8_kernel in (None, True):  # on this CPU: XLA's product; the kernel in its interpreter
+    got = Linear(256, 384, "bfloat16", "bfloat16", (128, 128), fp8_kernel=fp8_kernel).apply({"params": params}, x)
+    assert_close(got, exact, "bfloat16", f"fp8_kernel={fp8_kernel}, a chunk of {chunk} rows")
+
+
 def test_a_dense_fp8_linear_through_the_kernel_equals_the_dequantised_product():
   """Linear(fp8_kernel=True) multiplies the codes in the kernel (interpret mode here) and equals x
   times the dequantised weight (bf16 compute: the bf16 row); leading dims of any rank."""
