@@ -55,6 +55,7 @@
 #   overlap  (18:56 2026-12-04) the index scores' Config.overlap_queries: compiled tests, then timed at T = 4
 #   kregs    (not run yet) the index scores' Config.keys_in_registers: compiled tests (never run), then timed
 #   handoff  (not run yet) one hand-off and one wgmma of the sparse MLA's step, each alone (mgpu_handoff)
+#   topk     (not run yet) the top-k forms at verification's 256 queries, 4K and 32K caches
 #   fp8      benchmarks.e2e with FP8 weights kept as codes: 1K and 32K prompts at B = 1, 1K at B = 64
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
@@ -348,6 +349,10 @@ case "${1:?stage}" in
   handoff)  # (not run yet) what one hand-off between warpgroups and one wgmma of the sparse MLA's step cost alone
             # (benchmarks.mgpu_handoff): whether its ~0.8 µs a step is hand-offs or the products' latency
     run 120 handoff.md python3 -m benchmarks.mgpu_handoff --reps 2000 --entries 32 48 64
+    ;;
+  topk)  # (not run yet) the top-k forms at verification's 256 queries (B = 64, T = 4) over a 4K and a 32K cache: the
+         # library's radix select against lax.top_k (at 33K and 256 queries 381 against 701 µs; 4K not timed)
+    run 200 topk_verify.md python3 -m benchmarks.dsa_parts --capacity 4608 32768 --batch 64 --tokens 4 --parts top-k
     ;;
   *) echo "unknown stage $1"; exit 2 ;;
 esac

@@ -66,7 +66,9 @@ class Config:
 def config_for(batch: int, tokens: int, slots: int, config: Config | None = None, cores: int = 132) -> Config:
   """The call's launch: query blocks of min(T, block_tokens); `splits` the smallest divisor of the row's steps
   that gives ≥ 2 CTAs per core while each CTA keeps ≥ MIN_STEPS_PER_CTA steps (its q block is loaded once per CTA:
-  64 KiB at V3.2 widths, as much as two steps of keys), else the most CTAs that rule allows."""
+  64 KiB at V3.2 widths, as much as two steps of keys), else the most CTAs that rule allows. (A CTA holds ~192 KiB
+  of shared memory at V3.2's widths, so one runs a core at a time and this is two waves; swept on the H200,
+  2026-12-04 18:39, no other split count was faster across B and T: benchmarks.index_scores_splits.)"""
   config = config or Config()
   tb = min(tokens, config.block_tokens)
   splits = config.splits
