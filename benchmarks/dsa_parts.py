@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.prefill_parts import radix_one_reduction, radix_siblings
+from benchmarks.prefill_parts import radix_histograms, radix_one_reduction, radix_siblings
 from benchmarks.timing import copy_bandwidth, time_in_loop
 from jax_mtp.cache import causal_mask
 from jax_mtp.indexer import (SCORE_BLOCK_SLOTS, Selection, quantize_keys, score_chunk, topk_selection,
@@ -105,7 +105,9 @@ def _rows(s: int, b: int, t: int, iters: int, bandwidth: float, parts=PARTS):
   first = None
   for name, select in [] if "top-k" not in parts else [("lax.top_k", topk_selection), ("radix select (library)", topk_selection_radix),
                        ("radix 4-bit, one reduction a pass", radix_one_reduction),
-                       ("radix 2-bit, sibling reductions", radix_siblings(2))]:
+                       ("radix 2-bit, sibling reductions", radix_siblings(2)),
+                       ("radix 16-bit, a histogram a pass", radix_histograms(16)),
+                       ("radix 8-bit, a histogram a pass", radix_histograms(8))]:
     fn = jax.jit(lambda x, v, select=select: select(x, v, K_TOP))
     seconds = time_in_loop(fn, (scores, visible), iters)
     chosen = np.sort(np.asarray(fn(scores, visible).slots_BTK), axis=-1)

@@ -351,7 +351,8 @@ case "${1:?stage}" in
     run 120 handoff.md python3 -m benchmarks.mgpu_handoff --reps 2000 --entries 32 48 64
     ;;
   topk)  # (not run yet) the top-k forms at verification's 256 queries (B = 64, T = 4) over a 4K and a 32K cache: the
-         # library's radix select against lax.top_k (at 33K and 256 queries 381 against 701 µs; 4K not timed)
+         # library's radix select against lax.top_k (at 33K and 256 queries 381 against 701 µs; 4K not timed) and the
+         # histogram passes (indexer.kth_key_histograms: 2 passes of 16 bits or 4 of 8, a scatter-add each)
     run 200 topk_verify.md python3 -m benchmarks.dsa_parts --capacity 4608 32768 --batch 64 --tokens 4 --parts top-k
     ;;
   *) echo "unknown stage $1"; exit 2 ;;

@@ -23,8 +23,8 @@ import numpy as np
 from benchmarks.step_profile import device_events, op_names
 from benchmarks.timing import copy_bandwidth, time_in_loop
 from jax_mtp.cache import causal_mask
-from jax_mtp.indexer import (kth_key_one_reduction, kth_key_sibling_reductions, order_keys, select_from_kth,
-                             topk_selection, topk_selection_radix)
+from jax_mtp.indexer import (kth_key_histograms, kth_key_one_reduction, kth_key_sibling_reductions, order_keys,
+                             select_from_kth, topk_selection, topk_selection_radix)
 from jax_mtp.kernels.index_scores import reference
 from jax_mtp.kernels.index_scores_mgpu import Config as MgpuConfig
 from jax_mtp.kernels.index_scores_mgpu import index_scores_mgpu
@@ -48,6 +48,12 @@ def radix_siblings(digit_bits: int):
   return radix_select(kth_key_sibling_reductions, digit_bits=digit_bits)
 
 
+def radix_histograms(digit_bits: int):
+  """A radix select with `digit_bits` per pass counted by one histogram (scatter-add) a pass
+  (jax_mtp.indexer.kth_key_histograms): 2 passes at 16 bits."""
+  return radix_select(kth_key_histograms, digit_bits=digit_bits)
+
+
 # 4 bits a pass, the 15 candidate counts as one reduction over a [B, T, 15, S] comparison (the library's only form
 # before issue 27's prefill work; its form for few queries now)
 radix_one_reduction = radix_select(kth_key_one_reduction)
@@ -55,7 +61,8 @@ radix_one_reduction = radix_select(kth_key_one_reduction)
 
 TOPK_VARIANTS = {"lax.top_k": topk_selection, "radix (library)": topk_selection_radix,
                  "radix 4-bit, one reduction": radix_one_reduction, "radix 1-bit siblings": radix_siblings(1),
-                 "radix 2-bit siblings": radix_siblings(2), "radix 4-bit siblings": radix_siblings(4)}
+                 "radix 2-bit siblings": radix_siblings(2), "radix 4-bit siblings": radix_siblings(4),
+                 "radix 16-bit histograms": radix_histograms(16)}
 
 
 def kernels_of(fn, args, calls: int = 3, top: int = 6) -> str:

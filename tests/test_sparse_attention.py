@@ -73,6 +73,25 @@ def test_radix_selection_picks_the_top_k_set(b, t, s, k, one_reduction_queries, 
   np.testing.assert_array_equal(np.asarray(got.mask(s)), np.asarray(want.mask(s)))
 
 
+@pytest.mark.parametrize("b,t,s,k", [(2, 3, 300, 8), (1, 1, 5000, 2048), (3, 2, 40, 64), (2, 2, 1000, 100),
+                                     (1, 4, 129, 1), (4, 9, 700, 64)])
+@pytest.mark.parametrize("digit_bits", [8, 16])
+def test_histogram_passes_find_the_radix_selects_kth_key(b, t, s, k, digit_bits):
+  """`kth_key_histograms` (a histogram a pass) finds the k-th largest key the sibling passes find, on the same
+  awkward scores (ties, -inf, fewer visible than k, k > S), so the selection built from it is lax.top_k's set."""
+  rng = np.random.default_rng(s + digit_bits)
+  scores = jnp.asarray(rng.standard_normal((b, t, s)), jnp.float32)
+  scores = scores.at[:, :, ::7].set(0.5).at[0, 0, :50].set(-3.0)
+  visible = causal_mask(jnp.asarray(rng.integers(0, s, (b, t)), jnp.int32), s)
+  keys = indexer.order_keys(scores, visible)
+  kk = min(k, s)
+  got = indexer.kth_key_histograms(keys, kk, digit_bits)
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(indexer.kth_key_sibling_reductions(keys, kk)))
+  selected = indexer.select_from_kth(keys, visible, got, kk)
+  want = topk_selection(scores, visible, k)
+  np.testing.assert_array_equal(np.sort(np.asarray(selected.slots_BTK), -1), np.sort(np.asarray(want.slots_BTK), -1))
+
+
 @pytest.mark.parametrize("t", [1, 4])
 def test_sparse_decode_equals_dense_attention_under_the_mask(t):
   """The MTP layer at a cache of 24 > index_topk = 4: decode-form (absorbed, sparse) vs naive-form
