@@ -23,14 +23,22 @@ def _scores(*args, **kwargs):
   return index_scores_mgpu(*args, interpret=not ON_GPU, **kwargs)
 
 
+# Config.keys_in_registers: compiled only (Pallas's GPU interpreter runs no wgmma with a register operand, so there
+# the keys stay in shared memory; its CUDA lowering is tested below)
+REGISTERS = [False, pytest.param(True, marks=pytest.mark.skipif(not ON_GPU, reason="keys_in_registers: compiled "
+                                                                "only (the interpreter has no register-operand wgmma)"))]
+
+
 @pytest.mark.parametrize("b,t,i,j,s,block,splits", [(1, 1, 16, 16, 128, 64, 1), (3, 3, 8, 32, 384, 128, 3),
                                                      (2, 5, 16, 64, 512, 64, 2), (1, 4, 64, 128, 256, 128, 0)])
 @pytest.mark.parametrize("keys", ["bfloat16", "float16"])
 @pytest.mark.parametrize("overlap", [False, True])
-def test_kernel_equals_xla_and_the_formula(b, t, i, j, s, block, splits, keys, overlap):
+@pytest.mark.parametrize("registers", REGISTERS)
+def test_kernel_equals_xla_and_the_formula(b, t, i, j, s, block, splits, keys, overlap, registers):
   q, k, w = inputs(b, t, i, j, s)
   k, _, dot = keys_as(k, keys)
-  got = _scores(q.astype(dot), k, w, 0.25, config=Config(block_slots=block, splits=splits, overlap_queries=overlap))
+  got = _scores(q.astype(dot), k, w, 0.25, config=Config(block_slots=block, splits=splits, overlap_queries=overlap,
+                                                         keys_in_registers=registers))
   assert_equals_xla_and_the_formula(got, q, k, w, 0.25, k_scale=None, dot=dot, what=f"kernel, {keys} keys")
 
 
@@ -53,27 +61,14 @@ def test_no_shared_memory_race_between_the_warpgroups(keys, overlap):
 @pytest.mark.parametrize("b,t,i,j,s,block,splits", [(1, 1, 16, 32, 128, 64, 1), (2, 5, 16, 128, 512, 128, 2)])
 @pytest.mark.parametrize("keys", ["float8_e4m3fn", "float8_e5m2"])
 @pytest.mark.parametrize("overlap", [False, True])
-def test_float8_keys_equal_xla_and_the_formula(b, t, i, j, s, block, splits, keys, overlap):
+@pytest.mark.parametrize("registers", REGISTERS)
+def test_float8_keys_equal_xla_and_the_formula(b, t, i, j, s, block, splits, keys, overlap, registers):
   """Keys widened to bf16 in shared memory (exact) and their per-key scales on the fp32 logits, as XLA's form."""
   q, k, w = inputs(b, t, i, j, s)
   k, k_scale, dot = keys_as(k, keys)
   got = _scores(q.astype(dot), k, w, 0.25, k_scale_BS=k_scale,
-                config=Config(block_slots=block, splits=splits, overlap_queries=overlap))
+                config=Config(block_slots=block, splits=splits, overlap_queries=overlap, keys_in_registers=registers))
   assert_equals_xla_and_the_formula(got, q, k, w, 0.25, k_scale=k_scale, dot=dot, what=f"kernel, {keys} keys")
-
-
-@pytest.mark.skipif(not ON_GPU, reason="compiled only: Pallas's GPU interpreter runs no wgmma with a register operand, "
-                                       "so there the keys stay in shared memory (the CUDA lowering is tested below)")
-@pytest.mark.parametrize("b,t,i,j,s,block,splits", [(2, 5, 16, 64, 512, 64, 2), (1, 4, 64, 128, 256, 128, 0)])
-@pytest.mark.parametrize("keys", ["bfloat16", "float8_e4m3fn"])
-@pytest.mark.parametrize("overlap", [False, True])
-def test_keys_in_registers_equal_xla_and_the_formula(b, t, i, j, s, block, splits, keys, overlap):
-  """Config.keys_in_registers: a step's keys read once into wgmma's register operand for the block's queries."""
-  q, k, w = inputs(b, t, i, j, s)
-  k, k_scale, dot = keys_as(k, keys)
-  config = Config(block_slots=block, splits=splits, overlap_queries=overlap, keys_in_registers=True)
-  got = _scores(q.astype(dot), k, w, 0.25, k_scale_BS=k_scale, config=config)
-  assert_equals_xla_and_the_formula(got, q, k, w, 0.25, k_scale=k_scale, dot=dot, what=f"keys in registers, {keys}")
 
 
 @pytest.mark.parametrize("bound_reads", [False, True])
