@@ -94,6 +94,9 @@ def test_wheel_ships_jax_mtp_kernels_only(tmp_path):
   (wheel,) = dist.glob("jax_mtp-*.whl")
   names = set(zipfile.ZipFile(wheel).namelist())
   assert {"jax_mtp/__init__.py", "jax_mtp/kernels/__init__.py", "jax_mtp/mtp.py"} <= names, sorted(names)
+  # the embedded default, which `python -m jax_mtp.decode` runs with no --checkpoint, ships whole
+  shipped = {f"jax_mtp/default_model/{p.name}" for p in (REPO / "jax_mtp" / "default_model").iterdir() if p.is_file()}
+  assert "jax_mtp/default_model/model.safetensors" in shipped and shipped <= names, sorted(shipped - names)
   assert not any(name.startswith("kernels/") for name in names), sorted(names)
   tops = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
   assert tops == {"jax_mtp"}, sorted(names)
