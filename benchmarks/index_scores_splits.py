@@ -26,10 +26,10 @@ I, J = 64, 128  # V3.2's indexer heads and head dim
 
 
 def candidate_splits(auto: mgpu.Config, steps: int) -> list[int]:
-  """Auto's splits, half and a quarter of them, and twice them: the ones that divide the steps and keep
-  MIN_STEPS_PER_CTA steps a CTA."""
+  """Auto's splits, half and a quarter of them, and twice them: the ones the kernel's rule allows
+  (`index_scores_mgpu.allowed_splits`)."""
   wanted = {max(1, auto.splits // 4), max(1, auto.splits // 2), auto.splits, auto.splits * 2}
-  return sorted(d for d in wanted if steps % d == 0 and (steps // d >= mgpu.MIN_STEPS_PER_CTA or d == 1))
+  return sorted(wanted & set(mgpu.allowed_splits(steps)))
 
 
 def main(argv=None) -> int:

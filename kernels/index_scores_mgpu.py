@@ -63,6 +63,12 @@ class Config:
   keys_in_registers: bool = False
 
 
+def allowed_splits(steps: int) -> list[int]:
+  """The split counts a row of `steps` key blocks takes: divisors of the steps that leave each CTA
+  ≥ MIN_STEPS_PER_CTA steps (or one CTA), fewest first."""
+  return [d for d in range(1, steps + 1) if steps % d == 0 and (steps // d >= MIN_STEPS_PER_CTA or d == 1)]
+
+
 def config_for(batch: int, tokens: int, slots: int, config: Config | None = None, cores: int = 132) -> Config:
   """The call's launch: query blocks of min(T, block_tokens); `splits` the smallest divisor of the row's steps
   that gives ≥ 2 CTAs per core while each CTA keeps ≥ MIN_STEPS_PER_CTA steps (its q block is loaded once per CTA:
@@ -75,7 +81,7 @@ def config_for(batch: int, tokens: int, slots: int, config: Config | None = None
   if not splits:
     steps = max(slots // config.block_slots, 1)
     query_blocks = batch * -(-tokens // tb)
-    allowed = [d for d in range(1, steps + 1) if steps % d == 0 and (steps // d >= MIN_STEPS_PER_CTA or d == 1)]
+    allowed = allowed_splits(steps)
     splits = next((d for d in allowed if query_blocks * d >= 2 * cores), allowed[-1])
   return dataclasses.replace(config, block_tokens=tb, splits=splits)
 
