@@ -32,12 +32,8 @@ SCALE = 192**-0.5
 
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64])
-  parser.add_argument("--tokens", type=int, nargs="+", default=[1, 4])
-  parser.add_argument("--capacity", type=int, default=4096)
-  parser.add_argument("--iters", type=int, default=20)
+  add_sweep_arguments(parser, batch=[1, 8, 64], tokens=[1, 4])
   parser.add_argument("--fp8", action="store_true", help="also the fp8 MLA cache (656 B an entry): XLA and Mosaic")
-  parser.add_argument("--backend", default="gpu", choices=["gpu", "interpret"], help="interpret: a CPU smoke run")
   args = parser.parse_args(argv)
   bandwidth, flops = copy_bandwidth(), bf16_peak()
   print(f"sparse MLA at V3.2 widths on {jax.devices()[0].device_kind}, jax {jax.__version__}, S = {args.capacity}; "
@@ -81,6 +77,16 @@ def floor_us(b: int, t: int, bandwidth: float, flops: float, fp8: bool = False) 
   nbytes = queries * (K_TOP * entry + N * (C + R) * 2 + N * C * 2)  # entries, queries, bf16 output
   work = queries * N * K_TOP * (C + R + C) * 2
   return max(nbytes / bandwidth, work / flops) * 1e6
+
+
+def add_sweep_arguments(parser, batch: list[int], tokens: list[int]) -> None:
+  """The problems a sweep times as flags (--batch and --tokens lists, --capacity, --iters, --backend): this
+  module's and `sparse_mla_splits`' shared arguments."""
+  parser.add_argument("--batch", type=int, nargs="+", default=batch)
+  parser.add_argument("--tokens", type=int, nargs="+", default=tokens)
+  parser.add_argument("--capacity", type=int, default=4096)
+  parser.add_argument("--iters", type=int, default=20)
+  parser.add_argument("--backend", default="gpu", choices=["gpu", "interpret"], help="interpret: a CPU smoke run")
 
 
 def add_problem_arguments(parser) -> None:

@@ -18,7 +18,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from benchmarks.sparse_mla import C, K_TOP, N, SCALE, _problem, _time_mosaic, floor_us
+from benchmarks.sparse_mla import C, K_TOP, N, SCALE, _problem, _time_mosaic, add_sweep_arguments, floor_us
 from benchmarks.timing import bf16_peak, copy_bandwidth, time_in_loop
 from jax_mtp.kernels import sparse_mla_mgpu as mgpu
 from jax_mtp.kernels.sparse_mla import reference as sparse_mla_reference
@@ -33,11 +33,7 @@ def candidate_splits(auto: mgpu.Config) -> list[int]:
 
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--batch", type=int, nargs="+", default=[64, 8, 1])
-  parser.add_argument("--tokens", type=int, nargs="+", default=[4, 1])
-  parser.add_argument("--capacity", type=int, default=4096)
-  parser.add_argument("--iters", type=int, default=20)
-  parser.add_argument("--backend", default="gpu", choices=["gpu", "interpret"], help="interpret: a CPU smoke run")
+  add_sweep_arguments(parser, batch=[64, 8, 1], tokens=[4, 1])
   args = parser.parse_args(argv)
   bandwidth, flops = copy_bandwidth(), bf16_peak()
   print(f"sparse MLA splits on {jax.devices()[0].device_kind}, jax {jax.__version__}, S = {args.capacity}; copy "
