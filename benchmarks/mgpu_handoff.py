@@ -36,7 +36,7 @@ def ping_pong(reps: int, commit: bool, interpret=False):
   """A kernel of `reps` round trips between two warpgroups; returns f(x) -> x + 1 (x: f32 [1])."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # noqa: PLC0415 (a GPU backend's module)
 
-  def body(x_gmem, o_gmem, scratch, ping, pong):
+  def body(x_gmem, o_gmem, ping, pong):
     wg = lax.axis_index("wg")
 
     @pl.when(wg == 0)
@@ -59,8 +59,7 @@ def ping_pong(reps: int, commit: bool, interpret=False):
         plgpu.barrier_arrive(pong)
 
   kernel = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((1,), jnp.float32),
-                        scratch_types=[plgpu.SMEM((8, 128), jnp.float32), plgpu.Barrier(num_arrivals=1),
-                                       plgpu.Barrier(num_arrivals=1)],
+                        scratch_types=[plgpu.Barrier(num_arrivals=1), plgpu.Barrier(num_arrivals=1)],
                         num_threads=2, thread_name="wg",
                         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane),
                         kernel_name="handoff_ping_pong", interpret=interpret_params(plgpu, interpret))
