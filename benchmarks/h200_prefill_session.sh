@@ -227,6 +227,9 @@ case "${1:?stage}" in
            # `fp8e2e` under auto; `fp8e2e IMPL` with --fp8-matmul-impl IMPL (triton, mosaic_gpu: decode's kernel)
     impl="${2:-auto}"
     flags=(); [ "$impl" != auto ] && flags=(--cli=--fp8-matmul-impl "--cli=$impl")
+    # first the FP8 paths' GPU tests (the prefill rule and the bounded "bytes" layout ran no GPU test on 12-04)
+    run 200 "gpu_tests_fp8_${impl}.txt" python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_fp8_weights.py \
+      tests/test_fp8_dense_layout.py tests/test_auto_gpu_paths.py -k "fp8 or dense or layout or prefill"
     run 280 "e2e_fp8_${impl}_b64.md" python3 -m benchmarks.e2e --weights fp8 --prompt 1024 --batch 64 --iters 5 \
       "${flags[@]}"
     run 280 "e2e_fp8_${impl}_32k.md" python3 -m benchmarks.e2e --weights fp8 --prompt 32768 --batch 1 --iters 5 \
