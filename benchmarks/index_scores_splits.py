@@ -40,7 +40,8 @@ def main(argv=None) -> int:
   parser.add_argument("--iters", type=int, default=20)
   parser.add_argument("--backend", default="gpu", choices=["gpu", "interpret"], help="interpret: a CPU smoke run")
   parser.add_argument("--no-sweep", action="store_true", help="auto's splits only (and, at T > 1, overlap_queries flipped)")
-  parser.add_argument("--keys-in-registers", action="store_true", help="at T > 1 also auto with keys_in_registers")
+  parser.add_argument("--keys-in-registers", action="store_true",
+                      help="at T > 1 also auto with keys_in_registers flipped")
   args = parser.parse_args(argv)
   bandwidth = copy_bandwidth()
   print(f"index scores' splits on {jax.devices()[0].device_kind}, jax {jax.__version__}; copy bandwidth "
@@ -54,10 +55,10 @@ def main(argv=None) -> int:
         q = jax.random.normal(next(keys), (b, t, I, J), jnp.float32).astype(jnp.bfloat16)
         k32 = jax.random.normal(next(keys), (b, s, J), jnp.float32)
         w = jax.random.normal(next(keys), (b, t, I), jnp.float32)
-        auto = mgpu.config_for(b, t, s)
-        query_blocks = b * -(-t // auto.block_tokens)
         k8, scale = quantize_keys(k32, jnp.float8_e4m3fn)
         for name, k, k_scale in [("bf16", k32.astype(jnp.bfloat16), None), ("fp8", k8, scale)]:
+          auto = mgpu.config_for(b, t, s, float8_keys=k_scale is not None)
+          query_blocks = b * -(-t // auto.block_tokens)
           xla = index_scores(q, k, w, J**-0.5, k_scale_BS=k_scale, dot_dtype=jnp.bfloat16)
           floor = (k.nbytes + (0 if k_scale is None else k_scale.nbytes)) / bandwidth * 1e6
           configs = [] if args.no_sweep else [dataclasses.replace(auto, splits=d)
@@ -65,9 +66,9 @@ def main(argv=None) -> int:
           configs = configs or [auto]
           if t > 1:  # query n + 1's dot overlapping query n's epilogue (auto's), and the queries in turn
             configs.append(dataclasses.replace(auto, overlap_queries=not auto.overlap_queries))
-            if args.keys_in_registers:  # the step's keys read once into wgmma's register operand
-              configs += [dataclasses.replace(auto, keys_in_registers=True, overlap_queries=overlap)
-                          for overlap in (True, False)]
+            if args.keys_in_registers:  # the step's keys read once into wgmma's register operand, or not
+              configs += [dataclasses.replace(auto, keys_in_registers=not auto.keys_in_registers,
+                                              overlap_queries=overlap) for overlap in (True, False)]
           for config in configs:
             splits = config.splits
             fn = jax.jit(lambda q, k, w, ks, config=config: mgpu.index_scores_mgpu(

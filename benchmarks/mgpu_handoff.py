@@ -20,6 +20,7 @@ products; at 1.98 GHz a [64, 576] · [576, 32] product is ~150 ns of tensor-core
 from __future__ import annotations
 
 import argparse
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +28,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from benchmarks.timing import time_in_loop
-from jax_mtp.kernels.mosaic_gpu_common import interpret_params, operand_transforms
+from jax_mtp.kernels.mosaic_gpu_common import interpret_params
 
 HEADS, WIDTH, VALUES = 64, 576, 256  # a head block, the latent + rope width, a values warpgroup's output half
 
@@ -66,8 +67,10 @@ def ping_pong(reps: int, commit: bool, interpret=False):
   return kernel
 
 
-def product(reps: int, form: str, entries: int, interpret=False):
-  """A kernel of `reps` products of `form` ("qk" or "pv"), each issued and waited for; returns f(a, b) -> [1]."""
+def product(reps: int, form: str, entries: int, swizzle: int = 64, interpret=False):
+  """A kernel of `reps` products of `form` ("qk" or "pv"), each issued and waited for; returns f(a, b) -> [1].
+  Both operands at one `swizzle` (bytes): wgmma on jax 0.11.2 takes no two (the H200 refused a [64, 32] P at 64 B
+  beside [32, 256] values at 128 B, 2026-12-04 21:20); 64, as the double-buffered sparse MLA lays out every operand."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # noqa: PLC0415
 
   m, k, n = (HEADS, WIDTH, entries) if form == "qk" else (HEADS, entries, VALUES)
@@ -90,10 +93,10 @@ def product(reps: int, form: str, entries: int, interpret=False):
     o_gmem[...] = total.sum(axis=1)
 
   b_shape = (n, k) if form == "qk" else (k, n)  # qk: the operand's rows are entries (transposed in the product)
+  transforms = (plgpu.TilingTransform((8, swizzle // 2)), plgpu.SwizzleTransform(swizzle))  # bf16: 2 bytes a value
   kernel = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((m,), jnp.float32),
-                        scratch_types=[plgpu.SMEM((m, k), jnp.bfloat16, transforms=operand_transforms(plgpu, jnp.bfloat16, k)),
-                                       plgpu.SMEM(b_shape, jnp.bfloat16,
-                                                  transforms=operand_transforms(plgpu, jnp.bfloat16, b_shape[1])),
+                        scratch_types=[plgpu.SMEM((m, k), jnp.bfloat16, transforms=transforms),
+                                       plgpu.SMEM(b_shape, jnp.bfloat16, transforms=transforms),
                                        plgpu.Barrier(num_arrivals=2)],
                         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane),
                         kernel_name=f"handoff_{form}", interpret=interpret_params(plgpu, interpret))
@@ -105,6 +108,9 @@ def main(argv=None) -> int:
   parser.add_argument("--reps", type=int, default=2000)
   parser.add_argument("--entries", type=int, nargs="+", default=[32, 64])
   parser.add_argument("--iters", type=int, default=5)
+  parser.add_argument("--swizzle", type=int, nargs="+", default=[64], choices=[32, 64, 128],
+                      help="the products' operand swizzle(s) in bytes (each entry count a multiple of it / 2)")
+  parser.add_argument("--forms", nargs="+", default=["ping-pong", "qk", "pv"], choices=["ping-pong", "qk", "pv"])
   parser.add_argument("--backend", default="gpu", choices=["gpu", "interpret"], help="interpret: a CPU smoke run")
   args = parser.parse_args(argv)
   interpret = args.backend == "interpret"
@@ -113,25 +119,26 @@ def main(argv=None) -> int:
   print("| what | ns a repetition | check |")
   print("|---|---:|---|")
   x = jnp.zeros((1,), jnp.float32)
-  for commit in (False, True):
+  for commit in (False, True) if "ping-pong" in args.forms else ():
     fn = jax.jit(ping_pong(args.reps, commit, interpret))
     ok = float(fn(x)[0]) == 1.0
     seconds = time_in_loop(fn, (x,), args.iters)
     print(f"| ping-pong{' + commit' if commit else ''} (a round trip: two hand-offs) | "
           f"{seconds / args.reps * 1e9:,.0f} | output {'ok' if ok else 'WRONG'} |", flush=True)
   keys = iter(jax.random.split(jax.random.key(0), 8))
-  for form in ("qk", "pv"):
-    for entries in args.entries:
-      kernel, a_shape, b_shape = product(args.reps, form, entries, interpret)
-      a = (jax.random.normal(next(keys), a_shape) * 0.1).astype(jnp.bfloat16)
-      b = (jax.random.normal(next(keys), b_shape) * 0.1).astype(jnp.bfloat16)
-      fn = jax.jit(kernel)
-      b_mat = b.T if form == "qk" else b
-      want = args.reps * jnp.dot(a.astype(jnp.float32), b_mat.astype(jnp.float32)).sum(axis=1)
-      err = float(jnp.max(jnp.abs(fn(a, b) - want)) / jnp.max(jnp.abs(want)))
-      seconds = time_in_loop(fn, (a, b), args.iters)
-      print(f"| {form} wgmma, {entries} entries ([{a_shape[0]}, {a_shape[1]}] · [{b_mat.shape[0]}, {b_mat.shape[1]}]) | "
-            f"{seconds / args.reps * 1e9:,.0f} | rel err {err:.1e} |", flush=True)
+  for form, entries, swizzle in itertools.product([f for f in args.forms if f != "ping-pong"], args.entries,
+                                                   args.swizzle):
+    kernel, a_shape, b_shape = product(args.reps, form, entries, swizzle, interpret)
+    a = (jax.random.normal(next(keys), a_shape) * 0.1).astype(jnp.bfloat16)
+    b = (jax.random.normal(next(keys), b_shape) * 0.1).astype(jnp.bfloat16)
+    fn = jax.jit(kernel)
+    b_mat = b.T if form == "qk" else b
+    want = args.reps * jnp.dot(a.astype(jnp.float32), b_mat.astype(jnp.float32)).sum(axis=1)
+    err = float(jnp.max(jnp.abs(fn(a, b) - want)) / jnp.max(jnp.abs(want)))
+    seconds = time_in_loop(fn, (a, b), args.iters)
+    print(f"| {form} wgmma, {entries} entries ([{a_shape[0]}, {a_shape[1]}] · [{b_mat.shape[0]}, {b_mat.shape[1]}], "
+          f"{swizzle} B swizzle) | "
+          f"{seconds / args.reps * 1e9:,.0f} | rel err {err:.1e} |", flush=True)
   return 0
 
 

@@ -56,11 +56,13 @@ class Config:
   # A step's keys loaded once from shared memory into registers (wgmma's A operand) for all of a block's queries,
   # where each query's wgmma re-reads them from shared memory. Why: at T = 4 a step's four [128, 128] key reads and
   # four [64, 128] query reads are 192 KiB of shared-memory traffic (~1,500 cycles at 128 B a cycle, about the step's
-  # measured time); from registers, 96 KiB. Float8 keys are widened in shared memory first, as without it. Built
-  # 2026-12-04 after the device time was spent: lowered for CUDA (jax 0.12, 0.11.2), never run (the GPU interpreter
-  # has no register-operand wgmma, and its GPU tests wait for a device session): off until timed
-  # (benchmarks.index_scores_splits --keys-in-registers).
-  keys_in_registers: bool = False
+  # measured time); from registers, 96 KiB. Float8 keys are widened in shared memory first, as without it.
+  # None: `config_for` takes it for 16-bit keys and not for float8 ones. Timed on the H200 at T = 4 (2026-12-04 21:23,
+  # benchmarks/RESULTS.md): bf16 keys 1,174 → 1,150 µs at B = 64 × 128K, 174 → 168 at B = 8 × 128K, 92.6 → 81.8 at
+  # B = 8 × 32K, 306 → 309 at B = 64 × 32K; float8 keys slower in 3 of 4 rows (1,363 → 1,429 µs at B = 64 × 128K),
+  # their widening pass already reading the keys once. Compiled only (the GPU interpreter has no register-operand
+  # wgmma; there the keys stay in shared memory, the same product).
+  keys_in_registers: bool | None = None
 
 
 def allowed_splits(steps: int) -> list[int]:
@@ -69,12 +71,14 @@ def allowed_splits(steps: int) -> list[int]:
   return [d for d in range(1, steps + 1) if steps % d == 0 and (steps // d >= MIN_STEPS_PER_CTA or d == 1)]
 
 
-def config_for(batch: int, tokens: int, slots: int, config: Config | None = None, cores: int = 132) -> Config:
+def config_for(batch: int, tokens: int, slots: int, config: Config | None = None, cores: int = 132, *,
+               float8_keys: bool = False) -> Config:
   """The call's launch: query blocks of min(T, block_tokens); `splits` the smallest divisor of the row's steps
   that gives ≥ 2 CTAs per core while each CTA keeps ≥ MIN_STEPS_PER_CTA steps (its q block is loaded once per CTA:
   64 KiB at V3.2 widths, as much as two steps of keys), else the most CTAs that rule allows. (A CTA holds ~192 KiB
   of shared memory at V3.2's widths, so one runs a core at a time and this is two waves; swept on the H200,
-  2026-12-04 18:39, no other split count was faster across B and T: benchmarks.index_scores_splits.)"""
+  2026-12-04 18:39, no other split count was faster across B and T: benchmarks.index_scores_splits.)
+  `keys_in_registers` unset: on for 16-bit keys, off for float8 ones (`float8_keys`), as timed (Config)."""
   config = config or Config()
   tb = min(tokens, config.block_tokens)
   splits = config.splits
@@ -83,7 +87,8 @@ def config_for(batch: int, tokens: int, slots: int, config: Config | None = None
     query_blocks = batch * -(-tokens // tb)
     allowed = allowed_splits(steps)
     splits = next((d for d in allowed if query_blocks * d >= 2 * cores), allowed[-1])
-  return dataclasses.replace(config, block_tokens=tb, splits=splits)
+  registers = (not float8_keys) if config.keys_in_registers is None else config.keys_in_registers
+  return dataclasses.replace(config, block_tokens=tb, splits=splits, keys_in_registers=registers)
 
 
 def check_operands(q_BTIJ, k_BSJ, w_BTI, *, k_scale_BS, positions_BT, config: Config) -> None:
@@ -122,7 +127,7 @@ def index_scores_mgpu(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, sca
 
   b, t, i, j = q_BTIJ.shape
   s = k_BSJ.shape[1]
-  config = config_for(b, t, s, config)
+  config = config_for(b, t, s, config, float8_keys=k_BSJ.dtype in FLOAT8_KEYS)
   check_operands(q_BTIJ, k_BSJ, w_BTI, k_scale_BS=k_scale_BS, positions_BT=positions_BT, config=config)
   tb, bs, splits = config.block_tokens, config.block_slots, config.splits
   padded = -(-t // tb) * tb  # padding queries have zero weights: their scores are 0 and dropped

@@ -110,6 +110,14 @@ def test_config_fills_the_machine():
   assert config_for(8, 1, 4096).splits == 8  # 32 steps: 8 × 8 = 64 CTAs of 4 steps
 
 
+def test_config_reads_16_bit_keys_into_registers_and_widens_float8_ones_in_shared_memory():
+  """As timed on the H200 (Config.keys_in_registers): unset, it follows the keys' dtype; set, it is kept."""
+  assert config_for(64, 4, 131072).keys_in_registers is True
+  assert config_for(64, 4, 131072, float8_keys=True).keys_in_registers is False
+  assert config_for(64, 4, 131072, Config(keys_in_registers=False)).keys_in_registers is False
+  assert config_for(64, 4, 131072, Config(keys_in_registers=True), float8_keys=True).keys_in_registers is True
+
+
 def test_kernel_refuses_what_it_cannot_run():
   q, k, w = (x.astype(jnp.bfloat16) for x in inputs(1, 1, 16, 16, 256))
   with pytest.raises(ValueError, match="200 is not a multiple of block_slots=128"):

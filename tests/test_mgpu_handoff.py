@@ -27,7 +27,7 @@ def test_products_sum_to_reps_times_the_product(form):
 def test_the_kernels_lower_for_cuda():
   x = jax.ShapeDtypeStruct((1,), jnp.float32)
   assert "mosaic_gpu" in jax.jit(mgpu_handoff.ping_pong(8, True)).trace(x).lower(lowering_platforms=("cuda",)).as_text()
-  for form in ("qk", "pv"):
-    kernel, a_shape, b_shape = mgpu_handoff.product(8, form, 64)
+  for form, entries in [("qk", 64), ("pv", 32), ("pv", 64)]:  # pv at 32 entries: P's rows are 64 B
+    kernel, a_shape, b_shape = mgpu_handoff.product(8, form, entries)
     args = (jax.ShapeDtypeStruct(a_shape, jnp.bfloat16), jax.ShapeDtypeStruct(b_shape, jnp.bfloat16))
     assert "mosaic_gpu" in jax.jit(kernel).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
