@@ -350,7 +350,7 @@ case "${1:?stage}" in
   handoff)  # (21:20 2026-12-04: the ping-pong and qk rows ran, pv refused two swizzles on 0.11.2) what one hand-off
             # between warpgroups and one wgmma of the sparse MLA's step cost alone (benchmarks.mgpu_handoff): whether
             # its ~0.8 µs a step is hand-offs or the products' latency; the products at the kernel's 64 B swizzle
-    run 90 handoff.md python3 -m benchmarks.mgpu_handoff --reps 2000 --entries 32 48 64 --forms qk pv --swizzle 64 128
+    run 90 handoff.md python3 -m benchmarks.mgpu_handoff --reps 2000 --entries 32 48 64 --forms qk pv --swizzle 32 64 128
     ;;
   topk)  # (not run yet) the top-k forms at verification's 256 queries (B = 64, T = 4) over a 4K and a 32K cache: the
          # library's radix select against lax.top_k (at 33K and 256 queries 381 against 701 µs; 4K not timed) and the
