@@ -332,6 +332,12 @@ case "${1:?stage}" in
     run 170 gpu_tests_path.txt python3 -m pytest -v --tb=short -p no:cacheprovider tests/test_auto_gpu_paths.py \
       tests/test_user_path_kernels.py tests/test_e2e_impls.py -k "gpu or lowered_step or resolution or user_path"
     ;;
+  path4)  # the user's path after keys_in_registers became the default for bf16 keys (2026-12-04 21:30) and
+          # overlap_queries (18:56): the model path's GPU tests under auto first (splits3's ran out at 13 of 18), then e2e
+    run 230 gpu_tests_path.txt python3 -m pytest -v --tb=short -p no:cacheprovider tests/test_auto_gpu_paths.py \
+      tests/test_user_path_kernels.py tests/test_e2e_impls.py -k "gpu or lowered_step or resolution or user_path"
+    run 175 e2e_small.md python3 -m benchmarks.e2e --prompt 4096 --batch 8 1 --iters 5
+    ;;
   overlap)  # (18:56 2026-12-04) Config.overlap_queries of the index scores (query n + 1's dot during query n's epilogue): its compiled
             # tests, then timed beside auto at T = 4 (verification), 128K and 32K
     run 90 gpu_tests_overlap.txt python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_index_scores_mgpu.py \
