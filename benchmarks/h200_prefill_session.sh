@@ -332,6 +332,16 @@ case "${1:?stage}" in
     run 170 gpu_tests_path.txt python3 -m pytest -v --tb=short -p no:cacheprovider tests/test_auto_gpu_paths.py \
       tests/test_user_path_kernels.py tests/test_e2e_impls.py -k "gpu or lowered_step or resolution or user_path"
     ;;
+  fp8q)  # (not run yet) the index scores with float8 q beside float8 keys (a float8 × float8 wgmma, the fp8 index
+         # cache's path since 2026-12-04 21:50): timed beside bf16 keys and widened fp8 keys at T = 4 with the FLOPs
+         # floor; the kernel's compiled tests; then the user path's GPU tests (path4's, for keys_in_registers too)
+    run 110 index_scores_fp8q.md python3 -m benchmarks.index_scores_splits --capacity 131072 32768 --batch 64 8 \
+      --tokens 4 --no-sweep --iters 10
+    run 70 gpu_tests_fp8q.txt python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_index_scores_mgpu.py \
+      -k "float8_queries or lowered_step or refuses"
+    run 170 gpu_tests_path.txt python3 -m pytest -v --tb=short -p no:cacheprovider tests/test_auto_gpu_paths.py \
+      tests/test_user_path_kernels.py tests/test_e2e_impls.py -k "gpu or lowered_step or resolution or user_path"
+    ;;
   path4)  # the user's path after keys_in_registers became the default for bf16 keys (2026-12-04 21:30) and
           # overlap_queries (18:56): the model path's GPU tests under auto first (splits3's ran out at 13 of 18), then e2e
     run 230 gpu_tests_path.txt python3 -m pytest -v --tb=short -p no:cacheprovider tests/test_auto_gpu_paths.py \

@@ -5,8 +5,14 @@
 
 Why: `config_for` asks for two CTAs a core, but a CTA holds its 64 KiB q block and four 32 KiB key blocks in flight
 (192 KiB of shared memory), so one runs a core; the sparse MLA's splits, swept the same way on the H200
-(2026-12-04 18:31, benchmarks/RESULTS.md), were fastest at one wave. Each row beside the bytes floor (the keys and
-their scales over the copy bandwidth measured in this run) and checked against XLA's scores on the same keys.
+(2026-12-04 18:31, benchmarks/RESULTS.md), were fastest at one wave. Each row is checked against XLA's scores on
+the same operands and stands beside its floor, the larger of
+  bytes: the keys and their scales over the copy bandwidth measured in this run, and
+  FLOPs: 2 · B · T · I · J · S over the bf16 GEMM rate measured in this run (twice it for a float8 × float8 dot,
+         Hopper's dense fp8 rate; not measured),
+since from a few queries a call the dot, not the keys' bytes, bounds it (B = 64, T = 4, 128K: 550 GFLOP, ~680 µs at
+810 TFLOP/s, against 520 µs of bf16 keys). Key forms: bf16; fp8 (e4m3 keys widened beside bf16 q); fp8 q (e4m3 q
+and keys, `indexer.quantize_queries`: the fp8 index cache's path since 2026-12-04).
 """
 
 from __future__ import annotations
@@ -17,8 +23,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from benchmarks.timing import copy_bandwidth, time_in_loop
-from jax_mtp.indexer import quantize_keys
+from benchmarks.timing import bf16_peak, copy_bandwidth, time_in_loop
+from jax_mtp.indexer import quantize_keys, quantize_queries
 from jax_mtp.kernels.index_scores import reference as index_scores
 from jax_mtp.kernels import index_scores_mgpu as mgpu
 
@@ -43,11 +49,11 @@ def main(argv=None) -> int:
   parser.add_argument("--keys-in-registers", action="store_true",
                       help="at T > 1 also auto with keys_in_registers flipped")
   args = parser.parse_args(argv)
-  bandwidth = copy_bandwidth()
+  bandwidth, peak = copy_bandwidth(), bf16_peak()
   print(f"index scores' splits on {jax.devices()[0].device_kind}, jax {jax.__version__}; copy bandwidth "
-        f"{bandwidth / 1e12:.2f} TB/s\n", flush=True)
-  print("| S | B | T | keys | splits | CTAs | µs | floor µs | floor / time | rel err vs XLA |")
-  print("|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|")
+        f"{bandwidth / 1e12:.2f} TB/s, bf16 GEMM {peak / 1e12:.0f} TFLOP/s\n", flush=True)
+  print("| S | B | T | keys | splits | CTAs | µs | bytes floor µs | FLOPs floor µs | floor / time | rel err vs XLA |")
+  print("|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
   for s in args.capacity:
     for b in args.batch:
       for t in args.tokens:
@@ -56,31 +62,36 @@ def main(argv=None) -> int:
         k32 = jax.random.normal(next(keys), (b, s, J), jnp.float32)
         w = jax.random.normal(next(keys), (b, t, I), jnp.float32)
         k8, scale = quantize_keys(k32, jnp.float8_e4m3fn)
-        for name, k, k_scale in [("bf16", k32.astype(jnp.bfloat16), None), ("fp8", k8, scale)]:
+        q8, w8 = quantize_queries(q.astype(jnp.float32), w, jnp.float8_e4m3fn)
+        for name, q_, w_, k, k_scale in [("bf16", q, w, k32.astype(jnp.bfloat16), None), ("fp8", q, w, k8, scale),
+                                         ("fp8 q", q8, w8, k8, scale)]:
           auto = mgpu.config_for(b, t, s, float8_keys=k_scale is not None)
           query_blocks = b * -(-t // auto.block_tokens)
-          xla = index_scores(q, k, w, J**-0.5, k_scale_BS=k_scale, dot_dtype=jnp.bfloat16)
-          floor = (k.nbytes + (0 if k_scale is None else k_scale.nbytes)) / bandwidth * 1e6
+          xla = index_scores(q_, k, w_, J**-0.5, k_scale_BS=k_scale, dot_dtype=jnp.bfloat16)
+          bytes_floor = (k.nbytes + (0 if k_scale is None else k_scale.nbytes)) / bandwidth * 1e6
+          flops_floor = 2 * b * t * I * J * s / (peak * (2 if q_.dtype == k.dtype == k8.dtype else 1)) * 1e6
+          floor = max(bytes_floor, flops_floor)
           configs = [] if args.no_sweep else [dataclasses.replace(auto, splits=d)
                                                for d in candidate_splits(auto, s // auto.block_slots)]
           configs = configs or [auto]
           if t > 1:  # query n + 1's dot overlapping query n's epilogue (auto's), and the queries in turn
             configs.append(dataclasses.replace(auto, overlap_queries=not auto.overlap_queries))
-            if args.keys_in_registers:  # the step's keys read once into wgmma's register operand, or not
+            if args.keys_in_registers and q_.dtype != k8.dtype:  # the step's keys read once into wgmma's register
+              # operand, or not (16-bit keys only: float8 q multiplies the keys as they landed)
               configs += [dataclasses.replace(auto, keys_in_registers=not auto.keys_in_registers,
                                               overlap_queries=overlap) for overlap in (True, False)]
           for config in configs:
             splits = config.splits
             fn = jax.jit(lambda q, k, w, ks, config=config: mgpu.index_scores_mgpu(
                 q, k, w, J**-0.5, k_scale_BS=ks, config=config, interpret=args.backend == "interpret"))
-            out = fn(q, k, w, k_scale)
+            out = fn(q_, k, w_, k_scale)
             err = float(jnp.max(jnp.abs(out - xla)) / jnp.max(jnp.abs(xla)))
-            seconds = time_in_loop(fn, (q, k, w, k_scale), args.iters)
+            seconds = time_in_loop(fn, (q_, k, w_, k_scale), args.iters)
             changed = [f"{name} {getattr(config, name)}" for name in ("overlap_queries", "keys_in_registers")
                        if getattr(config, name) != getattr(auto, name)]
             mark = " (auto)" if config == auto else "".join(f", {c}" for c in changed)
             print(f"| {s} | {b} | {t} | {name} | {splits}{mark} | {query_blocks * splits} | {seconds * 1e6:,.1f} | "
-                  f"{floor:,.1f} | {floor / seconds / 1e6:.2f} | {err:.1e} |", flush=True)
+                  f"{bytes_floor:,.1f} | {flops_floor:,.1f} | {floor / seconds / 1e6:.2f} | {err:.1e} |", flush=True)
   return 0
 
 

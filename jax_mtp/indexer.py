@@ -7,11 +7,13 @@
     keep     = top-min(index_topk, S)(I[t, :])                    one selection shared by all MLA heads
              (a radix select of the k-th score, `topk_selection_radix`, not a sort)
 
-Math is fp32. The official kernel also quantises q and k to FP8 after a Hadamard rotation; the
-rotation is orthogonal, so in fp32 it changes nothing, and the FP8 simulation is not modelled here
-(this is the Hugging Face `DeepseekV32Indexer` numerics). When the cache holds no more positions
-than index_topk every visible position is kept, so DSA equals dense MLA; the caller skips the
-indexer then (`selects_all`).
+Math is fp32 with the compute dtype's keys (the Hugging Face `DeepseekV32Indexer` numerics). With an fp8 key
+cache (`index_cache_dtype="fp8"`, vLLM's storage) q is rounded to the keys' float8 as well, one scale per
+(token, head) folded into w, as the official kernel (`act_quant` of q and k, `fp8_index`) and vLLM's DeepGEMM
+logits do (the Mosaic GPU kernel can then dot float8 × float8: `FLOAT8_SCORES_DOT`). The official kernel's
+Hadamard rotation before that rounding is not modelled (it is orthogonal: in exact arithmetic it changes
+nothing). When the cache holds no more positions than index_topk every visible position is kept, so DSA equals
+dense MLA; the caller skips the indexer then (`selects_all`).
 
 The selection is returned as slot indices [B, T, K] (K = min(index_topk, S)) with a validity mask
 (a query with fewer than K visible slots gets some invisible, invalid ones): MLA's decode form
@@ -95,6 +97,8 @@ class Indexer(nn.Module):
     q_BTIJ = self.wq_b(qr_BTQ).reshape(*qr_BTQ.shape[:2], cfg.index_n_heads, cfg.index_head_dim)
     q_BTIJ = self._rope_first(q_BTIJ.astype(jnp.float32), rotary)
     w_BTI = self.weights_proj(x_BTD.astype(jnp.float32)) * cfg.index_n_heads**-0.5
+    if cache.index_k_scale_BS is not None:  # float8 keys: q in their float8 too (the official FP8 indexer)
+      q_BTIJ, w_BTI = quantize_queries(q_BTIJ, w_BTI, cache.index_k_BSJ.dtype)
     impl = resolve_index_scores_impl(cfg, lowering_platform(), cache.capacity, hopper=lowering_gpu_is_hopper())
     with jax.named_scope("index_scores"):  # the parts' names in a device profile (benchmarks.step_profile)
       scores_BTS = self._scores(q_BTIJ, w_BTI, positions_BT, cache, impl)
@@ -111,7 +115,11 @@ class Indexer(nn.Module):
                                      k_scale_BS=cache.index_k_scale_BS, dot_dtype=cfg.dtype)
     if impl == "mosaic_gpu":  # on a CPU (tests) the same kernel in Pallas's GPU interpreter; picked at trace time
       # (lax.platform_dependent would lower the interpreter's ordered callbacks into a CUDA program's cond)
-      return scores_mgpu.index_scores_mgpu(q_BTIJ.astype(cfg.dtype), cache.index_k_BSJ, w_BTI,
+      # float8 q beside float8 keys: the kernel's float8 × float8 wgmma where FLOAT8_SCORES_DOT, else q's float8
+      # values in the model's dtype (exact), the keys widened to it: the same products
+      float8_dot = FLOAT8_SCORES_DOT and q_BTIJ.dtype == cache.index_k_BSJ.dtype
+      q = q_BTIJ if float8_dot else q_BTIJ.astype(cfg.dtype)
+      return scores_mgpu.index_scores_mgpu(q, cache.index_k_BSJ, w_BTI,
                                            cfg.index_head_dim**-0.5, k_scale_BS=cache.index_k_scale_BS,
                                            positions_BT=positions_BT, interpret=lowering_platform() == "cpu")
     return scores_kernel.index_scores_pallas(  # pallas_tpu (every slot block scored: the TPU form takes no bound)
@@ -124,6 +132,11 @@ class Indexer(nn.Module):
     rotated = apply_rope(x[..., :r], rotary, interleaved=self.cfg.indexer_rope_interleave)
     return jnp.concatenate([rotated, x[..., r:]], axis=-1)
 
+
+# The Mosaic GPU index scores' float8 × float8 dot for an fp8 key cache (q in the keys' float8, `quantize_queries`):
+# off until timed and its compiled tests run on a Hopper GPU (stage `fp8q`; built 2026-12-04 after that session's
+# device time). Off, the kernel widens the keys to bf16 beside q's float8 values in bf16: the same products, exactly.
+FLOAT8_SCORES_DOT = False
 
 # Slots a cache capacity must be a multiple of for the fused kernels: the TPU kernel's block (256). The Mosaic GPU
 # kernel takes any multiple of its 128-slot step: `config_for` picks `splits` dividing S / 128.
@@ -216,6 +229,14 @@ def quantize_keys(k_BTJ: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
   """(keys in `dtype` (float8), fp32 scale per token) with key ≈ stored · scale: amax → 448."""
   scale_BT = jnp.maximum(jnp.max(jnp.abs(k_BTJ), axis=-1), 1e-12) / FP8_MAX
   return (k_BTJ / scale_BT[..., None]).astype(dtype), scale_BT
+
+
+def quantize_queries(q_BTIJ: jax.Array, w_BTI: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
+  """(q in `dtype` (float8), w with q's scales folded in): each (token, head) query's amax → 448, as the keys
+  (`quantize_keys`), its scale multiplied into that head's weight. Exact in real arithmetic, since a scale is
+  positive and commutes with the ReLU: Σ_i w_i · ReLU(q_i · k) = Σ_i (w_i · s_i) · ReLU(q8_i · k)."""
+  q8_BTIJ, scale_BTI = quantize_keys(q_BTIJ, dtype)
+  return q8_BTIJ, w_BTI * scale_BTI
 
 
 def topk_selection(scores_BTS: jax.Array, visible_BTS: jax.Array, topk: int) -> Selection:

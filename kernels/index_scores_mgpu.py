@@ -98,9 +98,13 @@ def check_operands(q_BTIJ, k_BSJ, w_BTI, *, k_scale_BS, positions_BT, config: Co
   if k_BSJ.shape != (b, s, j) or w_BTI.shape != (b, t, i):
     raise ValueError(f"shapes q {q_BTIJ.shape}, k {k_BSJ.shape}, w {w_BTI.shape} do not agree")
   fp8 = k_BSJ.dtype in FLOAT8_KEYS
-  if q_BTIJ.dtype not in (jnp.bfloat16, jnp.float16) or not (k_BSJ.dtype == q_BTIJ.dtype or fp8):
-    raise ValueError(f"q {q_BTIJ.dtype} and keys {k_BSJ.dtype}: q must be bfloat16 or float16 (wgmma's inputs), "
-                     f"the keys q's dtype or float8 with scales")
+  sixteen_bit_q = q_BTIJ.dtype in (jnp.bfloat16, jnp.float16) and (k_BSJ.dtype == q_BTIJ.dtype or fp8)
+  if not (sixteen_bit_q or (fp8 and q_BTIJ.dtype == k_BSJ.dtype)):
+    raise ValueError(f"q {q_BTIJ.dtype} and keys {k_BSJ.dtype}: q must be bfloat16 or float16 (wgmma's inputs) "
+                     f"with keys in q's dtype or float8 with scales, or q in the float8 keys' own dtype")
+  if config.keys_in_registers and q_BTIJ.dtype in FLOAT8_KEYS:
+    raise ValueError(f"keys_in_registers loads 16-bit keys into wgmma's register operand; with q {q_BTIJ.dtype} the "
+                     "keys stay in shared memory (keys_in_registers=False, or None: config_for's choice)")
   if fp8 != (k_scale_BS is not None) or (fp8 and (k_scale_BS.shape != (b, s) or j % 32)):
     raise ValueError(f"keys {k_BSJ.dtype} with k_scale_BS {None if k_scale_BS is None else k_scale_BS.shape}: "
                      f"float8 keys take one scale a key, shape {(b, s)}, and a head dim that is a multiple of 32 "
@@ -118,8 +122,10 @@ def index_scores_mgpu(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, sca
                       k_scale_BS: jax.Array | None = None, positions_BT: jax.Array | None = None,
                       config: Config | None = None, interpret=False) -> jax.Array:
   """fp32 [B, T, S] index scores (S a multiple of block_slots × splits). `k_scale_BS`: per-key scales of float8
-  keys (e4m3 / e5m2), which the kernel widens to q's dtype in shared memory (through fp32: exact) before the
-  dot and whose scales multiply the fp32 logits. `positions_BT` (int32, optional): each query's position; steps
+  keys (e4m3 / e5m2), whose scales multiply the fp32 logits. Beside 16-bit q the kernel widens such keys to q's
+  dtype in shared memory (through fp32: exact) before the dot; q in the keys' own float8 (`indexer.quantize_queries`,
+  its scales already in w) is a float8 × float8 wgmma over the keys as they landed, at twice bf16's tensor-core
+  rate and without the widening pass (the official FP8 indexer's numerics: each product exact, fp32 sums). `positions_BT` (int32, optional): each query's position; steps
   that start past its query block's last position are then written as zeros without a dot (and, with
   `config.bound_reads`, without reading their keys). `interpret`: Pallas's GPU interpreter (any host: the tests;
   True, or a `plgpu.InterpretGPUParams`: the tests' race detection)."""

@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import pytest
 
 import jax_mtp
-from jax_mtp.indexer import resolve_index_scores_impl
+from jax_mtp import indexer
+from jax_mtp.indexer import quantize_queries, resolve_index_scores_impl
 from jax_mtp.kernels.index_scores import KERNEL_NAME as TRITON_KERNEL
 from jax_mtp.kernels.index_scores_mgpu import KERNEL_NAME, Config, config_for, index_scores_mgpu
 from tests.index_scores_cases import (assert_equals_xla_and_the_formula, assert_positions_bound_the_scored_slots,
@@ -43,16 +44,18 @@ def test_kernel_equals_xla_and_the_formula(b, t, i, j, s, block, splits, keys, o
 
 
 @pytest.mark.skipif(ON_GPU, reason="the interpreter's race detector (on a CPU)")
-@pytest.mark.parametrize("keys", ["bfloat16", "float8_e4m3fn"])
+@pytest.mark.parametrize("keys", ["bfloat16", "float8_e4m3fn", "float8 q"])
 @pytest.mark.parametrize("overlap", [False, True])
 def test_no_shared_memory_race_between_the_warpgroups(keys, overlap):
   """The GPU interpreter's race detector (vector clocks over every shared-memory access, TMA copies included) finds
-  no unordered access over several key blocks and splits, bf16 keys and float8 keys widened in shared memory; it
-  raises at the first race."""
+  no unordered access over several key blocks and splits, bf16 keys, float8 keys widened in shared memory and
+  float8 keys beside float8 q; it raises at the first race."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # noqa: PLC0415
   q, k, w = inputs(2, 3, 16, 64, 384)
-  k, k_scale, dot = keys_as(k, keys)
-  got = index_scores_mgpu(q.astype(dot), k, w, 0.25, k_scale_BS=k_scale,
+  k, k_scale, dot = keys_as(k, "float8_e4m3fn" if keys == "float8 q" else keys)
+  q = quantize_queries(q, w, k.dtype) if keys == "float8 q" else (q.astype(dot), w)
+  q, w = q
+  got = index_scores_mgpu(q, k, w, 0.25, k_scale_BS=k_scale,
                           config=Config(block_slots=64, splits=2, overlap_queries=overlap),
                           interpret=plgpu.InterpretGPUParams(detect_races=True))
   assert_equals_xla_and_the_formula(got, q, k, w, 0.25, k_scale=k_scale, dot=dot, what=f"race-checked, {keys} keys")
@@ -69,6 +72,20 @@ def test_float8_keys_equal_xla_and_the_formula(b, t, i, j, s, block, splits, key
   got = _scores(q.astype(dot), k, w, 0.25, k_scale_BS=k_scale,
                 config=Config(block_slots=block, splits=splits, overlap_queries=overlap, keys_in_registers=registers))
   assert_equals_xla_and_the_formula(got, q, k, w, 0.25, k_scale=k_scale, dot=dot, what=f"kernel, {keys} keys")
+
+
+@pytest.mark.parametrize("b,t,i,j,s,block,splits", [(1, 1, 16, 32, 128, 64, 1), (2, 5, 16, 128, 512, 128, 2)])
+@pytest.mark.parametrize("keys", ["float8_e4m3fn", "float8_e5m2"])
+@pytest.mark.parametrize("overlap", [False, True])
+def test_float8_queries_beside_float8_keys_equal_xla_and_the_formula(b, t, i, j, s, block, splits, keys, overlap):
+  """q in the keys' float8 (`quantize_queries`, its scales in w): a float8 × float8 wgmma over the keys as they
+  landed, equal to XLA's form (whose bf16 dot takes the same values exactly) and to the float64 formula."""
+  q, k, w = inputs(b, t, i, j, s)
+  k, k_scale, dot = keys_as(k, keys)
+  q8, w8 = quantize_queries(q, w, k.dtype)
+  got = _scores(q8, k, w8, 0.25, k_scale_BS=k_scale,
+                config=Config(block_slots=block, splits=splits, overlap_queries=overlap))
+  assert_equals_xla_and_the_formula(got, q8, k, w8, 0.25, k_scale=k_scale, dot=dot, what=f"kernel, {keys} q and keys")
 
 
 @pytest.mark.parametrize("bound_reads", [False, True])
@@ -94,12 +111,13 @@ def test_kernel_lowers_for_cuda_at_any_t(t, overlap, registers):
                                                     keys_in_registers=registers)))
     text = fn.trace(*args, positions).lower(lowering_platforms=("cuda",)).as_text()
     assert "mosaic_gpu" in text and KERNEL_NAME in text
-  fp8 = jax.jit(lambda q, k, w, ks: index_scores_mgpu(  # the widening copy lowers too
-      q, k, w, 0.5, k_scale_BS=ks, config=Config(overlap_queries=overlap, keys_in_registers=registers)))
   k8 = jax.ShapeDtypeStruct((2, 4096, 128), jnp.float8_e4m3fn)
-  text = fp8.trace(args[0], k8, args[2], jax.ShapeDtypeStruct((2, 4096), jnp.float32)).lower(
-      lowering_platforms=("cuda",)).as_text()
-  assert KERNEL_NAME in text
+  for q, in_registers in [(args[0], registers), (jax.ShapeDtypeStruct(args[0].shape, jnp.float8_e4m3fn), False)]:
+    fp8 = jax.jit(lambda q, k, w, ks, r=in_registers: index_scores_mgpu(  # bf16 q (keys widened), float8 q
+        q, k, w, 0.5, k_scale_BS=ks, config=Config(overlap_queries=overlap, keys_in_registers=r)))
+    text = fp8.trace(q, k8, args[2], jax.ShapeDtypeStruct((2, 4096), jnp.float32)).lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert KERNEL_NAME in text
 
 
 def test_config_fills_the_machine():
@@ -118,6 +136,18 @@ def test_config_reads_16_bit_keys_into_registers_and_widens_float8_ones_in_share
   assert config_for(64, 4, 131072, Config(keys_in_registers=True), float8_keys=True).keys_in_registers is True
 
 
+@pytest.mark.parametrize("float8_dot", [False, True])
+def test_an_fp8_key_cache_gives_the_kernel_q_as_indexer_float8_scores_dot_says(monkeypatch, float8_dot):
+  """The kernel's q operand ([B, T·I, J] as the call passes it, the keys [B, S, J] beside it) in the CUDA step of a
+  model with an fp8 key cache: q's float8 values in bf16 (the keys widened) while FLOAT8_SCORES_DOT is off, float8
+  (a float8 × float8 wgmma) once it is on."""
+  monkeypatch.setattr(indexer, "FLOAT8_SCORES_DOT", float8_dot)
+  step = mtp_step_module(_model_cfg(index_cache_dtype="fp8", index_head_dim=32), "cuda", 2, 512)
+  (call,) = [line for line in step.splitlines() if "stablehlo.custom_call @mosaic_gpu" in line]
+  q = "f8E4M3FN" if float8_dot else "bf16"
+  assert call[call.rindex(": ("):].startswith(f": (tensor<2x16x32x{q}>, tensor<2x512x32xf8E4M3FN>")
+
+
 def test_kernel_refuses_what_it_cannot_run():
   q, k, w = (x.astype(jnp.bfloat16) for x in inputs(1, 1, 16, 16, 256))
   with pytest.raises(ValueError, match="200 is not a multiple of block_slots=128"):
@@ -128,6 +158,12 @@ def test_kernel_refuses_what_it_cannot_run():
     index_scores_mgpu(q, k.astype(jnp.float8_e4m3fn), w, 1.0, k_scale_BS=jnp.ones((1, 256)))
   with pytest.raises(ValueError, match="q float32 and keys float32: q must be bfloat16 or float16"):
     index_scores_mgpu(q.astype(jnp.float32), k.astype(jnp.float32), w, 1.0)
+  q32, k32 = (x.astype(jnp.bfloat16) for x in inputs(1, 1, 16, 32, 256)[:2])
+  with pytest.raises(ValueError, match="q float8_e4m3fn and keys float8_e5m2: .* q in the float8 keys' own dtype"):
+    index_scores_mgpu(q32.astype(jnp.float8_e4m3fn), k32.astype(jnp.float8_e5m2), w, 1.0, k_scale_BS=jnp.ones((1, 256)))
+  with pytest.raises(ValueError, match="keys_in_registers loads 16-bit keys .* with q float8_e4m3fn"):
+    index_scores_mgpu(q32.astype(jnp.float8_e4m3fn), k32.astype(jnp.float8_e4m3fn), w, 1.0,
+                      k_scale_BS=jnp.ones((1, 256)), config=Config(keys_in_registers=True))
   with pytest.raises(ValueError, match="do not agree"):
     index_scores_mgpu(q, k[..., :8], w, 1.0)
   with pytest.raises(ValueError, match="index heads 12"):

@@ -140,6 +140,25 @@ def test_fp8_key_scores_track_fp32_keys():
   assert_close(fp8, _scores_formula(q, k, w, 0.2), "float8_e4m3fn", what="fp8-key scores")
 
 
+def test_fp8_queries_fold_their_scales_into_the_weights_and_track_fp32_scores():
+  """`quantize_queries`: each (token, head) query's amax → 448 in e4m3, its scale in that head's weight, so that
+  the scores over e4m3 q and keys track the fp32 formula within two e4m3 roundings (the official FP8 indexer)."""
+  from jax_mtp.indexer import FP8_MAX, quantize_keys, quantize_queries
+  rng = np.random.default_rng(2)
+  q = jnp.asarray(rng.standard_normal((2, 3, 4, 32)) * np.array([1e-2, 1.0, 40.0, 0.3])[None, None, :, None],
+                  jnp.float32)
+  k = jnp.asarray(rng.standard_normal((2, 70, 32)), jnp.float32)
+  w = jnp.asarray(rng.uniform(0, 1, (2, 3, 4)), jnp.float32)
+  q8, w8 = quantize_queries(q, w, jnp.float8_e4m3fn)
+  assert q8.dtype == jnp.float8_e4m3fn
+  np.testing.assert_allclose(np.max(np.abs(np.asarray(q8, np.float32)), -1), FP8_MAX)
+  q_scale = np.max(np.abs(np.asarray(q, np.float64)), -1) / FP8_MAX
+  np.testing.assert_allclose(np.asarray(w8), np.asarray(w, np.float64) * q_scale, rtol=1e-6)
+  k8, k_scale = quantize_keys(k, jnp.float8_e4m3fn)
+  fp8 = index_scores(q8, k8, w8, 0.2, chunk=32, k_scale_BS=k_scale)
+  assert_close(fp8, _scores_formula(q, k, w, 0.2), "float8_e4m3fn_qk", what="fp8 q and key scores")
+
+
 def test_fp8_index_cache_speculative_equals_plain_greedy():
   """With e4m3 indexer keys (vLLM's storage) the cache holds e4m3 + scales, and speculative decoding
   still equals plain greedy decoding token for token (both read the same quantised keys)."""

@@ -25,6 +25,16 @@ def test_index_scores_splits_keep_the_kernels_rules():
   assert all(steps % d == 0 and steps // d >= index_scores_mgpu.MIN_STEPS_PER_CTA for d in chosen)
 
 
+def test_index_scores_splits_runs_every_key_form_in_the_interpreter(capsys):
+  """A CPU smoke run of the device stage's command: bf16 keys, fp8 keys beside bf16 q, fp8 q and keys, each with
+  its flipped options (keys_in_registers only where the keys are 16-bit), every row within XLA's scores."""
+  assert index_scores_splits.main(["--capacity", "256", "--batch", "1", "--tokens", "2", "--iters", "1",
+                                   "--backend", "interpret", "--no-sweep", "--keys-in-registers"]) == 0
+  rows = [line.split("|") for line in capsys.readouterr().out.splitlines() if line.startswith("| 256 |")]
+  assert [row[4].strip() for row in rows].count("fp8 q") == 2 and len(rows) == 10
+  assert all(float(row[-2]) < 1e-5 for row in rows)
+
+
 def test_mla_projection_forms_agree():
   n, p, r, c, h, q = (mla_projections.N, mla_projections.P, mla_projections.R, mla_projections.C,
                       mla_projections.H, mla_projections.Q)

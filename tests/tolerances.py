@@ -13,6 +13,9 @@ TOLERANCE = {
     # float8 e4m3 storage (the DSA indexer's keys): 3 mantissa bits, one rounding of at most 2^-4
     # relative per stored element; sums of such terms stay within it relative to the largest.
     "float8_e4m3fn": dict(rtol=2**-4, atol=1e-3),
+    # Index scores with q and the keys both in e4m3 (the official FP8 indexer): each product q_j · k_j within
+    # (1 + 2^-4)^2 − 1 < 2^-3 of its value, two roundings where the keys alone make one.
+    "float8_e4m3fn_qk": dict(rtol=2**-3, atol=1e-3),
     # Attention over an fp8 MLA cache (e4m3 latent, one fp32 scale per 128 values) against a bf16 one: e4m3's
     # step is 2^-3 relative, so each dequantised latent is within 2^-4 of its value (round to nearest; the values
     # far below their group's amax, subnormal in e4m3, within 2^-10 of amax). The output is a convex combination of
