@@ -50,7 +50,7 @@ from jax_mtp.sharding import SHARED_WITH_TARGET
 from jax_mtp.generate import TargetDecoder
 from jax_mtp.kernels.fp8_grouped_matmul import KERNEL_NAME as FP8_KERNEL
 from jax_mtp.kernels.fp8_grouped_matmul_mgpu import KERNEL_NAME as FP8_MGPU_KERNEL
-from jax_mtp.kernels.index_scores_mgpu import KERNEL_NAME as INDEX_SCORES_MGPU_KERNEL
+from jax_mtp.kernels.index_scores_mgpu import FLOAT8_DOT_SUFFIX, KERNEL_NAME as INDEX_SCORES_MGPU_KERNEL
 from jax_mtp.kernels.sparse_mla_mgpu import FORM_SUFFIXES as SPARSE_MLA_FORMS
 from jax_mtp.kernels.sparse_mla_mgpu import KERNEL_NAME as SPARSE_MLA_MGPU_KERNEL
 from jax_mtp.model import init_target_params
@@ -140,7 +140,9 @@ def impls_in(hlo: str) -> dict[str, str]:
   forms = [f"{sets} set{'s' * (sets > 1)}" for sets, suffix in SPARSE_MLA_FORMS.items()
            if SPARSE_MLA_MGPU_KERNEL + suffix in hlo]  # a round holds both: one query a draft step, B · 4 verifying
   sparse = f"Pallas Mosaic GPU kernel ({' + '.join(forms)})" if SPARSE_MLA_MGPU_KERNEL in hlo else "XLA"
-  return {"index scores": "Pallas Mosaic GPU kernel" if INDEX_SCORES_MGPU_KERNEL in hlo else "XLA",
+  scores = ("Pallas Mosaic GPU kernel (float8 × float8)" if INDEX_SCORES_MGPU_KERNEL + FLOAT8_DOT_SUFFIX in hlo
+            else "Pallas Mosaic GPU kernel" if INDEX_SCORES_MGPU_KERNEL in hlo else "XLA")
+  return {"index scores": scores,
           "sparse attention": sparse, "experts": experts}
 
 

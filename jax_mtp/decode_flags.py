@@ -74,7 +74,7 @@ def parser() -> argparse.ArgumentParser:
                  help="the DSA indexer's key cache, read whole at every step: auto (default): the compute dtype; "
                       "bfloat16; fp8: e4m3 keys + one fp32 scale a token (132 bytes a token at V3.2's widths against "
                       "256 in bf16: half the indexer's bytes at long context; how vLLM and DeepSeek's inference code "
-                      "keep them)")
+                      "keep them; the indexer's queries are then rounded to e4m3 too, as theirs are)")
   p.add_argument("--prefill-chunk", type=int, default=0, metavar="TOKENS",
                  help="prompt tokens per row per prefill call; 0 (default): sized to "
                       f"{PREFILL_CHUNK_BYTES // 2**30} GiB of per-query buffers (jax_mtp.prefill)")

@@ -30,6 +30,7 @@ from jax.experimental import pallas as pl
 from jax_mtp.kernels.mosaic_gpu_common import interpret_params, operand_transforms
 
 KERNEL_NAME = "dsa_scores_mgpu"  # not containing the Triton kernel's name: a test can tell them apart
+FLOAT8_DOT_SUFFIX = "_float8_dot"  # a launch's name: KERNEL_NAME + this where q is float8 (a float8 × float8 wgmma)
 MIN_STEPS_PER_CTA = 4
 FLOAT8_KEYS = (jnp.float8_e4m3fn, jnp.float8_e5m2)
 
@@ -253,7 +254,7 @@ def index_scores_mgpu(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, sca
                      plgpu.SMEM((2, tb, bs), jnp.float32), *widened, plgpu.Barrier(num_arrivals=2)],
       grid=(b, padded // tb, splits),
       grid_names=("b", "q", "s"),
-      kernel_name=KERNEL_NAME,
+      kernel_name=KERNEL_NAME + (FLOAT8_DOT_SUFFIX if q.dtype in FLOAT8_KEYS else ""),
       interpret=interpret_params(plgpu, interpret),
   )
   inputs = [q, k_BSJ, w, last_BQ] + ([k_scale_BS.astype(jnp.float32)] if scaled else [])

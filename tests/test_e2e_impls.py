@@ -2,7 +2,7 @@
 kernels' names (here on hand-made lines naming them as the compiled programs do)."""
 
 from benchmarks.e2e import impls_in
-from jax_mtp.kernels.index_scores_mgpu import KERNEL_NAME as SCORES
+from jax_mtp.kernels.index_scores_mgpu import FLOAT8_DOT_SUFFIX, KERNEL_NAME as SCORES
 from jax_mtp.kernels.sparse_mla_mgpu import FORM_SUFFIXES, KERNEL_NAME as SPARSE
 
 
@@ -23,3 +23,8 @@ def test_xla_where_no_kernel_is_named():
   assert got == {"index scores": "XLA", "sparse attention": "XLA", "experts": "gather (XLA)"}
   # our Mosaic kernels are not taken for tokamax's (the experts' check looks for "mosaic" elsewhere)
   assert impls_in(_call(SCORES + "_x"))["experts"] == "gather (XLA)"
+
+
+def test_the_index_scores_float8_dot_is_read_from_its_name():
+  assert impls_in(_call(SCORES))["index scores"] == "Pallas Mosaic GPU kernel"
+  assert impls_in(_call(SCORES + FLOAT8_DOT_SUFFIX))["index scores"] == "Pallas Mosaic GPU kernel (float8 × float8)"

@@ -12,7 +12,7 @@ import jax_mtp
 from jax_mtp import indexer
 from jax_mtp.indexer import quantize_queries, resolve_index_scores_impl
 from jax_mtp.kernels.index_scores import KERNEL_NAME as TRITON_KERNEL
-from jax_mtp.kernels.index_scores_mgpu import KERNEL_NAME, Config, config_for, index_scores_mgpu
+from jax_mtp.kernels.index_scores_mgpu import FLOAT8_DOT_SUFFIX, KERNEL_NAME, Config, config_for, index_scores_mgpu
 from tests.index_scores_cases import (assert_equals_xla_and_the_formula, assert_positions_bound_the_scored_slots,
                                        inputs, keys_as)
 from tests.lowered_step import mtp_step_module
@@ -146,6 +146,7 @@ def test_an_fp8_key_cache_gives_the_kernel_q_as_indexer_float8_scores_dot_says(m
   (call,) = [line for line in step.splitlines() if "stablehlo.custom_call @mosaic_gpu" in line]
   q = "f8E4M3FN" if float8_dot else "bf16"
   assert call[call.rindex(": ("):].startswith(f": (tensor<2x16x32x{q}>, tensor<2x512x32xf8E4M3FN>")
+  assert (KERNEL_NAME + FLOAT8_DOT_SUFFIX in step) == float8_dot  # its name says which form (benchmarks.e2e reads it)
 
 
 def test_kernel_refuses_what_it_cannot_run():
