@@ -26,7 +26,7 @@
 #   fp8mg2   the same after the 8-row-aligned tiles (16:56: 21 of 21 tests passed)
 #   fp8mg3   (not run yet) the Mosaic FP8 kernel's shared output staging and two-subtile variants, timed (the bf16
 #            experts' block_m 128 sweep it also held ran in v256)
-#   fp8e2e   [IMPL] (12:47 2026-12-04 ran B = 1; B = 64 was cut by a 280 s bound) benchmarks.e2e with FP8 weights: B = 64 × 1K
+#   fp8e2e   [IMPL] (21:34 2026-12-04: both rows finished under auto) benchmarks.e2e with FP8 weights: B = 64 × 1K
 #            and a 32K prompt, under auto (the prefill rule) or through one FP8 kernel
 #   mla5     (21:37) whether jax_triton runs on the image (tools/jax_triton_probe.py); the Mosaic sparse-MLA
 #            gather's copy variants (whole rows, 4 issuing warps): their GPU tests, then timed beside auto's config
@@ -53,10 +53,13 @@
 #   splits2  after the one-wave rule: the sparse MLA's compiled tests; the index scores' splits swept at 128K
 #   splits3  the user's path after it: e2e at B = 1 and 8, the verification forward at B = 64 (3 runs), GPU tests
 #   overlap  (18:56 2026-12-04) the index scores' Config.overlap_queries: compiled tests, then timed at T = 4
-#   kregs    (not run yet) the index scores' Config.keys_in_registers: compiled tests (never run), then timed
-#   handoff  (not run yet) one hand-off and one wgmma of the sparse MLA's step, each alone (mgpu_handoff)
+#   kregs    (21:20 2026-12-04) the index scores' Config.keys_in_registers: compiled tests, then timed
+#   handoff  (21:20, 21:33 2026-12-04) one hand-off and one wgmma of the sparse MLA's step, each alone (mgpu_handoff)
 #   topk     (not run yet) the top-k forms at verification's 256 queries, 4K and 32K caches
-#   fp8gpu   (not run yet) the FP8 paths' GPU tests (the prefill rule of 2026-12-04 ran none)
+#   fp8gpu   (21:28 2026-12-04) the FP8 paths' GPU tests (the prefill rule and the bounded bytes layout)
+#   fp8q     (not run yet) the index scores' float8 × float8 form timed and tested; the user path's GPU tests
+#   fp8round (not run yet) the draft step per part with FP8 and bf16 weights at B = 64 (the FP8 round's 0.58)
+#   path4    (no machine 2026-12-04 21:40) the user path's GPU tests, then e2e at B = 8, 1
 #   fp8      benchmarks.e2e with FP8 weights kept as codes: 1K and 32K prompts at B = 1, 1K at B = 64
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
@@ -359,7 +362,7 @@ case "${1:?stage}" in
     run 120 index_scores_overlap.md python3 -m benchmarks.index_scores_splits --capacity 131072 32768 --batch 64 8 \
       --tokens 4 --no-sweep --iters 20
     ;;
-  kregs)  # (not run yet) the index scores' Config.keys_in_registers (a step's keys read once into wgmma's register
+  kregs)  # (21:20 2026-12-04) the index scores' Config.keys_in_registers (a step's keys read once into wgmma's register
           # operand for the block's queries): its compiled tests (never run: the interpreter has no register-operand
           # wgmma), then timed beside auto at T = 4, 128K and 32K; if faster, it becomes the default
     run 120 gpu_tests_kregs.txt python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_index_scores_mgpu.py \
@@ -377,7 +380,7 @@ case "${1:?stage}" in
          # histogram passes (indexer.kth_key_histograms: 2 passes of 16 bits or 4 of 8, a scatter-add each)
     run 200 topk_verify.md python3 -m benchmarks.dsa_parts --capacity 4608 32768 --batch 64 --tokens 4 --parts top-k
     ;;
-  fp8gpu)  # (not run yet) the FP8 paths' GPU tests: the prefill rule and the bounded "bytes" layout ran none on
+  fp8gpu)  # (21:28 2026-12-04: 37 passed, 3 tp > 1 cases failed on one GPU, since skipped) the FP8 paths' GPU tests: the prefill rule and the bounded "bytes" layout ran none on
             # 2026-12-04 (take it before fp8e2e, which fills its own call)
     run 300 gpu_tests_fp8.txt python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_fp8_weights.py \
       tests/test_fp8_dense_layout.py tests/test_auto_gpu_paths.py -k "fp8 or dense or layout or prefill"
