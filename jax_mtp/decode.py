@@ -128,11 +128,17 @@ def set_gpu_memory_fraction(fraction: float | None, environ=os.environ) -> None:
   environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = str(fraction)
 
 
+MAX_TP = 1024  # --tp's bound: tp divides the attention heads, and no supported model has more than 128
+
+
 def jax_settings(args: argparse.Namespace) -> dict:
   """The JAX config the flags ask for: several processes' (jax_mtp.distributed), and on CPU this
   process's share of the `--tp` host devices unless the user set a count (JAX_NUM_CPU_DEVICES). With
   several processes tp spans whole processes, and more devices than tp form data-parallel replicas."""
   settings = distributed.jax_settings(args)
+  if args.tp > MAX_TP:  # on CPU, before JAX would create that many host devices (10^5 of them hang)
+    raise BadInput(f"--tp={args.tp} is more than {MAX_TP} devices; a V3 / V3.2 / GLM-5 model's attention heads "
+                   f"(128 at most) split over at most that many")
   processes = args.num_processes or 1
   if args.tp > 1 and args.tp % processes == 0 and jax.config.jax_num_cpu_devices < 0:
     settings["jax_num_cpu_devices"] = args.tp // processes
@@ -185,6 +191,8 @@ def _check_run_flags(settings: Settings) -> None:
                       ("tp", settings.tp)):
     if value < 1:
       raise BadInput(f"--{flag}={value} must be ≥ 1")
+  if not -2**63 <= settings.seed < 2**63:  # jax.random.key takes a 64-bit integer
+    raise BadInput(f"--seed={settings.seed} must fit in 64 bits (-2^63 .. 2^63 - 1)")
   try:
     validate_temperature(settings.temperature)
   except ValueError as e:  # "temperature=… must …", said of the flag
@@ -223,10 +231,13 @@ def _prompts(prompt: list[str] | None, prompt_ids: list[str] | None, source: loa
 
 
 KERNEL_PLATFORMS = {"mosaic_gpu": "gpu", "pallas_tpu": "tpu"}  # the DSA kernels' platforms
+# tokamax's grouped matmuls compile for their own platform only (the FP8 kernel also runs in Pallas's interpreter)
+MOE_PLATFORMS = {"tokamax_gpu": "gpu", "tokamax_tpu": "tpu"}
 
 
 def check_kernel_impls(cfg: jax_mtp.MtpConfig, capacity: int) -> None:
-  """Explicit DSA kernels (index scores, sparse attention) must suit the model, the cache and this machine."""
+  """Explicit kernels (the experts' tokamax ones, the DSA index scores and sparse attention) must suit the model,
+  the cache and this machine."""
   from jax_mtp.indexer import resolve_index_scores_impl, selects_all  # noqa: PLC0415
   from jax_mtp.mla import resolve_sparse_attention_impl  # noqa: PLC0415
   platform, hopper = jax.default_backend(), lowering_gpu_is_hopper()
@@ -234,7 +245,10 @@ def check_kernel_impls(cfg: jax_mtp.MtpConfig, capacity: int) -> None:
              lambda: resolve_index_scores_impl(cfg, platform, capacity, hopper=hopper)),
             ("--sparse-attention-impl", cfg.sparse_attention_impl,
              lambda: resolve_sparse_attention_impl(cfg, platform, hopper=hopper)))
-  if selects_all(cfg, capacity):  # neither kernel runs: every visible slot is attended
+  platform_needed = MOE_PLATFORMS.get(cfg.moe_impl)
+  if platform_needed not in (None, platform):  # before building: tokamax fails inside its compiler elsewhere
+    raise BadInput(f"--moe-impl={cfg.moe_impl} runs on {platform_needed}; this machine's JAX platform is {platform}")
+  if selects_all(cfg, capacity):  # neither DSA kernel runs: every visible slot is attended
     return
   for flag, impl, resolve in checks:
     if impl in ("auto", "xla"):
@@ -278,7 +292,10 @@ def stop_ids_for(cfg: jax_mtp.MtpConfig, source: loader.Source | None, *, ignore
   if ignore_eos or source is None:
     return ()
   ids = eos_token_ids(source.directory)
-  stop_id_array(cfg, ids)  # each must be a vocabulary id
+  try:
+    stop_id_array(cfg, ids)  # each must be a vocabulary id
+  except ValueError as e:  # said of the file the ids came from
+    raise BadInput(f"{source.directory}'s eos_token_id (generation_config.json, else config.json): {e}") from None
   return ids
 
 

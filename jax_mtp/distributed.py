@@ -131,8 +131,21 @@ def validate(args: argparse.Namespace) -> None:
     raise ValueError(f"--num-processes={args.num_processes} must be ≥ 1")
   if args.process_id is not None and not 0 <= args.process_id < (args.num_processes or 1 << 30):
     raise ValueError(f"--process-id={args.process_id} must lie in 0 .. {args.num_processes - 1}")
-  if args.heartbeat_timeout < 1:
-    raise ValueError(f"--heartbeat-timeout={args.heartbeat_timeout} must be ≥ 1 second")
+  if not 1 <= args.heartbeat_timeout <= MAX_HEARTBEAT_SECONDS:  # JAX's client takes a C int of seconds
+    raise ValueError(f"--heartbeat-timeout={args.heartbeat_timeout} must be 1 to {MAX_HEARTBEAT_SECONDS} seconds")
+  if args.coordinator_address is not None:
+    check_address(args.coordinator_address)
+
+
+MAX_HEARTBEAT_SECONDS = 2**31 - 1
+
+
+def check_address(address: str) -> None:
+  """--coordinator-address is HOST:PORT (an IPv6 host in brackets), the port in 1 .. 65535: a ValueError naming it
+  where it is not (JAX's own parse fails with an IndexError on a bare host)."""
+  host, colon, port = address.rpartition(":")
+  if not colon or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+    raise ValueError(f"--coordinator-address={address!r} must be HOST:PORT with a port in 1 .. 65535")
 
 
 def jax_settings(args: argparse.Namespace) -> dict:

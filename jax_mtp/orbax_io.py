@@ -95,7 +95,12 @@ def read_config(directory: str | os.PathLike) -> MtpConfig:
     raise CheckpointError(f"{directory!r} holds no complete jax_mtp orbax checkpoint")
   with _manager(directory, create=False) as manager:
     step = manager.latest_step()
-    return _config_from_json(manager.restore(step, args=ocp.args.Composite(**{CONFIG: ocp.args.JsonRestore()}))[CONFIG])
+    try:
+      saved = manager.restore(step, args=ocp.args.Composite(**{CONFIG: ocp.args.JsonRestore()}))[CONFIG]
+    except KeyError as e:  # another tool's orbax checkpoint: no config item beside its params
+      raise CheckpointError(f"{directory!r} step {step} holds no jax_mtp config item ({e.args[0] if e.args else e})"
+                            ) from None
+    return _config_from_json(saved, f"{directory!r} step {step}")
 
 
 def restore_params(directory: str | os.PathLike, cfg: MtpConfig | None = None,
@@ -125,11 +130,17 @@ def restore_params(directory: str | os.PathLike, cfg: MtpConfig | None = None,
   return saved, target, {**trees[MTP], **{name: target[name] for name in SHARED_WITH_TARGET}}
 
 
-def _config_from_json(data: dict) -> MtpConfig:
-  fields = {**data, "rope": RopeConfig(**data["rope"])}
-  if "fp8_block" in fields:  # JSON has lists, the config a tuple
-    fields["fp8_block"] = tuple(fields["fp8_block"])
-  return MtpConfig(**fields)
+def _config_from_json(data, where: str) -> MtpConfig:
+  """The saved config as an MtpConfig; a CheckpointError naming `where` and what is wrong otherwise."""
+  if not isinstance(data, dict) or not isinstance(data.get("rope"), dict):
+    raise CheckpointError(f"the config saved in {where} is not a jax_mtp config (no 'rope' section)")
+  try:
+    fields = {**data, "rope": RopeConfig(**data["rope"])}
+    if "fp8_block" in fields:  # JSON has lists, the config a tuple
+      fields["fp8_block"] = tuple(fields["fp8_block"])
+    return MtpConfig(**fields)
+  except TypeError as e:  # a field this version does not have, or one missing
+    raise CheckpointError(f"the config saved in {where} does not fit this jax_mtp's MtpConfig: {e}") from None
 
 
 def _abstract_targets(cfg: MtpConfig, mesh: Mesh | None, fp8_kept: list[str]) -> dict:

@@ -23,11 +23,14 @@ def validate_positive(name: str, value) -> None:
 # The smallest positive sampling temperature: fp32 logits divided by less can overflow to inf (and
 # the probabilities to NaN); below it, greedy decoding (0) is what a user means.
 MIN_TEMPERATURE = 1e-4
+MAX_TEMPERATURE = float(np.finfo(np.float32).max)
 
 
 def validate_temperature(temperature) -> None:
   if not isinstance(temperature, (int, float)) or not math.isfinite(temperature) or temperature < 0:
     raise ValueError(f"temperature={temperature!r} must be a finite number ≥ 0")
+  if temperature > MAX_TEMPERATURE:  # sampling divides float32 logits by it
+    raise ValueError(f"temperature={temperature!r} is above {MAX_TEMPERATURE:.3g}, the largest float32")
   if 0 < temperature < MIN_TEMPERATURE:
     raise ValueError(f"temperature={temperature!r} is below {MIN_TEMPERATURE} (the logits would overflow); "
                      f"use 0 for greedy decoding")
@@ -38,6 +41,9 @@ def validate_prompts(cfg: MtpConfig, prompts: Sequence[Sequence[int]]) -> None:
   if len(prompts) == 0:
     raise ValueError("no prompts: give at least one")
   for i, prompt in enumerate(prompts):
+    huge = next((x for x in prompt if isinstance(x, int) and not -2**63 <= x < 2**63), None)
+    if huge is not None:  # past int64: numpy would make an object array, reported as "not integers" below
+      raise ValueError(f"prompt {i} holds token id {huge}, outside [0, {cfg.vocab_size}) (vocab_size={cfg.vocab_size})")
     ids = np.asarray(prompt)
     if ids.size == 0:
       raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
@@ -58,6 +64,10 @@ def required_capacity(cfg: MtpConfig, prompts: Sequence[Sequence[int]], max_new_
   longest = max(len(prompt) for prompt in prompts)
   needed = longest + max_new_tokens + num_speculative_tokens
   limit = cfg.max_position_embeddings
+  if num_speculative_tokens + 2 > limit:  # no prompt fits: one token, k speculative positions and one new token
+    raise ValueError(f"num_speculative_tokens={num_speculative_tokens} leaves no room in the cache: a round needs a "
+                     f"prompt token, {num_speculative_tokens} speculative positions and a new token, more than "
+                     f"max_position_embeddings={limit}")
   if longest + num_speculative_tokens + 1 > limit:
     raise ValueError(f"the longest prompt ({longest} tokens) leaves no room for a new token: a prompt may hold at "
                      f"most {limit - num_speculative_tokens - 1} tokens (max_position_embeddings={limit}, "

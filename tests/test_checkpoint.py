@@ -441,6 +441,26 @@ def test_interrupted_save_leaves_the_previous_checkpoint_readable(params, tmp_pa
 # --- CLI ------------------------------------------------------------------------------------------
 
 
+def test_an_orbax_checkpoint_without_jax_mtps_config_is_one_clear_error(tmp_path, capsys):
+  """Another tool's orbax checkpoint (no config item), or one whose config is not an MtpConfig's: the CLI's exit 2
+  and one line naming the directory and what is missing (a KeyError's traceback before, found by a CLI audit)."""
+  from jax_mtp import decode  # noqa: PLC0415
+  cfg = jax_mtp.tiny(vocab_size=32)
+  save_params(tmp_path / "saved", cfg, jax_mtp.init_target_params(cfg, jax.random.key(0)),
+              jax_mtp.init_params(cfg, jax.random.key(1)))
+  no_config, foreign = tmp_path / "no_config", tmp_path / "foreign"
+  shutil.copytree(tmp_path / "saved", no_config)
+  shutil.rmtree(no_config / "0" / "config")
+  shutil.copytree(tmp_path / "saved", foreign)
+  (foreign / "0" / "config" / "metadata").write_text(json.dumps({"vocab_size": 5}))
+  for directory, named in [(no_config, "step 0 holds no jax_mtp config item"),
+                           (foreign, "step 0 is not a jax_mtp config (no 'rope' section)")]:
+    assert decode.main(["--checkpoint", str(directory), "--max-new-tokens", "2"]) == 2
+    out, err = capsys.readouterr()
+    lines = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert out == "" and len(lines) == 1 and str(directory) in lines[0] and named in lines[0], err
+
+
 def test_cli_decodes_from_a_hf_checkpoint_and_from_its_orbax_copy(params, tmp_path, capsys):
   """`--checkpoint` takes either directory kind; both give the same tokens, equal to plain decoding."""
   from jax_mtp import decode  # noqa: PLC0415

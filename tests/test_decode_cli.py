@@ -6,6 +6,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -108,6 +109,20 @@ def test_sampling_is_seeded(capsys):
     (["--gpu-memory-fraction", "0"], "--gpu-memory-fraction=0.0 must be in (0, 1]"),
     (["--gpu-memory-fraction", "1.5"], "--gpu-memory-fraction=1.5 must be in (0, 1]"),
     (["--gpu-memory-fraction", "nan"], "--gpu-memory-fraction=nan must be in (0, 1]"),
+    # found by a CLI audit (2026-12-04): each was a traceback, a hang or a message blaming the wrong value
+    (["--seed", "99999999999999999999999"], "--seed=99999999999999999999999 must fit in 64 bits"),
+    (["--temperature", "1e300"], "--temperature=1e+300 is above 3.4e+38, the largest float32"),
+    (["--moe-impl", "tokamax_gpu"], "--moe-impl=tokamax_gpu runs on gpu; this machine's JAX platform is cpu"),
+    (["--moe-impl", "tokamax_tpu"], "--moe-impl=tokamax_tpu runs on tpu; this machine's JAX platform is cpu"),
+    (["--tp", "100000"], "--tp=100000 is more than 1024 devices"),
+    (["--num-speculative-tokens", "5000"], "num_speculative_tokens=5000 leaves no room in the cache"),
+    (["--prompt-ids", "1,99999999999999999999999"], "prompt 0 holds token id 99999999999999999999999, outside"),
+    (["--coordinator-address", "notanaddress", "--num-processes", "1", "--process-id", "0"],
+     "--coordinator-address='notanaddress' must be HOST:PORT"),
+    (["--coordinator-address", "localhost:99999", "--num-processes", "1", "--process-id", "0"],
+     "--coordinator-address='localhost:99999' must be HOST:PORT with a port in 1 .. 65535"),
+    (["--heartbeat-timeout", "99999999999999999999", "--coordinator-address", "localhost:12355", "--num-processes",
+      "1", "--process-id", "0"], "--heartbeat-timeout=99999999999999999999 must be 1 to 2147483647 seconds"),
 ])
 def test_bad_input_returns_2_with_one_error_line(capsys, argv, named):
   """Bad input returns 2, prints nothing on stdout and one `error: ...` line naming the value (of the
@@ -117,6 +132,19 @@ def test_bad_input_returns_2_with_one_error_line(capsys, argv, named):
   assert out == ""
   lines = err.splitlines()
   assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], err
+
+
+def test_an_eos_id_outside_the_vocabulary_names_the_checkpoint_it_came_from(capsys, tmp_path):
+  """A checkpoint whose generation_config.json names an EOS id past the vocabulary: exit 2, one line naming the
+  directory and the field, not only the id (found by a CLI audit, 2026-12-04)."""
+  directory = tmp_path / "model"
+  shutil.copytree(os.path.join(os.path.dirname(jax_mtp.__file__), "default_model"), directory)
+  (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": 999999}))
+  assert decode.main(["--checkpoint", str(directory), "--max-new-tokens", "2"]) == 2
+  out, err = capsys.readouterr()
+  lines = err.splitlines()
+  assert out == "" and len(lines) == 1, err
+  assert str(directory) in lines[0] and "eos_token_id" in lines[0] and "stop id 999999 is outside" in lines[0]
 
 
 def test_gpu_memory_fraction_sets_jaxs_variable(capsys, monkeypatch):

@@ -88,11 +88,11 @@ _INTS = st.one_of(st.integers(-3, 6), st.sampled_from([0, 10**9, -(2**31)]))
 _FLAGS = {
     "--max-new-tokens": _mostly(st.integers(1, 4), _INTS).map(str),
     "--num-speculative-tokens": _mostly(st.integers(1, 5), _INTS).map(str),
-    "--tp": _mostly(st.sampled_from(["1", "2", "4"]), st.sampled_from(["0", "3", "9", "x"])),
+    "--tp": _mostly(st.sampled_from(["1", "2", "4"]), st.sampled_from(["0", "3", "9", "x", "100000"])),
     "--temperature": _mostly(st.sampled_from(["0", "0.7", "1", "1e-30"]),
-                             st.one_of(st.sampled_from(["nan", "inf", "-1", "abc"]),
+                             st.one_of(st.sampled_from(["nan", "inf", "-1", "abc", "1e300"]),
                                        st.floats(-2, 3, allow_nan=False).map(repr))),
-    "--seed": st.sampled_from(["0", "-1", "7", "1e3"]),
+    "--seed": st.sampled_from(["0", "-1", "7", "1e3", str(10**25)]),
     "--dtype": _mostly(st.sampled_from(["auto", "float32", "bfloat16", "float16"]), st.sampled_from(["float8", ""])),
     "--moe-impl": _mostly(st.sampled_from(["auto", "gather", "ragged_dot"]),
                           st.sampled_from(["bogus", "tokamax_gpu", "fp8_grouped_gpu"])),
@@ -104,7 +104,7 @@ _FLAGS = {
     "--impl": st.sampled_from(["xla", "xla", "pallas_gpu", "nope"]),
     "--prefill-chunk": st.sampled_from(["0", "1", "3", "-5"]),
     "--weights": st.sampled_from(["auto", "auto", "fp8", "bf16"]),
-    "--heartbeat-timeout": st.sampled_from(["0", "5"]),
+    "--heartbeat-timeout": st.sampled_from(["0", "5", str(2**40)]),
     "--gpu-memory-fraction": _mostly(st.sampled_from(["0.5", "0.95", "1"]), st.sampled_from(["0", "1.5", "nan", "x"])),
 }
 _SWITCHES = ["--json", "--check", "--ignore-eos", "--ignore-eos", "--bogus-flag"]
