@@ -81,6 +81,10 @@ def checkpoint_config(checkpoint: str | os.PathLike | Source | None) -> MtpConfi
   """The config of a HF or orbax checkpoint (read before any weight)."""
   directory = locate(checkpoint).directory
   from jax_mtp.orbax_io import is_orbax_checkpoint, read_config  # noqa: PLC0415 (see the module docstring)
+  if not os.path.isdir(directory):  # a local path (a Hub repo id was fetched above): say what is wrong with it
+    what = "is a file, not a directory" if os.path.exists(directory) else "does not exist"
+    raise _error(f"--checkpoint {directory!r} {what} (a HF checkpoint directory, an orbax checkpoint written by "
+                 f"jax_mtp.orbax_io.save_params, or a Hub repo id owner/name)")
   if is_orbax_checkpoint(directory):
     return read_config(directory)
   if os.path.isfile(os.path.join(directory, "config.json")):
