@@ -120,11 +120,10 @@ def test_shape_checks_still_raise_under_jit(params, changes, message):
 def test_value_checks_are_skipped_on_tracers(changes, message):
   """Documented limitation: under `jit` ids / positions are tracers, so out-of-range values pass
   `validate_inputs` silently (callers validate concrete inputs before jitting)."""
-  del message
   step = _step(**changes)
   jax.jit(functools.partial(validate_inputs, CFG))(*step.values())  # no error
-  with pytest.raises(ValueError):
-    validate_inputs(CFG, *step.values())  # ...while the same concrete values are refused
+  with pytest.raises(ValueError, match=re.escape(message)):
+    validate_inputs(CFG, *step.values())  # ...while the same concrete values are refused, as without jit
 
 
 # --- several MTP layers: every cache must fit --------------------------------------------------------

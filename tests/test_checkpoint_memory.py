@@ -13,6 +13,7 @@ above its own baseline after JAX has started:
 """
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -176,3 +177,5 @@ def test_two_processes_each_load_only_their_share(checkpoint, tmp_path):
   alone = subprocess.run([sys.executable, "-c", MULTI_PRELUDE, directory, str(cap), address, "1", "0"], cwd=root,
                          capture_output=True, text=True, timeout=600)
   assert alone.returncode != 0 and "loaded" not in alone.stdout
+  # and it failed for memory (the cap), not for another reason
+  assert re.search(r"memory|alloc", alone.stderr, re.IGNORECASE), alone.stderr[-3000:]

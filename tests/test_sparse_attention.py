@@ -153,7 +153,7 @@ def test_fp8_queries_fold_their_scales_into_the_weights_and_track_fp32_scores():
   assert q8.dtype == jnp.float8_e4m3fn
   np.testing.assert_allclose(np.max(np.abs(np.asarray(q8, np.float32)), -1), FP8_MAX)
   q_scale = np.max(np.abs(np.asarray(q, np.float64)), -1) / FP8_MAX
-  np.testing.assert_allclose(np.asarray(w8), np.asarray(w, np.float64) * q_scale, rtol=1e-6)
+  assert_close(w8, np.asarray(w, np.float64) * q_scale, "float32", what="w with q's scales")
   k8, k_scale = quantize_keys(k, jnp.float8_e4m3fn)
   fp8 = index_scores(q8, k8, w8, 0.2, chunk=32, k_scale_BS=k_scale)
   assert_close(fp8, _scores_formula(q, k, w, 0.2), "float8_e4m3fn_qk", what="fp8 q and key scores")
