@@ -25,7 +25,8 @@
 #
 # ```
 # --kv-cache-dtype fp8        the latent in e4m3 + one fp32 scale per 128 values, k_pe in the compute dtype
-# --index-cache-dtype fp8     the indexer's keys in e4m3 + one fp32 scale a token
+# --index-cache-dtype fp8     the indexer's keys in e4m3 + one fp32 scale a token (its queries then rounded
+#                             to e4m3 too, one scale a token and head, as in their FP8 indexer)
 # ```
 #
 # This notebook counts what each storage costs at V3.2's widths, how many rows and how much context fit
