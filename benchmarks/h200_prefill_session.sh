@@ -340,8 +340,8 @@ case "${1:?stage}" in
          # floor; the kernel's compiled tests; then the user path's GPU tests (path4's, for keys_in_registers too)
     run 110 index_scores_fp8q.md python3 -m benchmarks.index_scores_splits --capacity 131072 32768 --batch 64 8 \
       --tokens 4 --no-sweep --iters 10
-    run 70 gpu_tests_fp8q.txt python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_index_scores_mgpu.py \
-      -k "float8_queries or lowered_step or refuses"
+    run 100 gpu_tests_fp8q.txt python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_index_scores_mgpu.py \
+      tests/test_auto_gpu_paths.py -k "float8_queries or lowered_step or refuses or float8_dot"
     run 170 gpu_tests_path.txt python3 -m pytest -v --tb=short -p no:cacheprovider tests/test_auto_gpu_paths.py \
       tests/test_user_path_kernels.py tests/test_e2e_impls.py -k "gpu or lowered_step or resolution or user_path"
     ;;

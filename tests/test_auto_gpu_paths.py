@@ -15,7 +15,7 @@ import pytest
 from jax.sharding import AbstractMesh, AxisType
 
 import jax_mtp
-from jax_mtp import fp8
+from jax_mtp import fp8, indexer
 from jax_mtp.kernels.fp8_grouped_matmul import KERNEL_NAME as FP8_KERNEL
 from jax_mtp.request import required_capacity
 from tests.lowered_step import H200
@@ -87,6 +87,17 @@ def test_speculative_decoding_through_the_index_scores_kernel_gives_plain_xla_to
   cfg = _dsa_cfg(index_scores_impl="mosaic_gpu", sparse_attention_impl="xla")
   assert required_capacity(cfg, prompts, 8, K) == 256
   assert _speculative(cfg, target, mtp, prompts, 8) == plain
+
+
+def test_an_fp8_key_cache_through_the_float8_dot_gives_plain_xla_tokens(dsa_plain_xla, monkeypatch):
+  """An fp8 index cache (e4m3 keys, q rounded to e4m3 too) with the kernel's float8 × float8 dot
+  (`indexer.FLOAT8_SCORES_DOT`, off until timed on a Hopper): the tokens are plain greedy decoding's over the same
+  cache with XLA's scores. 4 new tokens (each kernel call costs seconds in Pallas's GPU interpreter on a CPU)."""
+  monkeypatch.setattr(indexer, "FLOAT8_SCORES_DOT", True)
+  (target, mtp), prompts, _ = dsa_plain_xla
+  xla = _dsa_cfg(index_cache_dtype="fp8", index_scores_impl="xla", sparse_attention_impl="xla")
+  kernel = xla.replace(index_scores_impl="mosaic_gpu")
+  assert _speculative(kernel, target, mtp, prompts, 4) == _plain(xla, target, prompts, 4)
 
 
 def _fp8_cfg(moe_impl: str) -> jax_mtp.MtpConfig:
