@@ -107,16 +107,21 @@ def restore_params(directory: str | os.PathLike, cfg: MtpConfig | None = None,
                    mesh: Mesh | None = None) -> tuple[MtpConfig, dict, dict]:
   """The latest complete step: (cfg, target_params, mtp_params), as `load_hf_checkpoint` returns them.
 
-  `cfg` defaults to the saved one; a given one must equal it. With a mesh every param is restored
-  with its spec's sharding and the vocab rows are padded to a multiple of tp.
+  `cfg` defaults to the saved one; a given one must describe the saved model (its run settings may differ; the
+  params keep their saved dtypes). With a mesh every param is restored with its spec's sharding and the vocab rows
+  are padded to a multiple of tp.
   """
   directory = os.path.abspath(os.fspath(directory))
   saved = read_config(directory)
   with _manager(directory, create=False) as manager:
     step = manager.latest_step()
-    if cfg is not None and cfg.replace(fp8_block=saved.fp8_block) != saved:  # the blocks are the saved weights'
-      diff = [f"{f.name}={getattr(cfg, f.name)!r} (saved: {getattr(saved, f.name)!r})"
-              for f in dataclasses.fields(cfg) if getattr(cfg, f.name) != getattr(saved, f.name)]
+    # the model must be the saved one; how it runs (RUN_SETTINGS: dtypes, impls, chunk) may differ, as for a HF
+    # checkpoint, and the FP8 blocks are the saved weights'
+    ignore = set(MtpConfig.RUN_SETTINGS) | {"fp8_block"}
+    diff = [] if cfg is None else [f"{f.name}={getattr(cfg, f.name)!r} (saved: {getattr(saved, f.name)!r})"
+                                   for f in dataclasses.fields(cfg)
+                                   if f.name not in ignore and getattr(cfg, f.name) != getattr(saved, f.name)]
+    if diff:
       raise CheckpointError(f"the config does not match the one saved in {directory!r} step {step}: {', '.join(diff)}")
     if mesh is not None:
       validate_tp(saved, mesh.shape[TP_AXIS])

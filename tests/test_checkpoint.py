@@ -382,6 +382,7 @@ def test_restore_errors(params, tmp_path):
   save_params(tmp_path, CFG, *params)
   with pytest.raises(CheckpointError, match=r"does not match the one saved in .* step 0: hidden_size=128 \(saved: 64"):
     restore_params(tmp_path, CFG.replace(hidden_size=128))
+  assert restore_params(tmp_path, CFG.replace(moe_impl="gather", prefill_chunk=4))[0] == CFG  # run settings: free
   with pytest.raises(ValueError, match="tp=3 does not divide num_attention_heads=8"):
     restore_params(tmp_path, mesh=make_mesh(3))
 
@@ -475,6 +476,11 @@ def test_cli_decodes_from_a_hf_checkpoint_and_from_its_orbax_copy(params, tmp_pa
   cfg, target, mtp = load_hf_checkpoint(hf, progress=False)
   save_params(tmp_path / "orbax", cfg, target, mtp)
   assert decode.main(["--checkpoint", str(tmp_path / "orbax"), *argv]) == 0
+  assert json.loads(capsys.readouterr().out)["tokens"] == from_hf["tokens"]
+  # how the model runs may differ from the saved config, as for a HF checkpoint (a "config does not match" error
+  # until an audit found it, 2026-12-04): the same tokens through another experts impl and prefill chunk
+  assert decode.main(["--checkpoint", str(tmp_path / "orbax"), *argv, "--moe-impl", "gather",
+                      "--prefill-chunk", "2"]) == 0
   assert json.loads(capsys.readouterr().out)["tokens"] == from_hf["tokens"]
   os.remove(os.path.join(hf, "config.json"))
   assert decode.main(["--checkpoint", hf, *argv]) == 2
