@@ -231,8 +231,9 @@ def _prompts(prompt: list[str] | None, prompt_ids: list[str] | None, source: loa
 
 
 KERNEL_PLATFORMS = {"mosaic_gpu": "gpu", "pallas_tpu": "tpu"}  # the DSA kernels' platforms
-# tokamax's grouped matmuls compile for their own platform only (the FP8 kernel also runs in Pallas's interpreter)
-MOE_PLATFORMS = {"tokamax_gpu": "gpu", "tokamax_tpu": "tpu"}
+# The experts' kernels' platforms: tokamax's compile for their own only; the FP8 kernel also runs in Pallas's
+# interpreter on a CPU
+MOE_PLATFORMS = {"tokamax_gpu": ("gpu",), "tokamax_tpu": ("tpu",), "fp8_grouped_gpu": ("gpu", "cpu")}
 
 
 def check_kernel_impls(cfg: jax_mtp.MtpConfig, capacity: int) -> None:
@@ -245,17 +246,17 @@ def check_kernel_impls(cfg: jax_mtp.MtpConfig, capacity: int) -> None:
              lambda: resolve_index_scores_impl(cfg, platform, capacity, hopper=hopper)),
             ("--sparse-attention-impl", cfg.sparse_attention_impl,
              lambda: resolve_sparse_attention_impl(cfg, platform, hopper=hopper)))
-  platform_needed = MOE_PLATFORMS.get(cfg.moe_impl)
-  if platform_needed not in (None, platform):  # before building: tokamax fails inside its compiler elsewhere
-    raise BadInput(f"--moe-impl={cfg.moe_impl} runs on {platform_needed}; this machine's JAX platform is {platform}")
-  if selects_all(cfg, capacity):  # neither DSA kernel runs: every visible slot is attended
+  runs_on = MOE_PLATFORMS.get(cfg.moe_impl, (platform,))
+  if platform not in runs_on:  # before building: tokamax fails inside its compiler elsewhere
+    raise BadInput(f"--moe-impl={cfg.moe_impl} runs on {' or '.join(runs_on)}; this machine's JAX platform is "
+                   f"{platform}")
+  explicit = [(flag, impl, resolve) for flag, impl, resolve in checks if impl not in ("auto", "xla")]
+  for flag, impl, _ in explicit:  # whatever the request's length: a short one would not reach the kernel
+    if KERNEL_PLATFORMS[impl] != platform:
+      raise BadInput(f"{flag}={impl} runs on {KERNEL_PLATFORMS[impl]}; this machine's JAX platform is {platform}")
+  if selects_all(cfg, capacity):  # neither DSA kernel runs: every visible slot is attended (dense MLA)
     return
-  for flag, impl, resolve in checks:
-    if impl in ("auto", "xla"):
-      continue
-    runs_on = KERNEL_PLATFORMS[impl]
-    if runs_on != platform:
-      raise BadInput(f"{flag}={impl} runs on {runs_on}; this machine's JAX platform is {platform}")
+  for _, _, resolve in explicit:
     resolve()  # ValueError naming what the kernel cannot take
 
 

@@ -68,6 +68,9 @@ class ShardedMtp:
     self.tp = mesh.shape[TP_AXIS]
     validate_tp(cfg, self.tp)
     check_impl_runtime(norm_impl, mesh)
+    if sequence_parallel and self.tp > 1 and norm_impl != "xla":  # its tail is XLA's reduce-scatter form
+      raise ValueError(f"sequence_parallel=True runs the tail's reduce + norm as XLA's reduce-scatter; "
+                       f"norm_impl={norm_impl!r} would not run (use norm_impl='xla')")
     self.greedy_path = greedy_draft_path(drafter_cls)  # a false capability claim fails here
     self.model = drafter_cls(cfg, tensor_parallel(self.tp), norm_impl, sequence_parallel)
     abstract = jax.eval_shape(lambda key: init_params(cfg, key), jax.random.key(0))

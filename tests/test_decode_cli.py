@@ -135,6 +135,17 @@ def test_bad_input_returns_2_with_one_error_line(capsys, argv, named):
   assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], err
 
 
+@pytest.mark.parametrize("flag", ["--index-scores-impl", "--sparse-attention-impl"])
+def test_an_explicit_dsa_kernel_for_another_platform_is_refused_for_a_short_request_too(capsys, flag):
+  """The embedded default's short request (its cache within top-64: dense MLA, neither DSA kernel would run) with a
+  kernel of another platform: refused as a long request is, not accepted and ignored (found by an audit)."""
+  impl = "pallas_tpu" if flag == "--index-scores-impl" else "mosaic_gpu"
+  assert decode.main([flag, impl, "--max-new-tokens", "2"]) == 2
+  out, err = capsys.readouterr()
+  assert out == "" and err.splitlines() == [f"error: {flag}={impl} runs on {decode.KERNEL_PLATFORMS[impl]}; this "
+                                            f"machine's JAX platform is cpu"]
+
+
 def test_an_eos_id_outside_the_vocabulary_names_the_checkpoint_it_came_from(capsys, tmp_path):
   """A checkpoint whose generation_config.json names an EOS id past the vocabulary: exit 2, one line naming the
   directory and the field, not only the id (found by a CLI audit, 2026-12-04)."""

@@ -80,6 +80,14 @@ def test_sequence_parallel_tail_matches_fused_tail(tp):
     assert_close(out.hidden_BTD, ref.hidden_BTD[:, :t], what=f"SP hidden at tp={tp}, T={t}")
 
 
+def test_sequence_parallel_refuses_a_fused_norm_it_would_not_run():
+  """The SP tail is XLA's reduce-scatter form: asking for a Pallas norm beside it is one error, not ignored."""
+  cfg = _setup(256, "float32")[0]
+  with pytest.raises(ValueError, match="sequence_parallel=True runs the tail's reduce \\+ norm as XLA's .* "
+                                       "norm_impl='pallas_tpu' would not run"):
+    ShardedMtp(cfg, make_mesh(2), norm_impl="pallas_tpu", sequence_parallel=True)
+
+
 def test_draft_tokens_over_several_steps_agree_across_tp():
   """Three greedy draft steps with post-norm recycling give the same drafts at every tp."""
   cfg, params, ids, positions, hidden = _setup(256, "float32")
