@@ -28,6 +28,7 @@ import os
 import re
 import shutil
 import socket
+import sys
 import tempfile
 import urllib.parse
 from collections.abc import Callable
@@ -104,7 +105,7 @@ def _download(repo_id: str, filename: str, revision: str | None, optional: bool 
   """The cached path of `filename` (fetched if need be); None for an absent optional file; else a
   CheckpointError saying why it cannot be had."""
   import huggingface_hub  # noqa: PLC0415 — only repo ids need it
-  from huggingface_hub import constants, errors  # noqa: PLC0415
+  from huggingface_hub import _CACHED_NO_EXIST, constants, errors  # noqa: PLC0415
   host = urllib.parse.urlparse(constants.ENDPOINT).hostname or constants.ENDPOINT
   unresolved = not constants.HF_HUB_OFFLINE and not _resolves(host)
   try:
@@ -112,10 +113,15 @@ def _download(repo_id: str, filename: str, revision: str | None, optional: bool 
     # warnings each, before huggingface_hub looks in the cache: ask the cache alone, as HF_HUB_OFFLINE would.
     return huggingface_hub.hf_hub_download(repo_id, filename, revision=revision, local_files_only=unresolved)
   except errors.LocalEntryNotFoundError:  # not cached, and offline or the Hub unreachable
-    if optional:
-      return None
     why = ("HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else
            f"the Hub's host {host} does not resolve" if unresolved else "the Hub did not answer")
+    if optional:
+      # the cache may know the repo lacks it (a 404 it recorded): then silently absent; else say that the run goes
+      # on without a file the repo may have (a tokenizer's BOS rule, the EOS ids), which can change its output
+      if huggingface_hub.try_to_load_from_cache(repo_id, filename, revision=revision) is not _CACHED_NO_EXIST:
+        print(f"note: {filename} of the Hugging Face repo {repo_id!r} is not in the cache and cannot be fetched "
+              f"({why}): running without it", file=sys.stderr)
+      return None
     if filename == CONFIG_FILE:
       raise CheckpointError(f"--checkpoint {repo_id!r} is not a local directory, and as a Hugging Face repo id it is "
                             f"neither in the cache ({constants.HF_HUB_CACHE}) nor reachable ({why})") from None

@@ -67,11 +67,16 @@ def cache(tmp_path, monkeypatch):
 
 @pytest.fixture
 def cached_repo(cache, snapshot_files):
-  """REPO_ID in the cache: its snapshot and `refs/main` naming it. Returns the snapshot directory."""
+  """REPO_ID in the cache as an online fetch leaves it: its snapshot, `refs/main` naming it, and the optional files
+  the repo lacks recorded as absent (huggingface_hub's `.no_exist`, written on a 404). Returns the snapshot
+  directory."""
   repo = cache / f"models--{REPO_ID.replace('/', '--')}"
   shutil.copytree(snapshot_files, repo / "snapshots" / COMMIT)
   (repo / "refs").mkdir()
   (repo / "refs" / "main").write_text(COMMIT)
+  (repo / ".no_exist" / COMMIT).mkdir(parents=True)
+  for name in set(hub.OPTIONAL_FILES) - set(os.listdir(repo / "snapshots" / COMMIT)):
+    (repo / ".no_exist" / COMMIT / name).touch()
   return repo / "snapshots" / COMMIT
 
 
@@ -154,6 +159,21 @@ def test_without_a_network_a_cached_repo_is_read_from_the_cache_alone(cached_rep
   out, err = capsys.readouterr()
   assert out == "" and len(err.splitlines()) == 1, err
   assert "neither in the cache" in err and "nor reachable (the Hub's host hub.invalid does not resolve)" in err, err
+
+
+def test_an_optional_file_missing_from_the_cache_offline_is_a_note_not_silence(cached_repo, capsys):
+  """Offline, generation_config.json not cached (the repo may have it: the cache records no 404): the run goes on
+  without it (the EOS ids then come from config.json) and says so on stderr; a file the cache knows the repo lacks
+  (a recorded 404, `.no_exist`) stays silent (found by an audit: both were silent)."""
+  os.remove(cached_repo / "generation_config.json")
+  argv = ["--checkpoint", REPO_ID, "--prompt-ids", "1,2", "--max-new-tokens", "2", "--json"]
+  assert decode.main(argv) == 0
+  notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: ")]
+  assert notes == [f"note: generation_config.json of the Hugging Face repo {REPO_ID!r} is not in the cache and "
+                   "cannot be fetched (HF_HUB_OFFLINE is set): running without it"]
+  (cached_repo.parents[1] / ".no_exist" / COMMIT / "generation_config.json").touch()
+  assert decode.main(argv) == 0
+  assert not [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: ")]
 
 
 def test_a_shard_missing_from_the_cache_is_exit_2_naming_it(cached_repo, capsys):
