@@ -69,6 +69,9 @@ class SafetensorsCheckpoint:
       self._from_index(index_path)
     elif os.path.exists(os.path.join(self.directory, SINGLE_FILE)):
       self.tensors.update(_read_file(os.path.join(self.directory, SINGLE_FILE)))
+    elif os.path.islink(single := os.path.join(self.directory, SINGLE_FILE)):  # a link to nothing (os.path.exists
+      # follows links): say so, not "no such file" beside a listing that shows it
+      raise CheckpointError(f"{single!r} is a link to {os.readlink(single)!r}, which does not exist")
     else:
       shards = sorted(f for f in os.listdir(self.directory) if f.endswith(".safetensors"))
       what = f"shards {shards[:3]} but no {INDEX_FILE}" if shards else "no *.safetensors file"

@@ -332,6 +332,10 @@ def test_directory_errors(tmp_path):
   (tmp_path / "model-00001-of-00002.safetensors").write_bytes(b"")
   with pytest.raises(CheckpointError, match="has shards .* but no model.safetensors.index.json"):
     load_hf_checkpoint(str(tmp_path))
+  os.symlink(tmp_path / "gone.safetensors", tmp_path / "model.safetensors")  # a link to nothing: said as such
+  with pytest.raises(CheckpointError, match=r"model.safetensors' is a link to .*gone.safetensors', which does not"):
+    load_hf_checkpoint(str(tmp_path))
+  os.remove(tmp_path / "model.safetensors")
   json.dump({**hf_config_dict(CFG), "quantization_config": {"weight_block_size": [128]}},
             open(tmp_path / "config.json", "w"))
   with pytest.raises(CheckpointError, match=r"weight_block_size=\[128\] must be two positive integers"):
