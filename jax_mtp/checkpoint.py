@@ -132,10 +132,7 @@ def _open(path, cfg: MtpConfig | None, dtype: str | None, mesh: Mesh | None):
 
 def _check_same_model(cfg: MtpConfig, from_file: MtpConfig, path: str) -> None:
   """A config passed in must describe the checkpoint's model; only how it runs may differ."""
-  ignore = set(MtpConfig.RUN_SETTINGS) | {"fp8_block"}
-  names = [f.name for f in dataclasses.fields(cfg) if f.name not in ignore]
-  diff = [f"{name}={getattr(cfg, name)!r} (config.json: {getattr(from_file, name)!r})"
-          for name in names if getattr(cfg, name) != getattr(from_file, name)]
+  diff = cfg.model_differences(from_file, "config.json")
   if diff:
     raise CheckpointError(f"the config does not match {os.path.join(path, 'config.json')!r}: {', '.join(diff)}")
 

@@ -139,6 +139,13 @@ class MtpConfig:
   def __post_init__(self):
     _validate(self)
 
+  def model_differences(self, other: MtpConfig, label: str) -> list[str]:
+    """`name=mine (label: other's)` for each field in which `other` describes another model: the run settings may
+    differ (RUN_SETTINGS), and so may `fp8_block` (the stored weights' blocks, which a checkpoint decides)."""
+    ignore = set(self.RUN_SETTINGS) | {"fp8_block"}
+    return [f"{f.name}={getattr(self, f.name)!r} ({label}: {getattr(other, f.name)!r})"
+            for f in dataclasses.fields(self) if f.name not in ignore and getattr(self, f.name) != getattr(other, f.name)]
+
   @property
   def qk_head_dim(self) -> int:
     return self.qk_nope_head_dim + self.qk_rope_head_dim

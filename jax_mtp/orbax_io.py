@@ -115,12 +115,8 @@ def restore_params(directory: str | os.PathLike, cfg: MtpConfig | None = None,
   saved = read_config(directory)
   with _manager(directory, create=False) as manager:
     step = manager.latest_step()
-    # the model must be the saved one; how it runs (RUN_SETTINGS: dtypes, impls, chunk) may differ, as for a HF
-    # checkpoint, and the FP8 blocks are the saved weights'
-    ignore = set(MtpConfig.RUN_SETTINGS) | {"fp8_block"}
-    diff = [] if cfg is None else [f"{f.name}={getattr(cfg, f.name)!r} (saved: {getattr(saved, f.name)!r})"
-                                   for f in dataclasses.fields(cfg)
-                                   if f.name not in ignore and getattr(cfg, f.name) != getattr(saved, f.name)]
+    # the model must be the saved one; how it runs may differ, as for a HF checkpoint
+    diff = [] if cfg is None else cfg.model_differences(saved, "saved")
     if diff:
       raise CheckpointError(f"the config does not match the one saved in {directory!r} step {step}: {', '.join(diff)}")
     if mesh is not None:

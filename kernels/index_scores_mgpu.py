@@ -128,8 +128,9 @@ def index_scores_mgpu(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, sca
   its scales already in w) is a float8 × float8 wgmma over the keys as they landed, at twice bf16's tensor-core
   rate and without the widening pass (the official FP8 indexer's numerics: each product exact, fp32 sums).
   `positions_BT` (int32, optional): each query's position; steps that start past its query block's last position
-  are then written as zeros without a dot (and, with `config.bound_reads`, without reading their keys). `interpret`: Pallas's GPU interpreter (any host: the tests;
-  True, or a `plgpu.InterpretGPUParams`: the tests' race detection)."""
+  are then written as zeros without a dot (and, with `config.bound_reads`, without reading their keys).
+  `interpret`: Pallas's GPU interpreter (any host: the tests; True, or a `plgpu.InterpretGPUParams`: the tests'
+  race detection)."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # noqa: PLC0415 (a GPU backend's module)
 
   b, t, i, j = q_BTIJ.shape
