@@ -130,15 +130,15 @@ def round_floor_bytes(cfg, target: dict, drafter: dict, batch: int, k: int, cont
 def impls_in(hlo: str) -> dict[str, str]:
   """What ran for each DSA / experts part, by the kernels' names in a compiled program's HLO text (one instruction
   a line: our Mosaic GPU kernels' lines are set aside before looking for tokamax's Mosaic GPU kernel), the sparse
-  MLA's with its buffer sets (`sparse_mla_mgpu.FORM_SUFFIXES`). Mosaic names are looked for first: a Triton kernel's
+  MLA's with its form (`sparse_mla_mgpu.FORM_SUFFIXES`). Mosaic names are looked for first: a Triton kernel's
   name is a prefix of its Mosaic sibling's or a Python function's name."""
   ours = (INDEX_SCORES_MGPU_KERNEL, FP8_MGPU_KERNEL, SPARSE_MLA_MGPU_KERNEL)
   others = "\n".join(line for line in hlo.splitlines() if not any(name in line for name in ours))
   experts = ("FP8 grouped matmul (Pallas Mosaic GPU)" if FP8_MGPU_KERNEL in hlo else
              "FP8 grouped matmul (Pallas Triton)" if FP8_KERNEL in hlo else "tokamax (Mosaic GPU)" if "mosaic" in others.lower()
              else "lax.ragged_dot" if "ragged-dot" in hlo or "ragged_dot" in hlo else "gather (XLA)")
-  forms = [f"{sets} set{'s' * (sets > 1)}" for sets, suffix in SPARSE_MLA_FORMS.items()
-           if SPARSE_MLA_MGPU_KERNEL + suffix in hlo]  # a round holds both: one query a draft step, B · 4 verifying
+  forms = [form for form, suffix in SPARSE_MLA_FORMS.items()
+           if SPARSE_MLA_MGPU_KERNEL + suffix in hlo]  # a round holds two: one query a draft step, B · 4 verifying
   sparse = f"Pallas Mosaic GPU kernel ({' + '.join(forms)})" if SPARSE_MLA_MGPU_KERNEL in hlo else "XLA"
   scores = ("Pallas Mosaic GPU kernel (float8 × float8)" if INDEX_SCORES_MGPU_KERNEL + FLOAT8_DOT_SUFFIX in hlo
             else "Pallas Mosaic GPU kernel" if INDEX_SCORES_MGPU_KERNEL in hlo else "XLA")

@@ -24,6 +24,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from jax_mtp.kernels.sparse_mla_mgpu_ring import ring_gather
+
 _NEG_INIT = -1e30  # the running max starts finite: exp(−∞ − (−∞)) would be NaN
 _LOG2E = math.log2(math.e)
 
@@ -49,6 +51,7 @@ class Plan:
   rows_layout: Any  # the row-contiguous re-layout's register layout, or None
   wgmma_rows: Any  # one value per head (row of the [64, ·] accumulators)
   wgmma_cols: Any  # one value per entry (column of the scores)
+  ids_width: int  # slot ids a step's fetch copies: e rounded up to 128 bytes (a copy's size under Lane semantics)
 
   @property
   def half(self) -> int:
@@ -110,7 +113,11 @@ def body_for(plan: Plan):
     r = Refs(q_lat_gmem, q_pe_gmem, lat_gmem, pe_gmem, slots_gmem, scale_gmem, out_gmem, lse_gmem, q_lat_smem,
              q_pe_smem, lat_stage, pe_stage, lat_op, pe_op, p_smem, small_smem, scale_stage[0] if scale_stage else None,
              loaded, ids_loaded, gathered, op_ready, op_free, p_ready, done, written, hi, pi, qi, qi // plan.t)
-    pl.when(wg == 2)(lambda: _gather(plan, r))
+    if plan.config.landing_ring:
+      pl.when(wg == 2)(lambda: ring_gather(plan, r, lambda step: _fetch_ids(plan, r, step),
+                                           lambda step: _ids_smem(plan, r).at[step % 2]))
+    else:
+      pl.when(wg == 2)(lambda: _gather(plan, r))
     pl.when(wg == 0)(lambda: _scores(plan, r))
     pl.when(wg == 1)(lambda: _values(plan, r))
 
@@ -161,10 +168,11 @@ def _write(plan: Plan, r: Refs, acc, l, col):
 
 
 def _fetch_ids(plan: Plan, r: Refs, step):
-  """A step's slot ids into shared memory, two steps' worth in flight."""
-  e = plan.e
-  plan.plgpu.copy_gmem_to_smem(r.slots_gmem.at[r.qi, r.pi, pl.ds(step * e, e)], _ids_smem(plan, r).at[step % 2],
-                               r.ids_loaded.at[step % 2])
+  """A step's slot ids into shared memory, two steps' worth in flight (ids_width of them: past the step's e, the
+  next step's or the launch's padding)."""
+  e, width = plan.e, plan.ids_width
+  plan.plgpu.copy_gmem_to_smem(r.slots_gmem.at[r.qi, r.pi, pl.ds(step * e, width)],
+                               r.small_smem.at[step % 2, pl.ds(0, width)], r.ids_loaded.at[step % 2])
 
 
 def _issue_rows(plan: Plan, r: Refs, ids, first, stride, lat_to, pe_to, landed):

@@ -10,12 +10,14 @@ def _call(name):
   return f'  %custom-call.1 = bf16[8] custom-call(...), custom_call_target="mosaic_gpu_v2", name="{name}"'
 
 
-def test_the_sparse_mlas_buffer_sets_are_read_from_its_name():
-  one, two = _call(SPARSE + FORM_SUFFIXES[1]), _call(SPARSE + FORM_SUFFIXES[2])
-  assert impls_in(one)["sparse attention"] == "Pallas Mosaic GPU kernel (1 set)"
-  assert impls_in(two)["sparse attention"] == "Pallas Mosaic GPU kernel (2 sets)"
+def test_the_sparse_mlas_form_is_read_from_its_name():
+  one, two = _call(SPARSE + FORM_SUFFIXES["one set"]), _call(SPARSE + FORM_SUFFIXES["two sets"])
+  assert impls_in(one)["sparse attention"] == "Pallas Mosaic GPU kernel (one set)"
+  assert impls_in(two)["sparse attention"] == "Pallas Mosaic GPU kernel (two sets)"
   # a round: one query a draft step (one set), B · (k + 1) in its verification (two)
-  assert impls_in(f"{two}\n{one}")["sparse attention"] == "Pallas Mosaic GPU kernel (1 set + 2 sets)"
+  assert impls_in(f"{two}\n{one}")["sparse attention"] == "Pallas Mosaic GPU kernel (one set + two sets)"
+  ring = _call(SPARSE + FORM_SUFFIXES["landing ring"])
+  assert impls_in(ring)["sparse attention"] == "Pallas Mosaic GPU kernel (landing ring)"
 
 
 def test_xla_where_no_kernel_is_named():

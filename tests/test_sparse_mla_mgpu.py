@@ -16,7 +16,7 @@ import pytest
 
 import jax_mtp
 from jax_mtp.kernels.sparse_mla import combine_splits, dequantize_latent, reference
-from jax_mtp.kernels.sparse_mla_mgpu import FORM_SUFFIXES, KERNEL_NAME, Config, config_for, sparse_mla_mgpu
+from jax_mtp.kernels.sparse_mla_mgpu import FORM_SUFFIXES, KERNEL_NAME, Config, config_for, form_of, sparse_mla_mgpu
 from jax_mtp.mla import quantize_latent, resolve_sparse_attention_impl
 from tests.conftest import FULL_ONLY, FULL_TESTS
 from tests.lowered_step import mtp_step_module
@@ -202,7 +202,8 @@ LOWERED_CONFIGS = {"bfloat16 (double-buffered)": Config(), "fp8 (double-buffered
                    "bfloat16, ids before the dots": Config(ids_before_dots=True),
                    "fp8, one set, ids before the dots": Config(double_buffered=False, ids_before_dots=True),
                    "bfloat16, values re-lay half": Config(values_relayout=True),
-                   "fp8, values re-lay half": Config(values_relayout=True)}
+                   "fp8, values re-lay half": Config(values_relayout=True),
+                   "bfloat16, landing ring": Config(landing_ring=True)}
 
 
 @pytest.mark.parametrize("b,t", [(1, 1), (2, 4), (64, 4)])
@@ -218,9 +219,9 @@ def test_kernel_lowers_for_cuda_at_v32_widths(b, t, cache):
   fn = jax.jit(lambda *a: sparse_mla_mgpu(*a[:5], 512**-0.5, latent_scale_BSG=a[5] if fp8 else None,
                                           out_dtype=jnp.bfloat16, config=config))
   text = fn.trace(*(jax.ShapeDtypeStruct(*x) for x in shapes)).lower(lowering_platforms=("cuda",)).as_text()
-  sets = 2 if config_for(b * t, 128, 2048, 512, config).double_buffered else 1
-  assert "mosaic_gpu" in text and KERNEL_NAME + FORM_SUFFIXES[sets] in text  # its name says which form runs
-  assert KERNEL_NAME + FORM_SUFFIXES[3 - sets] not in text
+  form = form_of(config_for(b * t, 128, 2048, 512, config))
+  assert "mosaic_gpu" in text and KERNEL_NAME + FORM_SUFFIXES[form] in text  # its name says which form runs
+  assert not any(KERNEL_NAME + suffix in text for other, suffix in FORM_SUFFIXES.items() if other != form)
 
 
 def test_config_fills_one_wave():

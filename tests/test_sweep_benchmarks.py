@@ -4,7 +4,7 @@ kernel takes) and, for the MLA projections, that the laid-out-ahead forms comput
 import jax
 import jax.numpy as jnp
 
-from benchmarks import index_scores_splits, mla_projections, sparse_mla_splits
+from benchmarks import index_scores_splits, mla_projections, sparse_mla, sparse_mla_splits
 from jax_mtp.kernels import index_scores_mgpu, sparse_mla_mgpu
 from tests.tolerances import TOLERANCE, assert_close
 
@@ -15,6 +15,13 @@ def test_sparse_mla_splits_brackets_auto():
   assert sparse_mla_splits.candidate_splits(auto) == [1, 2, 4, 8]
   one = sparse_mla_mgpu.config_for(1, 128, 2048, 512)  # one set of 64 entries: 32 steps, 16 splits
   assert sparse_mla_splits.candidate_splits(one) == [4, 8, 16]  # never past MAX_SPLITS
+
+
+def test_sparse_mla_ring_rows_bracket_its_config():
+  """benchmarks.sparse_mla --ring: the landing ring at config_for's splits, half and twice, each a launch it takes."""
+  assert [c.splits for c in sparse_mla.ring_configs(64 * 4)] == [1, 2]  # 512 CTAs: one split (halving stays at 1)
+  assert [c.splits for c in sparse_mla.ring_configs(1)] == [8, 16, 32]  # 2,048 = 42⅔ steps: 32 splits keep one
+  assert all(c.landing_ring and c.block_entries == 48 for c in sparse_mla.ring_configs(8))
 
 
 def test_index_scores_splits_keep_the_kernels_rules():
