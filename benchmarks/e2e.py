@@ -209,7 +209,8 @@ def run_row(args, cfg, spec, params, prompt_len: int, batch: int, rng, peak: flo
         cfg.replace(prefill_chunk=chunk), mesh, args.k)
     prefill_args = (*params, prompt_BT, lengths_B, jax.random.key(0), greedy, stop_N)
     start = time.perf_counter()
-    prefill = chunk_spec.program("prefill", capacity, False, prefill_args).lower(*prefill_args).compile()
+    lowered = chunk_spec.program("prefill", capacity, False, prefill_args).lower(*prefill_args)
+    prefill = lowered.compile()
     compile_s = time.perf_counter() - start
     state = prefill(*prefill_args)
     seconds = _median_seconds(lambda prefill=prefill, a=prefill_args: prefill(*a), args.repeats)
@@ -219,7 +220,7 @@ def run_row(args, cfg, spec, params, prompt_len: int, batch: int, rng, peak: flo
                        "mfu": batch * prefill_flops(cfg, prompt_len) / seconds / peak,
                        "impls": impls_in(prefill.as_text())}
     if args.profile:
-      prefills[chunk]["profile"] = profile_prefill(prefill, prefill_args, seconds,
+      prefills[chunk]["profile"] = profile_prefill(lowered, prefill_args, seconds,
                                                    f"prefill, prompt {prompt_len}, B = {batch}, chunk {used}")
     del state
   row["prefill"] = prefills
@@ -244,8 +245,11 @@ def run_row(args, cfg, spec, params, prompt_len: int, batch: int, rng, peak: flo
   return row
 
 
-def profile_prefill(prefill, prefill_args, seconds: float, label: str) -> dict:
-  """The compiled prefill's kernels summed per model part, from a device trace of one call (step_profile's)."""
+def profile_prefill(lowered, prefill_args, seconds: float, label: str) -> dict:
+  """The prefill's kernels summed per model part, from a device trace of one call of it compiled without command
+  buffers (step_profile's: each kernel then names its instruction, cuBLAS's GEMMs too)."""
+  prefill = lowered.compile(compiler_options=step_profile.UNGRAPHED)
+  jax.block_until_ready(prefill(*prefill_args))  # its first call outside the trace
   trace_dir = tempfile.mkdtemp(prefix="e2e_prefill_")
   with jax.profiler.trace(trace_dir):
     jax.block_until_ready(prefill(*prefill_args))

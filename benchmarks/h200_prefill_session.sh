@@ -349,7 +349,7 @@ case "${1:?stage}" in
     ;;
   fp8round)  # (not run yet) where the FP8 round at B = 64 goes (0.58 of its floor at 21:34, bf16's 1.04): the draft
              # step's kernels per model part with FP8 and bf16 weights at B = 64 (a 1K prompt's capacity)
-    run 240 step_profile_fp8.md python3 -m benchmarks.step_profile --batch 64 --weights fp8 bf16 --capacity 1283
+    run 300 step_profile_fp8.md python3 -m benchmarks.step_profile --batch 64 --weights fp8 bf16 --capacity 1283
     ;;
   path4)  # the user's path after keys_in_registers became the default for bf16 keys (2026-12-04 21:30) and
           # overlap_queries (18:56): the model path's GPU tests under auto first (splits3's ran out at 13 of 18), then e2e

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.step_profile import device_events, op_names
+from benchmarks.step_profile import UNGRAPHED, device_events, op_names
 from benchmarks.timing import copy_bandwidth, time_in_loop
 from jax_mtp.cache import causal_mask
 from jax_mtp.indexer import (kth_key_histograms, kth_key_one_reduction, kth_key_sibling_reductions, order_keys,
@@ -66,8 +66,9 @@ TOPK_VARIANTS = {"lax.top_k": topk_selection, "radix (library)": topk_selection_
 
 
 def kernels_of(fn, args, calls: int = 3, top: int = 6) -> str:
-  """The `top` kernels of `calls` traced calls of jitted `fn`: "name µs/call; …", from a device trace."""
-  compiled = fn.lower(*args).compile()
+  """The `top` kernels of `calls` traced calls of jitted `fn`: "name µs/call; …", from a device trace (of `fn`
+  compiled without command buffers, where each kernel names its instruction: step_profile.UNGRAPHED)."""
+  compiled = fn.lower(*args).compile(compiler_options=UNGRAPHED)
   names = op_names(compiled.as_text())
   jax.block_until_ready(compiled(*args))
   trace_dir = tempfile.mkdtemp(prefix="prefill_parts_")

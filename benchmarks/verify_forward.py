@@ -166,9 +166,9 @@ def spread_ms(runs: list[float]) -> str:
 def profile_row(verify, call_args, label: str, calls: int = 3) -> None:
   """The row's kernels summed per model part from a trace of `calls` calls (caches donated call to call: the
   caller's are consumed)."""
-  compiled = jax.jit(verify, donate_argnums=len(call_args) - 1).lower(*call_args).compile()
-  step_us, events = step_profile.profile(compiled, call_args, calls)
-  step_profile.summarize(events, step_profile.op_names(compiled.as_text()), calls, step_us, label)
+  lowered = jax.jit(verify, donate_argnums=len(call_args) - 1).lower(*call_args)
+  step_us, events, names = step_profile.profile(lowered, call_args, calls)
+  step_profile.summarize(events, names, calls, step_us, label)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,12 @@
 """benchmarks.step_profile's attribution of a trace's kernels to model parts, on hand-written HLO and
 events (the GPU trace itself is only on a GPU): kernel names as XLA writes them, kernels with no
-instruction of their name placed after the last one that has."""
+instruction of their name placed after the last one that has; and `profile` on this CPU: the traced program (built
+without command buffers) is the one whose instruction names it returns."""
 
-from benchmarks.step_profile import op_names, part_of, summarize
+import jax
+import jax.numpy as jnp
+
+from benchmarks.step_profile import UNGRAPHED, op_names, part_of, profile, summarize
 
 HLO = """
 ENTRY %main {
@@ -33,3 +37,18 @@ def test_summarize_places_unnamed_kernels_after_the_last_named_one(capsys):
   placed = [op for op in table["ops"] if op["op"].startswith("nvjet_sm90_x after ")]
   assert len(placed) == 1 and placed[0]["op"].endswith("_absorbed_sparse/gather") and placed[0]["us"] == 4.0
   assert "device idle between them ~6 µs" in capsys.readouterr().out
+
+
+def test_profile_names_the_traced_programs_instructions():
+  """The untraced timing runs the program as compiled; the trace a build without command buffers (UNGRAPHED, an
+  option every backend's compiler takes), and every traced event names an instruction of that build, whose op names
+  come back beside the events."""
+  def step(w, x, state):
+    return jnp.tanh(x @ w).sum(), state + 1
+
+  args = (jnp.ones((128, 128)), jnp.ones((32, 128)), jnp.zeros(()))
+  lowered = jax.jit(step).lower(*args)
+  step_us, events, names = profile(lowered, args, calls=2, timed_calls=2)
+  assert step_us > 0 and events
+  assert all(op in names for _, op, _ in events)
+  assert names == op_names(lowered.compile(compiler_options=UNGRAPHED).as_text())
