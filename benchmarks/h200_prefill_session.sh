@@ -61,7 +61,8 @@
 #   fp8round (not run yet) the draft step per part with FP8 and bf16 weights at B = 64 (the FP8 round's 0.58)
 #   path4    (no machine 2026-12-04 21:40) the user path's GPU tests, then e2e at B = 8, 1
 #   ring     (not run yet) the sparse MLA's landing ring (Config.landing_ring: two 48-entry operand sets): its compiled
-#            tests, then timed beside auto at B = 64, 8 (T = 4, 1) and B = 256 × 4 over 4K and 32K caches
+#            tests, then timed beside auto at B = 64, 8 (T = 4, 1) and B = 256 × 4 over 4K and 32K caches, then its
+#            ablation (phases removed) at B = 64, T = 4
 #   fp8      benchmarks.e2e with FP8 weights kept as codes: 1K and 32K prompts at B = 1, 1K at B = 64
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
@@ -366,6 +367,9 @@ case "${1:?stage}" in
       --ring
     run 100 sparse_mla_ring_32k.md python3 -m benchmarks.sparse_mla --batch 256 64 --tokens 4 --capacity 32768 \
       --iters 10 --ring
+    # where its step goes: whether the ring's fewer rows in flight (18-27 KiB against 72) show as the copies' latency
+    run 100 ablate_ring.md python3 -m benchmarks.sparse_mla_ablate --batch 64 --tokens 4 --landing-ring --rows "" \
+      copies relayout copies,relayout relayout,softmax,qk,pv
     ;;
   overlap)  # (18:56 2026-12-04) Config.overlap_queries of the index scores (query n + 1's dot during query n's epilogue): its compiled
             # tests, then timed beside auto at T = 4 (verification), 128K and 32K

@@ -1,6 +1,6 @@
 """Which of the Mosaic sparse MLA's phases bound its step: the kernel timed with phases removed.
 
-    python -m benchmarks.sparse_mla_ablate --batch 64 --tokens 4 [--fp8] [--rows "" copies relayout,softmax ...]
+    python -m benchmarks.sparse_mla_ablate --batch 64 --tokens 4 [--fp8 | --landing-ring] [--rows "" copies ...]
 
 Each row removes the named phases' work from the compiled kernel (`ABLATIONS`) and keeps everything else: the three
 warpgroups, their barriers and hand-offs, the other phases. An ablated kernel's output is wrong by construction; the
@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_mtp.kernels import sparse_mla_mgpu_body as body
+from jax_mtp.kernels import sparse_mla_mgpu_ring as ring
 
 # what each removal skips (the barriers' arrivals it would make are kept, so the pipeline's hand-offs still run)
 ABLATIONS = {
@@ -45,6 +46,13 @@ def _arrive_without_copies(plan, r, ids, first, stride, lat_to, pe_to, landed):
       plan.plgpu.barrier_arrive(landed)
 
 
+def _arrive_without_group_copies(plan, r, ids, group, ring_slot):
+  """The landing ring's `_issue_group` without its copies: its barrier's arrivals only (a row's latent and rope)."""
+  del ids, group
+  for _ in range(2 * ring.GROUP_ROWS):
+    plan.plgpu.barrier_arrive(r.gathered.at[ring_slot])
+
+
 def _zero_scores(plan, r, slot):
   del r, slot
   return plan.plgpu.layout_cast(jnp.zeros((plan.hb, plan.e), jnp.float32), plan.plgpu.Layout.WGMMA)
@@ -55,12 +63,14 @@ def _no_softmax(plan, s, ids, m, l):
   return s, m, l, plan.plgpu.layout_cast(jnp.ones((plan.hb,), jnp.float32), plan.wgmma_rows)
 
 
+# a phase's functions in each module it lives in (the landing ring's gather has its own copies and re-layout)
 _REPLACEMENTS = {
-    "copies": ("_issue_rows", _arrive_without_copies),
-    "relayout": ("_relayout", lambda plan, r, slot, *columns, **options: None),
-    "softmax": ("_online_softmax", _no_softmax),
-    "qk": ("_qk", _zero_scores),
-    "pv": ("_accumulate", lambda plan, acc, a, b_ref: acc),
+    "copies": [(body, "_issue_rows", _arrive_without_copies), (ring, "_issue_group", _arrive_without_group_copies)],
+    "relayout": [(body, "_relayout", lambda plan, r, slot, *columns, **options: None),
+                 (ring, "_relayout_group", lambda plan, r, ring_slot, op_set, group: None)],
+    "softmax": [(body, "_online_softmax", _no_softmax)],
+    "qk": [(body, "_qk", _zero_scores)],
+    "pv": [(body, "_accumulate", lambda plan, acc, a, b_ref: acc)],
 }
 
 
@@ -76,15 +86,15 @@ def parse(row: str) -> tuple[str, ...]:
 @contextlib.contextmanager
 def ablated(parts: tuple[str, ...]):
   """The kernel body with `parts` removed while inside (kernels built inside are traced from the patched body)."""
-  saved = {name: getattr(body, name) for name, _ in (_REPLACEMENTS[p] for p in parts)}
+  patches = [patch for p in parts for patch in _REPLACEMENTS[p]]
+  saved = [(module, name, getattr(module, name)) for module, name, _ in patches]
   try:
-    for p in parts:
-      name, fn = _REPLACEMENTS[p]
-      setattr(body, name, fn)
+    for module, name, fn in patches:
+      setattr(module, name, fn)
     yield
   finally:
-    for name, fn in saved.items():
-      setattr(body, name, fn)
+    for module, name, fn in saved:
+      setattr(module, name, fn)
 
 
 def main(argv=None) -> int:
@@ -97,13 +107,14 @@ def main(argv=None) -> int:
   add_problem_arguments(parser)
   parser.add_argument("--rows", nargs="*", default=list(ROWS), help="comma-joined phases removed a row")
   parser.add_argument("--values-relayout", action="store_true", help="the launch's Config.values_relayout")
+  parser.add_argument("--landing-ring", action="store_true", help="the launch's Config.landing_ring (a bf16 cache)")
   parser.add_argument("--iters", type=int, default=10)
   args = parser.parse_args(argv)
   rows = [(row, parse(row)) for row in args.rows]
   (ql, qp, latent, kp, slots), operands = kernel_operands(args)
   base = reference(ql, qp, latent, kp, jnp.maximum(slots, 0), slots >= 0, SCALE, dot_dtype=jnp.bfloat16).astype(
       jnp.float32)
-  config = mgpu.Config(values_relayout=args.values_relayout)
+  config = mgpu.Config(values_relayout=args.values_relayout, landing_ring=args.landing_ring)
   print(f"sparse MLA ablation on {jax.devices()[0].device_kind}, jax {jax.__version__}: B = {args.batch}, "
         f"T = {args.tokens}, S = {args.capacity}, {'fp8' if args.fp8 else 'bf16'} cache, {config}\n")
   print("| phases removed | µs a call | of the full kernel | max error vs XLA |\n|---|---:|---:|---:|")

@@ -14,18 +14,19 @@ SHAPES = [((1, 2, 64, 512), jnp.bfloat16), ((1, 2, 64, 64), jnp.bfloat16), ((1, 
           ((1, 256, 64), jnp.bfloat16), ((1, 2, 64), jnp.int32)]
 
 
-def _lowered() -> str:
+def _lowered(config=None) -> str:
   """The kernel body as traced (its jaxpr, inside the call's): what the CUDA lowering compiles, on any host."""
-  fn = jax.jit(lambda *a: mgpu.sparse_mla_mgpu(*a, 0.1, out_dtype=jnp.bfloat16))
+  fn = jax.jit(lambda *a: mgpu.sparse_mla_mgpu(*a, 0.1, out_dtype=jnp.bfloat16, config=config))
   return str(fn.trace(*(jax.ShapeDtypeStruct(*x) for x in SHAPES)).jaxpr)
 
 
-def test_each_removal_changes_the_built_kernel_and_leaving_restores_it():
-  full = _lowered()
+@pytest.mark.parametrize("config", [None, mgpu.Config(landing_ring=True)], ids=["auto", "landing ring"])
+def test_each_removal_changes_the_built_kernel_and_leaving_restores_it(config):
+  full = _lowered(config)
   for phase in ABLATIONS:
     with ablated(parse(phase)):
-      assert _lowered() != full, phase
-    assert _lowered() == full, phase
+      assert _lowered(config) != full, phase
+    assert _lowered(config) == full, phase
 
 
 def test_unknown_phases_are_refused_by_name():
