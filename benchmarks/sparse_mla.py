@@ -8,8 +8,8 @@ Floor: the larger of the bytes floor (the selected entries, the queries and the 
 bandwidth measured in this run) and the matmul floor (the score and output dots' FLOPs over a bf16
 GEMM's rate measured in this run). Each row's output is checked against XLA's bf16 path. Beside `config_for`'s
 launch (auto: two buffer sets at this width) each row times its splits halved and doubled, one buffer set and that
-form's gather variants; with --ring only auto and the landing ring (`Config.landing_ring`: two 48-entry operand
-sets, its splits halved and doubled), over a bf16 cache. (The Pallas Triton kernel's
+form's gather variants; with --candidates only auto and the forms built but not yet timed (`candidate_configs`),
+over a bf16 cache. (The Pallas Triton kernel's
 rows went with that kernel on 2026-12-04; its last numbers are in RESULTS.md.)
 """
 
@@ -35,11 +35,11 @@ def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   add_sweep_arguments(parser, batch=[1, 8, 64], tokens=[1, 4])
   parser.add_argument("--fp8", action="store_true", help="also the fp8 MLA cache (656 B an entry): XLA and Mosaic")
-  parser.add_argument("--ring", action="store_true",
-                      help="only auto and the landing ring (its splits halved and doubled), over a bf16 cache")
+  parser.add_argument("--candidates", action="store_true",
+                      help="only auto and the forms not yet timed (candidate_configs), over a bf16 cache")
   args = parser.parse_args(argv)
-  if args.ring and args.fp8:
-    parser.error("--ring times a bf16 cache only (the landing ring takes no fp8 cache)")
+  if args.candidates and args.fp8:
+    parser.error("--candidates times a bf16 cache only (the landing ring takes no fp8 cache)")
   bandwidth, flops = copy_bandwidth(), bf16_peak()
   print(f"sparse MLA at V3.2 widths on {jax.devices()[0].device_kind}, jax {jax.__version__}, S = {args.capacity}; "
         f"copy bandwidth {bandwidth / 1e12:.2f} TB/s, bf16 GEMM {flops / 1e12:.0f} TFLOP/s\n", flush=True)
@@ -70,8 +70,8 @@ def main(argv=None) -> int:
       early = [dataclasses.replace(auto, ids_before_dots=True),  # the mask's ids loaded ahead of the dots
                dataclasses.replace(auto, values_relayout=True)]  # the values warpgroup re-lays half of each step
       configs = variants + early + [single] + [dataclasses.replace(single, **gather) for gather in gathers]
-      if args.ring:
-        configs = [auto] + ring_configs(b * t)
+      if args.candidates:
+        configs = [auto] + candidate_configs(b * t)
       for config in configs:
         seconds, err = _time_mosaic(problem, base, config, args.iters, args.backend)
         print(f"| {b} | {t} | Mosaic GPU kernel | {_name(config)}{' (auto)' if config == auto else ''} | "
@@ -79,11 +79,16 @@ def main(argv=None) -> int:
   return 0
 
 
-def ring_configs(queries: int) -> list:
-  """The landing ring at config_for's splits for it, half and twice those (where each split keeps a step)."""
+def candidate_configs(queries: int) -> list:
+  """The forms built but not yet timed (2026-12-05), beside auto's: auto with `qk_ahead` (where auto has two sets);
+  the landing ring at config_for's splits for it, half and twice those (where each split keeps a step), and with
+  `qk_ahead`."""
+  auto = mgpu.config_for(queries, N, K_TOP, C)
   ring = mgpu.config_for(queries, N, K_TOP, C, mgpu.Config(landing_ring=True))
-  return [dataclasses.replace(ring, splits=splits) for splits in
-          sorted({ring.splits, max(1, ring.splits // 2), ring.splits * 2}) if K_TOP >= splits * ring.block_entries]
+  rings = [dataclasses.replace(ring, splits=splits) for splits in
+           sorted({ring.splits, max(1, ring.splits // 2), ring.splits * 2}) if K_TOP >= splits * ring.block_entries]
+  ahead = [dataclasses.replace(auto, qk_ahead=True)] if auto.double_buffered else []
+  return ahead + rings + [dataclasses.replace(ring, qk_ahead=True)]
 
 
 def floor_us(b: int, t: int, bandwidth: float, flops: float, fp8: bool = False) -> float:

@@ -37,7 +37,8 @@ import jax.numpy as jnp
 
 from jax_mtp.kernels.mosaic_gpu_common import interpret_params, operand_transforms
 from jax_mtp.kernels.sparse_mla import combine_splits
-from jax_mtp.kernels.sparse_mla_mgpu_body import Plan, body_for
+from jax_mtp.kernels.sparse_mla_mgpu_body import body_for
+from jax_mtp.kernels.sparse_mla_mgpu_plan import Plan
 from jax_mtp.kernels.sparse_mla_mgpu_ring import GROUP_ROWS, RING_ENTRIES, RING_SLOTS, group_layout
 
 KERNEL_NAME = "dsa_sparse_mla_mgpu"  # what tests and benchmarks look for in a compiled program
@@ -118,6 +119,15 @@ class Config:
   # cache and a 512-wide latent only. Off: built and tested on a CPU (the interpreter, its race detector, the CUDA
   # lowering), not yet timed on a GPU (stage `ring` of benchmarks/h200_prefill_session.sh).
   landing_ring: bool = False
+  # The scores warpgroup issues a step's P · V and the next step's qk in one wgmma scope, back to back on the tensor
+  # cores with one wait for both (the next operand set's wait between them, while P · V runs), where each waited for
+  # its own product: a step's chain then pays one product's issue-to-completion latency fewer (timed alone on the
+  # H200, 2026-12-04 21:33: 0.4-0.6 µs each, of which ~0.3 µs beyond its tensor-core time). It frees a step's operand
+  # set one qk later, so the gather has the softmax's time, not a whole step's, to re-lay the set after next. Two
+  # operand sets only; the ids are then loaded before the softmax anyway (no ids_before_dots). Off: built and tested on
+  # a CPU (the interpreter, its race detector, the CUDA lowering), not yet timed (stage `ring`). Where `config_for`
+  # resolves double_buffered=None to one set, it is dropped.
+  qk_ahead: bool = False
 
 
 def buffer_sets(config: Config) -> int:
@@ -152,7 +162,8 @@ def config_for(queries: int, heads: int, entries: int, latent_width: int, config
     config = dataclasses.replace(config, double_buffered=True)
   if config.double_buffered is None:  # (values_relayout is the two-set form's: where that resolves to one set, off)
     double = latent_width == 2 * TMA_BOX and queries > 1
-    config = dataclasses.replace(config, double_buffered=double, values_relayout=config.values_relayout and double)
+    config = dataclasses.replace(config, double_buffered=double, values_relayout=config.values_relayout and double,
+                                 qk_ahead=config.qk_ahead and double)
   block_entries = (RING_ENTRIES if config.landing_ring else
                    min(DOUBLE_BUFFERED_ENTRIES if config.double_buffered else config.block_entries, entries))
   splits = config.splits
@@ -191,6 +202,9 @@ def check_operands(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, confi
   e, splits = config.block_entries, config.splits
   if config.issue_warps not in (1, 2, 4):
     raise ValueError(f"issue_warps={config.issue_warps}: the gather warpgroup's 1, 2 or 4 warps issue its copies")
+  if config.qk_ahead and (not config.double_buffered or config.ids_before_dots):
+    raise ValueError(f"qk_ahead takes two operand sets (double_buffered) and no ids_before_dots; got "
+                     f"double_buffered={config.double_buffered}, ids_before_dots={config.ids_before_dots}")
   if config.values_relayout and not config.double_buffered:
     raise ValueError("values_relayout takes two buffer sets (double_buffered): the values warpgroup re-lays the next "
                      "step's set while the scores warpgroup reads the other")

@@ -8,97 +8,26 @@ split of the selected slots, in three warpgroups, each a named phase here:
            warpgroup, then O[:, :C/2] += P · latent[:, :C/2]; at the end the log-sum-exp and its half of the output.
   values   (`_values`) O[:, C/2:] = O · rescale + P · latent[:, C/2:]; at the end its half of the output.
 
-`Plan` holds the launch's static facts, `Refs` the CTA's refs and grid indices; the phases only read them. The
+`Plan` holds the launch's static facts, `Refs` the CTA's refs and grid indices (`sparse_mla_mgpu_plan.py`); the phases
+only read them. The
 phases' named scopes (`jax.named_scope`: "gather wait", "relayout", "scores wait", "qk", "softmax", "pv", "values
 wait", "values pv") are the ranges Mosaic GPU's on-device profiler records when a launch asks for one
 (`sparse_mla_mgpu(profile_dir=...)`); otherwise they lower to nothing."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from jax_mtp.kernels.sparse_mla_mgpu_plan import Plan, Refs
 from jax_mtp.kernels.sparse_mla_mgpu_ring import ring_gather
 
 _NEG_INIT = -1e30  # the running max starts finite: exp(−∞ − (−∞)) would be NaN
 _LOG2E = math.log2(math.e)
-
-
-@dataclasses.dataclass(frozen=True)
-class Plan:
-  """A launch's static facts (`sparse_mla_mgpu.sparse_mla_mgpu` fills them)."""
-
-  plgpu: Any  # jax.experimental.pallas.mosaic_gpu, imported only where a call is built
-  config: Any  # sparse_mla_mgpu.Config, completed by config_for
-  t: int  # tokens a row: a query's batch row is its index // t
-  e: int  # entries a step
-  c: int  # latent width
-  steps: int  # steps a split
-  sets: int  # staging / operand / P buffer sets
-  pieces: int  # a latent row's TMA pieces (each ≤ 256 wide)
-  width: int  # a piece's width
-  hb: int  # heads a block (wgmma's M)
-  groups: int  # an fp8 cache's scale groups a row; 0 for a 16-bit cache
-  dtype: Any  # the operands' 16-bit dtype
-  scale: float
-  interpret: bool
-  rows_layout: Any  # the row-contiguous re-layout's register layout, or None
-  wgmma_rows: Any  # one value per head (row of the [64, ·] accumulators)
-  wgmma_cols: Any  # one value per entry (column of the scores)
-  ids_width: int  # slot ids a step's fetch copies: e rounded up to 128 bytes (a copy's size under Lane semantics)
-
-  @property
-  def half(self) -> int:
-    return self.c // 2
-
-  @property
-  def scaled(self) -> bool:
-    return self.groups > 0
-
-  def at(self, ref, slot):
-    """A step's set of a buffer or barrier (one set: the ref itself)."""
-    return ref if self.sets == 1 else ref.at[slot]
-
-
-@dataclasses.dataclass(frozen=True)
-class Refs:
-  """One CTA's refs (HBM operands, shared-memory scratch, barriers) and grid indices."""
-
-  q_lat_gmem: Any
-  q_pe_gmem: Any
-  lat_gmem: Any
-  pe_gmem: Any
-  slots_gmem: Any
-  scale_gmem: Any
-  out_gmem: Any
-  lse_gmem: Any
-  q_lat_smem: Any
-  q_pe_smem: Any
-  lat_stage: Any
-  pe_stage: Any
-  lat_op: Any
-  pe_op: Any
-  p_smem: Any
-  small_smem: Any  # rows 0–1: two steps' slot ids; 2 .. 2 + sets − 1: a step's rescale (by set); 2 + sets: the sum
-  scale_stage: Any  # an fp8 cache's selected scales, or None
-  loaded: Any
-  ids_loaded: Any
-  gathered: Any
-  op_ready: Any
-  op_free: Any
-  p_ready: Any
-  done: Any
-  written: Any
-  hi: Any  # head block
-  pi: Any  # split
-  qi: Any  # query
-  row: Any  # the query's batch row: its cache
 
 
 def body_for(plan: Plan):
@@ -321,33 +250,99 @@ def _online_softmax(plan: Plan, s, ids, m, l):
   return p, m_new, l * alpha + p.sum(axis=1), alpha
 
 
+def _load_ids(plan: Plan, r: Refs, step):
+  """A step's slot ids, for the mask, from HBM (e × 4 B; jax 0.11.2 optimises transfers from SMEM only)."""
+  e = plan.e
+  return plan.plgpu.load(r.slots_gmem.at[r.qi, r.pi, pl.ds(step * e, e)], layout=plan.wgmma_cols, optimized=False)
+
+
+def _softmax_out(plan: Plan, r: Refs, step, s, ids, m, l):
+  """The online softmax of a step's scores; P and its rescale out to the values warpgroup: (m, l, the rescale)."""
+  plgpu, slot = plan.plgpu, step % plan.sets
+  with jax.named_scope("softmax"):
+    p, m, l, alpha = _online_softmax(plan, s, ids, m, l)
+    plan.at(r.p_smem, slot)[...] = p.astype(plan.dtype)
+    _put_row(plan, r, slot, alpha)
+    plgpu.commit_smem()
+    plgpu.barrier_arrive(plan.at(r.p_ready, slot))
+  return m, l, alpha
+
+
+def _values_half(plan: Plan, r: Refs, slot, cols):
+  """The step's latent operand, columns `cols` (a half): P · V's right-hand side."""
+  return plan.at(r.lat_op, slot).at[:, pl.ds(cols, plan.half)]
+
+
 def _scores_step(plan: Plan, r: Refs, step, carry):
   """One step of the scores warpgroup: S, the online softmax, P and its rescale out, O[:, :C/2] updated."""
-  plgpu, e = plan.plgpu, plan.e
+  plgpu = plan.plgpu
   acc, m, l = carry
   slot = step % plan.sets
-  p_smem_s = plan.at(r.p_smem, slot)
-
-  def load_ids():  # the step's slot ids, for the mask, from HBM (e × 4 B; jax 0.11.2 optimises transfers from SMEM
-    # only)
-    return plgpu.load(r.slots_gmem.at[r.qi, r.pi, pl.ds(step * e, e)], layout=plan.wgmma_cols, optimized=False)
-
   early = plan.config.ids_before_dots
-  ids = load_ids() if early else None  # its latency overlapping the operand wait and the dots
+  ids = _load_ids(plan, r, step) if early else None  # its latency overlapping the operand wait and the dots
   with jax.named_scope("scores wait"):
     plgpu.barrier_wait(plan.at(r.op_ready, slot))
   with jax.named_scope("qk"):
     s = _qk(plan, r, slot)
-  with jax.named_scope("softmax"):
-    p, m, l, alpha = _online_softmax(plan, s, ids if early else load_ids(), m, l)
-    p_smem_s[...] = p.astype(plan.dtype)
-    _put_row(plan, r, slot, alpha)
-    plgpu.commit_smem()
-    plgpu.barrier_arrive(plan.at(r.p_ready, slot))
+  m, l, alpha = _softmax_out(plan, r, step, s, ids if early else _load_ids(plan, r, step), m, l)
   with jax.named_scope("pv"):  # P from shared memory, as the other half takes it
     acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
-    acc = _accumulate(plan, acc, p_smem_s, plan.at(r.lat_op, slot).at[:, pl.ds(0, plan.half)])
+    acc = _accumulate(plan, acc, plan.at(r.p_smem, slot), _values_half(plan, r, slot, 0))
     plgpu.barrier_arrive(plan.at(r.op_free, slot))
+  return acc, m, l
+
+
+def _pv_then_next_qk(plan: Plan, r: Refs, acc, slot, following):
+  """Config.qk_ahead: O[:, :C/2] += P · V over set `slot`, then, once set `following` is ready, the next step's S,
+  issued back to back in one wgmma scope (one wait for both): (O, the next S)."""
+  plgpu, p_smem, values = plan.plgpu, plan.at(r.p_smem, slot), _values_half(plan, r, slot, 0)
+  if plan.interpret:  # the interpreter runs no pl.run_state: the same products, one wait each
+    acc = _accumulate(plan, acc, p_smem, values)
+    plgpu.barrier_wait(plan.at(r.op_ready, following))
+    return acc, _qk(plan, r, following)
+
+  def issue(refs):
+    o_ref, s_ref = refs
+    plgpu.wgmma(o_ref, p_smem, values)
+    plgpu.barrier_wait(plan.at(r.op_ready, following))  # while P · V runs
+    plgpu.wgmma(s_ref, r.q_lat_smem, plan.at(r.lat_op, following).transpose((1, 0)))
+    plgpu.wgmma(s_ref, r.q_pe_smem, plan.at(r.pe_op, following).transpose((1, 0)))
+
+  zeros = plgpu.layout_cast(jnp.zeros((plan.hb, plan.e), jnp.float32), plgpu.Layout.WGMMA)
+  return pl.run_state(issue)((plgpu.ACC.init(acc), plgpu.ACC.init(zeros)))
+
+
+def _scores_step_ahead(plan: Plan, r: Refs, step, carry):
+  """Config.qk_ahead, a step but the last: its scores came with the step before's P · V; its softmax and P out, then
+  its P · V and the next step's qk in one scope, then its set freed."""
+  plgpu = plan.plgpu
+  acc, m, l, s = carry
+  slot = step % plan.sets
+  m, l, alpha = _softmax_out(plan, r, step, s, _load_ids(plan, r, step), m, l)
+  with jax.named_scope("pv"):
+    acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+    acc, s = _pv_then_next_qk(plan, r, acc, slot, (step + 1) % plan.sets)
+    plgpu.barrier_arrive(plan.at(r.op_free, slot))
+  return acc, m, l, s
+
+
+def _scores_loop(plan: Plan, r: Refs, init):
+  """The scores warpgroup's steps: (O's half, m, l)."""
+  plgpu, steps = plan.plgpu, plan.steps
+  if not plan.config.qk_ahead:
+    return lax.fori_loop(0, steps, lambda step, carry: _scores_step(plan, r, step, carry), init)
+  with jax.named_scope("scores wait"):
+    plgpu.barrier_wait(plan.at(r.op_ready, 0))
+  with jax.named_scope("qk"):
+    first = _qk(plan, r, 0)
+  acc, m, l, s = lax.fori_loop(0, steps - 1, lambda step, carry: _scores_step_ahead(plan, r, step, carry),
+                               (*init, first))
+  last = steps - 1  # its P · V alone
+  m, l, alpha = _softmax_out(plan, r, last, s, _load_ids(plan, r, last), m, l)
+  with jax.named_scope("pv"):
+    acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+    acc = _accumulate(plan, acc, plan.at(r.p_smem, last % plan.sets), _values_half(plan, r, last % plan.sets, 0))
+    plgpu.barrier_arrive(plan.at(r.op_free, last % plan.sets))
   return acc, m, l
 
 
@@ -362,7 +357,7 @@ def _scores(plan: Plan, r: Refs):
   init = (plgpu.layout_cast(jnp.zeros((hb, plan.half), jnp.float32), plgpu.Layout.WGMMA),
           plgpu.layout_cast(jnp.full((hb,), _NEG_INIT, jnp.float32), plan.wgmma_rows),
           plgpu.layout_cast(jnp.zeros((hb,), jnp.float32), plan.wgmma_rows))
-  acc, m, l = lax.fori_loop(0, plan.steps, lambda step, carry: _scores_step(plan, r, step, carry), init)
+  acc, m, l = _scores_loop(plan, r, init)
   _put_row(plan, r, plan.sets, l)
   plgpu.commit_smem()
   plgpu.barrier_arrive(r.done)
@@ -406,7 +401,7 @@ def _values(plan: Plan, r: Refs):
     with jax.named_scope("values pv"):
       alpha = _get_row(plan, r, slot)
       acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
-      acc = _accumulate(plan, acc, plan.at(r.p_smem, slot), plan.at(r.lat_op, slot).at[:, pl.ds(half, half)])
+      acc = _accumulate(plan, acc, plan.at(r.p_smem, slot), _values_half(plan, r, slot, half))
       plgpu.barrier_arrive(plan.at(r.op_free, slot))
     return acc
 
