@@ -62,7 +62,8 @@
 #   path4    (no machine 2026-12-04 21:40) the user path's GPU tests, then e2e at B = 8, 1
 #   ring     (not run yet) the sparse MLA's untimed forms (Config.landing_ring: two 48-entry operand sets; Config.qk_ahead:
 #            P · V and the next qk in one wgmma scope): their compiled tests, then timed beside auto at B = 64, 8
-#   ring2    (not run yet) the same forms at B = 256 and 64 × 4 over 32K caches; the ring's ablation at B = 64, T = 4
+#   ring2    (not run yet) the same forms at B = 256 and 64 × 4 over 32K caches; the ring's ablation at B = 64, T = 4;
+#            qk_ahead over an fp8 cache at B = 64, T = 4
 #   fp8      benchmarks.e2e with FP8 weights kept as codes: 1K and 32K prompts at B = 1, 1K at B = 64
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
@@ -374,6 +375,8 @@ case "${1:?stage}" in
       --iters 10 --candidates
     run 150 ablate_ring.md python3 -m benchmarks.sparse_mla_ablate --batch 64 --tokens 4 --landing-ring --rows "" \
       copies relayout copies,relayout relayout,softmax,qk,pv
+    run 80 sparse_mla_candidates_fp8.md python3 -m benchmarks.sparse_mla --batch 64 --tokens 4 --capacity 4096 \
+      --iters 20 --candidates --fp8
     ;;
   overlap)  # (18:56 2026-12-04) Config.overlap_queries of the index scores (query n + 1's dot during query n's epilogue): its compiled
             # tests, then timed beside auto at T = 4 (verification), 128K and 32K

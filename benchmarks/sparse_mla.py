@@ -8,8 +8,8 @@ Floor: the larger of the bytes floor (the selected entries, the queries and the 
 bandwidth measured in this run) and the matmul floor (the score and output dots' FLOPs over a bf16
 GEMM's rate measured in this run). Each row's output is checked against XLA's bf16 path. Beside `config_for`'s
 launch (auto: two buffer sets at this width) each row times its splits halved and doubled, one buffer set and that
-form's gather variants; with --candidates only auto and the forms built but not yet timed (`candidate_configs`),
-over a bf16 cache. (The Pallas Triton kernel's
+form's gather variants; with --candidates only auto and the forms built but not yet timed (`candidate_configs`;
+over an fp8 cache, qk_ahead). (The Pallas Triton kernel's
 rows went with that kernel on 2026-12-04; its last numbers are in RESULTS.md.)
 """
 
@@ -36,10 +36,8 @@ def main(argv=None) -> int:
   add_sweep_arguments(parser, batch=[1, 8, 64], tokens=[1, 4])
   parser.add_argument("--fp8", action="store_true", help="also the fp8 MLA cache (656 B an entry): XLA and Mosaic")
   parser.add_argument("--candidates", action="store_true",
-                      help="only auto and the forms not yet timed (candidate_configs), over a bf16 cache")
+                      help="only auto and the forms not yet timed (candidate_configs; with --fp8 qk_ahead there too)")
   args = parser.parse_args(argv)
-  if args.candidates and args.fp8:
-    parser.error("--candidates times a bf16 cache only (the landing ring takes no fp8 cache)")
   bandwidth, flops = copy_bandwidth(), bf16_peak()
   print(f"sparse MLA at V3.2 widths on {jax.devices()[0].device_kind}, jax {jax.__version__}, S = {args.capacity}; "
         f"copy bandwidth {bandwidth / 1e12:.2f} TB/s, bf16 GEMM {flops / 1e12:.0f} TFLOP/s\n", flush=True)
@@ -57,7 +55,7 @@ def main(argv=None) -> int:
       seconds = time_in_loop(xla, xla_args, args.iters)
       print(f"| {b} | {t} | XLA (bf16 dots) | | {seconds * 1e6:,.1f} | {floor:,.1f} | {floor / seconds / 1e6:.2f} | |")
       if args.fp8:
-        _fp8_rows(problem, b, t, bandwidth, flops, args.iters, args.backend)
+        _fp8_rows(problem, b, t, bandwidth, flops, args.iters, args.backend, args.candidates)
       auto = mgpu.config_for(b * t, N, K_TOP, C)  # two buffer sets (32 entries a step) at V3.2's width
       # auto's splits, half and twice (past MAX_SPLITS too, where the steps allow: whether B = 1 wants more CTAs)
       variants = [dataclasses.replace(auto, splits=splits) for splits in
@@ -149,9 +147,9 @@ def _time_mosaic(problem, base, config, iters, backend, latent_scale_BSG=None):
   return _time_against(fn, (*problem, latent_scale_BSG), base, iters)
 
 
-def _fp8_rows(problem, b, t, bandwidth, flops, iters, backend):
+def _fp8_rows(problem, b, t, bandwidth, flops, iters, backend, candidates=False):
   """The fp8 cache (the latent quantised by the model's writer): XLA's fp8 path and the Mosaic kernel, each against
-  XLA's fp8 output."""
+  XLA's fp8 output; with `candidates` auto and the untimed forms that take an fp8 cache (qk_ahead) only."""
   codes, scales = quantize_latent(problem[2], 128)
   fp8 = (problem[0], problem[1], codes, problem[3], problem[4])
   floor = floor_us(b, t, bandwidth, flops, fp8=True)
@@ -161,11 +159,14 @@ def _fp8_rows(problem, b, t, bandwidth, flops, iters, backend):
   base = xla(*fp8, scales)
   seconds = time_in_loop(xla, (*fp8, scales), iters)
   print(f"| {b} | {t} | XLA, fp8 cache | | {seconds * 1e6:,.1f} | {floor:,.1f} | {floor / seconds / 1e6:.2f} | |")
-  for name, config in [("auto (double-buffered)", None), ("one buffer set", mgpu.Config(double_buffered=False)),
-                       ("one buffer set, a copy a piece from one thread",
-                        mgpu.Config(double_buffered=False, whole_rows=False, issue_warps=1)),
-                       ("auto, ids before the dots", mgpu.Config(ids_before_dots=True)),
-                       ("auto, the values warpgroup re-lays half", mgpu.Config(values_relayout=True))]:
+  rows = [("auto (double-buffered)", None), ("one buffer set", mgpu.Config(double_buffered=False)),
+          ("one buffer set, a copy a piece from one thread",
+           mgpu.Config(double_buffered=False, whole_rows=False, issue_warps=1)),
+          ("auto, ids before the dots", mgpu.Config(ids_before_dots=True)),
+          ("auto, the values warpgroup re-lays half", mgpu.Config(values_relayout=True))]
+  if candidates:
+    rows = [rows[0], ("auto, qk_ahead", mgpu.Config(qk_ahead=True))]
+  for name, config in rows:
     seconds, err = _time_mosaic(fp8, base, config, iters, backend, latent_scale_BSG=scales)
     print(f"| {b} | {t} | Mosaic GPU kernel, fp8 cache | {name} | {seconds * 1e6:,.1f} | {floor:,.1f} | "
           f"{floor / seconds / 1e6:.2f} | {err:.1e} |", flush=True)
