@@ -40,6 +40,11 @@ from jax_mtp import corpus, loader, training
 from jax_mtp.config import PRESETS
 from jax_mtp.sharding import make_data_mesh
 
+# Flags only one --mode reads, and the defaults of those that have one (recorded in run.json whatever the mode, as
+# before these were checked, so that older runs resume).
+MODE_FLAGS = {"preset": "joint", "vocab_size": "joint", "mtp_weight": "joint", "fresh_mtp": "distill",
+              "distill_targets": "distill"}
+MODE_DEFAULTS = {"preset": "demo", "vocab_size": 4096, "mtp_weight": 0.3, "distill_targets": "logits"}
 RUN_KEYS = ("mode", "preset", "checkpoint", "data", "vocab_size", "seq_len", "batch", "seed", "steps", "lr", "warmup",
             "dense_steps", "mtp_weight", "distill_targets", "fresh_mtp")  # what a resumed run must repeat
 BPE_MIN_VOCAB = 257  # a byte-level BPE's 256 bytes and EOS (corpus.train_bpe): its smallest vocabulary
@@ -59,13 +64,14 @@ def _parser() -> argparse.ArgumentParser:
   p = _Parser(prog="python -m jax_mtp.train", description=__doc__.splitlines()[0])
   p.add_argument("--mode", choices=training.MODES, default="joint",
                  help="joint: target + MTP layer from scratch; distill: the MTP layer for --checkpoint's target")
-  p.add_argument("--preset", choices=sorted(PRESETS), default="demo", help="architecture for joint training")
+  p.add_argument("--preset", choices=sorted(PRESETS), help=f"joint: the architecture (default {MODE_DEFAULTS['preset']})")
   p.add_argument("--checkpoint", metavar="DIR|REPO",
                  help="distill: the checkpoint whose target teaches: a HF or orbax directory, or a Hugging Face "
                       "repo id (owner/name)")
   p.add_argument("--fresh-mtp", action="store_true", help="distill: start the MTP layer from random weights")
   p.add_argument("--data", action="append", metavar="PATH", help="text files / directories (default: Python stdlib)")
-  p.add_argument("--vocab-size", type=int, default=4096, help="BPE vocabulary when training from scratch")
+  p.add_argument("--vocab-size", type=int,
+                 help=f"joint: the BPE vocabulary trained from scratch (default {MODE_DEFAULTS['vocab_size']})")
   p.add_argument("--steps", type=int, default=3000)
   p.add_argument("--batch", type=int, default=64, help="sequences per step (all devices together)")
   p.add_argument("--seq-len", type=int, default=256)
@@ -73,8 +79,9 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument("--warmup", type=int, default=100)
   p.add_argument("--dense-steps", type=int, default=-1,
                  help="DSA warm-up steps with every slot kept (default: a quarter of --steps)")
-  p.add_argument("--mtp-weight", type=float, default=0.3, help="λ of the joint MTP loss")
-  p.add_argument("--distill-targets", choices=training.DISTILL_TARGETS, default="logits")
+  p.add_argument("--mtp-weight", type=float, help=f"joint: λ of the MTP loss (default {MODE_DEFAULTS['mtp_weight']})")
+  p.add_argument("--distill-targets", choices=training.DISTILL_TARGETS,
+                 help=f"distill: the teacher's soft logits or its greedy tokens (default {MODE_DEFAULTS['distill_targets']})")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--out", required=True, metavar="DIR", help="run directory: orbax checkpoints, tokenizer, log")
   p.add_argument("--save-every", type=int, default=500)
@@ -91,6 +98,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _validate(args: argparse.Namespace) -> None:
+  for flag, mode in MODE_FLAGS.items():  # given to the other mode, it would be ignored
+    if getattr(args, flag) not in (None, False) and args.mode != mode:
+      raise _BadInput(f"--{flag.replace('_', '-')} is read by --mode {mode} only; this run is --mode {args.mode}")
+  for flag, default in MODE_DEFAULTS.items():
+    if getattr(args, flag) is None:
+      setattr(args, flag, default)
+  if not 0 <= args.seed < 2**63:  # it seeds jax.random.key (64 bits) and numpy's generator (non-negative)
+    raise _BadInput(f"--seed={args.seed} must be in [0, 2^63 - 1]")
   for flag in ("steps", "batch", "seq_len", "save_every", "log_every", "eval_every", "eval_batches"):
     if getattr(args, flag) < 1:
       raise _BadInput(f"--{flag.replace('_', '-')}={getattr(args, flag)} must be ≥ 1")

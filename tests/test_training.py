@@ -191,6 +191,16 @@ def test_bad_input_is_refused(tmp_path, capsys):
                              ("--dense-steps", "3001", "--dense-steps=3001"),
                              ("--vocab-size", "3", "--vocab-size=3 must be ≥ 257")]:
     assert named in refused(flag, value), (flag, value)  # each once trained on NaNs or silently otherwise
+  for seed in ("-1", str(2**63)):  # (tracebacks: numpy's generator takes no negative seed, jax.random.key 64 bits)
+    assert f"--seed={seed} must be in [0, 2^63 - 1]" in refused("--seed", seed)
+  # a flag the run's mode does not read, once ignored in silence
+  for argv, named in [(("--fresh-mtp",), "--fresh-mtp is read by --mode distill only; this run is --mode joint"),
+                      (("--distill-targets", "greedy"), "--distill-targets is read by --mode distill only"),
+                      (("--mode", "distill", "--checkpoint", "x/y", "--preset", "demo"),
+                       "--preset is read by --mode joint only; this run is --mode distill"),
+                      (("--mode", "distill", "--checkpoint", "x/y", "--vocab-size", "300"), "--vocab-size is read by"),
+                      (("--mode", "distill", "--checkpoint", "x/y", "--mtp-weight", "0.5"), "--mtp-weight is read by")]:
+    assert named in refused(*argv), argv
   assert "fewer than one window" in refused("--preset", "tiny", "--data", _corpus(tmp_path / "d"), "--vocab-size",
                                             "300", "--steps", "1", "--batch", "8", "--seq-len", "100000", out="b")
   assert not any(os.path.exists(tmp_path / out) for out in ("run", "a", "b"))  # a refused run writes nothing
@@ -201,7 +211,8 @@ def test_bad_paths_are_refused_before_any_work(tmp_path, capsys):
   before the data is read or anything is written; --export under --out is fine unless it is one of
   the run's own files."""
   def refused(*argv, out="run"):
-    assert train_main(["--preset", "tiny", "--data", str(tmp_path / "missing"), *argv, "--out", str(out)]) == 2
+    preset = [] if "distill" in argv else ["--preset", "tiny"]  # (only joint training reads --preset)
+    assert train_main([*preset, "--data", str(tmp_path / "missing"), *argv, "--out", str(out)]) == 2
     return capsys.readouterr().err
 
   a_file = tmp_path / "file"
