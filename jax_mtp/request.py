@@ -36,6 +36,12 @@ def validate_temperature(temperature) -> None:
                      f"use 0 for greedy decoding")
 
 
+def validate_seed(seed) -> None:
+  """A sampling seed jax.random.key takes: an integer in int64's range."""
+  if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or not -2**63 <= seed < 2**63:
+    raise ValueError(f"seed={seed!r} must be an integer in [-2^63, 2^63) (jax.random.key takes 64 bits)")
+
+
 def validate_prompts(cfg: MtpConfig, prompts: Sequence[Sequence[int]]) -> None:
   """At least one prompt; every prompt non-empty, of integer ids in [0, vocab_size)."""
   if len(prompts) == 0:

@@ -64,7 +64,7 @@ from jax_mtp.model import TargetModel
 from jax_mtp.mtp import MtpPredictor
 from jax_mtp.prefill import apply_in_chunks, prefill_plan, target_prefill
 from jax_mtp.request import (check_caches_fit, pack_prompts, required_capacity, stop_id_array, validate_positive,
-                             validate_prompts, validate_temperature)
+                             validate_prompts, validate_seed, validate_temperature)
 from jax_mtp.sharding import (TP_AXIS, jit_per_shard, param_specs, replicated, shard_params, tensor_parallel,
                               validate_tp)
 
@@ -150,6 +150,7 @@ class Speculator:
     validate_prompts(self.cfg, prompts)
     validate_positive("max_new_tokens", max_new_tokens)
     validate_temperature(temperature)
+    validate_seed(seed)
     stop_N = stop_id_array(self.cfg, stop_ids)
     capacity = required_capacity(self.cfg, prompts, max_new_tokens, self.k, capacity)
     check_caches_fit(self.cfg, len(prompts), capacity, self.mesh.devices.flat)

@@ -158,3 +158,17 @@ def test_a_temperature_below_the_floor_is_refused():
   for bad in (1e-30, MIN_TEMPERATURE / 2, -1.0, float("nan")):
     with pytest.raises(ValueError, match=re.escape(f"temperature={bad!r}")):
       validate_temperature(bad)
+
+
+def test_a_seed_past_64_bits_is_refused_naming_it():
+  """jax.random.key takes an int64: past it, an OverflowError that names no argument ("Python int too large to
+  convert to C long"). The sampling seed is checked first, by the API as the CLI checks --seed."""
+  from jax_mtp.request import validate_seed  # noqa: PLC0415
+  for good in (0, -1, 2**63 - 1, -2**63, np.int64(5)):
+    validate_seed(good)
+  for bad in (2**63, -2**63 - 1, 2**70, 1.5, True, "3"):
+    with pytest.raises(ValueError, match=re.escape(f"seed={bad!r} must be an integer in [-2^63, 2^63)")):
+      validate_seed(bad)
+  spec = jax_mtp.Speculator(CFG, jax_mtp.make_mesh(1), 1)
+  with pytest.raises(ValueError, match=re.escape(f"seed={2**64} must be")):  # before any params are read
+    spec.generate(None, [[1, 2]], 2, temperature=1.0, seed=2**64)
