@@ -272,6 +272,8 @@ def is_number(value: Any) -> bool:
 
 
 def _validate_rope(rope: RopeConfig) -> None:
+  if not isinstance(rope, RopeConfig):
+    raise ConfigError(f"rope={rope!r} must be a RopeConfig (its theta, scaling type and YaRN factors)")
   numbers = {name: getattr(rope, name) for name in ("theta", "factor", "beta_fast", "beta_slow", "mscale",
                                                       "mscale_all_dim")}
   for name, value in numbers.items():

@@ -505,3 +505,10 @@ def test_torch_dtype_sets_compute_and_param_dtypes(key, value):
 def test_unsupported_torch_dtype_is_named():
   with _raises("torch_dtype='float8_e4m3fn' is not supported; expected one of"):
     from_hf_config(tiny_hf_config_dict() | {"torch_dtype": "float8_e4m3fn"})
+
+
+@pytest.mark.parametrize("rope", [0, None, {"theta": 1e4}], ids=["int", "None", "dict"])
+def test_a_rope_that_is_not_a_rope_config_is_refused(rope):
+  """`MtpConfig.replace(rope=...)` with something else: a ConfigError naming it (was an AttributeError on `.theta`)."""
+  with _raises(f"rope={rope!r} must be a RopeConfig"):
+    jax_mtp.tiny().replace(rope=rope)
