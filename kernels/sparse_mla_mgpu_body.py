@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from jax_mtp.kernels.sparse_mla_mgpu_plan import Plan, Refs
+from jax_mtp.kernels.sparse_mla_mgpu_plan import GATHER_REGISTERS, Plan, Refs
 from jax_mtp.kernels.sparse_mla_mgpu_ring import ring_gather
 
 _NEG_INIT = -1e30  # the running max starts finite: exp(−∞ − (−∞)) would be NaN
@@ -187,7 +187,7 @@ def _gather_columns(plan: Plan):
 def _gather(plan: Plan, r: Refs):
   """The gather warpgroup: copies `sets` steps ahead, re-lays each landed step into its operand set."""
   plgpu, sets, steps = plan.plgpu, plan.sets, plan.steps
-  plgpu.set_max_registers(104, action="decrease")
+  plgpu.set_max_registers(GATHER_REGISTERS, action="decrease")
   _fetch_ids(plan, r, 0)
   pl.when(steps > 1)(lambda: _fetch_ids(plan, r, 1))
   for first in range(min(sets, steps)):  # the first `sets` steps' copies, each into its own staging set
@@ -230,14 +230,17 @@ def _gather(plan: Plan, r: Refs):
 
 def _qk(plan: Plan, r: Refs, slot):
   """S = q~ · latentᵀ + q_pe · k_peᵀ over a step's operand set, [64, E] f32 on the tensor cores."""
-  plgpu = plan.plgpu
-
   def dots(acc_ref):
-    plgpu.wgmma(acc_ref, r.q_lat_smem, plan.at(r.lat_op, slot).transpose((1, 0)))
-    plgpu.wgmma(acc_ref, r.q_pe_smem, plan.at(r.pe_op, slot).transpose((1, 0)))
+    _issue_qk(plan, r, acc_ref, slot)
     return acc_ref[...]
 
-  return pl.run_scoped(dots, plgpu.ACC((plan.hb, plan.e), jnp.float32))
+  return pl.run_scoped(dots, plan.plgpu.ACC((plan.hb, plan.e), jnp.float32))
+
+
+def _issue_qk(plan: Plan, r: Refs, acc_ref, slot):
+  """S += q~ · latentᵀ + q_pe · k_peᵀ over a step's operand set, issued (not waited for)."""
+  plan.plgpu.wgmma(acc_ref, r.q_lat_smem, plan.at(r.lat_op, slot).transpose((1, 0)))
+  plan.plgpu.wgmma(acc_ref, r.q_pe_smem, plan.at(r.pe_op, slot).transpose((1, 0)))
 
 
 def _online_softmax(plan: Plan, s, ids, m, l):
@@ -285,11 +288,17 @@ def _scores_step(plan: Plan, r: Refs, step, carry):
   with jax.named_scope("qk"):
     s = _qk(plan, r, slot)
   m, l, alpha = _softmax_out(plan, r, step, s, ids if early else _load_ids(plan, r, step), m, l)
-  with jax.named_scope("pv"):  # P from shared memory, as the other half takes it
+  return _pv(plan, r, acc, alpha, slot), m, l
+
+
+def _pv(plan: Plan, r: Refs, acc, alpha, slot):
+  """O[:, :C/2] rescaled and += P · V over set `slot` (P from shared memory, as the other half takes it), then the
+  set freed for the gather."""
+  with jax.named_scope("pv"):
     acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
     acc = _accumulate(plan, acc, plan.at(r.p_smem, slot), _values_half(plan, r, slot, 0))
-    plgpu.barrier_arrive(plan.at(r.op_free, slot))
-  return acc, m, l
+    plan.plgpu.barrier_arrive(plan.at(r.op_free, slot))
+  return acc
 
 
 def _pv_then_next_qk(plan: Plan, r: Refs, acc, slot, following):
@@ -305,8 +314,7 @@ def _pv_then_next_qk(plan: Plan, r: Refs, acc, slot, following):
     o_ref, s_ref = refs
     plgpu.wgmma(o_ref, p_smem, values)
     plgpu.barrier_wait(plan.at(r.op_ready, following))  # while P · V runs
-    plgpu.wgmma(s_ref, r.q_lat_smem, plan.at(r.lat_op, following).transpose((1, 0)))
-    plgpu.wgmma(s_ref, r.q_pe_smem, plan.at(r.pe_op, following).transpose((1, 0)))
+    _issue_qk(plan, r, s_ref, following)
 
   zeros = plgpu.layout_cast(jnp.zeros((plan.hb, plan.e), jnp.float32), plgpu.Layout.WGMMA)
   return pl.run_state(issue)((plgpu.ACC.init(acc), plgpu.ACC.init(zeros)))
@@ -339,11 +347,7 @@ def _scores_loop(plan: Plan, r: Refs, init):
                                (*init, first))
   last = steps - 1  # its P · V alone
   m, l, alpha = _softmax_out(plan, r, last, s, _load_ids(plan, r, last), m, l)
-  with jax.named_scope("pv"):
-    acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
-    acc = _accumulate(plan, acc, plan.at(r.p_smem, last % plan.sets), _values_half(plan, r, last % plan.sets, 0))
-    plgpu.barrier_arrive(plan.at(r.op_free, last % plan.sets))
-  return acc, m, l
+  return _pv(plan, r, acc, alpha, last % plan.sets), m, l
 
 
 def _scores(plan: Plan, r: Refs):

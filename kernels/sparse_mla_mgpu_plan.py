@@ -6,6 +6,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+# The gather warpgroup's registers a thread, in either gather (staging sets or the landing ring): with the scores'
+# 232 and the values' 160, 496 of the 504 the launch's 3 × 128 threads share.
+GATHER_REGISTERS = 104
+
 
 @dataclasses.dataclass(frozen=True)
 class Plan:

@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from jax_mtp.kernels.sparse_mla_mgpu_plan import GATHER_REGISTERS
+
 GROUP_ROWS = 8  # rows a landing group: a tiled operand's row tile, so a group's re-layout is a whole tile's store
 RING_SLOTS = 3  # groups in the ring: two in flight while one is re-laid
 RING_ENTRIES = 48  # entries a step: two operand sets of 48 beside the ring fit 227 KiB at V3.2's widths (64 do not)
@@ -71,7 +73,7 @@ def ring_gather(plan, r, fetch_ids, ids_of):
   ids into buffer step % 2 (arriving on ids_loaded[step % 2]); `ids_of(step)` is that buffer."""
   plgpu, steps = plan.plgpu, plan.steps
   groups = plan.e // GROUP_ROWS
-  plgpu.set_max_registers(104, action="decrease")
+  plgpu.set_max_registers(GATHER_REGISTERS, action="decrease")
   fetch_ids(0)
   pl.when(steps > 1)(lambda: fetch_ids(1))
   plgpu.barrier_wait(r.ids_loaded.at[0])
