@@ -60,10 +60,10 @@
 #   fp8q     (not run yet) the index scores' float8 × float8 form timed and tested; the user path's GPU tests
 #   fp8round (not run yet) the draft step per part with FP8 and bf16 weights at B = 64 (the FP8 round's 0.58)
 #   path4    (no machine 2026-12-04 21:40) the user path's GPU tests, then e2e at B = 8, 1
-#   ring     (not run yet) the sparse MLA's untimed forms (Config.landing_ring: two 48-entry operand sets; Config.qk_ahead:
-#            P · V and the next qk in one wgmma scope): their compiled tests, then timed beside auto at B = 64, 8
-#   ring2    (not run yet) the same forms at B = 256 and 64 × 4 over 32K caches; the ring's ablation at B = 64, T = 4;
-#            qk_ahead over an fp8 cache at B = 64, T = 4
+#   ring     (03:42 2026-12-05) the landing ring and qk_ahead: compiled tests, timed beside auto (both slower; the ring
+#            and its stage ring2 removed since)
+#   fp8q2    (2026-12-05) the float8-q index scores' compiled tests at the float8 wgmma's tolerance with
+#            FLOAT8_SCORES_DOT on; the three key forms at T = 1; then fp8round's profile
 #   fp8      benchmarks.e2e with FP8 weights kept as codes: 1K and 32K prompts at B = 1, 1K at B = 64
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
@@ -366,25 +366,6 @@ case "${1:?stage}" in
     run 230 gpu_tests_path.txt python3 -m pytest -v --tb=short -p no:cacheprovider tests/test_auto_gpu_paths.py \
       tests/test_user_path_kernels.py tests/test_e2e_impls.py -k "gpu or lowered_step or resolution or user_path"
     run 175 e2e_small.md python3 -m benchmarks.e2e --prompt 4096 --batch 8 1 --iters 5
-    ;;
-  ring)  # (not run yet) the sparse MLA's forms built 2026-12-05 on a CPU (the interpreter, its race detector, the CUDA
-         # lowering), never compiled by ptxas: Config.landing_ring (rows landing in a ring of three 8-row groups, two
-         # 48-entry operand sets) and Config.qk_ahead (a step's P · V and the next qk in one wgmma scope). Their
-         # compiled tests first, then timed beside auto (benchmarks.sparse_mla --candidates) at B = 64, 8, T = 4, 1
-    run 150 gpu_tests_ring.txt python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_sparse_mla_mgpu_ring.py \
-      tests/test_sparse_mla_mgpu_qk_ahead.py tests/test_sparse_mla_mgpu.py -k "ring or ahead or lowers"
-    run 250 sparse_mla_candidates.md python3 -m benchmarks.sparse_mla --batch 64 8 --tokens 4 1 --capacity 4096 \
-      --iters 20 --candidates
-    ;;
-  ring2)  # (not run yet) after ring: the candidates at verification's larger calls (B = 256 and 64 × 4, 32K caches),
-          # then where the ring's step goes (phases removed): whether its fewer rows in flight (18-27 KiB against 72)
-          # show as the copies' latency
-    run 200 sparse_mla_candidates_32k.md python3 -m benchmarks.sparse_mla --batch 256 64 --tokens 4 --capacity 32768 \
-      --iters 10 --candidates
-    run 150 ablate_ring.md python3 -m benchmarks.sparse_mla_ablate --batch 64 --tokens 4 --landing-ring --rows "" \
-      copies relayout copies,relayout relayout,softmax,qk,pv
-    run 80 sparse_mla_candidates_fp8.md python3 -m benchmarks.sparse_mla --batch 64 --tokens 4 --capacity 4096 \
-      --iters 20 --candidates --fp8
     ;;
   overlap)  # (18:56 2026-12-04) Config.overlap_queries of the index scores (query n + 1's dot during query n's epilogue): its compiled
             # tests, then timed beside auto at T = 4 (verification), 128K and 32K

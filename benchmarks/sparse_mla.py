@@ -8,8 +8,8 @@ Floor: the larger of the bytes floor (the selected entries, the queries and the 
 bandwidth measured in this run) and the matmul floor (the score and output dots' FLOPs over a bf16
 GEMM's rate measured in this run). Each row's output is checked against XLA's bf16 path. Beside `config_for`'s
 launch (auto: two buffer sets at this width) each row times its splits halved and doubled, one buffer set and that
-form's gather variants; with --candidates only auto and the forms built but not yet timed (`candidate_configs`;
-over an fp8 cache, qk_ahead). (The Pallas Triton kernel's
+form's gather variants; with --candidates only auto and the forms that are off (`candidate_configs`: qk_ahead,
+over either cache). (The Pallas Triton kernel's
 rows went with that kernel on 2026-12-04; its last numbers are in RESULTS.md.)
 """
 
@@ -36,7 +36,7 @@ def main(argv=None) -> int:
   add_sweep_arguments(parser, batch=[1, 8, 64], tokens=[1, 4])
   parser.add_argument("--fp8", action="store_true", help="also the fp8 MLA cache (656 B an entry): XLA and Mosaic")
   parser.add_argument("--candidates", action="store_true",
-                      help="only auto and the forms not yet timed (candidate_configs; with --fp8 qk_ahead there too)")
+                      help="only auto and the forms that are off (candidate_configs; with --fp8 qk_ahead there too)")
   args = parser.parse_args(argv)
   bandwidth, flops = copy_bandwidth(), bf16_peak()
   print(f"sparse MLA at V3.2 widths on {jax.devices()[0].device_kind}, jax {jax.__version__}, S = {args.capacity}; "
@@ -78,15 +78,10 @@ def main(argv=None) -> int:
 
 
 def candidate_configs(queries: int) -> list:
-  """The forms built but not yet timed (2026-12-05), beside auto's: auto with `qk_ahead` (where auto has two sets);
-  the landing ring at config_for's splits for it, half and twice those (where each split keeps a step), and with
-  `qk_ahead`."""
+  """The forms that are off, beside auto's: auto with `qk_ahead` (where auto has two sets; timed 2026-12-05, no
+  faster)."""
   auto = mgpu.config_for(queries, N, K_TOP, C)
-  ring = mgpu.config_for(queries, N, K_TOP, C, mgpu.Config(landing_ring=True))
-  rings = [dataclasses.replace(ring, splits=splits) for splits in
-           sorted({ring.splits, max(1, ring.splits // 2), ring.splits * 2}) if K_TOP >= splits * ring.block_entries]
-  ahead = [dataclasses.replace(auto, qk_ahead=True)] if auto.double_buffered else []
-  return ahead + rings + [dataclasses.replace(ring, qk_ahead=True)]
+  return [dataclasses.replace(auto, qk_ahead=True)] if auto.double_buffered else []
 
 
 def floor_us(b: int, t: int, bandwidth: float, flops: float, fp8: bool = False) -> float:
@@ -149,7 +144,7 @@ def _time_mosaic(problem, base, config, iters, backend, latent_scale_BSG=None):
 
 def _fp8_rows(problem, b, t, bandwidth, flops, iters, backend, candidates=False):
   """The fp8 cache (the latent quantised by the model's writer): XLA's fp8 path and the Mosaic kernel, each against
-  XLA's fp8 output; with `candidates` auto and the untimed forms that take an fp8 cache (qk_ahead) only."""
+  XLA's fp8 output; with `candidates` auto and the forms that are off and take an fp8 cache (qk_ahead) only."""
   codes, scales = quantize_latent(problem[2], 128)
   fp8 = (problem[0], problem[1], codes, problem[3], problem[4])
   floor = floor_us(b, t, bandwidth, flops, fp8=True)

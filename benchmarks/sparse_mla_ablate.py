@@ -1,6 +1,6 @@
 """Which of the Mosaic sparse MLA's phases bound its step: the kernel timed with phases removed.
 
-    python -m benchmarks.sparse_mla_ablate --batch 64 --tokens 4 [--fp8 | --landing-ring] [--rows "" copies ...]
+    python -m benchmarks.sparse_mla_ablate --batch 64 --tokens 4 [--fp8] [--rows "" copies ...]
 
 Each row removes the named phases' work from the compiled kernel (`ABLATIONS`) and keeps everything else: the three
 warpgroups, their barriers and hand-offs, the other phases. An ablated kernel's output is wrong by construction; the
@@ -19,7 +19,6 @@ import jax
 import jax.numpy as jnp
 
 from jax_mtp.kernels import sparse_mla_mgpu_body as body
-from jax_mtp.kernels import sparse_mla_mgpu_ring as ring
 
 # what each removal skips (the barriers' arrivals it would make are kept, so the pipeline's hand-offs still run)
 ABLATIONS = {
@@ -46,13 +45,6 @@ def _arrive_without_copies(plan, r, ids, first, stride, lat_to, pe_to, landed):
       plan.plgpu.barrier_arrive(landed)
 
 
-def _arrive_without_group_copies(plan, r, ids, group, ring_slot):
-  """The landing ring's `_issue_group` without its copies: its barrier's arrivals only (a row's latent and rope)."""
-  del ids, group
-  for _ in range(2 * ring.GROUP_ROWS):
-    plan.plgpu.barrier_arrive(r.gathered.at[ring_slot])
-
-
 def _zero_scores(plan, r, slot):
   del r, slot
   return plan.plgpu.layout_cast(jnp.zeros((plan.hb, plan.e), jnp.float32), plan.plgpu.Layout.WGMMA)
@@ -63,11 +55,10 @@ def _no_softmax(plan, s, ids, m, l):
   return s, m, l, plan.plgpu.layout_cast(jnp.ones((plan.hb,), jnp.float32), plan.wgmma_rows)
 
 
-# a phase's functions in each module it lives in (the landing ring's gather has its own copies and re-layout)
+# a phase's functions in the body (module, name, replacement)
 _REPLACEMENTS = {
-    "copies": [(body, "_issue_rows", _arrive_without_copies), (ring, "_issue_group", _arrive_without_group_copies)],
-    "relayout": [(body, "_relayout", lambda plan, r, slot, *columns, **options: None),
-                 (ring, "_relayout_group", lambda plan, r, ring_slot, op_set, group: None)],
+    "copies": [(body, "_issue_rows", _arrive_without_copies)],
+    "relayout": [(body, "_relayout", lambda plan, r, slot, *columns, **options: None)],
     "softmax": [(body, "_online_softmax", _no_softmax)],
     "qk": [(body, "_qk", _zero_scores)],
     "pv": [(body, "_accumulate", lambda plan, acc, a, b_ref: acc)],
@@ -107,14 +98,13 @@ def main(argv=None) -> int:
   add_problem_arguments(parser)
   parser.add_argument("--rows", nargs="*", default=list(ROWS), help="comma-joined phases removed a row")
   parser.add_argument("--values-relayout", action="store_true", help="the launch's Config.values_relayout")
-  parser.add_argument("--landing-ring", action="store_true", help="the launch's Config.landing_ring (a bf16 cache)")
   parser.add_argument("--iters", type=int, default=10)
   args = parser.parse_args(argv)
   rows = [(row, parse(row)) for row in args.rows]
   (ql, qp, latent, kp, slots), operands = kernel_operands(args)
   base = reference(ql, qp, latent, kp, jnp.maximum(slots, 0), slots >= 0, SCALE, dot_dtype=jnp.bfloat16).astype(
       jnp.float32)
-  config = mgpu.Config(values_relayout=args.values_relayout, landing_ring=args.landing_ring)
+  config = mgpu.Config(values_relayout=args.values_relayout)
   print(f"sparse MLA ablation on {jax.devices()[0].device_kind}, jax {jax.__version__}: B = {args.batch}, "
         f"T = {args.tokens}, S = {args.capacity}, {'fp8' if args.fp8 else 'bf16'} cache, {config}\n")
   print("| phases removed | µs a call | of the full kernel | max error vs XLA |\n|---|---:|---:|---:|")

@@ -18,9 +18,7 @@ Registers per thread: 232 scores (S [64, E] and half of O), 160 values (the othe
 512 × 128 an SM has for 384 threads (a sum above what the launch gave would block `setmaxnreg` forever).
 At a 512-wide latent (V3.2's) and two or more queries a call the operands are double-buffered
 (`Config.double_buffered`: two sets, 32 entries a step) so that a step's re-layout overlaps the previous step's
-dots; otherwise one set of 64 entries, where a step's gather overlaps the dots only in its TMA copies. With
-`Config.landing_ring` (opt-in, untimed) two sets of 48 entries, the rows landing in a ring of three 8-row groups
-instead of a staging set a step (`sparse_mla_mgpu_ring.py`).
+dots; otherwise one set of 64 entries, where a step's gather overlaps the dots only in its TMA copies.
 Splits (few queries: B = 1 would fill 2 of 132 SMs) write normalised partials and their log-sum-exp, merged by
 `sparse_mla.combine_splits`. Heads are padded to `BLOCK_HEADS` (zero queries, dropped). The lowering is Lane
 semantics (explicit layouts): the default Warpgroup semantics cannot infer layouts for the row gather. This module
@@ -39,11 +37,10 @@ from jax_mtp.kernels.mosaic_gpu_common import interpret_params, operand_transfor
 from jax_mtp.kernels.sparse_mla import combine_splits
 from jax_mtp.kernels.sparse_mla_mgpu_body import body_for
 from jax_mtp.kernels.sparse_mla_mgpu_plan import Plan
-from jax_mtp.kernels.sparse_mla_mgpu_ring import GROUP_ROWS, RING_ENTRIES, RING_SLOTS, group_layout
 
 KERNEL_NAME = "dsa_sparse_mla_mgpu"  # what tests and benchmarks look for in a compiled program
 # a launch's name: KERNEL_NAME + its form's suffix (`form_of`)
-FORM_SUFFIXES = {"one set": "_one_set", "two sets": "_two_sets", "landing ring": "_landing_ring"}
+FORM_SUFFIXES = {"one set": "_one_set", "two sets": "_two_sets"}
 BLOCK_HEADS = 64  # wgmma's M
 # An H200's (and H100 SXM's) cores: a CTA of either form takes most of a core's 227 KiB of shared memory, so one runs
 # a core, and `config_for` splits a query's slots until one wave of this many CTAs is as full as it gets
@@ -110,43 +107,26 @@ class Config:
   # over an fp8 one at B = 64, 12 % slower at B = 8, T = 1 (fp8): its re-layout lengthens the chain feeding P as much
   # as it shortens the gather's. Where `config_for` resolves double_buffered=None to one set, it is dropped.
   values_relayout: bool = False
-  # Two operand sets of RING_ENTRIES (48) entries a step, the rows landing in a ring of RING_SLOTS groups of
-  # GROUP_ROWS rows that the gather re-lays in turn (`sparse_mla_mgpu_ring`), not in a staging set a step: two
-  # 48-entry sets with their staging would take 309 KB of shared memory, with the ring ~220 KiB. Why: timed alone on
-  # the H200 (2026-12-04 21:33, benchmarks.mgpu_handoff), the step's products cost 23 % less a entry at 48 entries
-  # than at 32, and the step's chain is mostly their issue-to-completion time. All operands at a 32-byte swizzle
-  # (P's rows are 96 B); each split's slots padded with −1 to whole steps (2,048 = 42⅔ steps of 48). A 16-bit
-  # cache and a 512-wide latent only. Off: built and tested on a CPU (the interpreter, its race detector, the CUDA
-  # lowering), not yet timed on a GPU (stage `ring` of benchmarks/h200_prefill_session.sh).
-  landing_ring: bool = False
   # The scores warpgroup issues a step's P · V and the next step's qk in one wgmma scope, back to back on the tensor
   # cores with one wait for both (the next operand set's wait between them, while P · V runs), where each waited for
   # its own product: a step's chain then pays one product's issue-to-completion latency fewer (timed alone on the
   # H200, 2026-12-04 21:33: 0.4-0.6 µs each, of which ~0.3 µs beyond its tensor-core time). It frees a step's operand
   # set one qk later, so the gather has the softmax's time, not a whole step's, to re-lay the set after next. Two
-  # operand sets only; the ids are then loaded before the softmax anyway (no ids_before_dots). Off: built and tested on
-  # a CPU (the interpreter, its race detector, the CUDA lowering), not yet timed (stage `ring`). Where `config_for`
-  # resolves double_buffered=None to one set, it is dropped.
+  # operand sets only; the ids are then loaded before the softmax anyway (no ids_before_dots). Off: timed on the H200
+  # (2026-12-05 03:42, benchmarks/RESULTS.md) it was 3 % slower at B = 64 (T = 4 and 1), equal at B = 8, T = 4, and
+  # within that row's noise at B = 8, T = 1. Where `config_for` resolves double_buffered=None to one set, it is
+  # dropped.
   qk_ahead: bool = False
 
 
 def buffer_sets(config: Config) -> int:
-  """Operand / P buffer sets (and staging sets, without a landing ring): two with `double_buffered`, else one."""
+  """Operand / P / staging buffer sets: two with `double_buffered`, else one."""
   return 2 if config.double_buffered else 1
 
 
 def form_of(config: Config) -> str:
   """A completed config's form, as FORM_SUFFIXES names it."""
-  return "landing ring" if config.landing_ring else "two sets" if config.double_buffered else "one set"
-
-
-def padded_entries(entries: int, config: Config) -> int:
-  """The selected slots a completed config's launch takes: with a landing ring, each split's padded to whole steps
-  (the padding is slot −1, not attended); otherwise `entries` (which check_operands requires whole)."""
-  if not config.landing_ring:
-    return entries
-  share = config.splits * config.block_entries
-  return -(-entries // share) * share
+  return "two sets" if config.double_buffered else "one set"
 
 
 def config_for(queries: int, heads: int, entries: int, latent_width: int, config: Config | None = None,
@@ -154,24 +134,19 @@ def config_for(queries: int, heads: int, entries: int, latent_width: int, config
   """The call's launch: two buffer sets at a 512-wide latent from two queries; `splits` the most (a power of two,
   dividing the steps, at most MAX_SPLITS; at least 1) that keep queries × head blocks × splits ≤ `wave` CTAs, one
   wave of one CTA a core: a second wave costs more than the shorter loops save (each split also pays a pipeline's
-  prologue and a share of the combine); with a landing ring, splits of at least two steps each (their slots padded
-  to whole steps, not dividing them); the contiguous re-layout at one query and from CONTIGUOUS_MIN_QUERIES
+  prologue and a share of the combine); the contiguous re-layout at one query and from CONTIGUOUS_MIN_QUERIES
   queries."""
   config = config or Config()
-  if config.landing_ring:  # two operand sets; the ring is the two-set form's gather
-    config = dataclasses.replace(config, double_buffered=True)
   if config.double_buffered is None:  # (values_relayout is the two-set form's: where that resolves to one set, off)
     double = latent_width == 2 * TMA_BOX and queries > 1
     config = dataclasses.replace(config, double_buffered=double, values_relayout=config.values_relayout and double,
                                  qk_ahead=config.qk_ahead and double)
-  block_entries = (RING_ENTRIES if config.landing_ring else
-                   min(DOUBLE_BUFFERED_ENTRIES if config.double_buffered else config.block_entries, entries))
+  block_entries = min(DOUBLE_BUFFERED_ENTRIES if config.double_buffered else config.block_entries, entries)
   splits = config.splits
   if not splits:
     steps, blocks = max(entries // block_entries, 1), queries * -(-heads // BLOCK_HEADS)
     splits = 1
-    while (blocks * splits * 2 <= wave and splits < MAX_SPLITS
-           and (steps >= 4 * splits if config.landing_ring else steps % (2 * splits) == 0)):
+    while blocks * splits * 2 <= wave and splits < MAX_SPLITS and steps % (2 * splits) == 0:
       splits *= 2
   contiguous = (queries == 1 or queries >= CONTIGUOUS_MIN_QUERIES if config.contiguous_relayout is None
                 else config.contiguous_relayout)
@@ -208,16 +183,10 @@ def check_operands(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, confi
   if config.values_relayout and not config.double_buffered:
     raise ValueError("values_relayout takes two buffer sets (double_buffered): the values warpgroup re-lays the next "
                      "step's set while the scores warpgroup reads the other")
-  if config.landing_ring and (e != RING_ENTRIES or c != 2 * TMA_BOX or latent_scale_BSG is not None
-                             or not config.double_buffered or config.values_relayout or not config.whole_rows):
-    raise ValueError(f"landing_ring takes block_entries={RING_ENTRIES}, a {2 * TMA_BOX}-wide latent in a 16-bit cache, "
-                     f"two operand sets and whole-row copies, without values_relayout; got block_entries={e}, a "
-                     f"latent of width {c} in {latent_BSC.dtype}, double_buffered={config.double_buffered}, "
-                     f"values_relayout={config.values_relayout}, whole_rows={config.whole_rows}")
-  if config.double_buffered and not config.landing_ring and (e != DOUBLE_BUFFERED_ENTRIES or c != 2 * TMA_BOX):
+  if config.double_buffered and (e != DOUBLE_BUFFERED_ENTRIES or c != 2 * TMA_BOX):
     raise ValueError(f"double_buffered takes block_entries={DOUBLE_BUFFERED_ENTRIES} and a {2 * TMA_BOX}-wide "
                      f"latent; got block_entries={e}, a latent of width {c}")
-  if (e % 64 and not config.double_buffered) or e > 256 or splits < 1 or padded_entries(k, config) % (splits * e):
+  if (e % 64 and not config.double_buffered) or e > 256 or splits < 1 or k % (splits * e):
     raise ValueError(f"{k} selected slots are not a multiple of splits={splits} × block_entries={e} "
                      f"(block_entries a multiple of 64, at most 256)")
   need = launch_smem_bytes(config, latent_BSC, k_pe_BSR, latent_scale_BSG)
@@ -230,7 +199,7 @@ def launch_smem_bytes(config: Config, latent_BSC, k_pe_BSR, latent_scale_BSG=Non
   """`smem_bytes` of a completed `config`'s launch over these cache operands."""
   scales = 0 if latent_scale_BSG is None else latent_scale_BSG.shape[-1]
   return smem_bytes(latent_BSC.shape[-1], k_pe_BSR.shape[-1], config.block_entries,
-                    jnp.dtype(latent_BSC.dtype).itemsize, scales, buffer_sets(config), config.landing_ring)
+                    jnp.dtype(latent_BSC.dtype).itemsize, scales, buffer_sets(config))
 
 
 def profile_ranges(used_smem: int) -> int:
@@ -244,17 +213,15 @@ def profile_ranges(used_smem: int) -> int:
   return ranges
 
 
-def smem_bytes(c: int, r: int, e: int, latent_itemsize: int, scale_groups: int = 0, sets: int = 1,
-               ring: bool = False) -> int:
+def smem_bytes(c: int, r: int, e: int, latent_itemsize: int, scale_groups: int = 0, sets: int = 1) -> int:
   """The kernel's shared memory (its scratch buffers, each from a 1 KiB boundary, and its barriers): q~, q_pe, the
-  untiled staging (`sets` steps, or a landing ring's RING_SLOTS groups), the operands and P (`sets` of each), the
+  untiled staging, the operands and P (`sets` of each), the
   packed ids buffer, an fp8 cache's scales."""
   kib = lambda n: -(-n // 1024) * 1024  # noqa: E731
-  landing = RING_SLOTS * GROUP_ROWS if ring else sets * e
-  buffers = [BLOCK_HEADS * c * 2, BLOCK_HEADS * r * 2, landing * c * latent_itemsize, landing * r * 2,
+  buffers = [BLOCK_HEADS * c * 2, BLOCK_HEADS * r * 2, sets * e * c * latent_itemsize, sets * e * r * 2,
              sets * e * c * 2, sets * e * r * 2, sets * BLOCK_HEADS * e * 2, (3 + sets) * max(e, BLOCK_HEADS) * 4] + (
                  [sets * scale_groups * e * 4] if scale_groups else [])
-  return sum(map(kib, buffers)) + 8 * (5 + 3 * sets + (RING_SLOTS if ring else sets))  # barriers of 8 bytes
+  return sum(map(kib, buffers)) + 8 * (5 + 4 * sets)  # barriers of 8 bytes
 
 
 def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax.Array, k_pe_BSR: jax.Array,
@@ -291,12 +258,10 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
   pad_heads = [(0, 0), (0, padded - n), (0, 0)]
   q_lat = jnp.pad(q_lat_BTNC.reshape(b * t, n, c), pad_heads)
   q_pe = jnp.pad(q_pe_BTNR.reshape(b * t, n, r), pad_heads)
-  k_pad = padded_entries(k, config)  # (with a landing ring, each split's slots padded to whole steps)
-  slots = jnp.pad(slots_BTK.astype(jnp.int32), [(0, 0), (0, 0), (0, k_pad - k)], constant_values=-1)
   ids_width = -(-e // 32) * 32  # a step's ids fetch moves a multiple of 128 bytes: the splits' ends padded to it
-  slots = jnp.pad(slots.reshape(b * t, splits, k_pad // splits), [(0, 0), (0, 0), (0, ids_width - e)],
-                  constant_values=-1)
-  steps = k_pad // splits // e
+  slots = jnp.pad(slots_BTK.astype(jnp.int32).reshape(b * t, splits, k // splits),
+                  [(0, 0), (0, 0), (0, ids_width - e)], constant_values=-1)
+  steps = k // splits // e
   sets = buffer_sets(config)
 
   def buf(shape):  # a buffer of `sets` sets (one set: the shape itself)
@@ -312,18 +277,14 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
     scale_scratch = [plgpu.SMEM(buf((g, e)), jnp.float32)]
 
   from jax.experimental.mosaic.gpu import fragmented_array as mgpu_fa  # noqa: PLC0415
-  if config.landing_ring:  # every operand at a 32-byte swizzle: P's rows, 48 entries, are 96 B (a product's two
-    lat_t = pe_t = p_t = (plgpu.TilingTransform((8, 16)), plgpu.SwizzleTransform(32))  # swizzles agree)
-  elif config.double_buffered:  # every operand at a 64-byte swizzle: K = 32 entries (64 B of bf16) must be a multiple
+  if config.double_buffered:  # every operand at a 64-byte swizzle: K = 32 entries (64 B of bf16) must be a multiple
     narrow = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(64))  # of it, and a product's two swizzles agree
     lat_t = pe_t = p_t = narrow
   else:
     lat_t, pe_t = operand_transforms(plgpu, dtype, c), operand_transforms(plgpu, dtype, r)
     p_t = operand_transforms(plgpu, dtype, e)
   rows_layout = None
-  if config.landing_ring:  # a group's [8, ·] rows
-    rows_layout = group_layout(plgpu)
-  elif config.double_buffered:  # [32 rows, ·]: a warp 8 rows, its lanes 8 rows × 4 pieces of 16 B: a 64-B-swizzled
+  if config.double_buffered:  # [32 rows, ·]: a warp 8 rows, its lanes 8 rows × 4 pieces of 16 B: a 64-B-swizzled
     # tile's 512 B written conflict-free by one warp (a warp a row, as below, is refused at this swizzle)
     rows_layout = plgpu.Layout.TILED(mgpu_fa.Tiling(((e, 32), (8, 32), (8,))), warp_dims=(-5,), lane_dims=(-3, -2),
                                      vector_dim=-1)
@@ -342,9 +303,7 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
           plgpu.SMEM((hb, c), dtype, transforms=lat_t), plgpu.SMEM((hb, r), dtype, transforms=pe_t),
           # untiled, rows 128-byte aligned as a TMA destination must be (so a warp's re-layout load meets 8-way bank
           # conflicts: padding the rows apart misaligned the copies on the H200, 2026-12-03)
-          *([plgpu.SMEM((RING_SLOTS, GROUP_ROWS, pieces, width), latent_BSC.dtype),
-             plgpu.SMEM((RING_SLOTS, GROUP_ROWS, r), dtype)] if config.landing_ring else
-            [plgpu.SMEM(buf((e, pieces, width)), latent_BSC.dtype), plgpu.SMEM(buf((e, r)), dtype)]),
+          plgpu.SMEM(buf((e, pieces, width)), latent_BSC.dtype), plgpu.SMEM(buf((e, r)), dtype),
           # destinations
           plgpu.SMEM(buf((e, c)), dtype, transforms=lat_t), plgpu.SMEM(buf((e, r)), dtype, transforms=pe_t),
           plgpu.SMEM(buf((hb, e)), dtype, transforms=p_t),
@@ -355,8 +314,7 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
           plgpu.Barrier(num_arrivals=2),  # q~ and q_pe
           plgpu.Barrier(num_arrivals=1, num_barriers=2),  # a step's slot ids
           # a step's one-row copies (and its scales), a set each
-          plgpu.Barrier(num_arrivals=(row_copies + 1) * GROUP_ROWS, num_barriers=RING_SLOTS) if config.landing_ring
-          else plgpu.Barrier(num_arrivals=(row_copies + 1) * e + scaled, num_barriers=sets),
+          plgpu.Barrier(num_arrivals=(row_copies + 1) * e + scaled, num_barriers=sets),
           # op_ready (the gather, and the values warpgroup where it re-lays half), op_free (both halves), p_ready: a
           # set each; done, written
           plgpu.Barrier(num_arrivals=1 + config.values_relayout, num_barriers=sets),

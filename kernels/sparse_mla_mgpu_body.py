@@ -24,7 +24,6 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from jax_mtp.kernels.sparse_mla_mgpu_plan import GATHER_REGISTERS, Plan, Refs
-from jax_mtp.kernels.sparse_mla_mgpu_ring import ring_gather
 
 _NEG_INIT = -1e30  # the running max starts finite: exp(−∞ − (−∞)) would be NaN
 _LOG2E = math.log2(math.e)
@@ -42,11 +41,7 @@ def body_for(plan: Plan):
     r = Refs(q_lat_gmem, q_pe_gmem, lat_gmem, pe_gmem, slots_gmem, scale_gmem, out_gmem, lse_gmem, q_lat_smem,
              q_pe_smem, lat_stage, pe_stage, lat_op, pe_op, p_smem, small_smem, scale_stage[0] if scale_stage else None,
              loaded, ids_loaded, gathered, op_ready, op_free, p_ready, done, written, hi, pi, qi, qi // plan.t)
-    if plan.config.landing_ring:
-      pl.when(wg == 2)(lambda: ring_gather(plan, r, lambda step: _fetch_ids(plan, r, step),
-                                           lambda step: _ids_smem(plan, r).at[step % 2]))
-    else:
-      pl.when(wg == 2)(lambda: _gather(plan, r))
+    pl.when(wg == 2)(lambda: _gather(plan, r))
     pl.when(wg == 0)(lambda: _scores(plan, r))
     pl.when(wg == 1)(lambda: _values(plan, r))
 

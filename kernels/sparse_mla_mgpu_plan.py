@@ -1,13 +1,13 @@
 """The Mosaic GPU sparse-MLA kernel's static launch facts (`Plan`, filled by `sparse_mla_mgpu.sparse_mla_mgpu`) and one
-CTA's refs (`Refs`), which the warpgroups' phases (`sparse_mla_mgpu_body.py`, `sparse_mla_mgpu_ring.py`) read."""
+CTA's refs (`Refs`), which the warpgroups' phases (`sparse_mla_mgpu_body.py`) read."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
-# The gather warpgroup's registers a thread, in either gather (staging sets or the landing ring): with the scores'
-# 232 and the values' 160, 496 of the 504 the launch's 3 × 128 threads share.
+# The gather warpgroup's registers a thread: with the scores' 232 and the values' 160, 496 of the 504 the launch's
+# 3 × 128 threads share.
 GATHER_REGISTERS = 104
 
 

@@ -16,8 +16,6 @@ def test_the_sparse_mlas_form_is_read_from_its_name():
   assert impls_in(two)["sparse attention"] == "Pallas Mosaic GPU kernel (two sets)"
   # a round: one query a draft step (one set), B · (k + 1) in its verification (two)
   assert impls_in(f"{two}\n{one}")["sparse attention"] == "Pallas Mosaic GPU kernel (one set + two sets)"
-  ring = _call(SPARSE + FORM_SUFFIXES["landing ring"])
-  assert impls_in(ring)["sparse attention"] == "Pallas Mosaic GPU kernel (landing ring)"
 
 
 def test_xla_where_no_kernel_is_named():

@@ -203,7 +203,6 @@ LOWERED_CONFIGS = {"bfloat16 (double-buffered)": Config(), "fp8 (double-buffered
                    "fp8, one set, ids before the dots": Config(double_buffered=False, ids_before_dots=True),
                    "bfloat16, values re-lay half": Config(values_relayout=True),
                    "fp8, values re-lay half": Config(values_relayout=True),
-                   "bfloat16, landing ring": Config(landing_ring=True),
                    "bfloat16, qk_ahead": Config(qk_ahead=True), "fp8, qk_ahead": Config(qk_ahead=True)}
 
 

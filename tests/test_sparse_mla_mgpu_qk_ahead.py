@@ -1,7 +1,6 @@
 """The Mosaic GPU sparse MLA with `Config.qk_ahead` (the scores warpgroup issues a step's P · V and the next step's
 qk in one wgmma scope): equal to the float64 formula and to the form without it (the same products, summed in the
-same order) in Pallas's GPU interpreter over both two-set forms (staging sets; the landing ring), one step and odd
-step counts, free of shared-memory races under the interpreter's detector, lowered for CUDA at V3.2's widths, and
+same order) in Pallas's GPU interpreter over the two-set form, one step and odd step counts, free of shared-memory races under the interpreter's detector, lowered for CUDA at V3.2's widths, and
 refused where it cannot run. The interpreter runs the products one wait each (it has no `pl.run_state`), so the
 one-scope issue is checked by the CUDA lowering here and by these cases compiled on a GPU."""
 
@@ -18,7 +17,7 @@ from tests.sparse_mla_cases import formula, problem
 from tests.tolerances import assert_close
 
 ON_GPU = jax.devices()[0].platform == "gpu"
-FORMS = {"two sets": Config(double_buffered=True, splits=1), "landing ring": Config(landing_ring=True, splits=1)}
+FORMS = {"two sets": Config(double_buffered=True, splits=1)}
 
 
 @pytest.mark.parametrize("form", FORMS)

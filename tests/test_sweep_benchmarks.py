@@ -17,15 +17,11 @@ def test_sparse_mla_splits_brackets_auto():
   assert sparse_mla_splits.candidate_splits(one) == [4, 8, 16]  # never past MAX_SPLITS
 
 
-def test_sparse_mla_candidates_are_the_untimed_forms():
-  """benchmarks.sparse_mla --candidates: auto with qk_ahead where auto has two sets, the landing ring at config_for's
-  splits, half and twice (each a launch it takes), and the ring with qk_ahead."""
-  rows = sparse_mla.candidate_configs(64 * 4)
-  assert rows[0] == sparse_mla_mgpu.config_for(256, 128, 2048, 512, sparse_mla_mgpu.Config(qk_ahead=True))
-  assert [c.splits for c in rows[1:-1]] == [1, 2] and all(c.landing_ring for c in rows[1:])  # 512 CTAs: one split
-  assert rows[-1].qk_ahead and rows[-1].splits == 1
-  one_query = sparse_mla.candidate_configs(1)  # auto's one set: no qk_ahead over it; 42⅔ steps: 32 splits keep one
-  assert [(c.splits, c.qk_ahead) for c in one_query] == [(8, False), (16, False), (32, False), (16, True)]
+def test_sparse_mla_candidates_are_auto_with_qk_ahead_where_it_has_two_sets():
+  """benchmarks.sparse_mla --candidates: auto with qk_ahead where auto has two sets, nothing beside one set."""
+  assert sparse_mla.candidate_configs(64 * 4) == [
+      sparse_mla_mgpu.config_for(256, 128, 2048, 512, sparse_mla_mgpu.Config(qk_ahead=True))]
+  assert sparse_mla.candidate_configs(1) == []  # auto's one set: no qk_ahead over it
 
 
 def test_index_scores_splits_keep_the_kernels_rules():
