@@ -357,6 +357,13 @@ case "${1:?stage}" in
       --tokens 1 --no-sweep --iters 10
     run 280 step_profile_fp8.md python3 -m benchmarks.step_profile --batch 64 --weights fp8 bf16 --capacity 1283
     ;;
+  dense)  # (2026-12-05) MLA's dense absorbed attention (V3 models; V3.2 under index_topk positions) in bf16 split
+          # form against the fp32 HIGHEST form it replaced (the FP8 step profile's 2 × ~290 µs a layer at B = 64 over a
+          # 1K prompt's 1,283 slots), then speculative == plain on a dense V3 model in bf16 on the GPU
+    run 80 dense_attention.md python3 -m benchmarks.dense_attention --batch 64 --tokens 1 4 --capacity 1283 --iters 10
+    run 90 gpu_tests_dense.txt python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_speculative.py \
+      -k "past_index_topk and (v3-bfloat16-4 or v3-bfloat16-1 or v3-bfloat16-3)"
+    ;;
   fp8round)  # (not run yet) where the FP8 round at B = 64 goes (0.58 of its floor at 21:34, bf16's 1.04): the draft
              # step's kernels per model part with FP8 and bf16 weights at B = 64 (a 1K prompt's capacity)
     run 300 step_profile_fp8.md python3 -m benchmarks.step_profile --batch 64 --weights fp8 bf16 --capacity 1283

@@ -133,10 +133,13 @@ class Indexer(nn.Module):
     return jnp.concatenate([rotated, x[..., r:]], axis=-1)
 
 
-# The Mosaic GPU index scores' float8 × float8 dot for an fp8 key cache (q in the keys' float8, `quantize_queries`):
-# off until timed and its compiled tests run on a Hopper GPU (stage `fp8q`; built 2026-12-04 after that session's
-# device time). Off, the kernel widens the keys to bf16 beside q's float8 values in bf16: the same products, exactly.
-FLOAT8_SCORES_DOT = False
+# The Mosaic GPU index scores' float8 × float8 dot for an fp8 key cache (q in the keys' float8, `quantize_queries`).
+# On: on the H200 (2026-12-05, benchmarks/RESULTS.md) it was 1.3-1.9x faster than widening the keys at T = 4 and
+# 1.3-1.9x at T = 1 from B = 8 (B = 1: within 4 %), with its compiled tests passing at the float8 wgmma's tolerance:
+# Hopper's tensor cores keep ~14 bits of a float8 dot's running sum (2.5e-4 of the largest score here), as DeepSeek's
+# and vLLM's FP8 indexers sum. Off, the kernel widens the keys to bf16 beside q's float8 values in bf16: the same
+# products, summed in fp32.
+FLOAT8_SCORES_DOT = True
 
 # Slots a cache capacity must be a multiple of for the fused kernels: the TPU kernel's block (256). The Mosaic GPU
 # kernel takes any multiple of its 128-slot step: `config_for` picks `splits` dividing S / 128.

@@ -143,18 +143,11 @@ class MLAttention(nn.Module):
     return q_lat_BTNC, w_uv_CNH
 
   def _absorbed(self, q_nope_BTNP, q_pe_BTNR, cache: LayerCache, visible_BTS) -> jax.Array:
-    """The absorbed form over the whole cache under a mask (dense caches), in fp32: with bf16 dots
-    and bf16 probabilities a V3 model's speculative output left plain greedy decoding's on CPU (a
-    verification call of T = k + 1 rounds its reductions differently from T = 1), so the dense path
-    keeps the exact form until a bf16 one is shown to keep that equality."""
+    """The absorbed form over the whole cache under a mask (dense caches): `dense_latent_attention`."""
     cfg = self.cfg
     q_lat_BTNC, w_uv_CNH = self._latent_query(q_nope_BTNP)
-    latent_BSC = read_latent(cache, jnp.float32)
-    scores_BNTS = (jnp.einsum("btnc,bsc->bnts", q_lat_BTNC, latent_BSC, precision=_HIGHEST)
-                   + jnp.einsum("btnr,bsr->bnts", q_pe_BTNR, cache.k_pe_BSR, precision=_HIGHEST,
-                                preferred_element_type=jnp.float32))
-    probs_BNTS = masked_softmax(scores_BNTS * cfg.softmax_scale, visible_BTS)
-    o_lat_BTNC = jnp.einsum("bnts,bsc->btnc", probs_BNTS, latent_BSC, precision=_HIGHEST)
+    o_lat_BTNC = dense_latent_attention(q_lat_BTNC, q_pe_BTNR, read_latent(cache, cfg.dtype), cache.k_pe_BSR,
+                                        visible_BTS, cfg.softmax_scale)
     return _heads_from_latent(o_lat_BTNC, w_uv_CNH)
 
   def _absorbed_sparse(self, q_nope_BTNP, q_pe_BTNR, cache: LayerCache, selection: Selection) -> jax.Array:
@@ -228,6 +221,37 @@ def _mosaic_sparse_problems(cfg: MtpConfig) -> list[str]:
   if cfg.qk_rope_head_dim % 64:
     problems.append(f"qk_rope_head_dim={cfg.qk_rope_head_dim} is not a multiple of 64")
   return problems
+
+
+def dense_latent_attention(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, visible_BTS, scale) -> jax.Array:
+  """fp32 [B, T, N, C]: the heads' softmax over the visible slots of the whole latent cache (q~ fp32, the latent in
+  the model's dtype), with fp32 products and sums whatever the cache's dtype. Why fp32: with bf16 dots and bf16
+  probabilities a V3 model's speculative output left plain greedy decoding's on CPU (a verification call of
+  T = k + 1 rounds its reductions differently from T = 1). How: over an fp32 cache, fp32 dots (HIGHEST); over a
+  16-bit one, q~ and the probabilities each go in as two 16-bit parts (`split16`: hi + lo, within ~2^-17 of the
+  fp32 value) beside the latent in its own dtype (as the cache holds it; an fp8 cache's dequantised into it, as the
+  sparse path reads it), so every dot is a 16-bit one on the matrix units with fp32 sums. An fp32 HIGHEST dot runs on a GPU's CUDA cores: over a 1,283-slot cache at B = 64 each of this
+  form's two dots took ~290 µs a layer on the H200 that way (benchmarks/RESULTS.md, 2026-12-05)."""
+  if jnp.dtype(latent_BSC.dtype) == jnp.float32:
+    dot = lambda spec, a, b: jnp.einsum(spec, a, b, precision=_HIGHEST, preferred_element_type=jnp.float32)  # noqa: E731
+  else:
+    def dot(spec, a, b):
+      return sum(jnp.einsum(spec, part, b, preferred_element_type=jnp.float32) for part in split16(a, b.dtype))
+  scores_BNTS = (dot("btnc,bsc->bnts", q_lat_BTNC, latent_BSC)
+                 + jnp.einsum("btnr,bsr->bnts", q_pe_BTNR, k_pe_BSR, precision=_HIGHEST,
+                              preferred_element_type=jnp.float32))
+  probs_BNTS = masked_softmax(scores_BNTS * scale, visible_BTS)
+  # [B, N, T, C] then transposed: XLA's CPU runtime refuses a bf16 × bf16 → fp32 dot that writes [B, T, N, C] itself
+  # ("Unsupported element type for DotThunk", jax 0.12)
+  return dot("bnts,bsc->bntc", probs_BNTS, latent_BSC).transpose(0, 2, 1, 3)
+
+
+def split16(x: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
+  """fp32 `x` as two arrays of the 16-bit `dtype`, hi = x rounded and lo = (x − hi) rounded: hi + lo holds x to
+  about twice the 16-bit precision (2^-17 relative in bf16), so a dot of each part with exact 16-bit values, summed
+  in fp32, is within that of the fp32 dot."""
+  hi = x.astype(dtype)
+  return hi, (x - hi.astype(jnp.float32)).astype(dtype)
 
 
 def dot_inputs(dtype) -> tuple[jnp.dtype, jax.lax.Precision]:

@@ -91,8 +91,9 @@ def test_speculative_decoding_through_the_index_scores_kernel_gives_plain_xla_to
 
 def test_an_fp8_key_cache_through_the_float8_dot_gives_plain_xla_tokens(dsa_plain_xla, monkeypatch):
   """An fp8 index cache (e4m3 keys, q rounded to e4m3 too) with the kernel's float8 × float8 dot
-  (`indexer.FLOAT8_SCORES_DOT`, off until timed on a Hopper): the tokens are plain greedy decoding's over the same
-  cache with XLA's scores. 4 new tokens (each kernel call costs seconds in Pallas's GPU interpreter on a CPU)."""
+  (`indexer.FLOAT8_SCORES_DOT`, on by default; set here so the case holds whatever it is): the tokens are plain
+  greedy decoding's over the same cache with XLA's scores. 4 new tokens (each kernel call costs seconds in Pallas's
+  GPU interpreter on a CPU)."""
   monkeypatch.setattr(indexer, "FLOAT8_SCORES_DOT", True)
   (target, mtp), prompts, _ = dsa_plain_xla
   xla = _dsa_cfg(index_cache_dtype="fp8", index_scores_impl="xla", sparse_attention_impl="xla")
