@@ -22,6 +22,10 @@ TOLERANCE = {
     # measured 2.5e-4 (~2^-12) at J = 128 on the H200 (benchmarks/RESULTS.md, 2026-12-05). 2^-9: 8x that, 4x under
     # the worst case. Pallas's GPU interpreter sums in fp32: the "float32" row holds there.
     "float8_wgmma": dict(rtol=2**-9, atol=1e-6),
+    # An fp32 operand as two 16-bit parts, hi + lo (`mla.split16`), beside exact bf16 values, fp32 sums: hi + lo keep
+    # 16 of fp32's 24 significant bits (2^-17 relative each); a softmax over scores of magnitude up to ~8 turns that
+    # into ≤ 2^-14 relative in the probabilities, which the output's convex combination keeps.
+    "bfloat16_split": dict(rtol=2**-14, atol=1e-6),
     # Attention over an fp8 MLA cache (e4m3 latent, one fp32 scale per 128 values) against a bf16 one: e4m3's
     # step is 2^-3 relative, so each dequantised latent is within 2^-4 of its value (round to nearest; the values
     # far below their group's amax, subnormal in e4m3, within 2^-10 of amax). The output is a convex combination of
