@@ -62,8 +62,10 @@
 #   path4    (no machine 2026-12-04 21:40) the user path's GPU tests, then e2e at B = 8, 1
 #   ring     (03:42 2026-12-05) the landing ring and qk_ahead: compiled tests, timed beside auto (both slower; the ring
 #            and its stage ring2 removed since)
-#   fp8q2    (2026-12-05) the float8-q index scores' compiled tests at the float8 wgmma's tolerance with
+#   fp8q2    (04:18 2026-12-05) the float8-q index scores' compiled tests at the float8 wgmma's tolerance with
 #            FLOAT8_SCORES_DOT on; the three key forms at T = 1; then fp8round's profile
+#   dense    (not run yet) MLA's dense absorbed attention, 16-bit form vs the fp32 one; V3 bf16 speculative == plain on
+#            the GPU; the FP8 round at B = 64 over a 1K prompt
 #   fp8      benchmarks.e2e with FP8 weights kept as codes: 1K and 32K prompts at B = 1, 1K at B = 64
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
@@ -357,12 +359,14 @@ case "${1:?stage}" in
       --tokens 1 --no-sweep --iters 10
     run 280 step_profile_fp8.md python3 -m benchmarks.step_profile --batch 64 --weights fp8 bf16 --capacity 1283
     ;;
-  dense)  # (2026-12-05) MLA's dense absorbed attention (V3 models; V3.2 under index_topk positions) in bf16 split
+  dense)  # (not run yet; built 2026-12-05) MLA's dense absorbed attention (V3 models; V3.2 under index_topk positions) in bf16 split
           # form against the fp32 HIGHEST form it replaced (the FP8 step profile's 2 × ~290 µs a layer at B = 64 over a
           # 1K prompt's 1,283 slots), then speculative == plain on a dense V3 model in bf16 on the GPU
     run 80 dense_attention.md python3 -m benchmarks.dense_attention --batch 64 --tokens 1 4 --capacity 1283 --iters 10
     run 90 gpu_tests_dense.txt python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_speculative.py \
       -k "past_index_topk and (v3-bfloat16-4 or v3-bfloat16-1 or v3-bfloat16-3)"
+    # the FP8 round at B = 64 over a 1K prompt (0.58 of its floor on 2026-12-04 21:34, with the fp32 dense dots)
+    run 300 e2e_fp8_b64_dense.md python3 -m benchmarks.e2e --weights fp8 --prompt 1024 --batch 64 --iters 5
     ;;
   fp8round)  # (not run yet) where the FP8 round at B = 64 goes (0.58 of its floor at 21:34, bf16's 1.04): the draft
              # step's kernels per model part with FP8 and bf16 weights at B = 64 (a 1K prompt's capacity)
