@@ -19,7 +19,7 @@ from collections import Counter
 import jax
 import jax.numpy as jnp
 
-from benchmarks.timing import bf16_peak, copy_bandwidth, time_in_loop
+from benchmarks.timing import measured_ceilings, time_in_loop
 from jax_mtp.mla import dense_latent_attention
 
 N, C, R = 128, 512, 64  # V3.2's heads, latent and rope widths
@@ -57,9 +57,7 @@ def main(argv=None) -> int:
   parser.add_argument("--capacity", type=int, nargs="+", default=[1283])
   parser.add_argument("--iters", type=int, default=20)
   args = parser.parse_args(argv)
-  bandwidth, peak = copy_bandwidth(), bf16_peak()
-  print(f"dense absorbed attention on {jax.devices()[0].device_kind}, jax {jax.__version__}; copy bandwidth "
-        f"{bandwidth / 1e12:.2f} TB/s, bf16 GEMM {peak / 1e12:.0f} TFLOP/s\n")
+  bandwidth, peak = measured_ceilings("dense absorbed attention")
   print("| B | T | S | form | µs | floor µs | floor / time | fp32 form / this | rel. diff vs fp32 form | operands |")
   print("|---:|---:|---:|---|---:|---:|---:|---:|---:|---|")
   fn = jax.jit(lambda q, qp, lat, kp, vis: dense_latent_attention(q, qp, lat, kp, vis, SCALE))

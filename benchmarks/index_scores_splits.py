@@ -23,7 +23,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from benchmarks.timing import bf16_peak, copy_bandwidth, time_in_loop
+from benchmarks.timing import measured_ceilings, time_in_loop
 from jax_mtp.indexer import quantize_keys, quantize_queries
 from jax_mtp.kernels.index_scores import reference as index_scores
 from jax_mtp.kernels import index_scores_mgpu as mgpu
@@ -49,9 +49,7 @@ def main(argv=None) -> int:
   parser.add_argument("--keys-in-registers", action="store_true",
                       help="at T > 1 also auto with keys_in_registers flipped")
   args = parser.parse_args(argv)
-  bandwidth, peak = copy_bandwidth(), bf16_peak()
-  print(f"index scores' splits on {jax.devices()[0].device_kind}, jax {jax.__version__}; copy bandwidth "
-        f"{bandwidth / 1e12:.2f} TB/s, bf16 GEMM {peak / 1e12:.0f} TFLOP/s\n", flush=True)
+  bandwidth, peak = measured_ceilings("index scores' splits")
   print("| S | B | T | keys | splits | CTAs | µs | bytes floor µs | FLOPs floor µs | floor / time | rel err vs XLA |")
   print("|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
   for s in args.capacity:

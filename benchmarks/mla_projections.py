@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.timing import bf16_peak, copy_bandwidth, time_in_loop
+from benchmarks.timing import measured_ceilings, time_in_loop
 
 N, P, R, C, H, Q = 128, 128, 64, 512, 128, 1536  # V3.2: heads, nope, rope, latent, value, q_lora_rank
 HIGHEST = jax.lax.Precision.HIGHEST
@@ -61,9 +61,7 @@ def main(argv=None) -> int:
   parser.add_argument("--iters", type=int, default=50)
   parser.add_argument("--dtype", default="bfloat16", help="the weights' and activations' (float32: a CPU smoke run)")
   args = parser.parse_args(argv)
-  bandwidth, flops = copy_bandwidth(), bf16_peak()
-  print(f"MLA projections on {jax.devices()[0].device_kind}, jax {jax.__version__}; copy bandwidth "
-        f"{bandwidth / 1e12:.2f} TB/s, bf16 GEMM {flops / 1e12:.0f} TFLOP/s\n")
+  bandwidth, flops = measured_ceilings("MLA projections")
   print("| tokens | part | form | µs | roofline µs | roofline / time | max abs diff vs model |")
   print("|---:|---|---|---:|---:|---:|---:|")
   keys = iter(jax.random.split(jax.random.key(0), 8))

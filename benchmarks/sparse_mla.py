@@ -21,7 +21,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from benchmarks.timing import bf16_peak, copy_bandwidth, time_in_loop
+from benchmarks.timing import measured_ceilings, time_in_loop
 from jax_mtp.indexer import Selection
 from jax_mtp.mla import quantize_latent
 from jax_mtp.kernels import sparse_mla_mgpu as mgpu
@@ -38,9 +38,7 @@ def main(argv=None) -> int:
   parser.add_argument("--candidates", action="store_true",
                       help="only auto and the forms that are off (candidate_configs; with --fp8 qk_ahead there too)")
   args = parser.parse_args(argv)
-  bandwidth, flops = copy_bandwidth(), bf16_peak()
-  print(f"sparse MLA at V3.2 widths on {jax.devices()[0].device_kind}, jax {jax.__version__}, S = {args.capacity}; "
-        f"copy bandwidth {bandwidth / 1e12:.2f} TB/s, bf16 GEMM {flops / 1e12:.0f} TFLOP/s\n", flush=True)
+  bandwidth, flops = measured_ceilings(f"sparse MLA at V3.2 widths, S = {args.capacity},")
   print("| B | T | path | config | µs | floor µs | floor / time | rel err vs XLA |")
   print("|---:|---:|---|---|---:|---:|---:|---:|")
   for b in args.batch:

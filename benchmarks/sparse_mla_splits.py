@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks.sparse_mla import C, K_TOP, N, SCALE, _problem, _time_mosaic, add_sweep_arguments, floor_us
-from benchmarks.timing import bf16_peak, copy_bandwidth, time_in_loop
+from benchmarks.timing import measured_ceilings, time_in_loop
 from jax_mtp.kernels import sparse_mla_mgpu as mgpu
 from jax_mtp.kernels.sparse_mla import reference as sparse_mla_reference
 from jax_mtp.mla import quantize_latent
@@ -35,9 +35,7 @@ def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   add_sweep_arguments(parser, batch=[64, 8, 1], tokens=[4, 1])
   args = parser.parse_args(argv)
-  bandwidth, flops = copy_bandwidth(), bf16_peak()
-  print(f"sparse MLA splits on {jax.devices()[0].device_kind}, jax {jax.__version__}, S = {args.capacity}; copy "
-        f"bandwidth {bandwidth / 1e12:.2f} TB/s, bf16 GEMM {flops / 1e12:.0f} TFLOP/s\n", flush=True)
+  bandwidth, flops = measured_ceilings(f"sparse MLA splits, S = {args.capacity},")
   print("| B | T | cache | splits | CTAs | ids before dots | µs | floor µs | floor / time | rel err vs XLA |")
   print("|---:|---:|---|---:|---:|---|---:|---:|---:|---:|")
   for b in args.batch:

@@ -40,6 +40,15 @@ def bf16_peak(n: int | None = None) -> float:
   return 2 * n**3 / statistics.median(runs)
 
 
+def measured_ceilings(what: str) -> tuple[float, float]:
+  """(copy bandwidth in bytes/s, bf16 GEMM FLOP/s), measured now, after printing the table's title line: `what` (the
+  benchmark and its problem) on this device and jax, with both ceilings (the floors in a table divide by them)."""
+  bandwidth, peak = copy_bandwidth(), bf16_peak()
+  print(f"{what} on {jax.devices()[0].device_kind}, jax {jax.__version__}; copy bandwidth {bandwidth / 1e12:.2f} TB/s, "
+        f"bf16 GEMM {peak / 1e12:.0f} TFLOP/s\n", flush=True)
+  return bandwidth, peak
+
+
 def time_call(fn, args, iters: int, repeats: int = 3) -> float:
   """Seconds per call: the median over `repeats` of `iters` back-to-back calls (queue kept full)."""
   jax.block_until_ready(fn(*args))

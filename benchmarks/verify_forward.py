@@ -27,7 +27,7 @@ import numpy as np
 
 import jax_mtp
 from benchmarks import step_profile
-from benchmarks.timing import bf16_peak, copy_bandwidth, experts_touched, time_carrying
+from benchmarks.timing import experts_touched, measured_ceilings, time_carrying
 from jax_mtp.model import TargetModel, init_target_caches, init_target_params
 
 
@@ -110,10 +110,9 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
   cfg = target_config(args.layers, args.small)
   params = init_target_params(cfg, jax.random.key(0))
-  bandwidth, peak = copy_bandwidth(), bf16_peak()
-  print(f"verification forward, {args.layers}-layer {'tiny' if args.small else 'V3.2'}-width target, k = {args.k}, "
-        f"caches {args.capacity}, on {jax.devices()[0].device_kind}, jax {jax.__version__}, "
-        f"copy bandwidth {bandwidth / 1e12:.2f} TB/s, bf16 GEMM {peak / 1e12:.0f} TFLOP/s\n")
+  bandwidth, peak = measured_ceilings(f"verification forward, {args.layers}-layer "
+                                      f"{'tiny' if args.small else 'V3.2'}-width target, k = {args.k}, caches "
+                                      f"{args.capacity},")
   print(f"| S | B | T | MLA form | experts impl | experts touched / layer | ms (median of {args.repeats} runs) | "
         "min–max ms | floor ms | floor / time | roofline ms | roofline / time | tokens match |")
   print("|---:|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|---|")
