@@ -230,8 +230,9 @@ def dense_latent_attention(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, visible_
   T = k + 1 rounds its reductions differently from T = 1). How: over an fp32 cache, fp32 dots (HIGHEST); over a
   16-bit one, q~ and the probabilities each go in as two 16-bit parts (`split16`: hi + lo, within ~2^-17 of the
   fp32 value) beside the latent in its own dtype (as the cache holds it; an fp8 cache's dequantised into it, as the
-  sparse path reads it), so every dot is a 16-bit one on the matrix units with fp32 sums. An fp32 HIGHEST dot runs on a GPU's CUDA cores: over a 1,283-slot cache at B = 64 each of this
-  form's two dots took ~290 µs a layer on the H200 that way (benchmarks/RESULTS.md, 2026-12-05)."""
+  sparse path reads it), so every dot is a 16-bit one on the matrix units with fp32 sums. An fp32 HIGHEST dot runs
+  on a GPU's CUDA cores: over a 1,283-slot cache at B = 64 each of this form's two dots took ~290 µs a layer on the
+  H200 that way (benchmarks/RESULTS.md, 2026-12-05)."""
   if jnp.dtype(latent_BSC.dtype) == jnp.float32:
     dot = lambda spec, a, b: jnp.einsum(spec, a, b, precision=_HIGHEST, preferred_element_type=jnp.float32)  # noqa: E731
   else:
