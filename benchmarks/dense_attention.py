@@ -13,12 +13,11 @@ from the compiled program, and the largest difference from the fp32 form relativ
 from __future__ import annotations
 
 import argparse
-import re
-from collections import Counter
 
 import jax
 import jax.numpy as jnp
 
+from benchmarks.hlo_dots import describe, dot_operand_types
 from benchmarks.timing import measured_ceilings, time_in_loop
 from jax_mtp.mla import dense_latent_attention
 
@@ -36,18 +35,6 @@ def operands(b: int, t: int, s: int):
   positions = s - t + jnp.arange(t)
   visible = jnp.broadcast_to(jnp.arange(s)[None, None] <= positions[None, :, None], (b, t, s))
   return q_lat, q_pe, latent, k_pe, visible
-
-
-def dot_operand_dtypes(compiled_text: str) -> str:
-  """The compiled program's dots (inside fusions too) and cuBLAS GEMM calls, by their first operand's element type
-  (each instruction's type from its definition in the text)."""
-  types = dict(re.findall(r"%([\w.\-]+) = \(?(\w+)\[", compiled_text))
-  found = Counter()
-  for line in compiled_text.splitlines():
-    call = re.search(r" (?:dot|custom-call)\(%([\w.\-]+)", line)
-    if call and (" dot(" in line or "gemm" in line):
-      found[types.get(call.group(1), "?")] += 1
-  return ", ".join(f"{n} × {dtype}" for dtype, n in sorted(found.items())) or "none found"
 
 
 def main(argv=None) -> int:
@@ -76,7 +63,7 @@ def main(argv=None) -> int:
           diff = float(jnp.max(jnp.abs(out - exact)) / jnp.max(jnp.abs(exact)))
           seconds = time_in_loop(fn, args_, args.iters)
           fp32_seconds = fp32_seconds or seconds
-          dtypes = dot_operand_dtypes(fn.lower(*args_).compile().as_text())
+          dtypes = describe(dot_operand_types(fn.lower(*args_).compile().as_text()))
           print(f"| {b} | {t} | {s} | {name} | {seconds * 1e6:,.1f} | {floor:,.1f} | {floor / seconds / 1e6:.2f} | "
                 f"{fp32_seconds / seconds:.2f} | {diff:.1e} | {dtypes} |", flush=True)
   return 0

@@ -44,6 +44,7 @@ import numpy as np
 
 import jax_mtp
 from benchmarks import step_profile
+from benchmarks.hlo_dots import describe, dot_operand_types
 from benchmarks.timing import bf16_peak, copy_bandwidth
 from jax_mtp import decode, decode_flags, fp8
 from jax_mtp.sharding import SHARED_WITH_TARGET
@@ -131,7 +132,8 @@ def impls_in(hlo: str) -> dict[str, str]:
   """What ran for each DSA / experts part, by the kernels' names in a compiled program's HLO text (one instruction
   a line: our Mosaic GPU kernels' lines are set aside before looking for tokamax's Mosaic GPU kernel), the sparse
   MLA's with its form (`sparse_mla_mgpu.FORM_SUFFIXES`). Mosaic names are looked for first: a Triton kernel's
-  name is a prefix of its Mosaic sibling's or a Python function's name."""
+  name is a prefix of its Mosaic sibling's or a Python function's name. The dense absorbed attention (dense caches:
+  `mla.dense_latent_attention`) by its products' operand types: 16-bit dots, or fp32 ones (a GPU's CUDA cores)."""
   ours = (INDEX_SCORES_MGPU_KERNEL, FP8_MGPU_KERNEL, SPARSE_MLA_MGPU_KERNEL)
   others = "\n".join(line for line in hlo.splitlines() if not any(name in line for name in ours))
   experts = ("FP8 grouped matmul (Pallas Mosaic GPU)" if FP8_MGPU_KERNEL in hlo else
@@ -142,8 +144,10 @@ def impls_in(hlo: str) -> dict[str, str]:
   sparse = f"Pallas Mosaic GPU kernel ({' + '.join(forms)})" if SPARSE_MLA_MGPU_KERNEL in hlo else "XLA"
   scores = ("Pallas Mosaic GPU kernel (float8 × float8)" if INDEX_SCORES_MGPU_KERNEL + FLOAT8_DOT_SUFFIX in hlo
             else "Pallas Mosaic GPU kernel" if INDEX_SCORES_MGPU_KERNEL in hlo else "XLA")
-  return {"index scores": scores,
-          "sparse attention": sparse, "experts": experts}
+  dense = dot_operand_types(hlo, "dense_attention")
+  dense_form = ("—" if not dense else "XLA, 16-bit dots" if set(dense) <= {"bf16", "f16"} else
+                "XLA, fp32 dots" if "f32" in dense else f"XLA, {describe(dense)}")
+  return {"index scores": scores, "sparse attention": sparse, "dense attention": dense_form, "experts": experts}
 
 
 def _median_seconds(fn, repeats: int) -> float:
@@ -289,7 +293,8 @@ def print_header(args) -> None:
   lengths = ", ".join(f"{length}" for length in _acceptance(args.k))
   print("| weights | prompt | B | capacity | prefill chunk | prefill s (TTFT) | prefill tok/s | MFU | round ms | "
         f"round floor ms | floor / round | plain step ms | tok/s at L = {lengths} | plain tok/s | "
-        "prefill: index scores / sparse attn / experts | round: index scores / sparse attn / experts |")
+        "prefill: index scores / sparse attn / dense attn / experts | round: index scores / sparse attn / dense attn "
+        "/ experts |")
   print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
 
 

@@ -239,13 +239,14 @@ def dense_latent_attention(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, visible_
     def dot(spec, a, b):
       return sum(jnp.einsum(spec, part, b, preferred_element_type=jnp.float32) for part in split16(a, b.dtype))
   _, rope_precision = dot_inputs(k_pe_BSR.dtype)  # (16-bit products are exact in fp32: HIGHEST adds nothing there)
-  scores_BNTS = (dot("btnc,bsc->bnts", q_lat_BTNC, latent_BSC)
-                 + jnp.einsum("btnr,bsr->bnts", q_pe_BTNR.astype(k_pe_BSR.dtype), k_pe_BSR, precision=rope_precision,
-                              preferred_element_type=jnp.float32))
-  probs_BNTS = masked_softmax(scores_BNTS * scale, visible_BTS)
-  # [B, N, T, C] then transposed: XLA's CPU runtime refuses a bf16 × bf16 → fp32 dot that writes [B, T, N, C] itself
-  # ("Unsupported element type for DotThunk", jax 0.12)
-  return dot("bnts,bsc->bntc", probs_BNTS, latent_BSC).transpose(0, 2, 1, 3)
+  with jax.named_scope("dense_attention"):  # its products in a compiled program (benchmarks.e2e's impls_in)
+    scores_BNTS = (dot("btnc,bsc->bnts", q_lat_BTNC, latent_BSC)
+                   + jnp.einsum("btnr,bsr->bnts", q_pe_BTNR.astype(k_pe_BSR.dtype), k_pe_BSR,
+                                precision=rope_precision, preferred_element_type=jnp.float32))
+    probs_BNTS = masked_softmax(scores_BNTS * scale, visible_BTS)
+    # [B, N, T, C] then transposed: XLA's CPU runtime refuses a bf16 × bf16 → fp32 dot that writes [B, T, N, C]
+    # itself ("Unsupported element type for DotThunk", jax 0.12)
+    return dot("bnts,bsc->bntc", probs_BNTS, latent_BSC).transpose(0, 2, 1, 3)
 
 
 def split16(x: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
