@@ -233,16 +233,16 @@ def dense_latent_attention(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, visible_
   sparse path reads it), so every dot is a 16-bit one on the matrix units with fp32 sums. An fp32 HIGHEST dot runs
   on a GPU's CUDA cores: over a 1,283-slot cache at B = 64 each of this form's two dots took ~290 µs a layer on the
   H200 that way (benchmarks/RESULTS.md, 2026-12-05)."""
-  if jnp.dtype(latent_BSC.dtype) == jnp.float32:
-    dot = lambda spec, a, b: jnp.einsum(spec, a, b, precision=_HIGHEST, preferred_element_type=jnp.float32)  # noqa: E731
-  else:
-    def dot(spec, a, b):
-      return sum(jnp.einsum(spec, part, b, preferred_element_type=jnp.float32) for part in split16(a, b.dtype))
-  _, rope_precision = dot_inputs(k_pe_BSR.dtype)  # (16-bit products are exact in fp32: HIGHEST adds nothing there)
+  dtype, precision = dot_inputs(latent_BSC.dtype)  # (16-bit products are exact in fp32: HIGHEST adds nothing there)
+
+  def dot(spec, a, b):  # fp32 `a` whole beside an fp32 cache, else as its two 16-bit parts
+    parts = (a,) if dtype == jnp.float32 else split16(a, dtype)
+    return sum(jnp.einsum(spec, part, b, precision=precision, preferred_element_type=jnp.float32) for part in parts)
+
   with jax.named_scope("dense_attention"):  # its products in a compiled program (benchmarks.e2e's impls_in)
     scores_BNTS = (dot("btnc,bsc->bnts", q_lat_BTNC, latent_BSC)
                    + jnp.einsum("btnr,bsr->bnts", q_pe_BTNR.astype(k_pe_BSR.dtype), k_pe_BSR,
-                                precision=rope_precision, preferred_element_type=jnp.float32))
+                                precision=precision, preferred_element_type=jnp.float32))
     probs_BNTS = masked_softmax(scores_BNTS * scale, visible_BTS)
     # [B, N, T, C] then transposed: XLA's CPU runtime refuses a bf16 × bf16 → fp32 dot that writes [B, T, N, C]
     # itself ("Unsupported element type for DotThunk", jax 0.12)
