@@ -37,7 +37,7 @@ from jax_mtp.decode_output import Progress, TextStream, exit_code, print_result
 from jax_mtp.generate import TargetDecoder
 from jax_mtp.kernels.fused_allreduce_rmsnorm import gpu_kernels
 from jax_mtp.platform import lowering_gpu_is_hopper
-from jax_mtp.request import (check_caches_fit, required_capacity, stop_id_array, validate_prompts,
+from jax_mtp.request import (check_caches_fit, required_capacity, stop_id_array, validate_prompts, validate_seed,
                              validate_temperature)
 from jax_mtp.sharding import make_mesh, validate_tp
 from jax_mtp.speculative import SpecParams, SpecResult, Speculator
@@ -191,8 +191,10 @@ def _check_run_flags(settings: Settings) -> None:
                       ("tp", settings.tp)):
     if value < 1:
       raise BadInput(f"--{flag}={value} must be ≥ 1")
-  if not -2**63 <= settings.seed < 2**63:  # jax.random.key takes a 64-bit integer
-    raise BadInput(f"--seed={settings.seed} must fit in 64 bits (-2^63 .. 2^63 - 1)")
+  try:
+    validate_seed(settings.seed)  # the API's check (jax.random.key takes a 64-bit integer), said of the flag
+  except ValueError:
+    raise BadInput(f"--seed={settings.seed} must fit in 64 bits (-2^63 .. 2^63 - 1)") from None
   try:
     validate_temperature(settings.temperature)
   except ValueError as e:  # "temperature=… must …", said of the flag
