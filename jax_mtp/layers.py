@@ -21,6 +21,13 @@ from jax_mtp.config import MtpConfig, RopeConfig, yarn_mscale
 from jax_mtp.platform import lowering_platform
 
 
+# Random init: normal(0.02) for every weight matrix and the token embedding, HF's `initializer_range` for
+# DeepSeek-V3 / V3.2 and GLM-5 (their `_init_weights`). An embedding of normal(1) would dwarf every sublayer's
+# output, so a random model's greedy tokens would follow from the last token alone and no layer would decide them
+# (tests/test_speculative.py, test_layers_decide_random_models_tokens).
+INIT_STD = 0.02
+
+
 def dtype_of(name: str) -> jnp.dtype:
   return jnp.dtype(name)
 
@@ -88,7 +95,7 @@ class Linear(nn.Module):
   fp8_impl: str = "auto"  # which kernel (kernels.fp8_grouped_matmul.IMPLS; MtpConfig.fp8_matmul_impl)
 
   def setup(self):
-    self.kernel = self.param("kernel", nn.initializers.normal(0.02), (self.in_features, self.out_features),
+    self.kernel = self.param("kernel", nn.initializers.normal(INIT_STD), (self.in_features, self.out_features),
                              dtype_of(self.param_dtype))
     # FP8 kept as stored (jax_mtp.fp8): the codes are `kernel`, their block scales beside them
     scales = fp8.scale_name("kernel")

@@ -35,7 +35,7 @@ from jax_mtp.block import DecoderBlock
 from jax_mtp.cache import LayerCache, init_layer_cache
 from jax_mtp.config import MtpConfig
 from jax_mtp.kernels.fused_allreduce_rmsnorm import fused_allreduce_rmsnorm, workspace_for_chain
-from jax_mtp.layers import RMSNorm, dtype_of, rotary_for_positions
+from jax_mtp.layers import INIT_STD, RMSNorm, dtype_of, rotary_for_positions
 from jax_mtp.sharding import TensorParallel, padded_vocab
 from jax_mtp.vocab import embed_lookup, head_logits, head_top_tokens
 
@@ -62,7 +62,7 @@ class TargetModel(nn.Module):
     cfg = self.cfg
     vocab = self.tp.local(padded_vocab(cfg, self.tp.size), "padded vocab")
     shape, pdt = (vocab, cfg.hidden_size), dtype_of(cfg.param_dtype)
-    self.embed_tokens = self.param("embed_tokens", nn.initializers.normal(1.0), shape, pdt)
+    self.embed_tokens = self.param("embed_tokens", nn.initializers.normal(INIT_STD), shape, pdt)
     self.layers = [DecoderBlock(cfg, i, self.tp) for i in range(cfg.num_hidden_layers)]
     self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.dtype, cfg.param_dtype)
     self.lm_head = self.param("lm_head", nn.initializers.normal(cfg.hidden_size**-0.5), shape, pdt)

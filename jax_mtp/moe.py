@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from jax_mtp import fp8
 from jax_mtp.config import MtpConfig
 from jax_mtp.experts import resolve_expert_impl, routed_experts
-from jax_mtp.layers import dtype_of, linear
+from jax_mtp.layers import INIT_STD, dtype_of, linear
 from jax_mtp.sharding import TensorParallel
 from jax_mtp.platform import lowering_gpu_is_hopper, lowering_platform
 
@@ -60,7 +60,7 @@ class Router(nn.Module):
   def setup(self):
     cfg = self.cfg
     # HF and the official code keep the router in fp32.
-    self.weight = self.param("weight", nn.initializers.normal(0.02), (cfg.n_routed_experts, cfg.hidden_size),
+    self.weight = self.param("weight", nn.initializers.normal(INIT_STD), (cfg.n_routed_experts, cfg.hidden_size),
                              jnp.float32)
     self.e_score_correction_bias = self.param("e_score_correction_bias", nn.initializers.zeros,
                                               (cfg.n_routed_experts,), jnp.float32)
@@ -104,7 +104,7 @@ class MoE(nn.Module):
     cfg = self.cfg
     e = self.tp.local(cfg.n_routed_experts, "n_routed_experts")
     d, f = cfg.hidden_size, cfg.moe_intermediate_size
-    init, pdt = nn.initializers.normal(0.02), dtype_of(cfg.param_dtype)
+    init, pdt = nn.initializers.normal(INIT_STD), dtype_of(cfg.param_dtype)
     self.gate = Router(cfg)
     self.w_gate_EDF = self.param("w_gate_EDF", init, (e, d, f), pdt)
     self.w_up_EDF = self.param("w_up_EDF", init, (e, d, f), pdt)

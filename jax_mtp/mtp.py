@@ -27,7 +27,7 @@ from jax_mtp.block import DecoderBlock
 from jax_mtp.cache import LayerCache, init_layer_cache
 from jax_mtp.config import MtpConfig
 from jax_mtp.kernels.fused_allreduce_rmsnorm import fused_allreduce_rmsnorm, sequence_parallel_rmsnorm
-from jax_mtp.layers import RMSNorm, dtype_of, linear, rotary_for_positions
+from jax_mtp.layers import INIT_STD, RMSNorm, dtype_of, linear, rotary_for_positions
 from jax_mtp.sharding import TensorParallel, padded_vocab
 from jax_mtp.vocab import embed_lookup, head_logits, head_top_tokens
 
@@ -107,7 +107,7 @@ class MtpPredictor(nn.Module):
     cfg = self.cfg
     vocab = self.tp.local(padded_vocab(cfg, self.tp.size), "padded vocab")
     shape, pdt = (vocab, cfg.hidden_size), dtype_of(cfg.param_dtype)
-    self.embed_tokens = self.param("embed_tokens", nn.initializers.normal(1.0), shape, pdt)
+    self.embed_tokens = self.param("embed_tokens", nn.initializers.normal(INIT_STD), shape, pdt)
     self.layers = [MtpLayer(cfg, cfg.num_hidden_layers + i, self.tp, self.norm_impl, self.sequence_parallel)
                    for i in range(cfg.num_nextn_predict_layers)]
     self.lm_head = self.param("lm_head", nn.initializers.normal(cfg.hidden_size**-0.5), shape, pdt)

@@ -1,9 +1,9 @@
 """Every kernel `auto` runs on a GPU — the sparse-MLA attention and the DSA index scores (Mosaic GPU's kernels), the FP8 grouped matmul (routed experts and dense FP8 linears) — has a bounded CI test
 at the model level on a CPU host, beside the full form's longer decodes (docs/testing.md): a tiny model decoding
 speculatively through the kernel (Pallas interpret mode on CPU) gives the tokens of plain greedy decoding through the
-XLA path, on the smallest config the kernel takes, with weights under which the kernel decides the tokens
-(`_quiet_embedding`); and for the FP8 kernel, `auto` puts it in the MTP step exported for an H200 (the DSA kernels'
-`auto` lowering is test_sparse_mla_mgpu's, test_index_scores_mgpu's, test_index_scores_kernel's and
+XLA path, on the smallest config the kernel takes, with random weights under which the layers decide the tokens
+(test_speculative.py's test_attention_and_experts_decide_a_random_models_greedy_tokens); and for the FP8 kernel,
+`auto` puts it in the MTP step exported for an H200 (the DSA kernels' `auto` lowering is test_sparse_mla_mgpu's, test_index_scores_mgpu's, test_index_scores_kernel's and
 test_user_path_kernels'). A kernel's numerics (a 10% error is below what tokens show) are its own tests'."""
 
 import re
@@ -44,14 +44,6 @@ def _plain(cfg, target, prompts, new: int) -> list[list[int]]:
   return plain.generate(plain.shard(target), prompts, new, capacity=required_capacity(cfg, prompts, new, K))
 
 
-def _quiet_embedding(target: dict, gain: float = 0.1) -> dict:
-  """The target's params with the token embedding × `gain`. At init the embedding (normal(1)) dwarfs every
-  sublayer's output (weights normal(0.02)), so greedy tokens are a table of the last token alone and no kernel
-  decides them; × 0.1 lets attention and experts decide them (a kernel attending half its selection, or 20% off,
-  then changes the tokens: checked by breaking each)."""
-  return {**target, "embed_tokens": target["embed_tokens"] * gain}
-
-
 def _random_prompts(n_tokens, seed: int = 5) -> list[list[int]]:
   rng = np.random.default_rng(seed)
   return [[int(t) for t in rng.integers(0, VOCAB, n)] for n in n_tokens]
@@ -62,7 +54,7 @@ def dsa_plain_xla():
   """(params, prompts, plain greedy tokens through XLA's DSA) of the DSA config: prompts of 21 and 30 tokens, 8 new
   (every cache past top-16: the selection and both kernels matter at every step)."""
   cfg = _dsa_cfg(index_scores_impl="xla", sparse_attention_impl="xla")
-  target = _quiet_embedding(jax_mtp.init_target_params(cfg, jax.random.key(0)))
+  target = jax_mtp.init_target_params(cfg, jax.random.key(0))
   mtp = jax_mtp.init_params(cfg, jax.random.key(1))
   prompts = _random_prompts((21, 30))
   return (target, mtp), prompts, _plain(cfg, target, prompts, 8)
@@ -116,7 +108,7 @@ def test_speculative_decoding_through_the_fp8_kernel_gives_the_gather_impls_plai
   linears through the FP8 grouped matmul (`auto`'s kernel, or the Mosaic GPU one; interpret mode on CPU) decode
   speculatively the tokens of plain greedy decoding with the gather impl dequantising the same codes."""
   cfg = _fp8_cfg("fp8_grouped_gpu").replace(fp8_matmul_impl=fp8_matmul_impl)
-  target = fp8.as_checkpoint_fp8(_quiet_embedding(jax_mtp.init_target_params(cfg, jax.random.key(0))),
+  target = fp8.as_checkpoint_fp8(jax_mtp.init_target_params(cfg, jax.random.key(0)),
                                  cfg.fp8_block, fp8.quantize)
   mtp = fp8.as_checkpoint_fp8(jax_mtp.init_params(cfg, jax.random.key(1)), cfg.fp8_block, fp8.quantize)
   prompts = _random_prompts((9, 14))

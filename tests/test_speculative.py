@@ -404,6 +404,43 @@ def test_speculative_equals_plain_past_index_topk(family, dtype, k):
   assert result.tokens == plain
 
 
+def _with_zeroed(params: dict, part: str) -> dict:
+  """`params` with every target layer's `part` ("self_attn", "mlp", or "" for the whole layer) zeroed."""
+  return {name: {sub: jax.tree.map(jnp.zeros_like, v) if sub.startswith(part) else v for sub, v in value.items()}
+          if name.startswith("layers_") else value for name, value in params.items()}
+
+
+def _changed(a: list[list[int]], b: list[list[int]]) -> int:
+  return sum(x != y for row_a, row_b in zip(a, b, strict=True) for x, y in zip(row_a, row_b, strict=True))
+
+
+@pytest.mark.parametrize("part", ["self_attn", "mlp"])
+def test_attention_and_experts_decide_a_random_models_greedy_tokens(part):
+  """The premise of every token-equality test on random weights (speculative == plain, kernel == XLA): the layers
+  decide the tokens. With an embedding far larger than the sublayers' outputs (normal(1), this package's init
+  until 2026-12-05) greedy tokens were a table of the last token alone, unchanged with every layer zeroed, so
+  a broken attention, cache or expert passed them. Zeroing either sublayer changes at least a third of them."""
+  cfg, target, _ = _weights(SMALL_VOCAB)
+  decoder, _ = _decoder(SMALL_VOCAB)
+  broken = decoder.generate(decoder.shard(_with_zeroed(target, part)), _prompts(SMALL_VOCAB), MAX_NEW,
+                            capacity=CAPACITY)
+  assert _changed(broken, _plain(SMALL_VOCAB)) >= MAX_NEW * len(PROMPT_LENGTHS) // 3
+
+
+def test_the_dsa_selection_decides_past_index_topks_tokens():
+  """test_speculative_equals_plain_past_index_topk's V3.2 case in bf16 (index_topk = 4, prompts of 17–29 tokens):
+  attending every cached position instead of the top 4 changes at least a third of the greedy tokens, so the
+  selection is what those tests check."""
+  prompts = [[int(t) for t in np.random.default_rng(5).integers(0, SMALL_VOCAB, n)] for n in (17, 29, 23)]
+  tokens = []
+  for topk in (4, 4 * CAPACITY):  # the selection; every position (dense)
+    cfg = jax_mtp.tiny(vocab_size=SMALL_VOCAB, dtype="bfloat16", param_dtype="bfloat16", index_topk=topk)
+    decoder = jax_mtp.TargetDecoder(cfg, jax_mtp.make_mesh(1))
+    params = decoder.shard(jax_mtp.init_target_params(cfg, jax.random.key(0)))
+    tokens.append(decoder.generate(params, prompts, 16, capacity=2 * CAPACITY))
+  assert _changed(*tokens) >= 16 * len(prompts) // 3
+
+
 def _cut(tokens, stops):
   """`tokens` up to and including the first of `stops` (all of them if none occurs)."""
   ends = [i for i, token in enumerate(tokens) if token in stops]
