@@ -162,7 +162,10 @@ def test_an_eos_id_outside_the_vocabulary_names_the_checkpoint_it_came_from(caps
 def test_gpu_memory_fraction_sets_jaxs_variable(capsys, monkeypatch):
   """--gpu-memory-fraction sets XLA_PYTHON_CLIENT_MEM_FRACTION (read when JAX creates its GPU client) and the run
   goes on; without the flag the variable is left as it was."""
-  monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+  # setenv first: delenv alone on an unset variable records nothing to restore, and the 0.9 below would outlive the
+  # test (into later tests' subprocesses); setenv records the variable's state, which the teardown restores
+  monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.5")
+  monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION")
   assert decode.main(["--random-tiny", "--max-new-tokens", "2"]) == 0
   assert "XLA_PYTHON_CLIENT_MEM_FRACTION" not in os.environ
   assert decode.main(["--random-tiny", "--max-new-tokens", "2", "--gpu-memory-fraction", "0.9"]) == 0

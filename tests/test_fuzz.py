@@ -23,6 +23,7 @@ import os
 import random
 import shutil
 import tempfile
+from unittest import mock
 
 import jax
 import pytest
@@ -56,8 +57,8 @@ def _run(argv: list[str], cwd) -> tuple[int, str, str]:
   before = sorted(os.listdir(cwd))
   here = os.getcwd()
   os.chdir(cwd)
-  try:
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+  try:  # os.environ restored after: --gpu-memory-fraction sets a variable later tests' subprocesses would inherit
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), mock.patch.dict(os.environ):
       rc = decode.main(argv)
   finally:
     os.chdir(here)

@@ -11,6 +11,7 @@ position), loaded through the CLI's path with `--dtype float32`.
 
 import json
 import os
+import shutil
 
 import jax.numpy as jnp
 import numpy as np
@@ -82,10 +83,12 @@ class _IndexScoresSpy:
     torch.Tensor.topk = self._topk
 
 
-def test_cli_greedy_output_equals_hf_generate(checkpoint, capsys):
+def test_cli_greedy_output_equals_hf_generate(checkpoint, capsys, tmp_path):
   """`--ignore-eos` against HF's generate without an EOS; then, with a token that greedy decoding
   emits mid-way made the checkpoint's EOS (generation_config.json), both stop just after it."""
-  directory, model = checkpoint
+  shared, model = checkpoint
+  directory = str(tmp_path / "checkpoint")
+  shutil.copytree(shared, directory)  # its generation_config.json is written below: not into the module's fixture
   prompt = np.random.default_rng(2).integers(2, model.config.vocab_size, PROMPT).tolist()
 
   def hf_generate(eos):

@@ -1,15 +1,11 @@
 """Self-check of the torch/HF reference harness in ``tests/hf_reference.py`` (CPU, fp32, a few seconds)."""
 import math
-import os
-import sys
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))
-import hf_reference as R  # noqa: E402
-
-from tests.tolerances import assert_close  # noqa: E402
+from tests import hf_reference as R
+from tests.tolerances import assert_close
 
 KINDS = ["deepseek_v32", "deepseek_v3", "glm_moe_dsa"]
 B, T, D = 2, 12, 64
