@@ -23,6 +23,7 @@ the target's logits became non-finite (its tokens up to there are printed, JSON 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import os
 import sys
@@ -87,7 +88,22 @@ class Built(NamedTuple):
 
 def main(argv: list[str] | None = None) -> int:
   """Parse, validate, build, run, print: exit 0, 1 when a row's logits became non-finite or --check found
-  the outputs differ, 2 on bad input."""
+  the outputs differ or the output could not be written, 2 on bad input, 130 when interrupted (Ctrl-C)."""
+  try:
+    return _main(argv)
+  except KeyboardInterrupt:  # one line, not a traceback from wherever the run was
+    print("\nerror: interrupted", file=sys.stderr)
+    return 130
+  except BrokenPipeError:  # the reader went away (`| head`): stop as other command-line tools do, silently
+    with contextlib.suppress(OSError, ValueError):  # stdout without a file descriptor (a test's): nothing to close
+      os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+    return 1
+  except OSError as e:  # writing the output (a full disk, a closed terminal): the tokens are lost, say why
+    print(f"error: cannot write the output: {e.strerror or e}", file=sys.stderr)
+    return 1
+
+
+def _main(argv: list[str] | None) -> int:
   try:
     args = parser().parse_args(argv)
     distributed.validate(args)  # the process flags' own consistency, before they configure JAX

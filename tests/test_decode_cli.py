@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -236,3 +237,45 @@ def test_dtype_moe_impl_and_prefill_chunk_flags(capsys):
                            "--max-new-tokens", "8", "--prompt-ids", "1,2,3,4,5,6,7,8,9", "--prompt-ids", "5"])
   assert out["matches_target"] is True
   _assert_tokens(out["tokens"], 2, 8)
+
+
+class _FailingStdout(io.StringIO):
+  """A stdout whose writes fail as a closed pipe's or a full disk's do (no file descriptor: none to close)."""
+
+  def __init__(self, error: OSError):
+    super().__init__()
+    self.error = error
+
+  def write(self, text):
+    raise self.error
+
+
+@pytest.mark.parametrize("error, message", [
+    (BrokenPipeError(32, "Broken pipe"), None),  # `| head`: a reader gone is no error to report
+    (OSError(28, "No space left on device"), "error: cannot write the output: No space left on device"),
+])
+def test_an_output_that_cannot_be_written_is_exit_1_with_at_most_one_line(capsys, monkeypatch, error, message):
+  """The decoded rows cannot be printed (stdout a closed pipe, a full disk): exit 1, not a traceback; a closed pipe
+  silently (as other command-line tools stop), any other failure with one line saying why."""
+  monkeypatch.setattr(sys, "stdout", _FailingStdout(error))
+  assert decode.main(["--random-tiny", "--max-new-tokens", "2", "--json"]) == 1
+  err = capsys.readouterr().err.splitlines()
+  assert err == ([message] if message else []), err
+
+
+@pytest.mark.slow
+def test_ctrl_c_is_one_line_and_exit_130(tmp_path):
+  """SIGINT while the embedded default decodes (after its model line is printed, so inside main): exit 130 and
+  one `error: interrupted` line on stderr, no traceback."""
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  proc = subprocess.Popen([sys.executable, "-m", "jax_mtp.decode", "--prompt", "def f(", "--max-new-tokens", "400",
+                           "--ignore-eos"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
+  try:
+    assert proc.stdout.readline()  # the model line: main is running
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+  finally:
+    proc.kill()
+  assert proc.returncode == 130, err
+  assert "Traceback" not in err and err.strip().splitlines()[-1] == "error: interrupted", err
