@@ -33,6 +33,9 @@ import hashlib
 import importlib
 import json
 import os
+import socket
+import sys
+import time
 
 import jax
 import numpy as np
@@ -40,6 +43,7 @@ import numpy as np
 from jax_mtp.metrics import SpecMetrics
 
 DEFAULT_HEARTBEAT_TIMEOUT_S = 60
+DEFAULT_STARTUP_TIMEOUT_S = 300  # jax.distributed's own default
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,6 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   g.add_argument("--num-processes", type=int, default=None, help="processes in all (auto-detected where launched "
                  "by SLURM / on a TPU pod)")
   g.add_argument("--process-id", type=int, default=None, help="this process's index, 0 .. num-processes − 1")
+  g.add_argument("--startup-timeout", type=int, default=DEFAULT_STARTUP_TIMEOUT_S, metavar="SECONDS",
+                 help="how long a process waits for the others to connect before it gives up with an error "
+                 f"(default {DEFAULT_STARTUP_TIMEOUT_S})")
   g.add_argument("--heartbeat-timeout", type=int, default=DEFAULT_HEARTBEAT_TIMEOUT_S, metavar="SECONDS",
                  help="a process silent this long is declared dead and every other process exits with an error "
                  f"(default {DEFAULT_HEARTBEAT_TIMEOUT_S})")
@@ -133,6 +140,8 @@ def validate(args: argparse.Namespace) -> None:
     raise ValueError(f"--process-id={args.process_id} must lie in 0 .. {args.num_processes - 1}")
   if not 1 <= args.heartbeat_timeout <= MAX_HEARTBEAT_SECONDS:  # JAX's client takes a C int of seconds
     raise ValueError(f"--heartbeat-timeout={args.heartbeat_timeout} must be 1 to {MAX_HEARTBEAT_SECONDS} seconds")
+  if not 1 <= args.startup_timeout <= MAX_HEARTBEAT_SECONDS:  # a C int of seconds too
+    raise ValueError(f"--startup-timeout={args.startup_timeout} must be 1 to {MAX_HEARTBEAT_SECONDS} seconds")
   if args.coordinator_address is not None:
     check_address(args.coordinator_address)
 
@@ -160,9 +169,53 @@ def initialize(args: argparse.Namespace) -> bool:
   every process's devices)."""
   if not requested(args):
     return False
-  jax.distributed.initialize(coordinator_address=args.coordinator_address, num_processes=args.num_processes,
-                             process_id=args.process_id, heartbeat_timeout_seconds=args.heartbeat_timeout)
+  address, timeout = args.coordinator_address, args.startup_timeout
+  if address is not None and args.process_id not in (None, 0):
+    wait_for_coordinator(address, timeout, args.process_id)
+  elif address is not None and args.process_id == 0:
+    check_port_free(address)
+  try:
+    jax.distributed.initialize(coordinator_address=address, num_processes=args.num_processes,
+                               process_id=args.process_id, heartbeat_timeout_seconds=args.heartbeat_timeout,
+                               initialization_timeout=timeout)
+  except (jax.errors.JaxRuntimeError, RuntimeError) as e:  # a port in use, a coordinator gone: one line
+    first = str(e).splitlines()[0] if str(e) else type(e).__name__
+    raise ValueError(f"jax.distributed could not start (process {args.process_id} of {args.num_processes}, "
+                     f"coordinator {address or 'auto-detected'}): {first}") from e
   return True
+
+
+def check_port_free(address: str) -> None:
+  """Process 0 serves `address` on every interface: a ValueError naming it where another program holds its port
+  (JAX's own failure is a gRPC log line and "Failed to start RPC server")."""
+  port = int(address.rpartition(":")[2])
+  with socket.socket() as probe:
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as a server binds: a closed run's port is free
+    try:
+      probe.bind(("", port))
+    except OSError as e:
+      raise ValueError(f"--coordinator-address={address}: process 0 cannot serve port {port} ({e.strerror}); another "
+                       f"program holds it: pick a free port") from None
+
+
+def wait_for_coordinator(address: str, timeout_s: int, process_id: int, poll_s: float = 0.5) -> None:
+  """Until process 0's coordinator accepts connections at `address`, up to `timeout_s` seconds, saying so once on
+  stderr: JAX's own wait is silent and ends the process by SIGABRT. A ValueError naming the address after that."""
+  host, _, port = address.rpartition(":")
+  host = host.strip("[]")  # an IPv6 host is given in brackets
+  deadline, told = time.monotonic() + timeout_s, False
+  while True:
+    try:
+      socket.create_connection((host, int(port)), timeout=poll_s).close()
+      return
+    except OSError:
+      if time.monotonic() >= deadline:
+        raise ValueError(f"no coordinator answered at --coordinator-address={address} within --startup-timeout="
+                         f"{timeout_s} s: start process 0 (it serves that address) with the same flags") from None
+      if not told:
+        print(f"process {process_id}: waiting up to {timeout_s} s for the coordinator at {address}", file=sys.stderr)
+        told = True
+      time.sleep(poll_s)
 
 
 def is_primary() -> bool:

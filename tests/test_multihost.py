@@ -128,6 +128,7 @@ def test_a_killed_process_ends_the_others_within_the_heartbeat_timeout(tmp_path)
      "--process-id=2 must lie in 0 .. 1"),
     (["--num-processes", "0", "--process-id", "0", "--coordinator-address", "localhost:1"], "--num-processes=0"),
     (["--heartbeat-timeout", "0"], "--heartbeat-timeout=0 must be 1 to 2147483647 seconds"),
+    (["--startup-timeout", "0"], "--startup-timeout=0 must be 1 to 2147483647 seconds"),
 ])
 def test_inconsistent_process_flags_are_one_error(flags, message):
   proc = subprocess.run(DECODE + flags, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
@@ -247,3 +248,32 @@ def test_detection_is_needed_only_where_several_processes_are_said(launcher_env,
   launcher_env(SLURM_NTASKS="4")
   args = decode_flags.parser().parse_args(["--coordinator-address", "h:1", "--num-processes", "4", "--process-id", "0"])
   distributed.validate(args)
+
+
+def test_a_worker_whose_coordinator_never_starts_is_one_error_after_the_startup_timeout():
+  """Process 1 of 2 with no process 0 serving the address: one line saying it waits, then after --startup-timeout
+  one error naming the address, exit 2 — not JAX's silent wait ended by SIGABRT (5 minutes, a C++ stack)."""
+  address = f"localhost:{_free_port()}"
+  start = time.monotonic()
+  proc = subprocess.run(DECODE + ["--coordinator-address", address, "--num-processes", "2", "--process-id", "1",
+                                  "--startup-timeout", "2"], cwd=ROOT, env=_env(), capture_output=True, text=True,
+                        timeout=120)
+  assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+  lines = proc.stderr.strip().splitlines()
+  assert lines[0] == f"process 1: waiting up to 2 s for the coordinator at {address}", lines
+  assert lines[-1].startswith(f"error: no coordinator answered at --coordinator-address={address}"), lines
+  assert time.monotonic() - start < 60
+
+
+def test_a_coordinator_port_in_use_is_one_error():
+  """Process 0 cannot serve --coordinator-address (another program holds the port): one error line, exit 2."""
+  with socket.socket() as held:
+    held.bind(("localhost", 0))
+    held.listen()
+    address = f"localhost:{held.getsockname()[1]}"
+    proc = subprocess.run(DECODE + ["--coordinator-address", address, "--num-processes", "1", "--process-id", "0"],
+                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+  lines = proc.stderr.strip().splitlines()
+  assert lines == [f"error: --coordinator-address={address}: process 0 cannot serve port {address.split(':')[1]} "
+                   "(Address already in use); another program holds it: pick a free port"], lines
