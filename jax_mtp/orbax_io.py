@@ -100,7 +100,18 @@ def read_config(directory: str | os.PathLike) -> MtpConfig:
     except KeyError as e:  # another tool's orbax checkpoint: no config item beside its params
       raise CheckpointError(f"{directory!r} step {step} holds no jax_mtp config item ({e.args[0] if e.args else e})"
                             ) from None
+    except Exception as e:  # noqa: BLE001 (a damaged item: orbax raises what its layers raise)
+      raise _unreadable(directory, step, CONFIG, e) from e
     return _config_from_json(saved, f"{directory!r} step {step}")
+
+
+def _unreadable(directory: str, step: int, item: str, error: Exception) -> CheckpointError:
+  """A CheckpointError naming the step's item that orbax could not read, with the first line of why (orbax's own
+  messages run to kilobytes of TensorStore spec)."""
+  first = (str(error).splitlines() or [type(error).__name__])[0]
+  why = first if len(first) <= 200 else first[:200] + " …"
+  return CheckpointError(f"{directory!r} step {step}: its {item!r} item cannot be read (damaged or incomplete): "
+                         f"{type(error).__name__}: {why}")
 
 
 def restore_params(directory: str | os.PathLike, cfg: MtpConfig | None = None,
@@ -123,10 +134,16 @@ def restore_params(directory: str | os.PathLike, cfg: MtpConfig | None = None,
       validate_tp(saved, mesh.shape[TP_AXIS])
     kept = []
     if os.path.isdir(os.path.join(directory, str(step), FP8_ITEM)):  # steps saved before FP8 trees have none
-      kept = manager.restore(step, args=ocp.args.Composite(**{FP8_ITEM: ocp.args.JsonRestore()}))[FP8_ITEM]["paths"]
+      try:
+        kept = manager.restore(step, args=ocp.args.Composite(**{FP8_ITEM: ocp.args.JsonRestore()}))[FP8_ITEM]["paths"]
+      except Exception as e:  # noqa: BLE001 (as in read_config)
+        raise _unreadable(directory, step, FP8_ITEM, e) from e
     targets = _abstract_targets(saved, mesh, kept)
     restore = ocp.args.StandardRestore(targets, strict=False)  # strict=False: pad the vocab rows
-    trees = manager.restore(step, args=ocp.args.Composite(**{PARAMS: restore}))[PARAMS]
+    try:
+      trees = manager.restore(step, args=ocp.args.Composite(**{PARAMS: restore}))[PARAMS]
+    except Exception as e:  # noqa: BLE001 (missing or truncated array files, a damaged manifest)
+      raise _unreadable(directory, step, PARAMS, e) from e
   target = trees[TARGET]
   return saved, target, {**trees[MTP], **{name: target[name] for name in SHARED_WITH_TARGET}}
 

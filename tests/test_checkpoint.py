@@ -26,7 +26,7 @@ import jax_mtp
 from jax_mtp.checkpoint import load_hf_checkpoint, load_mtp_only
 from jax_mtp.config import ConfigError
 from jax_mtp.orbax_io import is_orbax_checkpoint, restore_params, save_params
-from jax_mtp import ShardedMtp
+from jax_mtp import ShardedMtp, decode
 from jax_mtp.safetensors_io import CheckpointError, SafetensorsCheckpoint, dequantize_block
 from jax_mtp.sharding import make_mesh, shard_params
 from tests.tolerances import TOLERANCE
@@ -390,6 +390,31 @@ def test_restore_errors(params, tmp_path):
   with pytest.raises(ValueError, match="tp=3 does not divide num_attention_heads=8"):
     restore_params(tmp_path, mesh=make_mesh(3))
 
+
+
+@pytest.mark.parametrize("damage, item", [
+    ("params_data_deleted", "params"), ("params_manifest_garbage", "params"), ("config_garbage", "config")])
+def test_a_damaged_orbax_checkpoint_is_one_error_naming_the_item(params, tmp_path, capsys, damage, item):
+  """Array files deleted, a manifest or the saved config overwritten: the CLI exits 2 with one line naming the
+  directory, the step and the item orbax could not read — not orbax's traceback (exit 1) or its kilobytes of
+  TensorStore spec, and not a bare JSON error naming no file."""
+  directory = tmp_path / "orbax"
+  save_params(directory, CFG, *params)
+  step = directory / "0"
+  if damage == "params_data_deleted":
+    data = [path for path in (step / "params").rglob("*") if path.is_file() and path.parent.name == "d"]
+    assert data
+    for path in data:
+      path.unlink()
+  elif damage == "params_manifest_garbage":
+    (step / "params" / "manifest.ocdbt").write_text("garbage")
+  else:
+    (step / "config" / "metadata").write_text("{bad")
+  assert decode.main(["--checkpoint", str(directory), "--max-new-tokens", "2", "--json"]) == 2
+  out, err = capsys.readouterr()
+  lines = err.strip().splitlines()
+  assert out == "" and len(lines) == 1 and len(lines[0]) < 600, err[:2000]
+  assert lines[0].startswith(f"error: {str(directory)!r} step 0: its {item!r} item cannot be read"), lines[0]
 
 _SAVE_SCRIPT = textwrap.dedent("""
     import os, sys, time
