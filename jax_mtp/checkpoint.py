@@ -74,6 +74,7 @@ def open_hf_checkpoint(path: str | os.PathLike, *, cfg: MtpConfig | None = None,
   """Reads a checkpoint's config and headers and checks every tensor (one CheckpointError); reads no
   weight. The arguments are `load_hf_checkpoint`'s; `mtp_only`: the drafter's tensors alone (`load_mtp_only`)."""
   cfg, ckpt, fp8_stored = _open(path, cfg, dtype, mesh)
+  check_layer_count(cfg, ckpt, mtp_only)  # before `plan`, whose work grows with the layers config.json names
   params, checks = plan(cfg)
   if mtp_only:
     params = [p for p in params if p.tree == MTP or p.path[-1] in SHARED_WITH_TARGET]
@@ -128,6 +129,23 @@ def _open(path, cfg: MtpConfig | None, dtype: str | None, mesh: Mesh | None):
     validate_tp(cfg, mesh.shape[TP_AXIS])
   quant = quantization(path)
   return cfg, SafetensorsCheckpoint(path, _block_size(quant)), bool(quant)
+
+
+def check_layer_count(cfg: MtpConfig, ckpt: SafetensorsCheckpoint, mtp_only: bool = False) -> None:
+  """config.json's layer counts must name the layers whose tensors the checkpoint holds (`model.layers.{i}.`): a
+  CheckpointError naming both otherwise. Checked from the tensor names alone, at once: a typo such as 6100 for 61
+  would otherwise plan and check every missing tensor of thousands of layers (minutes, then gigabytes)."""
+  held = {int(name.split(".")[2]) for name in [*ckpt.tensors, *ckpt.index_problems]
+          if name.startswith("model.layers.") and name.split(".")[2].isdigit()}
+  total = cfg.num_hidden_layers + cfg.num_nextn_predict_layers
+  wanted = set(range(cfg.num_hidden_layers if mtp_only else 0, total))
+  missing = sorted(wanted - held)
+  if missing:
+    span = f"{min(held)}..{max(held)}" if held else "none"
+    raise CheckpointError(
+        f"{os.path.join(ckpt.directory, 'config.json')!r} names {cfg.num_hidden_layers} layers + "
+        f"{cfg.num_nextn_predict_layers} MTP layer(s) (model.layers.0..{total - 1}), but the checkpoint's tensors "
+        f"name layers {span}: {len(missing)} missing, from model.layers.{missing[0]}")
 
 
 def _check_same_model(cfg: MtpConfig, from_file: MtpConfig, path: str) -> None:

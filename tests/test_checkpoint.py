@@ -304,8 +304,25 @@ def test_config_json_disagreeing_with_the_tensors(written, tmp_path):
   config_path = os.path.join(directory, "config.json")
   config = json.load(open(config_path))
   json.dump({**config, "num_hidden_layers": 3}, open(config_path, "w"))
-  with pytest.raises(CheckpointError, match=r"num_hidden_layers=3.*\n.*model\.layers\.3\.enorm\.weight: missing"):
+  with pytest.raises(CheckpointError, match=r"names 3 layers \+ 1 MTP layer\(s\) \(model\.layers\.0\.\.3\), but the "
+                     r"checkpoint's tensors name layers 0\.\.2: 1 missing, from model\.layers\.3"):
     load_hf_checkpoint(directory, progress=False)
+
+
+def test_a_layer_count_typo_is_an_error_at_once(written, tmp_path, capsys):
+  """num_hidden_layers = 10,000 over a 2-layer checkpoint (a typo such as 6100 for 61): one error from the tensor
+  names, in seconds — planning and checking every missing layer's tensors took minutes and then gigabytes."""
+  from jax_mtp import decode  # noqa: PLC0415
+  directory = _copy(written, tmp_path)
+  config_path = os.path.join(directory, "config.json")
+  config = json.load(open(config_path))
+  json.dump({**config, "num_hidden_layers": 10_000}, open(config_path, "w"))
+  start = time.monotonic()
+  assert decode.main(["--checkpoint", directory, "--max-new-tokens", "2"]) == 2
+  assert time.monotonic() - start < 30
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "names 10000 layers + 1 MTP layer(s)" in err[0] and "9998 missing, from model.layers.3" \
+      in err[0], err
 
 
 def test_given_config_disagreeing_with_config_json(written):
