@@ -32,7 +32,7 @@ from typing import NamedTuple
 import jax
 
 import jax_mtp
-from jax_mtp import distributed, loader
+from jax_mtp import distributed, fp8, loader
 from jax_mtp.decode_flags import DEFAULT_PROMPT, DEFAULT_TEXT, BadInput, parser
 from jax_mtp.decode_output import Progress, TextStream, exit_code, print_result
 from jax_mtp.generate import TargetDecoder
@@ -264,6 +264,10 @@ def check_kernel_impls(cfg: jax_mtp.MtpConfig, capacity: int) -> None:
              lambda: resolve_index_scores_impl(cfg, platform, capacity, hopper=hopper)),
             ("--sparse-attention-impl", cfg.sparse_attention_impl,
              lambda: resolve_sparse_attention_impl(cfg, platform, hopper=hopper)))
+  if cfg.fp8_matmul_impl != "auto" and platform != "gpu" and cfg.moe_impl != "fp8_grouped_gpu":
+    raise BadInput(f"--fp8-matmul-impl={cfg.fp8_matmul_impl} picks the GPU kernel that multiplies FP8 weights' codes; "
+                   f"this machine's JAX platform is {platform}, where only --moe-impl fp8_grouped_gpu runs it (in "
+                   f"Pallas's interpreter)")
   runs_on = MOE_PLATFORMS.get(cfg.moe_impl, (platform,))
   if platform not in runs_on:  # before building: tokamax fails inside its compiler elsewhere
     raise BadInput(f"--moe-impl={cfg.moe_impl} runs on {' or '.join(runs_on)}; this machine's JAX platform is "
@@ -335,6 +339,9 @@ def build(request: Request) -> Built:
     cfg = loaded.cfg
     spec = Speculator(cfg, mesh, s.k, norm_impl=s.impl)
     params = SpecParams(loaded.target, spec.drafter.shard(loaded.mtp, mesh))
+  if cfg.fp8_matmul_impl != "auto" and not any(fp8.fp8_paths(tree) for tree in params):
+    raise BadInput(f"--fp8-matmul-impl={cfg.fp8_matmul_impl} picks the kernel that multiplies FP8 weights kept on "
+                   f"the device; this run keeps none (an FP8 checkpoint with --weights auto or fp8 does)")
   plain = TargetDecoder(cfg, mesh, norm_impl=s.impl) if s.check else None
   return Built(cfg, spec, params, plain)
 

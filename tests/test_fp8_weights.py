@@ -202,6 +202,21 @@ def test_cli_weights_flag(written, tmp_path, capsys):
   assert rc == 2 and err.startswith("error: --weights fp8 is for --checkpoint"), err
 
 
+
+def test_cli_fp8_matmul_impl_is_refused_where_it_would_pick_nothing(written, capsys):
+  """An explicit --fp8-matmul-impl names the kernel multiplying FP8 codes kept on the device. On a CPU without
+  --moe-impl fp8_grouped_gpu (Pallas's interpreter) nothing would run it, and bf16 weights have no codes: each is
+  one error, exit 2, before or after loading — not a flag silently ignored. (With both, decoding through either
+  kernel is test_auto_gpu_paths' FP8 case: this checkpoint's 8 × 8 blocks are not the kernels'.)"""
+  directory, block = written
+  if block != (8, 8):
+    pytest.skip("the flag's wiring needs one checkpoint (the (8, 8) one)")
+  base = ("--checkpoint", directory, "--prompt-ids", "5,17,3", "--max-new-tokens", "4", "--ignore-eos", "--json")
+  rc, _, err = _cli(capsys, *base, "--fp8-matmul-impl", "mosaic_gpu")
+  assert rc == 2 and err.startswith("error: --fp8-matmul-impl=mosaic_gpu picks the GPU kernel") and "is cpu" in err, err
+  rc, _, err = _cli(capsys, *base, "--weights", "bf16", "--moe-impl", "fp8_grouped_gpu", "--fp8-matmul-impl", "triton")
+  assert rc == 2 and "this run keeps none" in err and len(err.splitlines()) == 1, err
+
 def test_orbax_keeps_fp8_weights_fp8(written, tmp_path):
   from jax_mtp.orbax_io import restore_params, save_params  # noqa: PLC0415
   directory, _ = written
