@@ -216,7 +216,13 @@ def _check_same_run(args: argparse.Namespace, run: dict) -> None:
   path = os.path.join(args.out, "run.json")
   if os.path.isfile(path):
     with open(path, encoding="utf-8") as f:
-      saved = json.load(f)
+      try:
+        saved = json.load(f)
+      except json.JSONDecodeError as e:
+        raise _BadInput(f"{path!r} is not JSON ({e}); it records the run's flags: fix it or give a new --out"
+                        ) from None
+    if not isinstance(saved, dict):
+      raise _BadInput(f"{path!r} holds {type(saved).__name__}, not the run's flags: fix it or give a new --out")
     diff = [f"--{k.replace('_', '-')}={run[k]!r} (the run has {saved[k]!r})" for k in RUN_KEYS
             if k in saved and saved[k] != run[k]]
     if diff:
@@ -280,13 +286,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace, cfg, params: dict, data: corpus.TokenData) -> dict:
   """The training loop: resume, steps, logs, evals, saves. Returns the final params."""
-  from jax_mtp.train_state import StateCheckpoints  # noqa: PLC0415
+  from jax_mtp.train_state import DamagedState, StateCheckpoints  # noqa: PLC0415
   mesh = make_data_mesh()
   opt, steps, evaluate = _compiled(cfg, args.mode, args.mtp_weight, args.distill_targets, args.lr, args.steps,
                                    args.warmup, args.seq_len, mesh)
   opt_state = opt.init(training.trainable(training.Objective(args.mode), params))
   saves = StateCheckpoints(os.path.join(args.out, "state"))
-  start, params, opt_state = saves.restore_latest(params, opt_state)
+  try:
+    start, params, opt_state = saves.restore_latest(params, opt_state)
+  except DamagedState as e:
+    raise _BadInput(str(e)) from e
   if args.export_only:
     if not start:
       raise _BadInput(f"--export-only: {args.out!r} holds no checkpoint to export")

@@ -13,6 +13,10 @@ import jax
 import orbax.checkpoint as ocp
 
 
+class DamagedState(ValueError):
+  """The newest saved step cannot be read; the message names it and the steps before it."""
+
+
 class StateCheckpoints:
   def __init__(self, directory: str, keep: int = 2):
     options = ocp.CheckpointManagerOptions(create=True, max_to_keep=keep, enable_async_checkpointing=False)
@@ -28,5 +32,12 @@ class StateCheckpoints:
     if step is None:
       return 0, params, opt_state
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, {"params": params, "opt_state": opt_state})
-    state = self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
+    try:
+      state = self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
+    except Exception as e:  # noqa: BLE001 (a damaged step: orbax raises what its layers raise)
+      earlier = [s for s in self._manager.all_steps() if s < step]
+      first = (str(e).splitlines() or [type(e).__name__])[0][:200]
+      hint = (f"move it aside to resume from step {max(earlier)}" if earlier else "no earlier step is saved")
+      raise DamagedState(f"step {step} in {self._manager.directory} cannot be read ({type(e).__name__}: {first}); "
+                         f"{hint}") from e
     return step, state["params"], state["opt_state"]

@@ -254,6 +254,31 @@ def test_a_refused_run_leaves_out_free_and_other_data_is_another_run(tmp_path, c
   assert f"holds another run: --data={[os.path.abspath(other)]!r} (the run has {[os.path.abspath(data)]!r})" in err
 
 
+
+def test_a_damaged_run_json_or_newest_state_step_is_one_error_naming_it(tmp_path, capsys):
+  """Resuming a run whose run.json is not JSON, or whose newest saved step lost its array files: exit 2 with one
+  line naming the file or the step (and the step it could resume from) — not a JSON error naming no file, or
+  orbax's traceback (exit 1)."""
+  data, out = _corpus(tmp_path / "d"), tmp_path / "run"
+  argv = ["--preset", "tiny", "--vocab-size", "300", "--batch", "8", "--eval-batches", "1", "--seq-len", "16",
+          "--data", data, "--out", str(out), "--save-every", "1"]
+  assert train_main([*argv, "--steps", "2"]) == 0
+  capsys.readouterr()
+  run_json = out / "run.json"
+  saved = run_json.read_text()
+  run_json.write_text("{bad")
+  assert train_main([*argv, "--steps", "2"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err[-1].startswith(f"error: {str(run_json)!r} is not JSON"), err
+  run_json.write_text(saved)
+  newest = max((out / "state").iterdir(), key=lambda path: int(path.name) if path.name.isdigit() else -1)
+  assert newest.name == "2"
+  for path in [path for path in newest.rglob("*") if path.is_file() and path.parent.name == "d"]:
+    path.unlink()
+  assert train_main([*argv, "--steps", "2"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err[-1].startswith("error: step 2 in ") and err[-1].endswith("move it aside to resume from step 1"), err
+
 def test_a_run_and_its_export_record_the_files_it_trained_on_and_held_out(tmp_path, monkeypatch, capsys):
   """Joint training on the default corpus (here a stand-in standard library) writes training_corpus.json under
   --out when it starts, and an --export-only of the run (as benchmarks/h200_train_default.sh exports a run cut
