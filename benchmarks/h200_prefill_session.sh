@@ -368,6 +368,14 @@ case "${1:?stage}" in
     # the FP8 round at B = 64 over a 1K prompt (0.58 of its floor on 2026-12-04 21:34, with the fp32 dense dots)
     run 300 e2e_fp8_b64_dense.md python3 -m benchmarks.e2e --weights fp8 --prompt 1024 --batch 64 --iters 5
     ;;
+  tokens)  # (not run yet; 2026-12-05) the GPU's token tests after the random init's embedding went from normal(1) to
+          # normal(0.02) (the layers now decide random models' tokens; before, no token test could see them): every GPU
+          # speculative == plain case, the kernels against XLA by tokens (their prompts' greedy margin checked first)
+    run 300 gpu_tests_tokens.txt python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_speculative.py \
+      tests/test_auto_gpu_paths.py tests/test_index_share.py
+    run 240 gpu_tests_tokens2.txt python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_sparse_mla_mgpu.py \
+      tests/test_user_path_kernels.py tests/test_fp8_weights.py -k "tokens or index_sharing or speculative"
+    ;;
   fp8round)  # (not run yet) where the FP8 round at B = 64 goes (0.58 of its floor at 21:34, bf16's 1.04): the draft
              # step's kernels per model part with FP8 and bf16 weights at B = 64 (a 1K prompt's capacity)
     run 300 step_profile_fp8.md python3 -m benchmarks.step_profile --batch 64 --weights fp8 bf16 --capacity 1283
