@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_mtp.config import MtpConfig
+from jax_mtp.request import validate_positive
 
 
 class LayerCache(NamedTuple):
@@ -49,6 +50,8 @@ class LayerCache(NamedTuple):
 
 def init_layer_cache(cfg: MtpConfig, batch: int, capacity: int) -> LayerCache:
   """Zeroed caches for `batch` sequences of up to `capacity` positions."""
+  validate_positive("batch", batch)
+  validate_positive("capacity", capacity)
   fp8_keys, fp8_latent = cfg.index_key_dtype == "float8_e4m3fn", cfg.kv_cache_dtype == "fp8"
   rope_dtype = cfg.dtype if fp8_latent else cfg.mla_cache_dtype
   groups = cfg.kv_lora_rank // cfg.kv_scale_group

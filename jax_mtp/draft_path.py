@@ -25,8 +25,8 @@ from jax_mtp.cache import LayerCache
 from jax_mtp.config import MtpConfig
 from jax_mtp.kernels.fused_allreduce_rmsnorm import check_impl_runtime
 from jax_mtp.mtp import MtpPredictor, init_params, validate_inputs
-from jax_mtp.sharding import (TP_AXIS, jit_per_shard, param_specs, param_specs_for, replicated, shard_params,
-                              tensor_parallel, validate_tp)
+from jax_mtp.sharding import (jit_per_shard, param_specs, param_specs_for, replicated, shard_params,
+                              tensor_parallel, tp_size, validate_tp)
 
 LOCAL_ARGMAX = "top_tokens"
 FULL_LOGITS = "logits"
@@ -65,7 +65,7 @@ class ShardedMtp:
   def __init__(self, cfg: MtpConfig, mesh: Mesh, *, norm_impl: str = "xla", sequence_parallel: bool = False,
                drafter_cls: type[MtpPredictor] = MtpPredictor):
     self.cfg, self.mesh = cfg, mesh
-    self.tp = mesh.shape[TP_AXIS]
+    self.tp = tp_size(mesh)
     validate_tp(cfg, self.tp)
     check_impl_runtime(norm_impl, mesh)
     if sequence_parallel and self.tp > 1 and norm_impl != "xla":  # its tail is XLA's reduce-scatter form

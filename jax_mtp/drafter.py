@@ -83,7 +83,9 @@ class MtpDrafter:
 
   def shard(self, params: dict, mesh: Mesh) -> dict:
     """Places `init_params`-layout params on the mesh, dropping the embedding and head (the
-    target's are used)."""
+    target's are used), checked against the config's first (`param_tree`)."""
+    from jax_mtp.param_tree import check_param_tree, expected_mtp_tree  # noqa: PLC0415
+    check_param_tree(_own(params), _own(expected_mtp_tree(self.cfg)), "MTP params")  # the shared ones: not read
     return place_params(_own(params), mesh)
 
   def variables(self, own_params: dict, target_params: dict) -> dict:

@@ -20,8 +20,8 @@ from jax_mtp.kernels.fused_allreduce_rmsnorm import check_impl_runtime
 from jax_mtp.model import TargetModel
 from jax_mtp.request import (check_caches_fit, pack_prompts, required_capacity, stop_id_array, validate_positive,
                              validate_prompts)
-from jax_mtp.sharding import (TP_AXIS, jit_per_shard, param_specs_for, replicated, shard_params, tensor_parallel,
-                              validate_tp)
+from jax_mtp.sharding import (jit_per_shard, param_specs_for, replicated, shard_params, tensor_parallel,
+                              tp_size, validate_tp)
 from jax_mtp.prefill import target_prefill
 
 
@@ -29,7 +29,7 @@ class TargetDecoder:
   """Greedy decoding of a batch of prompts with the target model on a tp mesh."""
 
   def __init__(self, cfg: MtpConfig, mesh: Mesh, *, norm_impl: str = "xla"):
-    tp = mesh.shape[TP_AXIS]
+    tp = tp_size(mesh)
     validate_tp(cfg, tp)
     check_impl_runtime(norm_impl, mesh)
     self.cfg, self.mesh = cfg, mesh
@@ -48,6 +48,7 @@ class TargetDecoder:
     stops = set(int(i) for i in stop_id_array(self.cfg, stop_ids))
     validate_prompts(self.cfg, prompts)
     validate_positive("max_new_tokens", max_new_tokens)
+    max_new_tokens = int(max_new_tokens)  # a numpy / 0-d array value as Python's
     capacity = required_capacity(self.cfg, prompts, max_new_tokens, 0, capacity)
     check_caches_fit(self.cfg, len(prompts), capacity, self.mesh.devices.flat)
     prompt_BT, lengths_B = pack_prompts(prompts)

@@ -6,6 +6,8 @@ Shared by the speculator and the plain target decoder; the CLI turns these Value
 from __future__ import annotations
 
 import math
+import numbers
+import operator
 import os
 from collections.abc import Sequence
 
@@ -15,8 +17,20 @@ import numpy as np
 from jax_mtp.config import MtpConfig
 
 
+def _integer(value):
+  """`value` as a Python int where it is an integer (int, a numpy integer, a 0-d integer array: what a user computes
+  a count with), else None; bools are not."""
+  if isinstance(value, bool) or isinstance(value, np.bool_):
+    return None
+  try:
+    return operator.index(value)  # int, np.integer, 0-d integer jax / numpy arrays
+  except TypeError:
+    return None
+
+
 def validate_positive(name: str, value) -> None:
-  if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+  number = _integer(value)
+  if number is None or number < 1:
     raise ValueError(f"{name}={value!r} must be an integer ≥ 1")
 
 
@@ -27,7 +41,9 @@ MAX_TEMPERATURE = float(np.finfo(np.float32).max)
 
 
 def validate_temperature(temperature) -> None:
-  if not isinstance(temperature, (int, float)) or not math.isfinite(temperature) or temperature < 0:
+  real = isinstance(temperature, numbers.Real) or (np.ndim(temperature) == 0 and hasattr(temperature, "dtype")
+                                                   and np.issubdtype(temperature.dtype, np.floating))
+  if not real or isinstance(temperature, (bool, np.bool_)) or not math.isfinite(temperature) or temperature < 0:
     raise ValueError(f"temperature={temperature!r} must be a finite number ≥ 0")
   if temperature > MAX_TEMPERATURE:  # sampling divides float32 logits by it
     raise ValueError(f"temperature={temperature!r} is above {MAX_TEMPERATURE:.3g}, the largest float32")
@@ -44,9 +60,14 @@ def validate_seed(seed) -> None:
 
 def validate_prompts(cfg: MtpConfig, prompts: Sequence[Sequence[int]]) -> None:
   """At least one prompt; every prompt non-empty, of integer ids in [0, vocab_size)."""
+  if isinstance(prompts, (str, bytes)) or not hasattr(prompts, "__len__"):
+    raise ValueError(f"prompts must be a list of prompts, each a list of token ids; got {type(prompts).__name__}")
   if len(prompts) == 0:
     raise ValueError("no prompts: give at least one")
   for i, prompt in enumerate(prompts):
+    if isinstance(prompt, (str, bytes)) or not hasattr(prompt, "__iter__"):
+      raise ValueError(f"prompt {i} is {prompt!r}, not a list of token ids: prompts is a list of prompts (one prompt "
+                       f"is [[id, id, ...]])")
     huge = next((x for x in prompt if isinstance(x, int) and not -2**63 <= x < 2**63), None)
     if huge is not None:  # past int64: numpy would make an object array, reported as "not integers" below
       raise ValueError(f"prompt {i} holds token id {huge}, outside [0, {cfg.vocab_size}) (vocab_size={cfg.vocab_size})")
@@ -86,10 +107,10 @@ def required_capacity(cfg: MtpConfig, prompts: Sequence[Sequence[int]], max_new_
   if capacity is None:
     rounded = kernel_capacity(cfg, needed)
     return rounded if rounded <= limit else needed
-  if not needed <= capacity <= limit:
-    raise ValueError(f"capacity={capacity} must be in [{needed}, {limit}] (needed positions, "
+  if _integer(capacity) is None or not needed <= capacity <= limit:
+    raise ValueError(f"capacity={capacity!r} must be an integer in [{needed}, {limit}] (needed positions, "
                      f"max_position_embeddings)")
-  return capacity
+  return int(capacity)
 
 
 def pack_prompts(prompts: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -103,7 +124,13 @@ def pack_prompts(prompts: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarr
 
 def stop_id_array(cfg: MtpConfig, stop_ids: Sequence[int]) -> np.ndarray:
   """int32 [max(1, n)]: the stop ids, padded with −1 (no token); each must be a vocabulary id."""
-  stop_ids = [int(i) for i in stop_ids]
+  if isinstance(stop_ids, (str, bytes)) or not hasattr(stop_ids, "__iter__"):
+    raise ValueError(f"stop_ids={stop_ids!r} must be a list of token ids (one stop id is [id]; none is [])")
+  given = list(stop_ids)
+  not_ids = [i for i in given if _integer(i) is None]
+  if not_ids:
+    raise ValueError(f"stop id {not_ids[0]!r} is not an integer token id")
+  stop_ids = [_integer(i) for i in given]
   bad = [i for i in stop_ids if not 0 <= i < cfg.vocab_size]
   if bad:
     raise ValueError(f"stop id {bad[0]} is outside [0, {cfg.vocab_size}) (vocab_size={cfg.vocab_size})")

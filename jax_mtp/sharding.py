@@ -29,6 +29,7 @@ Vp is the vocab padded up to a multiple of tp; padded head rows never win the ar
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 import jax
 import numpy as np
@@ -66,9 +67,18 @@ def tensor_parallel(tp: int) -> TensorParallel:
 def make_mesh(tp: int, devices=None) -> Mesh:
   """A 1-D mesh over the first `tp` devices (axis `tp`)."""
   devices = jax.devices() if devices is None else devices
-  if tp < 1 or tp > len(devices):
-    raise ValueError(f"tp={tp} needs 1 ≤ tp ≤ {len(devices)} (available devices)")
+  if isinstance(tp, bool) or not isinstance(tp, (int, np.integer)) or not 1 <= tp <= len(devices):
+    raise ValueError(f"tp={tp!r} needs an integer 1 ≤ tp ≤ {len(devices)} (available devices)")
   return Mesh(np.asarray(devices[:tp]), (TP_AXIS,))
+
+
+def tp_size(mesh) -> int:
+  """The size of `mesh`'s tensor-parallel axis; a ValueError where it has none (a mesh `make_mesh` did not make)."""
+  shape = getattr(mesh, "shape", None)
+  if not isinstance(shape, Mapping) or TP_AXIS not in shape:
+    raise ValueError(f"mesh={mesh!r} has no {TP_AXIS!r} axis: build it with jax_mtp.make_mesh(tp) (its axis "
+                     f"names are jax_mtp.sharding's)")
+  return shape[TP_AXIS]
 
 
 def make_data_mesh(devices=None) -> Mesh:
@@ -161,9 +171,12 @@ def replicated() -> PartitionSpec:
 
 
 def shard_params(params, cfg: MtpConfig, mesh: Mesh):
-  """Pads the vocab rows to a multiple of tp and places every weight with its spec."""
-  tp = mesh.shape[TP_AXIS]
+  """Pads the vocab rows to a multiple of tp and places every weight with its spec: a target model's params
+  (`init_target_params`' tree), checked against `cfg`'s first (`param_tree`)."""
+  from jax_mtp.param_tree import check_param_tree, expected_target_tree  # noqa: PLC0415 (it imports the model)
+  tp = tp_size(mesh)
   validate_tp(cfg, tp)
+  check_param_tree(params, expected_target_tree(cfg), "target params")
   params = dict(params)
   pad = padded_vocab(cfg, tp) - cfg.vocab_size
   for name in SHARED_WITH_TARGET:

@@ -65,8 +65,8 @@ from jax_mtp.mtp import MtpPredictor
 from jax_mtp.prefill import apply_in_chunks, prefill_plan, target_prefill
 from jax_mtp.request import (check_caches_fit, pack_prompts, required_capacity, stop_id_array, validate_positive,
                              validate_prompts, validate_seed, validate_temperature)
-from jax_mtp.sharding import (TP_AXIS, jit_per_shard, param_specs, replicated, shard_params, tensor_parallel,
-                              validate_tp)
+from jax_mtp.sharding import (jit_per_shard, param_specs, replicated, shard_params, tensor_parallel,
+                              tp_size, validate_tp)
 
 
 class SpecParams(NamedTuple):
@@ -125,7 +125,7 @@ class Speculator:
                drafter_cls: type[MtpPredictor] = MtpPredictor, drafter=None):
     validate_positive("num_speculative_tokens", num_speculative_tokens)
     self.cfg, self.mesh, self.k = cfg, mesh, num_speculative_tokens
-    tp = mesh.shape[TP_AXIS]
+    tp = tp_size(mesh)
     validate_tp(cfg, tp)
     check_impl_runtime(norm_impl, mesh)
     self.target = TargetModel(cfg, tensor_parallel(tp), norm_impl)
@@ -151,6 +151,7 @@ class Speculator:
     validate_positive("max_new_tokens", max_new_tokens)
     validate_temperature(temperature)
     validate_seed(seed)
+    max_new_tokens, temperature = int(max_new_tokens), float(temperature)  # numpy / 0-d array values as Python's
     stop_N = stop_id_array(self.cfg, stop_ids)
     capacity = required_capacity(self.cfg, prompts, max_new_tokens, self.k, capacity)
     check_caches_fit(self.cfg, len(prompts), capacity, self.mesh.devices.flat)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from jax_mtp.kernels.fused_allreduce_rmsnorm_tpu import fused_allreduce_rmsnorm_tpu
@@ -48,6 +49,8 @@ def check_impl_runtime(impl: str, mesh) -> None:
   """Fails before a model is built when a Pallas impl cannot run on the mesh's devices. An AbstractMesh
   (lowering/export only) is not checked; "pallas_tpu" is not either, because TPU interpret mode
   (`pltpu.force_tpu_interpret_mode`) runs it on CPU devices."""
+  if impl not in IMPLS:  # before a model holds it: a trace would fail deep inside, naming no argument
+    raise ValueError(f"norm_impl={impl!r} is not one of {IMPLS}")
   if impl == "pallas_gpu" and isinstance(mesh, jax.sharding.Mesh):
     gpu_kernels()[0].check_gpu_runtime(mesh.devices.flat)
 
@@ -89,6 +92,14 @@ def check_operands(x_partial_TD, residual_TD, weight_D) -> None:
     raise ValueError(f"weight shape {weight_D.shape} does not match D={x_partial_TD.shape[-1]}")
   if x_partial_TD.dtype != residual_TD.dtype:
     raise ValueError(f"x_partial dtype {x_partial_TD.dtype} != residual dtype {residual_TD.dtype}")
+  if not jnp.issubdtype(x_partial_TD.dtype, jnp.floating):  # an integer rmsnorm rounds every row to zero
+    raise ValueError(f"x_partial dtype {x_partial_TD.dtype} is not a floating dtype")
+
+
+def check_eps(eps) -> None:
+  """RMSNorm's eps: a finite number > 0 (≤ 0 or NaN turns a zero row's norm into NaN)."""
+  if isinstance(eps, bool) or not isinstance(eps, (int, float, np.floating)) or not 0 < eps < float("inf"):
+    raise ValueError(f"eps={eps!r} must be a finite number > 0")
 
 
 def fused_allreduce_rmsnorm(x_partial_TD, residual_TD, weight_D, eps: float, *, axis_name: str | None,
@@ -108,6 +119,7 @@ def fused_allreduce_rmsnorm(x_partial_TD, residual_TD, weight_D, eps: float, *, 
   (`fused_allreduce_rmsnorm_gpu_chained`). None: the standalone protocol.
   """
   check_operands(x_partial_TD, residual_TD, weight_D)
+  check_eps(eps)
   if impl not in IMPLS:
     raise ValueError(f"impl={impl!r} is not one of {IMPLS}")
   if tpu_algorithm not in TPU_ALGORITHMS:
@@ -137,6 +149,7 @@ def sequence_parallel_rmsnorm(x_partial_TD, residual_TD, weight_D, eps: float, *
   """SP tail: reduce-scatter over tokens, add + norm the local rows, all-gather them. T is padded
   to a multiple of tp. Returns the normalised rows only, replicated [T, D]."""
   check_operands(x_partial_TD, residual_TD, weight_D)
+  check_eps(eps)
   if tp != lax.axis_size(axis_name):
     raise ValueError(f"tp={tp} != size {lax.axis_size(axis_name)} of mesh axis {axis_name!r}")
   t = x_partial_TD.shape[0]
