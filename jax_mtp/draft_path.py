@@ -23,6 +23,7 @@ from jax.sharding import Mesh
 
 from jax_mtp.cache import LayerCache
 from jax_mtp.config import MtpConfig
+from jax_mtp.experts import check_runs_on
 from jax_mtp.kernels.fused_allreduce_rmsnorm import check_impl_runtime
 from jax_mtp.mtp import MtpPredictor, init_params, validate_inputs
 from jax_mtp.sharding import (jit_per_shard, param_specs, param_specs_for, replicated, shard_params,
@@ -68,6 +69,7 @@ class ShardedMtp:
     self.tp = tp_size(mesh)
     validate_tp(cfg, self.tp)
     check_impl_runtime(norm_impl, mesh)
+    check_runs_on(cfg.moe_impl, mesh)
     if sequence_parallel and self.tp > 1 and norm_impl != "xla":  # its tail is XLA's reduce-scatter form
       raise ValueError(f"sequence_parallel=True runs the tail's reduce + norm as XLA's reduce-scatter; "
                        f"norm_impl={norm_impl!r} would not run (use norm_impl='xla')")

@@ -16,6 +16,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jax_mtp.config import MtpConfig
+from jax_mtp.experts import check_runs_on
 from jax_mtp.kernels.fused_allreduce_rmsnorm import check_impl_runtime
 from jax_mtp.model import TargetModel
 from jax_mtp.request import (check_caches_fit, pack_prompts, required_capacity, stop_id_array, validate_positive,
@@ -32,6 +33,7 @@ class TargetDecoder:
     tp = tp_size(mesh)
     validate_tp(cfg, tp)
     check_impl_runtime(norm_impl, mesh)
+    check_runs_on(cfg.moe_impl, mesh)
     self.cfg, self.mesh = cfg, mesh
     self.target = TargetModel(cfg, tensor_parallel(tp), norm_impl)
 

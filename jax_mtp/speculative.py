@@ -58,6 +58,7 @@ from jax.sharding import Mesh
 from jax_mtp.acceptance import accept_greedy, accept_sampled, sample
 from jax_mtp.config import MtpConfig
 from jax_mtp.drafter import MtpDrafter, Window
+from jax_mtp.experts import check_runs_on
 from jax_mtp.kernels.fused_allreduce_rmsnorm import check_impl_runtime
 from jax_mtp.metrics import SpecMetrics
 from jax_mtp.model import TargetModel
@@ -128,6 +129,7 @@ class Speculator:
     tp = tp_size(mesh)
     validate_tp(cfg, tp)
     check_impl_runtime(norm_impl, mesh)
+    check_runs_on(cfg.moe_impl, mesh)
     self.target = TargetModel(cfg, tensor_parallel(tp), norm_impl)
     self.drafter = MtpDrafter(cfg, tensor_parallel(tp), norm_impl, drafter_cls) if drafter is None else drafter
     self._compiled = {}

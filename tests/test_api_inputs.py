@@ -95,6 +95,10 @@ def test_meshes_and_impls_are_checked_where_a_model_is_built():
     jax_mtp.Speculator(CFG, jax_mtp.make_mesh(1), 2, norm_impl="foo")
   with pytest.raises(ValueError, match=re.escape("tp=2.0 needs an integer 1 ≤ tp ≤")):
     jax_mtp.make_mesh(2.0)
+  for impl in ("tokamax_gpu", "tokamax_tpu"):  # the CPU devices run neither (tokamax failed inside its compiler)
+    with pytest.raises(ValueError, match=re.escape(f"moe_impl={impl!r} runs on {impl[-3:].upper()}s; this mesh's "
+                                                   "devices are cpu")):
+      jax_mtp.TargetDecoder(CFG.replace(moe_impl=impl), jax_mtp.make_mesh(1))
 
 
 def test_cache_sizes_and_the_norms_eps_are_checked():
