@@ -20,9 +20,15 @@ def plain_and_speculative(cfg, target_params, mtp_params, prompts, new: int, *, 
 
 def greedy_margin(cfg, target_params, prompts, tokens, *, capacity: int) -> float:
   """The smallest gap between the target's two largest logits, relative to the largest, over the positions that
-  chose `tokens` (one teacher-forced forward over each row's prompt + tokens); 0 where a position's argmax is not its
-  token (the forward's form disagrees with the decode's: a tie). Implementations whose logits differ by roundings
-  choose the same greedy tokens only where this is above their difference (tests/tolerances.py, GREEDY_MIN_MARGIN)."""
+  chose `tokens` (`greedy_margins`). Implementations whose logits differ by roundings choose the same greedy tokens
+  only where this is above their difference (tests/tolerances.py, GREEDY_MIN_MARGIN)."""
+  return min(min(row) for row in greedy_margins(cfg, target_params, prompts, tokens, capacity=capacity))
+
+
+def greedy_margins(cfg, target_params, prompts, tokens, *, capacity: int) -> list[list[float]]:
+  """Per row, per token: the gap between the target's two largest logits at the position that chose it, relative
+  to the largest (one teacher-forced forward over each row's prompt + tokens); 0 where the argmax there is not the
+  token (the forward's form disagrees with the decode's: a tie)."""
   model = TargetModel(cfg)
   margins = []
   for prompt, row in zip(prompts, tokens, strict=True):
@@ -30,8 +36,28 @@ def greedy_margin(cfg, target_params, prompts, tokens, *, capacity: int) -> floa
     hidden, _, _ = target_prefill(model, {"params": target_params}, jnp.asarray([seq], jnp.int32),
                                   jnp.asarray([len(seq)], jnp.int32), capacity)
     logits = np.asarray(model.apply({"params": target_params}, hidden, method=TargetModel.compute_logits), np.float64)
+    row_margins = []
     for position, token in enumerate(row, start=len(prompt) - 1):
       first, second = np.sort(logits[0, position])[::-1][:2]
       chosen = int(np.argmax(logits[0, position])) == token
-      margins.append((first - second) / abs(first) if chosen else 0.0)
-  return min(margins)
+      row_margins.append((first - second) / abs(first) if chosen else 0.0)
+    margins.append(row_margins)
+  return margins
+
+
+def assert_same_greedy_tokens(cfg, target_params, prompts, actual, expected, *, capacity: int,
+                              min_margin: float) -> None:
+  """`actual` greedy tokens equal `expected` (the reference's), or first differ in a row where the reference's top
+  two logits lie within `min_margin` of each other (relative): a near-tie two forms of the same model may break
+  either way by roundings, after which the row's tokens follow another prefix and are not compared. A difference
+  where the reference chose clearly fails, naming the row, the position and the margin."""
+  assert len(actual) == len(expected), (len(actual), len(expected))
+  for row, (prompt, got, want) in enumerate(zip(prompts, actual, expected, strict=True)):
+    first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
+    if first is None:
+      assert len(got) == len(want), f"row {row}: {len(got)} tokens, the reference {len(want)}"
+      continue
+    margin = greedy_margins(cfg, target_params, [prompt], [want[:first + 1]], capacity=capacity)[0][-1]
+    assert margin < min_margin, (f"row {row} differs at token {first} ({got[first]} for the reference's "
+                                 f"{want[first]}), where the reference's top-2 margin {margin:.3g} is no tie "
+                                 f"(≥ {min_margin:.3g}): {got} != {want}")
