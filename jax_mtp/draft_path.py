@@ -26,6 +26,7 @@ from jax_mtp.config import MtpConfig
 from jax_mtp.experts import check_runs_on
 from jax_mtp.kernels.fused_allreduce_rmsnorm import check_impl_runtime
 from jax_mtp.mtp import MtpPredictor, init_params, validate_inputs
+from jax_mtp.param_tree import check_param_tree, expected_mtp_tree
 from jax_mtp.sharding import (jit_per_shard, param_specs, param_specs_for, replicated, shard_params,
                               tensor_parallel, tp_size, validate_tp)
 
@@ -80,6 +81,7 @@ class ShardedMtp:
 
   def shard(self, params) -> dict:
     """Pads the vocab rows and places `init_params`-layout params on the mesh."""
+    check_param_tree(params, expected_mtp_tree(self.cfg), "MTP params")
     return shard_params(params, self.cfg, self.mesh)
 
   def __call__(self, params, input_ids_BT, positions_BT, prev_hidden_BTD, caches, *, spec_step_idx: int = 0,

@@ -19,6 +19,7 @@ from jax_mtp.config import MtpConfig
 from jax_mtp.experts import check_runs_on
 from jax_mtp.kernels.fused_allreduce_rmsnorm import check_impl_runtime
 from jax_mtp.model import TargetModel
+from jax_mtp.param_tree import check_param_tree, expected_target_tree
 from jax_mtp.request import (check_caches_fit, pack_prompts, required_capacity, stop_id_array, validate_positive,
                              validate_prompts)
 from jax_mtp.sharding import (jit_per_shard, param_specs_for, replicated, shard_params, tensor_parallel,
@@ -38,6 +39,7 @@ class TargetDecoder:
     self.target = TargetModel(cfg, tensor_parallel(tp), norm_impl)
 
   def shard(self, target_params: dict) -> dict:
+    check_param_tree(target_params, expected_target_tree(self.cfg), "target params")
     return shard_params(target_params, self.cfg, self.mesh)
 
   def generate(self, params: dict, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,

@@ -171,12 +171,10 @@ def replicated() -> PartitionSpec:
 
 
 def shard_params(params, cfg: MtpConfig, mesh: Mesh):
-  """Pads the vocab rows to a multiple of tp and places every weight with its spec: a target model's params
-  (`init_target_params`' tree), checked against `cfg`'s first (`param_tree`)."""
-  from jax_mtp.param_tree import check_param_tree, expected_target_tree  # noqa: PLC0415 (it imports the model)
+  """Pads the vocab rows to a multiple of tp and places every weight with its spec (a target's or an MTP layers'
+  tree; the entry points check it is `cfg`'s first: jax_mtp.param_tree)."""
   tp = tp_size(mesh)
   validate_tp(cfg, tp)
-  check_param_tree(params, expected_target_tree(cfg), "target params")
   params = dict(params)
   pad = padded_vocab(cfg, tp) - cfg.vocab_size
   for name in SHARED_WITH_TARGET:

@@ -63,6 +63,7 @@ from jax_mtp.kernels.fused_allreduce_rmsnorm import check_impl_runtime
 from jax_mtp.metrics import SpecMetrics
 from jax_mtp.model import TargetModel
 from jax_mtp.mtp import MtpPredictor
+from jax_mtp.param_tree import check_param_tree, expected_target_tree
 from jax_mtp.prefill import apply_in_chunks, prefill_plan, target_prefill
 from jax_mtp.request import (check_caches_fit, pack_prompts, required_capacity, stop_id_array, validate_positive,
                              validate_prompts, validate_seed, validate_temperature)
@@ -136,6 +137,7 @@ class Speculator:
 
   def shard(self, target_params: dict, mtp_params: dict) -> SpecParams:
     """Places both trees on the mesh; the MTP tree's own embed/head are dropped (the target's are used)."""
+    check_param_tree(target_params, expected_target_tree(self.cfg), "target params")
     return SpecParams(shard_params(target_params, self.cfg, self.mesh), self.drafter.shard(mtp_params, self.mesh))
 
   def generate(self, params: SpecParams, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,

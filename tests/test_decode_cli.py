@@ -270,7 +270,9 @@ def test_ctrl_c_is_one_line_and_exit_130(tmp_path):
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
   proc = subprocess.Popen([sys.executable, "-m", "jax_mtp.decode", "--prompt", "def f(", "--max-new-tokens", "400",
                            "--ignore-eos"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True)
+                          text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+  # (SIGINT restored in the child: under `nohup … &`, as CI runs, a shell starts background jobs with it ignored,
+  # and Python then installs no KeyboardInterrupt handler)
   try:
     assert proc.stdout.readline()  # the model line: main is running
     proc.send_signal(signal.SIGINT)
