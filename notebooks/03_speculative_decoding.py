@@ -95,9 +95,10 @@ for prompt, tokens, reference in zip(prompts, result.tokens, plain):
 assert result.tokens == plain
 
 # %% [markdown]
-# The short cycles are the random weights: at initialisation the layer adds little to the token's
-# embedding, so this target behaves almost like a table "next token = f(this token)". A trained model
-# would not; the equality above holds either way.
+# The recurring fragments are the random weights over a 16-token vocab, not a table of the last token:
+# every weight starts at normal(0.02), the embedding included (HF's `initializer_range`), so the layers
+# (attention over the cache, the experts) decide each token, and the equality above tests them. With a
+# far larger embedding the tokens would follow from the last one alone, whatever the layers computed.
 
 # %% [markdown]
 # ## What the metrics count

@@ -112,8 +112,9 @@ assert index_mb["fp8 / fp8 (vLLM's V3.2)"] < 0.6 * index_mb["bf16 / bf16"]
 # The tiny model with an `index_topk` of 4 (so the indexer really selects) decodes a ragged batch with
 # both caches in FP8. Speculative decoding must equal the target's plain greedy decoding **with the same
 # storage** token for token: the verification reads exactly the entries plain decoding would. Against
-# the bf16 caches the tokens may differ where two logits are within FP8's rounding (here, with random
-# weights, they agree): that would be the storage's effect on the model, not an error of the speculator.
+# the bf16 caches the tokens differ where two logits are within FP8's rounding (here, with random weights
+# over a 32-token vocab, rows part after a few tokens, and one row not at all): that is the storage's effect
+# on the model, not an error of the speculator.
 
 # %%
 def decode(cfg, prompts, max_new=16, k=3):
