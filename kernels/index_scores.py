@@ -77,9 +77,16 @@ def reference(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, scale: floa
   q and the keys enter the q·k dot in `dot_dtype` with fp32 accumulation: float32 is exact (HIGHEST); bfloat16 (a
   bf16 model's) rounds q as the keys already are, runs on the matrix units and never writes an up-cast copy of the
   keys (the official kernel rounds both to FP8)."""
+  b, t, i, j = q_BTIJ.shape
+  s = k_BSJ.shape[1]
+  if k_BSJ.shape != (b, s, j) or w_BTI.shape != (b, t, i) or (k_scale_BS is not None and k_scale_BS.shape != (b, s)):
+    raise ValueError(f"shapes q {q_BTIJ.shape}, k {k_BSJ.shape}, w {w_BTI.shape}, k_scale "
+                     f"{None if k_scale_BS is None else k_scale_BS.shape} do not agree (q [B, T, I, J], k [B, S, J], "
+                     f"w [B, T, I], k_scale [B, S])")
+  if chunk is not None and chunk < 1:
+    raise ValueError(f"chunk={chunk} must be ≥ 1 (None: every slot at once)")
   precision = jax.lax.Precision.HIGHEST if jnp.dtype(dot_dtype) == jnp.float32 else jax.lax.Precision.DEFAULT
   q_BTIJ, w_BTI = q_BTIJ.astype(dot_dtype), w_BTI.astype(jnp.float32)
-  b, s, j = k_BSJ.shape
 
   def scores(chunk_keys):
     k_BCJ, k_scale_BC = chunk_keys  # k_scale_BC: None for unscaled keys

@@ -33,6 +33,7 @@ def reference(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, valid_BTK,
   The two dots take their inputs in `dot_dtype` and accumulate in fp32: float32 is exact (HIGHEST); bfloat16 (a
   bf16 model's) rounds the query and the probabilities to bf16 as FlashMLA does, and runs on the matrix units. The
   softmax is fp32 either way."""
+  check_shapes(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, valid_BTK)
   dot_dtype = jnp.dtype(dot_dtype)
   precision = jax.lax.Precision.HIGHEST if dot_dtype == jnp.float32 else jax.lax.Precision.DEFAULT
   c = latent_BSC.shape[-1]
@@ -55,6 +56,18 @@ def reference(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, valid_BTK,
   out_BTNX = jnp.einsum("bntk,btkx->btnx", probs_BNTK.astype(dot_dtype), entries_BTKX, precision=precision,
                         preferred_element_type=jnp.float32)
   return out_BTNX[..., :c]
+
+
+def check_shapes(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, valid_BTK) -> None:
+  """A ValueError naming the shapes where the operands do not agree (XLA would broadcast a batch of one over
+  another, or fail in an einsum naming no operand). Slot values are not checked: they are traced."""
+  b, t, n, c = q_lat_BTNC.shape
+  s, r, k = latent_BSC.shape[1], q_pe_BTNR.shape[-1], slots_BTK.shape[-1]
+  if (q_pe_BTNR.shape != (b, t, n, r) or latent_BSC.shape != (b, s, c) or k_pe_BSR.shape != (b, s, r)
+      or slots_BTK.shape != (b, t, k) or valid_BTK.shape != (b, t, k)):
+    raise ValueError(f"shapes q_lat {q_lat_BTNC.shape}, q_pe {q_pe_BTNR.shape}, latent {latent_BSC.shape}, k_pe "
+                     f"{k_pe_BSR.shape}, slots {slots_BTK.shape}, valid {valid_BTK.shape} do not agree (q_lat "
+                     f"[B, T, N, C], q_pe [B, T, N, R], latent [B, S, C], k_pe [B, S, R], slots / valid [B, T, K])")
 
 
 def dequantize_latent(codes__C: jax.Array, scale__G: jax.Array, dtype) -> jax.Array:

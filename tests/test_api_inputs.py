@@ -111,3 +111,21 @@ def test_cache_sizes_and_the_norms_eps_are_checked():
       fused_allreduce_rmsnorm(x, x, jnp.ones(8), eps, axis_name=None)
   with pytest.raises(ValueError, match="x_partial dtype int32 is not a floating dtype"):
     fused_allreduce_rmsnorm(x.astype(jnp.int32), x.astype(jnp.int32), jnp.ones(8), 1e-6, axis_name=None)
+
+
+def test_the_kernels_references_refuse_operands_that_do_not_agree():
+  """The XLA references of the sparse MLA and the index scores (the model's XLA path, and what users compare a
+  kernel with) broadcast a query batch of one over a cache of two, silently; they name the shapes now."""
+  from jax_mtp.kernels import index_scores, sparse_mla  # noqa: PLC0415
+  b, t, n, c, r, s, k = 2, 3, 4, 16, 8, 32, 5
+  zeros = lambda *shape: jnp.zeros(shape, jnp.float32)  # noqa: E731
+  slots, valid = jnp.zeros((b, t, k), jnp.int32), jnp.ones((b, t, k), bool)
+  sparse_mla.reference(zeros(b, t, n, c), zeros(b, t, n, r), zeros(b, s, c), zeros(b, s, r), slots, valid, 1.0)
+  with pytest.raises(ValueError, match=re.escape("shapes q_lat (1, 3, 4, 16), q_pe (1, 3, 4, 8), latent (2, 32, 16)")):
+    sparse_mla.reference(zeros(1, t, n, c), zeros(1, t, n, r), zeros(b, s, c), zeros(b, s, r), slots, valid, 1.0)
+  i, j = 4, 8
+  index_scores.reference(zeros(b, t, i, j), zeros(b, s, j), zeros(b, t, i), 1.0)
+  with pytest.raises(ValueError, match=re.escape("shapes q (1, 3, 4, 8), k (2, 32, 8), w (1, 3, 4), k_scale None")):
+    index_scores.reference(zeros(1, t, i, j), zeros(b, s, j), zeros(1, t, i), 1.0)
+  with pytest.raises(ValueError, match=re.escape("chunk=0 must be ≥ 1")):
+    index_scores.reference(zeros(b, t, i, j), zeros(b, s, j), zeros(b, t, i), 1.0, chunk=0)
