@@ -21,9 +21,9 @@ from jax_mtp.kernels.sparse_mla import dequantize_latent
 from jax_mtp.kernels.sparse_mla import reference as sparse_mla_reference
 from jax_mtp.mla import MLAttention, quantize_latent, read_latent, resolve_sparse_attention_impl
 from jax_mtp.request import cache_bytes
-from tests.greedy import plain_and_speculative
+from tests.greedy import assert_same_greedy_tokens, plain_and_speculative
 from tests.lowered_step import mtp_step_module
-from tests.tolerances import assert_close
+from tests.tolerances import GREEDY_MIN_MARGIN, assert_close
 
 E4M3_MAX = 448.0
 
@@ -134,8 +134,10 @@ def test_speculative_equals_plain_greedy_with_the_fp8_cache(share, dtype):
   mtp_params = jax_mtp.init_params(cfg, jax.random.key(1))
   prompts = [[3, 1, 4, 1, 5, 7, 2, 6, 5, 3, 5], [2, 7, 1, 0]]
   plain, result = plain_and_speculative(cfg, target_params, mtp_params, prompts, 16, capacity=40)
-  assert result.tokens == plain
-  if dtype == "float32":  # drafts accepted in part (rollback over the fp8 cache); these bf16 weights accept none
+  # bf16: verification (T = k + 1) and a plain step (T = 1) round differently and may break a near-tie either way
+  assert_same_greedy_tokens(cfg, target_params, prompts, result.tokens, plain, capacity=40,
+                            min_margin=GREEDY_MIN_MARGIN if dtype == "bfloat16" else 0.0)
+  if dtype == "float32":  # drafts accepted in part (rollback over the fp8 cache)
     assert 0 < sum(result.metrics.accepted_per_position) < 3 * result.metrics.rounds
   for cache in (result.state.target_caches[0], result.state.drafter_caches[0]):
     assert cache.latent_BSC.dtype == jnp.float8_e4m3fn and cache.latent_scale_BSG.shape == (2, 40, 1)
