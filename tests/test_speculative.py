@@ -365,7 +365,7 @@ def test_bad_settings_are_errors():
   spec = jax_mtp.Speculator(cfg, mesh, 3)
   with pytest.raises(ValueError, match="temperature=-1.0 must be a finite number ≥ 0"):
     spec.generate(None, [[1]], 4, temperature=-1.0)
-  with pytest.raises(ValueError, match=r"capacity=8 must be in \[12, 640\]"):
+  with pytest.raises(ValueError, match=r"capacity=8 must be an integer in \[12, 640\]"):
     spec.generate(None, [[1]], 8, capacity=8)
 
 
