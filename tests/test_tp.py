@@ -128,7 +128,7 @@ def test_tp_that_does_not_divide_is_an_error(overrides, tp, match):
 
 
 def test_mesh_larger_than_devices_is_an_error():
-  with pytest.raises(ValueError, match="tp=9 needs 1 ≤ tp ≤ 8"):
+  with pytest.raises(ValueError, match="tp=9 needs an integer 1 ≤ tp ≤ 8"):
     make_mesh(9)
 
 
