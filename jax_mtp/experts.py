@@ -31,7 +31,7 @@ import jax.numpy as jnp
 
 from jax_mtp import fp8
 from jax_mtp.config import MOE_IMPLS as EXPERT_IMPLS
-from jax_mtp.platform import NOT_HOPPER
+from jax_mtp.platform import NOT_HOPPER, backend_name
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -146,7 +146,6 @@ def routed_experts(impl: str, x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_
                          row_tile=128 if impl == "tokamax_tpu" else 8)
 
 
-
 def check_runs_on(impl: str, mesh) -> None:
   """An explicit tokamax impl on a mesh of another platform's devices: a ValueError naming it where a model is
   built (tokamax fails inside its compiler, naming no impl). AbstractMeshes (exports, AOT compiles) are not
@@ -155,9 +154,10 @@ def check_runs_on(impl: str, mesh) -> None:
   if runs_on is None or not isinstance(mesh, jax.sharding.Mesh):
     return
   platform = mesh.devices.flat[0].platform
-  if {"cuda": "gpu", "rocm": "gpu"}.get(platform, platform) != runs_on:
+  if backend_name(platform) != runs_on:
     raise ValueError(f"moe_impl={impl!r} runs on {runs_on.upper()}s; this mesh's devices are {platform} (use 'auto', "
                      f"which picks per platform)")
+
 
 def _precision(dtype) -> jax.lax.Precision:
   # HIGHEST only for fp32 weights: bf16 products are exact in one pass, and Mosaic TPU rejects a

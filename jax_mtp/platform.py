@@ -22,7 +22,11 @@ NOT_HOPPER = "the Mosaic GPU kernels need a Hopper GPU (compute capability 9.x: 
 def lowering_platform() -> str:
   """"gpu", "tpu" or "cpu": the current mesh's device platform, else `jax.default_backend()`."""
   device = _lowering_device()
-  platform = device.platform if device is not None and device.platform else jax.default_backend()
+  return backend_name(device.platform if device is not None and device.platform else jax.default_backend())
+
+
+def backend_name(platform: str) -> str:
+  """A device's platform under JAX's backend names ("cuda" and "rocm" are "gpu")."""
   return _PLATFORMS.get(platform, platform)
 
 
@@ -37,7 +41,7 @@ def lowering_gpu_is_hopper() -> bool:
   if capability:
     return str(capability).split(".")[0] == "9"
   kind = getattr(device, "device_kind", "") or ""
-  return _PLATFORMS.get(device.platform, device.platform) == "gpu" and any(k in kind for k in HOPPER_KINDS)
+  return backend_name(device.platform) == "gpu" and any(k in kind for k in HOPPER_KINDS)
 
 
 def _lowering_device():
