@@ -25,7 +25,7 @@ from jax_mtp.cache import LayerCache
 from jax_mtp.config import MtpConfig
 from jax_mtp.experts import check_runs_on
 from jax_mtp.kernels.fused_allreduce_rmsnorm import check_impl_runtime
-from jax_mtp.mtp import MtpPredictor, init_params, validate_inputs
+from jax_mtp.mtp import MtpPredictor, validate_inputs
 from jax_mtp.param_tree import check_param_tree, expected_mtp_tree
 from jax_mtp.sharding import (jit_per_shard, param_specs, param_specs_for, replicated, shard_params,
                               tensor_parallel, tp_size, validate_tp)
@@ -76,8 +76,7 @@ class ShardedMtp:
                        f"norm_impl={norm_impl!r} would not run (use norm_impl='xla')")
     self.greedy_path = greedy_draft_path(drafter_cls)  # a false capability claim fails here
     self.model = drafter_cls(cfg, tensor_parallel(self.tp), norm_impl, sequence_parallel)
-    abstract = jax.eval_shape(lambda key: init_params(cfg, key), jax.random.key(0))
-    self._param_specs = param_specs(abstract)
+    self._param_specs = param_specs(expected_mtp_tree(cfg))
 
   def shard(self, params) -> dict:
     """Pads the vocab rows and places `init_params`-layout params on the mesh."""

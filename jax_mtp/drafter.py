@@ -38,7 +38,8 @@ from jax.sharding import Mesh
 from jax_mtp.config import MtpConfig
 from jax_mtp.draft_path import LOCAL_ARGMAX, greedy_draft_path
 from jax_mtp.indexer import Selection, selects_all
-from jax_mtp.mtp import MtpPredictor, init_caches, init_params
+from jax_mtp.mtp import MtpPredictor, init_caches
+from jax_mtp.param_tree import check_param_tree, expected_mtp_tree
 from jax_mtp.kernels.fused_allreduce_rmsnorm import workspace_for_chain
 from jax_mtp.sharding import SHARED_WITH_TARGET, TensorParallel, param_specs, place_params
 
@@ -78,13 +79,11 @@ class MtpDrafter:
     self.model = drafter_cls(cfg, tp, norm_impl)
 
   def param_specs(self) -> dict:
-    abstract = jax.eval_shape(lambda key: init_params(self.cfg, key), jax.random.key(0))
-    return param_specs(_own(abstract))
+    return param_specs(_own(expected_mtp_tree(self.cfg)))
 
   def shard(self, params: dict, mesh: Mesh) -> dict:
     """Places `init_params`-layout params on the mesh, dropping the embedding and head (the
     target's are used), checked against the config's first (`param_tree`)."""
-    from jax_mtp.param_tree import check_param_tree, expected_mtp_tree  # noqa: PLC0415
     check_param_tree(_own(params), _own(expected_mtp_tree(self.cfg)), "MTP params")  # the shared ones: not read
     return place_params(_own(params), mesh)
 

@@ -1,5 +1,7 @@
-"""Checks that a params tree is the one a config's model takes, where a user hands one in (`Speculator.shard`,
-`TargetDecoder.shard`, `MtpDrafter.shard`).
+"""The params trees a config's models take (abstract: `jax.eval_shape` of their init, once per config), and the
+check that a tree a user hands in is one (`Speculator.shard`, `TargetDecoder.shard`, `ShardedMtp.shard`,
+`MtpDrafter.shard`). The abstract trees also give the drafters' param specs; they are shared, so never changed in
+place (`checkpoint_names.abstract_params`, whose callers do change theirs, makes its own).
 
 Flax reads the params a module asks for and ignores the rest, so a tree of another config ran without a word: a
 3-layer target's params under a 1-layer config decoded with layer 0 alone. A wrapped tree ({"params": ...}), the
