@@ -157,6 +157,12 @@ def check_address(address: str) -> None:
     raise ValueError(f"--coordinator-address={address!r} must be HOST:PORT with a port in 1 .. 65535")
 
 
+def host_and_port(address: str) -> tuple[str, int]:
+  """A checked --coordinator-address (`check_address`) as (host, port), an IPv6 host without its brackets."""
+  host, _, port = address.rpartition(":")
+  return host.strip("[]"), int(port)
+
+
 def jax_settings(args: argparse.Namespace) -> dict:
   """The JAX config several processes need, for the caller to set before JAX starts: gloo for the CPU
   collectives across processes. {} for one process."""
@@ -178,7 +184,7 @@ def initialize(args: argparse.Namespace) -> bool:
     jax.distributed.initialize(coordinator_address=address, num_processes=args.num_processes,
                                process_id=args.process_id, heartbeat_timeout_seconds=args.heartbeat_timeout,
                                initialization_timeout=timeout)
-  except (jax.errors.JaxRuntimeError, RuntimeError) as e:  # a port in use, a coordinator gone: one line
+  except RuntimeError as e:  # (JaxRuntimeError is one) a coordinator gone mid-start: one line
     first = str(e).splitlines()[0] if str(e) else type(e).__name__
     raise ValueError(f"jax.distributed could not start (process {args.process_id} of {args.num_processes}, "
                      f"coordinator {address or 'auto-detected'}): {first}") from e
@@ -188,7 +194,7 @@ def initialize(args: argparse.Namespace) -> bool:
 def check_port_free(address: str) -> None:
   """Process 0 serves `address` on every interface: a ValueError naming it where another program holds its port
   (JAX's own failure is a gRPC log line and "Failed to start RPC server")."""
-  port = int(address.rpartition(":")[2])
+  port = host_and_port(address)[1]
   with socket.socket() as probe:
     probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as a server binds: a closed run's port is free
     try:
@@ -201,12 +207,10 @@ def check_port_free(address: str) -> None:
 def wait_for_coordinator(address: str, timeout_s: int, process_id: int, poll_s: float = 0.5) -> None:
   """Until process 0's coordinator accepts connections at `address`, up to `timeout_s` seconds, saying so once on
   stderr: JAX's own wait is silent and ends the process by SIGABRT. A ValueError naming the address after that."""
-  host, _, port = address.rpartition(":")
-  host = host.strip("[]")  # an IPv6 host is given in brackets
   deadline, told = time.monotonic() + timeout_s, False
   while True:
     try:
-      socket.create_connection((host, int(port)), timeout=poll_s).close()
+      socket.create_connection(host_and_port(address), timeout=poll_s).close()
       return
     except OSError:
       if time.monotonic() >= deadline:
