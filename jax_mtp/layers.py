@@ -24,7 +24,7 @@ from jax_mtp.platform import lowering_platform
 # Random init: normal(0.02) for every weight matrix and the token embedding, HF's `initializer_range` for
 # DeepSeek-V3 / V3.2 and GLM-5 (their `_init_weights`). An embedding of normal(1) would dwarf every sublayer's
 # output, so a random model's greedy tokens would follow from the last token alone and no layer would decide them
-# (tests/test_speculative.py, test_layers_decide_random_models_tokens).
+# (tests/test_speculative.py, test_attention_and_experts_decide_a_random_models_greedy_tokens).
 INIT_STD = 0.02
 
 
