@@ -52,21 +52,29 @@ def config_for(tokens: int, backend: str, config: Config | None = None) -> Confi
 
 def check_operands(q_BTIJ, k_BSJ, w_BTI, *, k_scale_BS, positions_BT, config: Config, backend: str) -> None:
   """A ValueError naming the offending value where the kernel cannot take these operands."""
-  b, t, i, j = q_BTIJ.shape
+  b, t, _, _ = q_BTIJ.shape
   s = k_BSJ.shape[1]
   if backend not in BACKENDS:
     raise ValueError(f"backend={backend!r} is not one of {BACKENDS}")
   if s % config.block_slots:
     raise ValueError(f"cache capacity {s} is not a multiple of block_slots={config.block_slots}")
-  if k_BSJ.shape != (b, s, j) or w_BTI.shape != (b, t, i):
-    raise ValueError(f"shapes q {q_BTIJ.shape}, k {k_BSJ.shape}, w {w_BTI.shape} do not agree")
-  if k_scale_BS is not None and k_scale_BS.shape != (b, s):
-    raise ValueError(f"k_scale_BS of shape {k_scale_BS.shape} does not match the keys' {(b, s)}")
+  check_shapes(q_BTIJ, k_BSJ, w_BTI, k_scale_BS)
   if config.block_tokens < 1:
     raise ValueError(f"block_tokens={config.block_tokens} must be ≥ 1")
   if positions_BT is not None and (backend == "tpu" or positions_BT.shape != (b, t)):
     raise ValueError(f"positions_BT of shape {positions_BT.shape} cannot bound the slots on backend={backend!r} "
                      f"(it needs shape {(b, t)} and the gpu or interpret backend)")
+
+
+def check_shapes(q_BTIJ, k_BSJ, w_BTI, k_scale_BS=None) -> None:
+  """A ValueError naming the shapes where the op's operands do not agree (q [B, T, I, J], k [B, S, J], w [B, T, I],
+  k_scale [B, S]): the reference's and every kernel's first check."""
+  b, t, i, j = q_BTIJ.shape
+  s = k_BSJ.shape[1]
+  if k_BSJ.shape != (b, s, j) or w_BTI.shape != (b, t, i):
+    raise ValueError(f"shapes q {q_BTIJ.shape}, k {k_BSJ.shape}, w {w_BTI.shape} do not agree")
+  if k_scale_BS is not None and k_scale_BS.shape != (b, s):
+    raise ValueError(f"k_scale_BS of shape {k_scale_BS.shape} does not match the keys' {(b, s)}")
 
 
 def reference(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, scale: float, *, chunk: int | None = None,
@@ -77,12 +85,8 @@ def reference(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, scale: floa
   q and the keys enter the q·k dot in `dot_dtype` with fp32 accumulation: float32 is exact (HIGHEST); bfloat16 (a
   bf16 model's) rounds q as the keys already are, runs on the matrix units and never writes an up-cast copy of the
   keys (the official kernel rounds both to FP8)."""
-  b, t, i, j = q_BTIJ.shape
-  s = k_BSJ.shape[1]
-  if k_BSJ.shape != (b, s, j) or w_BTI.shape != (b, t, i) or (k_scale_BS is not None and k_scale_BS.shape != (b, s)):
-    raise ValueError(f"shapes q {q_BTIJ.shape}, k {k_BSJ.shape}, w {w_BTI.shape}, k_scale "
-                     f"{None if k_scale_BS is None else k_scale_BS.shape} do not agree (q [B, T, I, J], k [B, S, J], "
-                     f"w [B, T, I], k_scale [B, S])")
+  check_shapes(q_BTIJ, k_BSJ, w_BTI, k_scale_BS)
+  b, s, j = k_BSJ.shape
   if chunk is not None and chunk < 1:
     raise ValueError(f"chunk={chunk} must be ≥ 1 (None: every slot at once)")
   precision = jax.lax.Precision.HIGHEST if jnp.dtype(dot_dtype) == jnp.float32 else jax.lax.Precision.DEFAULT

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from jax_mtp.kernels.index_scores import check_shapes
 from jax_mtp.kernels.mosaic_gpu_common import interpret_params, operand_transforms
 
 KERNEL_NAME = "dsa_scores_mgpu"  # not containing the Triton kernel's name: a test can tell them apart
@@ -94,10 +95,9 @@ def config_for(batch: int, tokens: int, slots: int, config: Config | None = None
 
 def check_operands(q_BTIJ, k_BSJ, w_BTI, *, k_scale_BS, positions_BT, config: Config) -> None:
   """A ValueError naming the offending value where the kernel cannot take these operands."""
+  check_shapes(q_BTIJ, k_BSJ, w_BTI)  # the scales' shape below, with what float8 keys need beside it
   b, t, i, j = q_BTIJ.shape
   s = k_BSJ.shape[1]
-  if k_BSJ.shape != (b, s, j) or w_BTI.shape != (b, t, i):
-    raise ValueError(f"shapes q {q_BTIJ.shape}, k {k_BSJ.shape}, w {w_BTI.shape} do not agree")
   fp8 = k_BSJ.dtype in FLOAT8_KEYS
   sixteen_bit_q = q_BTIJ.dtype in (jnp.bfloat16, jnp.float16) and (k_BSJ.dtype == q_BTIJ.dtype or fp8)
   if not (sixteen_bit_q or (fp8 and q_BTIJ.dtype == k_BSJ.dtype)):

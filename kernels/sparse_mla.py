@@ -58,16 +58,18 @@ def reference(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, valid_BTK,
   return out_BTNX[..., :c]
 
 
-def check_shapes(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, valid_BTK) -> None:
-  """A ValueError naming the shapes where the operands do not agree (XLA would broadcast a batch of one over
-  another, or fail in an einsum naming no operand). Slot values are not checked: they are traced."""
+def check_shapes(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, valid_BTK=None) -> None:
+  """A ValueError naming the shapes where the op's operands do not agree (XLA would broadcast a batch of one over
+  another, or fail in an einsum naming no operand): the reference's and the kernel's first check (the kernel takes
+  no `valid`: slot −1 pads). Slot values are not checked: they are traced."""
   b, t, n, c = q_lat_BTNC.shape
   s, r, k = latent_BSC.shape[1], q_pe_BTNR.shape[-1], slots_BTK.shape[-1]
   if (q_pe_BTNR.shape != (b, t, n, r) or latent_BSC.shape != (b, s, c) or k_pe_BSR.shape != (b, s, r)
-      or slots_BTK.shape != (b, t, k) or valid_BTK.shape != (b, t, k)):
+      or slots_BTK.shape != (b, t, k) or (valid_BTK is not None and valid_BTK.shape != (b, t, k))):
     raise ValueError(f"shapes q_lat {q_lat_BTNC.shape}, q_pe {q_pe_BTNR.shape}, latent {latent_BSC.shape}, k_pe "
-                     f"{k_pe_BSR.shape}, slots {slots_BTK.shape}, valid {valid_BTK.shape} do not agree (q_lat "
-                     f"[B, T, N, C], q_pe [B, T, N, R], latent [B, S, C], k_pe [B, S, R], slots / valid [B, T, K])")
+                     f"{k_pe_BSR.shape}, slots {slots_BTK.shape}, valid {getattr(valid_BTK, 'shape', None)} do "
+                     f"not agree (q_lat [B, T, N, C], q_pe [B, T, N, R], latent [B, S, C], k_pe [B, S, R], slots / "
+                     f"valid [B, T, K])")
 
 
 def dequantize_latent(codes__C: jax.Array, scale__G: jax.Array, dtype) -> jax.Array:

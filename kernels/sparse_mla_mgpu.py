@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_mtp.kernels.mosaic_gpu_common import interpret_params, operand_transforms
-from jax_mtp.kernels.sparse_mla import combine_splits
+from jax_mtp.kernels.sparse_mla import check_shapes, combine_splits
 from jax_mtp.kernels.sparse_mla_mgpu_body import body_for
 from jax_mtp.kernels.sparse_mla_mgpu_plan import Plan
 
@@ -156,12 +156,9 @@ def config_for(queries: int, heads: int, entries: int, latent_width: int, config
 def check_operands(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, config: Config,
                    latent_scale_BSG=None) -> None:
   """A ValueError naming the offending value where the kernel cannot take these operands."""
+  check_shapes(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK)
   b, t, n, c = q_lat_BTNC.shape
   r, s, k = q_pe_BTNR.shape[-1], latent_BSC.shape[1], slots_BTK.shape[-1]
-  if q_pe_BTNR.shape != (b, t, n, r) or latent_BSC.shape != (b, s, c) or k_pe_BSR.shape != (b, s, r) \
-      or slots_BTK.shape != (b, t, k):
-    raise ValueError(f"shapes q~ {q_lat_BTNC.shape}, q_pe {q_pe_BTNR.shape}, latent {latent_BSC.shape}, "
-                     f"k_pe {k_pe_BSR.shape}, slots {slots_BTK.shape} do not agree")
   dtypes = {q_lat_BTNC.dtype, q_pe_BTNR.dtype, k_pe_BSR.dtype} | ({latent_BSC.dtype} if latent_scale_BSG is None else set())
   if len(dtypes) != 1 or next(iter(dtypes)) not in (jnp.bfloat16, jnp.float16):
     raise ValueError(f"the kernel takes one 16-bit float dtype for queries and cache, got {sorted(map(str, dtypes))}")
