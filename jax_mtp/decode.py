@@ -35,6 +35,7 @@ import jax_mtp
 from jax_mtp import distributed, fp8, loader
 from jax_mtp.decode_flags import DEFAULT_PROMPT, DEFAULT_TEXT, BadInput, parser
 from jax_mtp.decode_output import Progress, TextStream, exit_code, print_result
+from jax_mtp.errors import first_line
 from jax_mtp.generate import TargetDecoder
 from jax_mtp.kernels.fused_allreduce_rmsnorm import gpu_kernels
 from jax_mtp.platform import lowering_gpu_is_hopper
@@ -125,7 +126,7 @@ def _main(argv: list[str] | None) -> int:
   try:
     result, streamed = run(request, built)
   except (ValueError, jax.errors.JaxRuntimeError) as e:  # a kernel refusing a shape, device memory: one line
-    print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
+    print(f"error: {first_line(e)}", file=sys.stderr)
     return 2
   if not distributed.is_primary():  # every process holds every replica's rows; process 0 prints them
     return exit_code(result)

@@ -40,6 +40,7 @@ import time
 import jax
 import numpy as np
 
+from jax_mtp.errors import first_line
 from jax_mtp.metrics import SpecMetrics
 
 DEFAULT_HEARTBEAT_TIMEOUT_S = 60
@@ -185,7 +186,7 @@ def initialize(args: argparse.Namespace) -> bool:
                                process_id=args.process_id, heartbeat_timeout_seconds=args.heartbeat_timeout,
                                initialization_timeout=timeout)
   except RuntimeError as e:  # (JaxRuntimeError is one) a coordinator gone mid-start: one line
-    first = str(e).splitlines()[0] if str(e) else type(e).__name__
+    first = first_line(e)
     raise ValueError(f"jax.distributed could not start (process {args.process_id} of {args.num_processes}, "
                      f"coordinator {address or 'auto-detected'}): {first}") from e
   return True

@@ -33,6 +33,7 @@ import tempfile
 import urllib.parse
 from collections.abc import Callable
 
+from jax_mtp.errors import first_line
 from jax_mtp.safetensors_io import INDEX_FILE, SINGLE_FILE, CheckpointError
 
 CONFIG_FILE = "config.json"
@@ -141,5 +142,5 @@ def _download(repo_id: str, filename: str, revision: str | None, optional: bool 
     raise CheckpointError(f"the Hugging Face repo {repo_id!r} has no {filename}; expected a HF checkpoint "
                           f"(config.json + *.safetensors)") from None
   except errors.HfHubHTTPError as e:
-    first = str(e).splitlines()[0] if str(e) else type(e).__name__
+    first = first_line(e)
     raise CheckpointError(f"cannot fetch {filename} of the Hugging Face repo {repo_id!r}: {first}") from None

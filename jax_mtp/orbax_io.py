@@ -29,6 +29,7 @@ from jax_mtp import fp8
 from jax_mtp.checkpoint_names import MTP, TARGET, abstract_params
 from jax_mtp.sharding import SHARED_WITH_TARGET
 from jax_mtp.config import MtpConfig, RopeConfig
+from jax_mtp.errors import first_line
 from jax_mtp.safetensors_io import CheckpointError
 from jax_mtp.sharding import TP_AXIS, padded_vocab, param_sharding, validate_tp
 
@@ -108,7 +109,7 @@ def read_config(directory: str | os.PathLike) -> MtpConfig:
 def _unreadable(directory: str, step: int, item: str, error: Exception) -> CheckpointError:
   """A CheckpointError naming the step's item that orbax could not read, with the first line of why (orbax's own
   messages run to kilobytes of TensorStore spec)."""
-  first = (str(error).splitlines() or [type(error).__name__])[0]
+  first = first_line(error)
   why = first if len(first) <= 200 else first[:200] + " …"
   return CheckpointError(f"{directory!r} step {step}: its {item!r} item cannot be read (damaged or incomplete): "
                          f"{type(error).__name__}: {why}")

@@ -12,6 +12,8 @@ import os
 import jax
 import orbax.checkpoint as ocp
 
+from jax_mtp.errors import first_line
+
 
 class DamagedState(ValueError):
   """The newest saved step cannot be read; the message names it and the steps before it."""
@@ -36,7 +38,7 @@ class StateCheckpoints:
       state = self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
     except Exception as e:  # noqa: BLE001 (a damaged step: orbax raises what its layers raise)
       earlier = [s for s in self._manager.all_steps() if s < step]
-      first = (str(e).splitlines() or [type(e).__name__])[0][:200]
+      first = first_line(e)[:200]
       hint = (f"move it aside to resume from step {max(earlier)}" if earlier else "no earlier step is saved")
       raise DamagedState(f"step {step} in {self._manager.directory} cannot be read ({type(e).__name__}: {first}); "
                          f"{hint}") from e

@@ -17,6 +17,7 @@ import jax_mtp
 from jax_mtp import decode, decode_flags
 from jax_mtp.decode_output import exit_code, print_result
 from jax_mtp.distributed import Gathered
+from jax_mtp.errors import first_line
 
 VOCAB = jax_mtp.tiny().vocab_size
 METRIC_KEYS = {"acceptance_length_mean", "acceptance_rate_per_position", "draft_tokens_proposed",
@@ -134,6 +135,15 @@ def test_bad_input_returns_2_with_one_error_line(capsys, argv, named):
   assert out == ""
   lines = err.splitlines()
   assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], err
+
+
+@pytest.mark.parametrize("error, line", [
+    (ValueError("shape (3, 4) is refused\n  with kilobytes of detail\n  below"), "shape (3, 4) is refused"),
+    (RuntimeError(), "RuntimeError"),  # a bare raise: its class, not an empty `error:` line
+])
+def test_an_errors_one_line_is_its_first_line_or_its_class(error, line):
+  """What decode's `error:` line (and hub's, orbax_io's, distributed's, train_state's wrapped errors) say of an error."""
+  assert first_line(error) == line
 
 
 @pytest.mark.parametrize("flag", ["--index-scores-impl", "--sparse-attention-impl"])
