@@ -53,8 +53,10 @@ def validate_temperature(temperature) -> None:
 
 
 def validate_seed(seed) -> None:
-  """A sampling seed jax.random.key takes: an integer in int64's range."""
-  if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or not -2**63 <= seed < 2**63:
+  """A sampling seed jax.random.key takes: an integer (as counts are: a numpy integer or a 0-d integer array too; not a
+  bool) in int64's range."""
+  number = _integer(seed)
+  if number is None or not -2**63 <= number < 2**63:
     raise ValueError(f"seed={seed!r} must be an integer in [-2^63, 2^63) (jax.random.key takes 64 bits)")
 
 

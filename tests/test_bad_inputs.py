@@ -164,9 +164,10 @@ def test_a_seed_past_64_bits_is_refused_naming_it():
   """jax.random.key takes an int64: past it, an OverflowError that names no argument ("Python int too large to
   convert to C long"). The sampling seed is checked first, by the API as the CLI checks --seed."""
   from jax_mtp.request import validate_seed  # noqa: PLC0415
-  for good in (0, -1, 2**63 - 1, -2**63, np.int64(5)):
-    validate_seed(good)
-  for bad in (2**63, -2**63 - 1, 2**70, 1.5, True, "3"):
+  for good in (0, -1, 2**63 - 1, -2**63, np.int64(3), jnp.asarray(3), np.asarray(-3)):
+    validate_seed(good)  # the integers a count may be (request._integer's): numpy and 0-d jax ones too
+  for bad in (2**63, -2**63 - 1, 2**70, np.uint64(2**63), 1.5, 2.0, jnp.asarray(2.0), True, np.bool_(True), "3",
+              jnp.asarray([3])):
     with pytest.raises(ValueError, match=re.escape(f"seed={bad!r} must be an integer in [-2^63, 2^63)")):
       validate_seed(bad)
   spec = jax_mtp.Speculator(CFG, jax_mtp.make_mesh(1), 1)
