@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import dataclasses
 import os
+import re
 import sys
 from typing import NamedTuple
 
@@ -224,14 +225,14 @@ def _check_run_flags(settings: Settings) -> None:
 def _parse_ids(text: str) -> list[int]:
   if not text.strip():
     return []  # "prompt i is empty", said where the prompts are checked
-  items = text.split(",")
-  gap = next((i for i, item in enumerate(items) if not item.strip()), None)
-  if gap is not None:  # "1,,2" or "1,2,": an id left out is not dropped silently
-    raise BadInput(f"--prompt-ids {text!r}: entry {gap} of {len(items)} is empty")
-  try:
-    return [int(item) for item in items]
-  except ValueError:
-    raise BadInput(f"--prompt-ids {text!r} is not a comma-separated list of integers") from None
+  items = [item.strip() for item in text.split(",")]
+  for i, item in enumerate(items):
+    # "1,,2" and "1,2,": an id left out is not dropped silently. int() alone would read "1_0" as 10 and take
+    # non-ASCII digits: a typo is refused, not decoded.
+    if not re.fullmatch(r"[+-]?[0-9]+", item):
+      what = f"{item!r} is not an integer (digits, optionally signed)" if item else "is empty"
+      raise BadInput(f"--prompt-ids {text!r}: entry {i} of {len(items)} {what}")
+  return [int(item) for item in items]
 
 
 def _prompts(prompt: list[str] | None, prompt_ids: list[str] | None, source: loader.Source | None,

@@ -85,6 +85,11 @@ def test_sampling_is_seeded(capsys):
     (["--prompt-ids", "a,b"], "'a,b'"),
     (["--prompt-ids", "1,,2"], "--prompt-ids '1,,2': entry 1 of 3 is empty"),
     (["--prompt-ids", "1,2,"], "--prompt-ids '1,2,': entry 2 of 3 is empty"),
+    (["--prompt-ids", "1_0"], "--prompt-ids '1_0': entry 0 of 1 '1_0' is not an integer"),  # int() reads 10
+    (["--prompt-ids", "1, 2_5"], "--prompt-ids '1, 2_5': entry 1 of 2 '2_5' is not an integer"),
+    (["--prompt-ids", "1,\u0663"], "--prompt-ids '1,\u0663': entry 1 of 2 '\u0663' is not an integer"),  # Arabic 3
+    (["--prompt-ids", "1,+-2"], "entry 1 of 2 '+-2' is not an integer"),
+    (["--prompt-ids", "1,0x2"], "entry 1 of 2 '0x2' is not an integer"),
     (["--num-speculative-tokens", "0"], "--num-speculative-tokens=0"),
     (["--max-new-tokens", "0"], "--max-new-tokens=0"),
     (["--max-new-tokens", "1000"], "max_new_tokens=1000 needs a cache of 1011 positions"),
