@@ -169,14 +169,14 @@ def cli_config(args, chunk: int) -> jax_mtp.MtpConfig:
 
 def random_weights(cfg: jax_mtp.MtpConfig, weights: str) -> tuple[jax_mtp.MtpConfig, dict, dict]:
   """(config, target params, MTP params): random bf16, or those quantised to FP8 codes + 128×128 block scales
-  (as an FP8 checkpoint stores them and `--weights fp8` keeps them)."""
-  target = init_target_params(cfg, jax.random.key(0))
-  mtp = jax_mtp.init_params(cfg, jax.random.key(1))
-  if weights == "bf16":
-    return cfg, target, mtp
+  (as an FP8 checkpoint stores them and `--weights fp8` keeps them). FP8: each model is quantised before the next
+  is drawn, so the device never holds both in bf16 (both and a quantiser's temporaries ran an 80 GB H100 out of
+  memory, 2026-12-05)."""
   block = (128, 128)
-  return (cfg.replace(fp8_block=block), fp8.as_checkpoint_fp8(target, block, fp8.quantize),
-          fp8.as_checkpoint_fp8(mtp, block, fp8.quantize))
+  as_weights = (lambda p: p) if weights == "bf16" else (lambda p: fp8.as_checkpoint_fp8(p, block, fp8.quantize))
+  target = as_weights(init_target_params(cfg, jax.random.key(0)))
+  mtp = as_weights(jax_mtp.init_params(cfg, jax.random.key(1)))
+  return (cfg if weights == "bf16" else cfg.replace(fp8_block=block)), target, mtp
 
 
 def run_weights(args, weights: str, peak: float, bandwidth: float, out: list) -> None:
