@@ -66,6 +66,9 @@
 #            FLOAT8_SCORES_DOT on; the three key forms at T = 1; then fp8round's profile
 #   dense    (not run yet) MLA's dense absorbed attention, 16-bit form vs the fp32 one; V3 bf16 speculative == plain on
 #            the GPU; the FP8 round at B = 64 over a 1K prompt
+#   shortreq (not run yet) a V3.2 request under index_topk through the sparse kernel: the forms timed, its GPU tests,
+#            the FP8 round at B = 64 over a 1K prompt
+#   tokens   (not run yet) the GPU's token tests after the random init's change
 #   fp8      benchmarks.e2e with FP8 weights kept as codes: 1K and 32K prompts at B = 1, 1K at B = 64
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
@@ -367,6 +370,15 @@ case "${1:?stage}" in
       -k "past_index_topk and (v3-bfloat16-4 or v3-bfloat16-1 or v3-bfloat16-3)"
     # the FP8 round at B = 64 over a 1K prompt (0.58 of its floor on 2026-12-04 21:34, with the fp32 dense dots)
     run 300 e2e_fp8_b64_dense.md python3 -m benchmarks.e2e --weights fp8 --prompt 1024 --batch 64 --iters 5
+    ;;
+  shortreq)  # (2026-12-05) a V3.2 request under index_topk slots attended by the sparse-MLA kernel over every visible slot
+             # (mla.attends_every_slot_by_kernel) instead of XLA's dense form (dense: 0.10 / 0.08 of its floor at B = 64,
+             # T = 1 / 4, 1,283 slots, an H100): the three forms timed, the path's GPU tests, the FP8 round at B = 64 × 1K
+    run 90 dense_attention_kernel.md python3 -m benchmarks.dense_attention --batch 64 8 --tokens 1 4 --capacity 1283 \
+      --iters 10
+    run 100 gpu_tests_shortreq.txt python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_user_path_kernels.py \
+      -k "short_request or within_index_topk or odd_prompt or reused_selection"
+    run 300 e2e_fp8_b64_short.md python3 -m benchmarks.e2e --weights fp8 --prompt 1024 --batch 64 --iters 5
     ;;
   tokens)  # (not run yet; 2026-12-05) the GPU's token tests after the random init's embedding went from normal(1) to
           # normal(0.02) (the layers now decide random models' tokens; before, no token test could see them): every GPU

@@ -278,8 +278,8 @@ def check_kernel_impls(cfg: jax_mtp.MtpConfig, capacity: int) -> None:
   for flag, impl, _ in explicit:  # whatever the request's length: a short one would not reach the kernel
     if KERNEL_PLATFORMS[impl] != platform:
       raise BadInput(f"{flag}={impl} runs on {KERNEL_PLATFORMS[impl]}; this machine's JAX platform is {platform}")
-  if selects_all(cfg, capacity):  # neither DSA kernel runs: every visible slot is attended (dense MLA)
-    return
+  if selects_all(cfg, capacity):  # no indexer runs: every visible slot is attended (by the sparse kernel with DSA)
+    explicit = [check for check in explicit if check[0] == "--sparse-attention-impl" and cfg.has_indexer]
   for _, _, resolve in explicit:
     resolve()  # ValueError naming what the kernel cannot take
 

@@ -17,7 +17,9 @@ per row per chunk, where the dense absorbed form's O(T·S·N·C) would grow with
 chunks over a DSA cache use the sparse absorbed form (jax_mtp.prefill), as vLLM's sparse prefill does.
 
 With a bf16 model the sparse form's dots take bf16 inputs with fp32 accumulation and fp32 softmax (the
-gathered entries are read in the cache's dtype); fp32 models, and the dense absorbed form, compute in fp32.
+gathered entries are read in the cache's dtype); fp32 models, and the dense absorbed form, compute in fp32. A DSA
+model's absorbed calls over a cache within index_topk (the top-k would be every visible slot) run the sparse form's
+kernel over every visible slot where the sparse attention resolves to it (`attends_every_slot_by_kernel`).
 
 Scores are masked to slots ≤ the query's position and, with DSA (cache longer than index_topk), to
 the indexer's top-k: the naive form masks the dense scores; the absorbed form gathers the K selected
@@ -98,7 +100,10 @@ class MLAttention(nn.Module):
       if cfg.has_indexer and self.is_mutable_collection(INDEXER_TRAINING):  # the indexer learns in dense training too
         self.indexer(x_BTD, qr_BTQ, positions_BT, rotary, cache)
         self.sow(INDEXER_TRAINING, "visible_BTS", visible_BTS)
-      o_BTNH = (self._absorbed if absorb else self._naive)(q_nope_BTNP, q_pe_BTNR, cache, visible_BTS)
+      if absorb and attends_every_slot_by_kernel(cfg):  # the top-k would be every visible slot: the kernel's way
+        o_BTNH = self._absorbed_sparse(q_nope_BTNP, q_pe_BTNR, cache, every_visible_slot(visible_BTS))
+      else:
+        o_BTNH = (self._absorbed if absorb else self._naive)(q_nope_BTNP, q_pe_BTNR, cache, visible_BTS)
     else:
       if selection is None:
         selection, cache = self.indexer(x_BTD, qr_BTQ, positions_BT, rotary, cache)
@@ -161,17 +166,24 @@ class MLAttention(nn.Module):
         o_lat_BTNC = sparse_mla_reference(q_lat_BTNC, q_pe_BTNR, cache.latent_BSC, cache.k_pe_BSR,
                                           selection.slots_BTK, selection.valid_BTK, cfg.softmax_scale,
                                           dot_dtype=cfg.dtype, latent_scale_BSG=cache.latent_scale_BSG)
-      else:  # the fused kernel (on a CPU in its interpreter), its output in the cache's 16-bit dtype, which
-        # _heads_from_latent's dot takes (the XLA path's fp32 is rounded there); an fp8 cache's codes are
-        # dequantised inside it
-        dtype = cache.k_pe_BSR.dtype  # the cache's 16-bit dtype (an fp8 cache keeps its rope part in it)
-        attended_BTK = jnp.where(selection.valid_BTK, selection.slots_BTK, -1)
-        config = sparse_mla_mgpu.Config()
-        o_lat_BTNC = sparse_mla_mgpu.sparse_mla_mgpu(
-            q_lat_BTNC.astype(dtype), q_pe_BTNR.astype(dtype), cache.latent_BSC, cache.k_pe_BSR,
-            pad_slots(attended_BTK, config.block_entries), cfg.softmax_scale, latent_scale_BSG=cache.latent_scale_BSG,
-            config=config, out_dtype=dtype, interpret=lowering_platform() == "cpu")
+      else:
+        o_lat_BTNC = attend_selected_by_kernel(q_lat_BTNC, q_pe_BTNR, cache.latent_BSC, cache.k_pe_BSR, selection,
+                                               cfg.softmax_scale, latent_scale_BSG=cache.latent_scale_BSG)
     return _heads_from_latent(o_lat_BTNC, w_uv_CNH, dot_dtype=cfg.dtype)
+
+
+def attend_selected_by_kernel(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, selection: Selection, scale, *,
+                              latent_scale_BSG=None) -> jax.Array:
+  """The sparse-MLA kernel (kernels/sparse_mla_mgpu.py; on a CPU in its interpreter) over `selection`, its output
+  in the cache's 16-bit dtype, which `_heads_from_latent`'s dot takes (the XLA path's fp32 is rounded there); an fp8
+  cache's codes (`latent_scale_BSG` beside them) are dequantised inside it."""
+  dtype = k_pe_BSR.dtype  # the cache's 16-bit dtype (an fp8 cache keeps its rope part in it)
+  attended_BTK = jnp.where(selection.valid_BTK, selection.slots_BTK, -1)
+  config = sparse_mla_mgpu.Config()
+  return sparse_mla_mgpu.sparse_mla_mgpu(
+      q_lat_BTNC.astype(dtype), q_pe_BTNR.astype(dtype), latent_BSC, k_pe_BSR,
+      pad_slots(attended_BTK, config.block_entries), scale, latent_scale_BSG=latent_scale_BSG, config=config,
+      out_dtype=dtype, interpret=lowering_platform() == "cpu")
 
 
 def resolve_sparse_attention_impl(cfg: MtpConfig, platform: str, *, hopper: bool = True) -> str:
@@ -198,6 +210,25 @@ def resolve_sparse_attention_impl(cfg: MtpConfig, platform: str, *, hopper: bool
   if problems:
     raise ValueError(f"sparse_attention_impl={impl!r} cannot run here: {'; '.join(problems)} (use 'xla' or 'auto')")
   return impl
+
+
+def attends_every_slot_by_kernel(cfg: MtpConfig) -> bool:
+  """Whether a DSA model's absorbed calls over a cache of at most index_topk slots (where the top-k would be every
+  visible slot) run the sparse-MLA kernel over all of them, as vLLM's V3.2 runs FlashMLA's sparse kernel over a
+  top-k padded with −1, rather than `dense_latent_attention`: where the sparse attention resolves to the kernel.
+  Why: at B = 64 over a 1K prompt's 1,283 slots XLA's dense form took 329 µs a layer at T = 1 and 1,394 µs at T = 4
+  (0.10 and 0.08 of its floor, an H100, benchmarks/RESULTS.md 2026-12-05), every V3.2 request under 2K tokens.
+  V3 models (no indexer) keep the dense form: their attention is not a selection, and `sparse_attention_impl`
+  names the sparse attention's kernel."""
+  if not cfg.has_indexer:
+    return False
+  return resolve_sparse_attention_impl(cfg, lowering_platform(), hopper=lowering_gpu_is_hopper()) != "xla"
+
+
+def every_visible_slot(visible_BTS: jax.Array) -> Selection:
+  """The selection of every slot a query sees: ids 0 … S − 1, visible ones first (slots ≤ the query's position)."""
+  b, t, s = visible_BTS.shape
+  return Selection(jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, t, s)), visible_BTS)
 
 
 def pad_slots(slots_BTK: jax.Array, multiple: int) -> jax.Array:

@@ -153,7 +153,7 @@ def test_an_errors_one_line_is_its_first_line_or_its_class(error, line):
 
 @pytest.mark.parametrize("flag", ["--index-scores-impl", "--sparse-attention-impl"])
 def test_an_explicit_dsa_kernel_for_another_platform_is_refused_for_a_short_request_too(capsys, flag):
-  """The embedded default's short request (its cache within top-64: dense MLA, neither DSA kernel would run) with a
+  """The embedded default's short request (its cache within top-64: no indexer runs) with a
   kernel of another platform: refused as a long request is, not accepted and ignored (found by an audit)."""
   impl = "pallas_tpu" if flag == "--index-scores-impl" else "mosaic_gpu"
   assert decode.main([flag, impl, "--max-new-tokens", "2"]) == 2

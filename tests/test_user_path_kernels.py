@@ -59,6 +59,42 @@ def test_the_clis_gpu_programs_hold_both_kernels_at_an_odd_prompt_length(share):
     assert SPARSE_MLA in module and "xla.gpu.triton" not in module, name  # no Pallas Triton kernel at all
 
 
+def test_a_short_requests_gpu_round_attends_through_the_sparse_kernel():
+  """A request whose cache fits within index_topk (5 + 5 + 3 = 13 slots ≤ top-16): no indexer runs, and the round's
+  absorbed calls attend over every visible slot through the sparse-MLA kernel, as over a top-k (XLA's dense form
+  ran at 0.1 of its floor: `mla.attends_every_slot_by_kernel`)."""
+  cfg = _kernel_cfg(moe_impl="ragged_dot")
+  assert required_capacity(cfg, [[1] * 5], 5, 3) <= cfg.index_topk
+  modules = speculator_modules(cfg, [list(range(1, 6))], 5, 3)
+  assert SPARSE_MLA in modules["round"] and "dense_attention" not in modules["round"]
+  assert all(INDEX_SCORES not in module for module in modules.values())
+
+
+def test_attention_within_index_topk_through_the_kernel_equals_xlas_dense_form():
+  """One MTP draft step over a cache of index_topk slots (every visible slot attended, rows at different lengths)
+  through the sparse-MLA kernel (interpret mode on CPU) equals XLA's dense absorbed form, to bf16's tolerance."""
+  base = _kernel_cfg()
+  batch, capacity = 2, base.index_topk
+  params = jax_mtp.init_params(base, jax.random.key(1))
+  keys = jax.random.split(jax.random.key(3), 4)
+  (cache,) = init_caches(base, batch, capacity)
+  cache = cache._replace(latent_BSC=jax.random.normal(keys[0], cache.latent_BSC.shape, cache.latent_BSC.dtype),
+                         k_pe_BSR=jax.random.normal(keys[1], cache.k_pe_BSR.shape, cache.k_pe_BSR.dtype))
+  positions_B1 = jnp.array([[6], [capacity - 1]], jnp.int32)  # 7 and 16 visible slots
+  ids_B1 = jax.random.randint(keys[2], (batch, 1), 0, base.vocab_size, jnp.int32)
+  hidden_B1D = jax.random.normal(keys[3], (batch, 1, base.hidden_size), jnp.bfloat16)
+  attention = {}
+  for impl in ("xla", "mosaic_gpu"):
+    model = MtpPredictor(base.replace(sparse_attention_impl=impl))
+    step = jax.jit(lambda p, c, model=model: model.apply(
+        {"params": p}, ids_B1, positions_B1, hidden_B1D, (c,),
+        capture_intermediates=lambda module, method: isinstance(module, MLAttention) and method == "__call__"))
+    ((attention[impl], _),) = step(params, cache)[1]["intermediates"]["layers_0"]["mtp_block"]["self_attn"][
+        "__call__"]
+    assert (SPARSE_MLA in str(jax.make_jaxpr(step)(params, cache))) == (impl == "mosaic_gpu"), impl
+  assert_close(attention["mosaic_gpu"], attention["xla"], "bfloat16", "attention within index_topk, kernel vs XLA")
+
+
 def test_index_sharing_runs_through_the_kernel_with_xlas_tokens():
   """k = 3 with the shared top-k end to end: draft steps 2 and 3 attend over index_topk + 1 and + 2 slots, which
   the kernel takes padded to its blocks (interpret mode on CPU); the greedy tokens equal XLA's attention's. The
