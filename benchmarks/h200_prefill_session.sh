@@ -64,9 +64,9 @@
 #            and its stage ring2 removed since)
 #   fp8q2    (04:18 2026-12-05) the float8-q index scores' compiled tests at the float8 wgmma's tolerance with
 #            FLOAT8_SCORES_DOT on; the three key forms at T = 1; then fp8round's profile
-#   dense    (not run yet) MLA's dense absorbed attention, 16-bit form vs the fp32 one; V3 bf16 speculative == plain on
+#   dense    (09:12 2026-12-05) MLA's dense absorbed attention, 16-bit form vs the fp32 one; V3 bf16 speculative == plain on
 #            the GPU; the FP8 round at B = 64 over a 1K prompt
-#   shortreq (not run yet) a V3.2 request under index_topk through the sparse kernel: the forms timed, its GPU tests,
+#   shortreq (09:32 2026-12-05) a V3.2 request under index_topk through the sparse kernel: the forms timed, its GPU tests,
 #            the FP8 round at B = 64 over a 1K prompt
 #   tokens   (not run yet) the GPU's token tests after the random init's change
 #   fp8      benchmarks.e2e with FP8 weights kept as codes: 1K and 32K prompts at B = 1, 1K at B = 64
@@ -362,7 +362,7 @@ case "${1:?stage}" in
       --tokens 1 --no-sweep --iters 10
     run 280 step_profile_fp8.md python3 -m benchmarks.step_profile --batch 64 --weights fp8 bf16 --capacity 1283
     ;;
-  dense)  # (not run yet; built 2026-12-05) MLA's dense absorbed attention (V3 models; V3.2 under index_topk positions) in bf16 split
+  dense)  # (09:12 2026-12-05, an H100; built 2026-12-05) MLA's dense absorbed attention (V3 models; V3.2 under index_topk positions) in bf16 split
           # form against the fp32 HIGHEST form it replaced (the FP8 step profile's 2 × ~290 µs a layer at B = 64 over a
           # 1K prompt's 1,283 slots), then speculative == plain on a dense V3 model in bf16 on the GPU
     run 80 dense_attention.md python3 -m benchmarks.dense_attention --batch 64 --tokens 1 4 --capacity 1283 --iters 10
@@ -371,7 +371,7 @@ case "${1:?stage}" in
     # the FP8 round at B = 64 over a 1K prompt (0.58 of its floor on 2026-12-04 21:34, with the fp32 dense dots)
     run 300 e2e_fp8_b64_dense.md python3 -m benchmarks.e2e --weights fp8 --prompt 1024 --batch 64 --iters 5
     ;;
-  shortreq)  # (2026-12-05) a V3.2 request under index_topk slots attended by the sparse-MLA kernel over every visible slot
+  shortreq)  # (09:32 2026-12-05, an H100) a V3.2 request under index_topk slots attended by the sparse-MLA kernel over every visible slot
              # (mla.attends_every_slot_by_kernel) instead of XLA's dense form (dense: 0.10 / 0.08 of its floor at B = 64,
              # T = 1 / 4, 1,283 slots, an H100): the three forms timed, the path's GPU tests, the FP8 round at B = 64 × 1K
     run 90 dense_attention_kernel.md python3 -m benchmarks.dense_attention --batch 64 8 --tokens 1 4 --capacity 1283 \
