@@ -15,7 +15,7 @@ from jax_mtp.indexer import SCORE_BLOCK_SLOTS, Selection, kernel_capacity
 from jax_mtp.kernels.index_scores import KERNEL_NAME as TRITON_INDEX_SCORES
 from jax_mtp.kernels.index_scores_mgpu import KERNEL_NAME as INDEX_SCORES
 from jax_mtp.kernels.sparse_mla_mgpu import KERNEL_NAME as SPARSE_MLA
-from jax_mtp.mla import MLAttention
+from jax_mtp.mla import MLAttention, write_latent
 from jax_mtp.mtp import MtpPredictor, init_caches
 from jax_mtp.request import required_capacity
 from tests.conftest import FULL_ONLY, FULL_TESTS
@@ -70,16 +70,19 @@ def test_a_short_requests_gpu_round_attends_through_the_sparse_kernel():
   assert all(INDEX_SCORES not in module for module in modules.values())
 
 
-def test_attention_within_index_topk_through_the_kernel_equals_xlas_dense_form():
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_attention_within_index_topk_through_the_kernel_equals_xlas_dense_form(kv_cache_dtype):
   """One MTP draft step over a cache of index_topk slots (every visible slot attended, rows at different lengths)
-  through the sparse-MLA kernel (interpret mode on CPU) equals XLA's dense absorbed form, to bf16's tolerance."""
-  base = _kernel_cfg()
+  through the sparse-MLA kernel (interpret mode on CPU) equals XLA's dense absorbed form, to bf16's tolerance; over
+  an fp8 MLA cache both read the same codes (the kernel dequantises in its gather, XLA the whole cache)."""
+  base = _kernel_cfg(kv_cache_dtype=kv_cache_dtype)
   batch, capacity = 2, base.index_topk
   params = jax_mtp.init_params(base, jax.random.key(1))
   keys = jax.random.split(jax.random.key(3), 4)
   (cache,) = init_caches(base, batch, capacity)
-  cache = cache._replace(latent_BSC=jax.random.normal(keys[0], cache.latent_BSC.shape, cache.latent_BSC.dtype),
-                         k_pe_BSR=jax.random.normal(keys[1], cache.k_pe_BSR.shape, cache.k_pe_BSR.dtype))
+  cache = write_latent(cache, jax.random.normal(keys[0], (batch, capacity, base.kv_lora_rank), jnp.bfloat16),
+                       jax.random.normal(keys[1], cache.k_pe_BSR.shape, cache.k_pe_BSR.dtype),
+                       jnp.broadcast_to(jnp.arange(capacity, dtype=jnp.int32), (batch, capacity)))
   positions_B1 = jnp.array([[6], [capacity - 1]], jnp.int32)  # 7 and 16 visible slots
   ids_B1 = jax.random.randint(keys[2], (batch, 1), 0, base.vocab_size, jnp.int32)
   hidden_B1D = jax.random.normal(keys[3], (batch, 1, base.hidden_size), jnp.bfloat16)
