@@ -19,7 +19,8 @@ chunks over a DSA cache use the sparse absorbed form (jax_mtp.prefill), as vLLM'
 With a bf16 model the sparse form's dots take bf16 inputs with fp32 accumulation and fp32 softmax (the
 gathered entries are read in the cache's dtype); fp32 models, and the dense absorbed form, compute in fp32. A DSA
 model's absorbed calls over a cache within index_topk (the top-k would be every visible slot) run the sparse form's
-kernel over every visible slot where the sparse attention resolves to it (`attends_every_slot_by_kernel`).
+kernel over every visible slot where the sparse attention resolves to it (under "auto" from 8 queries a call:
+`attends_every_slot_by_kernel`).
 
 Scores are masked to slots ≤ the query's position and, with DSA (cache longer than index_topk), to
 the indexer's top-k: the naive form masks the dense scores; the absorbed form gathers the K selected
@@ -100,7 +101,7 @@ class MLAttention(nn.Module):
       if cfg.has_indexer and self.is_mutable_collection(INDEXER_TRAINING):  # the indexer learns in dense training too
         self.indexer(x_BTD, qr_BTQ, positions_BT, rotary, cache)
         self.sow(INDEXER_TRAINING, "visible_BTS", visible_BTS)
-      if absorb and attends_every_slot_by_kernel(cfg):  # the top-k would be every visible slot: the kernel's way
+      if absorb and attends_every_slot_by_kernel(cfg, queries=x_BTD.shape[0] * x_BTD.shape[1]):  # the top-k would be every visible slot: the kernel's way
         o_BTNH = self._absorbed_sparse(q_nope_BTNP, q_pe_BTNR, cache, every_visible_slot(visible_BTS))
       else:
         o_BTNH = (self._absorbed if absorb else self._naive)(q_nope_BTNP, q_pe_BTNR, cache, visible_BTS)
@@ -212,17 +213,25 @@ def resolve_sparse_attention_impl(cfg: MtpConfig, platform: str, *, hopper: bool
   return impl
 
 
-def attends_every_slot_by_kernel(cfg: MtpConfig) -> bool:
-  """Whether a DSA model's absorbed calls over a cache of at most index_topk slots (where the top-k would be every
-  visible slot) run the sparse-MLA kernel over all of them, as vLLM's V3.2 runs FlashMLA's sparse kernel over a
-  top-k padded with −1, rather than `dense_latent_attention`: where the sparse attention resolves to the kernel.
-  Why: at B = 64 over a 1K prompt's 1,283 slots XLA's dense form took 329 µs a layer at T = 1 and 1,394 µs at T = 4
-  (0.10 and 0.08 of its floor, an H100, benchmarks/RESULTS.md 2026-12-05), every V3.2 request under 2K tokens.
-  V3 models (no indexer) keep the dense form: their attention is not a selection, and `sparse_attention_impl`
-  names the sparse attention's kernel."""
+# Queries a call (B · T) from which `auto` attends a cache within index_topk through the sparse-MLA kernel: measured
+# 3.5–3.8× XLA's dense form at 64 and 256, 1.09× at 8 (an H100, 1,283 slots, benchmarks/RESULTS.md 2026-12-05); below
+# 8 not measured, and the kernel's ~30 µs of fixed latency at one query (RESULTS, the B = 1 rows) can exceed the
+# dense form's few small dots there, so fewer queries keep the dense form
+EVERY_SLOT_KERNEL_MIN_QUERIES = 8
+
+
+def attends_every_slot_by_kernel(cfg: MtpConfig, queries: int) -> bool:
+  """Whether a DSA model's absorbed call of `queries` (B · T) queries over a cache of at most index_topk slots (where
+  the top-k would be every visible slot) runs the sparse-MLA kernel over all of them, as vLLM's V3.2 runs FlashMLA's
+  sparse kernel over a top-k padded with −1, rather than `dense_latent_attention`: where the sparse attention
+  resolves to the kernel — explicitly at any query count, under "auto" from EVERY_SLOT_KERNEL_MIN_QUERIES. Why: at
+  B = 64 over a 1K prompt's 1,283 slots XLA's dense form took 378 µs a layer at T = 1 and 1,391 µs at T = 4 (0.08 of
+  its floor), the kernel 109 and 363 (an H100, benchmarks/RESULTS.md 2026-12-05). V3 models (no indexer) keep the
+  dense form: their attention is not a selection, and `sparse_attention_impl` names the sparse attention's kernel."""
   if not cfg.has_indexer:
     return False
-  return resolve_sparse_attention_impl(cfg, lowering_platform(), hopper=lowering_gpu_is_hopper()) != "xla"
+  impl = resolve_sparse_attention_impl(cfg, lowering_platform(), hopper=lowering_gpu_is_hopper())
+  return impl != "xla" and (cfg.sparse_attention_impl != "auto" or queries >= EVERY_SLOT_KERNEL_MIN_QUERIES)
 
 
 def every_visible_slot(visible_BTS: jax.Array) -> Selection:

@@ -15,7 +15,7 @@ from jax_mtp.indexer import SCORE_BLOCK_SLOTS, Selection, kernel_capacity
 from jax_mtp.kernels.index_scores import KERNEL_NAME as TRITON_INDEX_SCORES
 from jax_mtp.kernels.index_scores_mgpu import KERNEL_NAME as INDEX_SCORES
 from jax_mtp.kernels.sparse_mla_mgpu import KERNEL_NAME as SPARSE_MLA
-from jax_mtp.mla import MLAttention, write_latent
+from jax_mtp.mla import EVERY_SLOT_KERNEL_MIN_QUERIES, MLAttention, write_latent
 from jax_mtp.mtp import MtpPredictor, init_caches
 from jax_mtp.request import required_capacity
 from tests.conftest import FULL_ONLY, FULL_TESTS
@@ -59,14 +59,20 @@ def test_the_clis_gpu_programs_hold_both_kernels_at_an_odd_prompt_length(share):
     assert SPARSE_MLA in module and "xla.gpu.triton" not in module, name  # no Pallas Triton kernel at all
 
 
-def test_a_short_requests_gpu_round_attends_through_the_sparse_kernel():
-  """A request whose cache fits within index_topk (5 + 5 + 3 = 13 slots ≤ top-16): no indexer runs, and the round's
-  absorbed calls attend over every visible slot through the sparse-MLA kernel, as over a top-k (XLA's dense form
-  ran at 0.1 of its floor: `mla.attends_every_slot_by_kernel`)."""
+@pytest.mark.parametrize("rows", [1, 2])
+def test_a_short_requests_gpu_round_attends_through_the_sparse_kernel_from_8_queries(rows):
+  """A request whose cache fits within index_topk (5 + 5 + 3 = 13 slots ≤ top-16): no indexer runs, and under "auto"
+  the round's absorbed calls of at least EVERY_SLOT_KERNEL_MIN_QUERIES (8) queries attend over every visible slot
+  through the sparse-MLA kernel, as over a top-k (XLA's dense form ran at 0.1 of its floor); fewer keep the dense
+  form. Two rows: the verification's 2 × 4 queries take the kernel, the draft steps' 2 the dense form; one row: 4
+  and 1, the dense form alone."""
   cfg = _kernel_cfg(moe_impl="ragged_dot")
-  assert required_capacity(cfg, [[1] * 5], 5, 3) <= cfg.index_topk
-  modules = speculator_modules(cfg, [list(range(1, 6))], 5, 3)
-  assert SPARSE_MLA in modules["round"] and "dense_attention" not in modules["round"]
+  assert EVERY_SLOT_KERNEL_MIN_QUERIES == 8
+  prompts = [list(range(1, 6))] * rows
+  assert required_capacity(cfg, prompts, 5, 3) <= cfg.index_topk
+  modules = speculator_modules(cfg, prompts, 5, 3)
+  assert (SPARSE_MLA in modules["round"]) == (rows == 2)
+  assert "dense_attention" in modules["round"]  # the draft steps' (and at one row the verification's) calls
   assert all(INDEX_SCORES not in module for module in modules.values())
 
 
