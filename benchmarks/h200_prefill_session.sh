@@ -69,6 +69,7 @@
 #   shortreq (09:32 2026-12-05) a V3.2 request under index_topk through the sparse kernel: the forms timed, its GPU tests,
 #            the FP8 round at B = 64 over a 1K prompt
 #   tokens   (not run yet) the GPU's token tests after the random init's change
+#   tokens2  (not run yet) the dense form against the kernel at B = 1 and 8, then tokens' tests bounded to ~5 min
 #   fp8      benchmarks.e2e with FP8 weights kept as codes: 1K and 32K prompts at B = 1, 1K at B = 64
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
@@ -379,6 +380,15 @@ case "${1:?stage}" in
     run 100 gpu_tests_shortreq.txt python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_user_path_kernels.py \
       -k "short_request or within_index_topk or odd_prompt or reused_selection"
     run 300 e2e_fp8_b64_short.md python3 -m benchmarks.e2e --weights fp8 --prompt 1024 --batch 64 --iters 5
+    ;;
+  tokens2)  # (not run yet) the dense form against the kernel at 1–32 queries (auto's EVERY_SLOT_KERNEL_MIN_QUERIES = 8,
+            # untimed below 8), then tokens' GPU tests bounded to fit the session's last device minutes
+    run 45 dense_attention_small.md python3 -m benchmarks.dense_attention --batch 1 8 --tokens 1 4 --capacity 1283 \
+      --iters 10
+    run 200 gpu_tests_tokens.txt python3 -m pytest -q -rfE --tb=line -p no:cacheprovider tests/test_speculative.py \
+      tests/test_auto_gpu_paths.py tests/test_index_share.py
+    run 90 gpu_tests_tokens2.txt python3 -m pytest -q -rfE --tb=line -p no:cacheprovider tests/test_sparse_mla_mgpu.py \
+      tests/test_user_path_kernels.py tests/test_fp8_weights.py -k "tokens or index_sharing or speculative or short_request"
     ;;
   tokens)  # (not run yet; 2026-12-05) the GPU's token tests after the random init's embedding went from normal(1) to
           # normal(0.02) (the layers now decide random models' tokens; before, no token test could see them): every GPU
