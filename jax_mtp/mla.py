@@ -213,10 +213,9 @@ def resolve_sparse_attention_impl(cfg: MtpConfig, platform: str, *, hopper: bool
   return impl
 
 
-# Queries a call (B · T) from which `auto` attends a cache within index_topk through the sparse-MLA kernel: measured
-# 3.5–3.8× XLA's dense form at 64 and 256, 1.09× at 8 (an H100, 1,283 slots, benchmarks/RESULTS.md 2026-12-05); below
-# 8 not measured, and the kernel's ~30 µs of fixed latency at one query (RESULTS, the B = 1 rows) can exceed the
-# dense form's few small dots there, so fewer queries keep the dense form
+# Queries a call (B · T) from which `auto` attends a cache within index_topk through the sparse-MLA kernel: on an H100
+# over 1,283 slots it was 3.5–3.8× XLA's dense form at 64 and 256 queries, 1.09× at 8, but 0.92× at 4 and 0.41× at 1,
+# where its fixed latency is the whole call (benchmarks/RESULTS.md, 2026-12-05)
 EVERY_SLOT_KERNEL_MIN_QUERIES = 8
 
 
