@@ -69,7 +69,7 @@
 #   shortreq (09:32 2026-12-05) a V3.2 request under index_topk through the sparse kernel: the forms timed, its GPU tests,
 #            the FP8 round at B = 64 over a 1K prompt
 #   tokens   (not run yet) the GPU's token tests after the random init's change
-#   tokens2  (not run yet) the dense form against the kernel at B = 1 and 8, then tokens' tests bounded to ~5 min
+#   tokens2  (10:02 2026-12-05: its first command's B = 1 rows only, the rest cut by the device budget) the dense form against the kernel at B = 1 and 8, then tokens' tests bounded to ~5 min
 #   fp8      benchmarks.e2e with FP8 weights kept as codes: 1K and 32K prompts at B = 1, 1K at B = 64
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
