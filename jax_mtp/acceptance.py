@@ -16,14 +16,49 @@ greedy drafts, as vLLM runs MTP: the draft distribution q_j is one-hot at d_{j+1
 Each emitted token is then distributed exactly as p (the target's own sampling distribution):
 P(d) = p(d)·1 and P(x ≠ d) = (1 − p(d)) · p(x)/(1 − p(d)) = p(x).
 
+Top-k and top-p (`Sampling`) restrict p before all of this, as vLLM's sampler does (top-k, then the top-p nucleus
+of what top-k kept; softmax over the rest): p is then the filtered distribution, every step above holds for it
+unchanged, and a draft outside it has p(d) = 0 (always rejected).
+
 Both return (a_B int32 accepted drafts in 0..k, emitted_BW int32) where emitted[:, :a+1] are the
 row's new tokens and later entries are meaningless. Shapes: B rows, M = k drafts, W = k + 1, V vocab.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
+
+
+class Sampling(NamedTuple):
+  """What a sampled token is drawn from: softmax(logits / temperature) over the `top_k` most likely tokens, then over
+  the smallest set of those, most likely first, whose probability reaches `top_p` (vLLM's order). A filter that is
+  None is off; which are on is static (each combination compiles its own program, and none sorts the vocabulary when
+  both are off), their values traced. Ties at a filter's threshold are all kept."""
+
+  temperature: jax.Array | float
+  top_k: jax.Array | int | None = None  # ≥ 1
+  top_p: jax.Array | float | None = None  # in (0, 1)
+
+
+def sampling_logits(logits_BTV: jax.Array, sampling: Sampling) -> jax.Array:
+  """fp32 logits / temperature with the tokens top-k and top-p filter out at −inf (`Sampling`)."""
+  scaled_BTV = logits_BTV.astype(jnp.float32) / sampling.temperature
+  if sampling.top_k is None and sampling.top_p is None:
+    return scaled_BTV
+  v = scaled_BTV.shape[-1]
+  sorted_BTV = -jnp.sort(-scaled_BTV, axis=-1)  # most likely first
+  top_k = v if sampling.top_k is None else sampling.top_k
+  kept_BTV = jnp.broadcast_to(jnp.arange(v) < top_k, sorted_BTV.shape)
+  if sampling.top_p is not None:  # of what top-k kept: the mass ranked strictly above each token is under top_p
+    probs_BTV = jax.nn.softmax(jnp.where(kept_BTV, sorted_BTV, -jnp.inf), axis=-1)
+    kept_BTV &= jnp.cumsum(probs_BTV, axis=-1) - probs_BTV < sampling.top_p
+  # the last kept rank's logit (rank 0 is always kept: nothing ranks above it, top_k ≥ 1)
+  last_BT1 = jnp.sum(kept_BTV, axis=-1, keepdims=True) - 1
+  threshold_BT1 = jnp.take_along_axis(sorted_BTV, last_BT1, axis=-1)
+  return jnp.where(scaled_BTV >= threshold_BT1, scaled_BTV, -jnp.inf)
 
 
 def accepted_prefix(accepted_BM: jax.Array) -> jax.Array:
@@ -37,19 +72,19 @@ def accept_greedy(drafts_BM: jax.Array, target_BW: jax.Array) -> tuple[jax.Array
   return a_B, target_BW.astype(jnp.int32)
 
 
-def sample(logits_BTV: jax.Array, temperature: float, key: jax.Array) -> jax.Array:
-  """Tokens int32 [B, T] from softmax(logits / temperature); temperature > 0."""
-  return jax.random.categorical(key, logits_BTV.astype(jnp.float32) / temperature, axis=-1).astype(jnp.int32)
+def sample(logits_BTV: jax.Array, sampling: Sampling, key: jax.Array) -> jax.Array:
+  """Tokens int32 [B, T] from p = softmax(`sampling_logits`); temperature > 0."""
+  return jax.random.categorical(key, sampling_logits(logits_BTV, sampling), axis=-1).astype(jnp.int32)
 
 
-def accept_sampled(drafts_BM: jax.Array, logits_BWV: jax.Array, temperature: float,
+def accept_sampled(drafts_BM: jax.Array, logits_BWV: jax.Array, sampling: Sampling,
                    key: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """Rejection sampling of greedy (one-hot) drafts against p = softmax(logits / temperature).
+  """Rejection sampling of greedy (one-hot) drafts against p = softmax(`sampling_logits`).
 
   drafts_BM int [B, k]; logits_BWV fp32 [B, k + 1, V]; temperature > 0; key: one PRNG key.
   """
   b, m = drafts_BM.shape
-  probs_BWV = jax.nn.softmax(logits_BWV.astype(jnp.float32) / temperature, axis=-1)
+  probs_BWV = jax.nn.softmax(sampling_logits(logits_BWV, sampling), axis=-1)
   key_accept, key_resample = jax.random.split(key)
   p_draft_BM = jnp.take_along_axis(probs_BWV[:, :m], drafts_BM[..., None], axis=-1)[..., 0]
   a_B = accepted_prefix(jax.random.uniform(key_accept, (b, m)) < p_draft_BM)

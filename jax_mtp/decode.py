@@ -41,7 +41,7 @@ from jax_mtp.generate import TargetDecoder
 from jax_mtp.kernels.fused_allreduce_rmsnorm import gpu_kernels
 from jax_mtp.platform import lowering_gpu_is_hopper
 from jax_mtp.request import (check_caches_fit, required_capacity, stop_id_array, validate_prompts, validate_seed,
-                             validate_temperature)
+                             validate_temperature, validate_top_k, validate_top_p)
 from jax_mtp.sharding import make_mesh, validate_tp
 from jax_mtp.speculative import SpecParams, SpecResult, Speculator
 from jax_mtp.tokenizer import TextCodec, eos_token_ids
@@ -55,6 +55,8 @@ class Settings(NamedTuple):
   k: int  # --num-speculative-tokens
   max_new_tokens: int
   temperature: float
+  top_k: int
+  top_p: float
   seed: int
   impl: str  # the fused all-reduce + RMSNorm's
   weights: str
@@ -64,7 +66,7 @@ class Settings(NamedTuple):
   @classmethod
   def of(cls, args: argparse.Namespace) -> Settings:
     return cls(args.checkpoint, args.random_tiny, args.tp, args.num_speculative_tokens, args.max_new_tokens,
-               args.temperature, args.seed, args.impl, args.weights, args.check, args.json)
+               args.temperature, args.top_k, args.top_p, args.seed, args.impl, args.weights, args.check, args.json)
 
 
 class Request(NamedTuple):
@@ -213,10 +215,12 @@ def _check_run_flags(settings: Settings) -> None:
     validate_seed(settings.seed)  # the API's check (jax.random.key takes a 64-bit integer), said of the flag
   except ValueError:
     raise BadInput(f"--seed={settings.seed} must fit in 64 bits (-2^63 .. 2^63 - 1)") from None
-  try:
-    validate_temperature(settings.temperature)
-  except ValueError as e:  # "temperature=… must …", said of the flag
-    raise BadInput(f"--{e}") from None
+  for name, validate, value in (("temperature", validate_temperature, settings.temperature),
+                                ("top_k", validate_top_k, settings.top_k), ("top_p", validate_top_p, settings.top_p)):
+    try:
+      validate(value)
+    except ValueError as e:  # "top_k=… must …", said of the flag
+      raise BadInput(f"--{name.replace('_', '-')}{str(e).removeprefix(name)}") from None
   if settings.check and settings.temperature > 0:
     raise BadInput(f"--check compares greedy outputs token for token; it needs --temperature 0, "
                     f"got {settings.temperature}")
@@ -373,8 +377,9 @@ def _decode(request: Request, built: Built, prompts: list[list[int]]) -> tuple[S
     if stream is not None:
       print(_model_line(s, built.cfg))
       print(request.texts[0], end="", flush=True)
-    result = built.spec.generate(built.params, prompts, s.max_new_tokens, temperature=s.temperature, seed=s.seed,
-                                 stop_ids=request.stop_ids, on_progress=progress, on_tokens=stream)
+    result = built.spec.generate(built.params, prompts, s.max_new_tokens, temperature=s.temperature, top_k=s.top_k,
+                                 top_p=s.top_p, seed=s.seed, stop_ids=request.stop_ids, on_progress=progress,
+                                 on_tokens=stream)
   finally:
     progress.close()
   if built.plain is None:
@@ -386,7 +391,8 @@ def _decode(request: Request, built: Built, prompts: list[list[int]]) -> tuple[S
 
 
 def _model_line(s: Settings, cfg: jax_mtp.MtpConfig) -> str:
-  mode = "greedy" if s.temperature == 0 else f"temperature {s.temperature}, seed {s.seed}"
+  filters = (f", top-k {s.top_k}" if s.top_k else "") + (f", top-p {s.top_p}" if s.top_p < 1 else "")
+  mode = "greedy" if s.temperature == 0 else f"temperature {s.temperature}{filters}, seed {s.seed}"
   if s.random_tiny:
     model = "tiny DeepSeek-V3.2 target + MTP layer (random weights)"
   elif s.checkpoint is None:

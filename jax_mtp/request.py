@@ -40,16 +40,34 @@ MIN_TEMPERATURE = 1e-4
 MAX_TEMPERATURE = float(np.finfo(np.float32).max)
 
 
+def _real(value) -> bool:
+  """Whether `value` is a real number (a Python or numpy one, or a 0-d float array), not a bool."""
+  real = isinstance(value, numbers.Real) or (np.ndim(value) == 0 and hasattr(value, "dtype")
+                                             and np.issubdtype(value.dtype, np.floating))
+  return real and not isinstance(value, (bool, np.bool_))
+
+
 def validate_temperature(temperature) -> None:
-  real = isinstance(temperature, numbers.Real) or (np.ndim(temperature) == 0 and hasattr(temperature, "dtype")
-                                                   and np.issubdtype(temperature.dtype, np.floating))
-  if not real or isinstance(temperature, (bool, np.bool_)) or not math.isfinite(temperature) or temperature < 0:
+  if not _real(temperature) or not math.isfinite(temperature) or temperature < 0:
     raise ValueError(f"temperature={temperature!r} must be a finite number ≥ 0")
   if temperature > MAX_TEMPERATURE:  # sampling divides float32 logits by it
     raise ValueError(f"temperature={temperature!r} is above {MAX_TEMPERATURE:.3g}, the largest float32")
   if 0 < temperature < MIN_TEMPERATURE:
     raise ValueError(f"temperature={temperature!r} is below {MIN_TEMPERATURE} (the logits would overflow); "
                      f"use 0 for greedy decoding")
+
+
+def validate_top_k(top_k) -> None:
+  """Sampling's top-k: an integer ≥ 0 (0: off; one at or above the vocabulary keeps every token)."""
+  number = _integer(top_k)
+  if number is None or number < 0:
+    raise ValueError(f"top_k={top_k!r} must be an integer ≥ 0 (0: off)")
+
+
+def validate_top_p(top_p) -> None:
+  """Sampling's top-p: a number in (0, 1] (1: off)."""
+  if not _real(top_p) or not 0 < top_p <= 1:  # NaN fails the comparison
+    raise ValueError(f"top_p={top_p!r} must be a number in (0, 1] (1: off)")
 
 
 def validate_seed(seed) -> None:

@@ -4,7 +4,8 @@ Round (per row, all rows at once):
     propose   the drafter catches up on the target hiddens committed last round and drafts d1..dk
     verify    ONE target forward over [t1, d1..dk] at positions length .. length + k
     accept    greedy: longest prefix with d_{j+1} == argmax_j, + the bonus token (jax_mtp.acceptance);
-              temperature > 0: rejection sampling of the (greedy, one-hot) drafts
+              temperature > 0: rejection sampling of the (greedy, one-hot) drafts against the target's
+              distribution, restricted by top-k / top-p where given (jax_mtp.acceptance.Sampling)
     commit    length += a + 1 (cut at max_new_tokens); the next t1 is the last emitted token
 
 Ragged batches: positions, not masks. Prompts are right-padded to the longest (T tokens) and
@@ -29,7 +30,8 @@ before drafting from the last one — what vLLM does with the accepted tokens' h
 prefill does the same over the whole prompt.
 
 Shapes are static: the prefill compiles once per (B, T, capacity), the round once per (B, capacity),
-each in a greedy and a sampling variant; max_new_tokens and the temperature are traced scalars and
+each in a greedy and a sampling variant (one per combination of the top-k / top-p filters on); max_new_tokens,
+the temperature and the filters' values are traced scalars and
 the output buffer has `capacity` columns, so neither the number of tokens nor of rounds recompiles
 anything. `capacity = T + max_new_tokens + k` holds every position a row ever writes (an active row
 writes ≤ len + max_new − 2 + k, a frozen one ≤ len + max_new − 1 + k).
@@ -55,7 +57,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from jax_mtp.acceptance import accept_greedy, accept_sampled, sample
+from jax_mtp.acceptance import Sampling, accept_greedy, accept_sampled, sample
 from jax_mtp.config import MtpConfig
 from jax_mtp.drafter import MtpDrafter, Window
 from jax_mtp.experts import check_runs_on
@@ -66,7 +68,7 @@ from jax_mtp.mtp import MtpPredictor
 from jax_mtp.param_tree import check_param_tree, expected_target_tree
 from jax_mtp.prefill import apply_in_chunks, prefill_plan, target_prefill
 from jax_mtp.request import (check_caches_fit, pack_prompts, required_capacity, stop_id_array, validate_positive,
-                             validate_prompts, validate_seed, validate_temperature)
+                             validate_prompts, validate_seed, validate_temperature, validate_top_k, validate_top_p)
 from jax_mtp.sharding import (jit_per_shard, param_specs, replicated, shard_params, tensor_parallel,
                               tp_size, validate_tp)
 
@@ -120,7 +122,8 @@ class Speculator:
 
   `drafter` defaults to the MTP predictor (`drafter_cls`, greedy through its declared path); any
   object with the `jax_mtp.drafter` interface may stand in (the tests' perfect / wrong drafters).
-  Greedy and sampling are two compiled programs; the temperature itself is a traced value.
+  Greedy and sampling are two compiled programs (sampling one per combination of the top-k / top-p filters on);
+  the temperature and the filters' values are traced.
   """
 
   def __init__(self, cfg: MtpConfig, mesh: Mesh, num_speculative_tokens: int, *, norm_impl: str = "xla",
@@ -141,11 +144,14 @@ class Speculator:
     return SpecParams(shard_params(target_params, self.cfg, self.mesh), self.drafter.shard(mtp_params, self.mesh))
 
   def generate(self, params: SpecParams, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
-               temperature: float = 0.0, seed: int = 0, capacity: int | None = None,
+               temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+               capacity: int | None = None,
                stop_ids: Sequence[int] = (),
                on_progress: Callable[[int, int], None] | None = None,
                on_tokens: Callable[[list[list[int]]], None] | None = None) -> SpecResult:
-    """`max_new_tokens` tokens after each prompt: greedy at temperature 0, else sampled (`seed`).
+    """`max_new_tokens` tokens after each prompt: greedy at temperature 0, else sampled (`seed`) from the target's
+    softmax(logits / temperature) restricted to its `top_k` most likely tokens (0: all) and then to their top-`top_p`
+    nucleus (1: all), as vLLM's sampler restricts it (`acceptance.Sampling`; greedy's token is in both sets).
     A row that emits one of `stop_ids` (the checkpoint's EOS ids) stops there, the stop id its last
     token; the others go on. `capacity` (cache positions) defaults to the minimum; a larger fixed one
     lets calls with other lengths share the compiled functions. `on_progress(tokens_done,
@@ -154,16 +160,22 @@ class Speculator:
     validate_prompts(self.cfg, prompts)
     validate_positive("max_new_tokens", max_new_tokens)
     validate_temperature(temperature)
+    validate_top_k(top_k)
+    validate_top_p(top_p)
     validate_seed(seed)
-    max_new_tokens, temperature = int(max_new_tokens), float(temperature)  # numpy / 0-d array values as Python's
+    # numpy / 0-d array values as Python's
+    max_new_tokens, temperature, top_k, top_p = int(max_new_tokens), float(temperature), int(top_k), float(top_p)
     stop_N = stop_id_array(self.cfg, stop_ids)
     capacity = required_capacity(self.cfg, prompts, max_new_tokens, self.k, capacity)
     check_caches_fit(self.cfg, len(prompts), capacity, self.mesh.devices.flat)
     prompt_BT, lengths_B = pack_prompts(prompts)
-    sampled, temperature, max_new = temperature > 0, np.float32(temperature), np.int32(max_new_tokens)
-    prefill_args = (*params, prompt_BT, lengths_B, jax.random.key(seed), temperature, stop_N)
+    sampled, max_new = temperature > 0, np.int32(max_new_tokens)
+    # a filter that keeps every token is off: no program of its own, no sort of the vocabulary
+    sampling = Sampling(np.float32(temperature), np.int32(top_k) if 0 < top_k < self.cfg.vocab_size else None,
+                        np.float32(top_p) if top_p < 1 else None)
+    prefill_args = (*params, prompt_BT, lengths_B, jax.random.key(seed), sampling, stop_N)
     prefill = self._compile("prefill", capacity, sampled, prefill_args)
-    one_round = self._compile("round", capacity, sampled, (*params, prefill.out_info, max_new, temperature, stop_N))
+    one_round = self._compile("round", capacity, sampled, (*params, prefill.out_info, max_new, sampling, stop_N))
 
     total = max_new_tokens * len(prompts)
     start = time.perf_counter()
@@ -178,12 +190,12 @@ class Speculator:
       report(owed_B)
       if on_tokens is not None:
         on_tokens(_committed(state, max_new_tokens))
-      state, owed_dev_B = one_round(*params, state, max_new, temperature, stop_N)
+      state, owed_dev_B = one_round(*params, state, max_new, sampling, stop_N)
       # A row emits at most k + 1 tokens a round, so one owing more before the round just queued still
       # owes after it: queue the next round before waiting for this one's count, and the device never
       # idles on the host's check (streaming reads every round's tokens, so it waits instead).
       while on_tokens is None and owed_B.max() > self.k + 1:
-        state, owed_next_B = one_round(*params, state, max_new, temperature, stop_N)
+        state, owed_next_B = one_round(*params, state, max_new, sampling, stop_N)
         owed_B, owed_dev_B = np.asarray(owed_dev_B), owed_next_B
         report(owed_B)
       owed_B = np.asarray(owed_dev_B)
@@ -221,7 +233,7 @@ class Speculator:
 
   # --- per-shard functions (inside shard_map; every array but the params is replicated) ----------
 
-  def _prefill_per_shard(self, target_params, drafter_params, prompt_BT, lengths_B, key, temperature, stop_N, *,
+  def _prefill_per_shard(self, target_params, drafter_params, prompt_BT, lengths_B, key, sampling, stop_N, *,
                          capacity: int, sampled: bool) -> DecodeState:
     """Target prefill, the first token, the drafter's catch-up over the prompt."""
     b, t = prompt_BT.shape
@@ -229,7 +241,7 @@ class Speculator:
     d_vars = self.drafter.variables(drafter_params, target_params)
     hidden_BTD, last_B1D, caches = target_prefill(self.target, t_vars, prompt_BT, lengths_B, capacity)
     key, first_key = jax.random.split(key)
-    first_B = self._choose(t_vars, last_B1D, first_key, temperature if sampled else None)[:, 0]
+    first_B = self._choose(t_vars, last_B1D, first_key, sampling if sampled else None)[:, 0]
     # The prompt's (hidden at p, token at p + 1) pairs, with t1 after the last prompt token.
     next_BT = jnp.concatenate([prompt_BT[:, 1:], jnp.zeros((b, 1), jnp.int32)], axis=1)
     ids_BT = jnp.where(jnp.arange(t) == (lengths_B - 1)[:, None], first_B[:, None], next_BT)
@@ -260,7 +272,7 @@ class Speculator:
 
     return apply_in_chunks(run, (ids_BT, hidden_BTD), self.drafter.init_caches(b, capacity), chunk)[1]
 
-  def _round_per_shard(self, target_params, drafter_params, state: DecodeState, max_new, temperature, stop_N, *,
+  def _round_per_shard(self, target_params, drafter_params, state: DecodeState, max_new, sampling, stop_N, *,
                        sampled: bool) -> tuple[DecodeState, jax.Array]:
     """propose → verify → accept → commit for every row; rows with max_new tokens, or stopped, stay frozen.
     Returns the new state and the tokens each row still owes (int32 [B]; 0 once stopped), a separate
@@ -272,7 +284,7 @@ class Speculator:
     ids_BW = jnp.concatenate([state.next_token_B[:, None], drafts_BM.astype(jnp.int32)], axis=1)
     positions_BW = state.length_B[:, None] + jnp.arange(self.k + 1, dtype=jnp.int32)
     out = self.target.apply(t_vars, ids_BW, positions_BW, state.target_caches, absorb=True)  # decode-time: absorbed
-    a_B, emitted_BW = self._verify(t_vars, out.hidden_BTD, drafts_BM, verify_key, temperature if sampled else None)
+    a_B, emitted_BW = self._verify(t_vars, out.hidden_BTD, drafts_BM, verify_key, sampling if sampled else None)
 
     active_B = (state.num_out_B < max_new) & ~state.stopped_B
     # emit the a + 1 tokens, cut at max_new and just after the first stop id among them
@@ -301,18 +313,18 @@ class Speculator:
                             tokens_BO, num_out_B, stopped_B, failed_B, out.caches, d_caches, stats, key)
     return new_state, _owed(num_out_B, stopped_B, max_new)
 
-  def _verify(self, t_vars, hidden_BWD, drafts_BM, key, temperature):
-    """(accepted count a_B, emitted_BW): greedy when `temperature` is None, else rejection sampling."""
-    if temperature is None:
+  def _verify(self, t_vars, hidden_BWD, drafts_BM, key, sampling: Sampling | None):
+    """(accepted count a_B, emitted_BW): greedy when `sampling` is None, else rejection sampling."""
+    if sampling is None:
       return accept_greedy(drafts_BM, self.target.apply(t_vars, hidden_BWD, method=TargetModel.get_top_tokens))
     logits_BWV = self.target.apply(t_vars, hidden_BWD, method=TargetModel.compute_logits)
-    return accept_sampled(drafts_BM, logits_BWV, temperature, key)
+    return accept_sampled(drafts_BM, logits_BWV, sampling, key)
 
-  def _choose(self, t_vars, hidden_BTD, key, temperature) -> jax.Array:
-    """The target's next token(s) int32 [B, T]: greedy when `temperature` is None, else sampled."""
-    if temperature is None:
+  def _choose(self, t_vars, hidden_BTD, key, sampling: Sampling | None) -> jax.Array:
+    """The target's next token(s) int32 [B, T]: greedy when `sampling` is None, else sampled."""
+    if sampling is None:
       return self.target.apply(t_vars, hidden_BTD, method=TargetModel.get_top_tokens)
-    return sample(self.target.apply(t_vars, hidden_BTD, method=TargetModel.compute_logits), temperature, key)
+    return sample(self.target.apply(t_vars, hidden_BTD, method=TargetModel.compute_logits), sampling, key)
 
 
 def _finite_rows(hidden_BTD: jax.Array, keep_axis: bool = False) -> jax.Array:

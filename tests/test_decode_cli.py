@@ -79,6 +79,14 @@ def test_sampling_is_seeded(capsys):
   assert _json_run(capsys, argv)["tokens"] == first["tokens"]
 
 
+def test_top_k_1_sampling_prints_the_greedy_tokens(capsys):
+  """`--top-k 1` (or a tiny `--top-p`) keeps one token: hot sampling then decodes as greedy does (8 tokens)."""
+  greedy = _json_run(capsys, ["--max-new-tokens", "8"])["tokens"]
+  assert _json_run(capsys, ["--temperature", "1.5", "--top-k", "1", "--seed", "2", "--max-new-tokens", "8"])[
+      "tokens"] == greedy
+  assert _json_run(capsys, ["--temperature", "1.5", "--top-p", "1e-9", "--max-new-tokens", "8"])["tokens"] == greedy
+
+
 @pytest.mark.parametrize("argv, named", [
     (["--prompt-ids", ""], "prompt 0 is empty"),
     (["--prompt-ids", "1,2", "--prompt-ids", "1,999"], "prompt 1 holds token id 999, outside [0, 256)"),
@@ -97,6 +105,10 @@ def test_sampling_is_seeded(capsys):
     (["--temperature", "-1"], "--temperature=-1.0"),
     (["--temperature", "1e-30"], "--temperature=1e-30 is below 0.0001 (the logits would overflow); use 0"),
     (["--check", "--temperature", "0.5"], "needs --temperature 0, got 0.5"),
+    (["--top-k", "-1"], "--top-k=-1 must be an integer ≥ 0 (0: off)"),
+    (["--top-p", "0"], "--top-p=0.0 must be a number in (0, 1] (1: off)"),
+    (["--top-p", "1.5"], "--top-p=1.5 must be a number in (0, 1] (1: off)"),
+    (["--top-p", "nan"], "--top-p=nan must be a number in (0, 1] (1: off)"),
     (["--tp", "3"], "tp=3 does not divide num_attention_heads=8"),
     (["--tp", "0"], "--tp=0 must be ≥ 1"),
     (["--impl", "nope"], "'nope'"),

@@ -2,27 +2,25 @@
 tp ∈ {1, 2, 4}, prompts of different lengths); perfect and always-wrong drafters; the caches after
 acceptance; rejection sampling keeps the target distribution; no recompilation per token."""
 
-import contextlib
 import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy import stats
 
 import jax_mtp
-from jax_mtp.acceptance import accept_greedy, accept_sampled
+from jax_mtp.acceptance import Sampling, accept_greedy, accept_sampled
 from jax_mtp.drafter import MtpDrafter
 from jax_mtp.sharding import tensor_parallel
 from tests.conftest import FULL_ONLY, FULL_TESTS
 from tests.greedy import assert_same_greedy_tokens, plain_and_speculative
-from tests.tolerances import GREEDY_MIN_MARGIN, SAMPLING_MIN_PVALUE, assert_close
+from tests.sampling_checks import assert_follows, compilations
+from tests.tolerances import GREEDY_MIN_MARGIN, assert_close
 
 SMALL_VOCAB = 8  # the random MTP layer's drafts are sometimes right: partial acceptance is exercised
 PROMPT_LENGTHS = (8, 3, 1)
 MAX_NEW, CAPACITY = 20, 40  # one capacity for every run: identical cache shapes, shared compilations
-BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"  # jax's event for each XLA compilation
 
 
 @functools.cache
@@ -267,20 +265,31 @@ def test_sampling_is_seeded_and_a_tiny_temperature_is_greedy():
   assert all(0 <= t < SMALL_VOCAB for row in runs[2] for t in row)
 
 
-@contextlib.contextmanager
-def _compilations():
-  """Yields the list of function names XLA compiles while the block runs."""
-  compiled = []
+@pytest.mark.parametrize("filters", [dict(top_k=1), dict(top_p=1e-6), dict(top_k=1, top_p=0.5)])
+def test_top_k_1_or_a_tiny_top_p_samples_the_greedy_tokens(filters):
+  """Hot sampling (temperature 1) restricted to one token is greedy decoding: the speculative output equals plain
+  greedy decoding's token for token."""
+  spec, params = _speculator(SMALL_VOCAB, 1, 3)
+  result = spec.generate(params, _prompts(SMALL_VOCAB), MAX_NEW, temperature=1.0, seed=3, capacity=CAPACITY,
+                         **filters)
+  assert result.tokens == _plain(SMALL_VOCAB)
 
-  def listener(event, duration, **kwargs):
-    if event == BACKEND_COMPILE:
-      compiled.append(kwargs.get("fun_name"))
 
-  jax.monitoring.register_event_duration_secs_listener(listener)
-  try:
-    yield compiled
-  finally:
-    jax.monitoring.unregister_event_duration_listener(listener)
+def test_filter_values_are_traced_and_filters_off_are_plain_sampling():
+  """Another top-k or top-p value compiles nothing (they are traced); a filter that keeps every token (top-k 0 or ≥
+  the vocabulary, top-p 1) is plain temperature sampling, token for token; a real filter changes the tokens."""
+  spec, params = _speculator(SMALL_VOCAB, 1, 3)
+
+  def run(**filters):
+    return spec.generate(params, _prompts(SMALL_VOCAB), MAX_NEW, temperature=1.0, seed=4, capacity=CAPACITY,
+                         **filters).tokens
+
+  filtered = run(top_k=3, top_p=0.9)
+  with compilations() as compiled:
+    run(top_k=5, top_p=0.7)
+  assert compiled == [], compiled
+  plain = run()
+  assert plain == run(top_k=0) == run(top_k=SMALL_VOCAB) == run(top_p=1.0) != filtered
 
 
 def test_no_recompilation_per_token():
@@ -288,7 +297,7 @@ def test_no_recompilation_per_token():
   shapes compiles nothing at all: every round reuses the one compiled round."""
   spec, params = _speculator(SMALL_VOCAB, 1, 2)
   short = spec.generate(params, _prompts(SMALL_VOCAB), 4, capacity=CAPACITY)
-  with _compilations() as compiled:
+  with compilations() as compiled:
     other_prompts = [[(t + 1) % SMALL_VOCAB for t in prompt] for prompt in _prompts(SMALL_VOCAB)]
     long = spec.generate(params, other_prompts, 30, capacity=CAPACITY)
   assert compiled == [], compiled
@@ -300,7 +309,7 @@ def test_compilations_are_counted():
   cfg, target_params, _ = _weights(SMALL_VOCAB)
   spec = jax_mtp.Speculator(cfg, jax_mtp.make_mesh(1), 1, drafter=OracleDrafter(_sequences(SMALL_VOCAB),
                                                                               SMALL_VOCAB, offset=1))
-  with _compilations() as compiled:
+  with compilations() as compiled:
     result = spec.generate(spec.shard(target_params, {}), _prompts(SMALL_VOCAB), MAX_NEW, capacity=CAPACITY)
   assert result.metrics.rounds == len(PROMPT_LENGTHS) * (MAX_NEW - 1)  # always wrong: 1 token per round
   assert compiled.count("jit(_round_per_shard)") == 1 and compiled.count("jit(_prefill_per_shard)") == 1, compiled
@@ -314,13 +323,6 @@ def test_greedy_acceptance_is_the_longest_matching_prefix_plus_bonus():
   np.testing.assert_array_equal(emitted_BW, target_BW)
 
 
-def _assert_follows(samples, probs, what: str) -> None:
-  counts = np.bincount(np.asarray(samples), minlength=len(probs))
-  probs = np.asarray(probs, np.float64) / np.sum(probs)  # fp32 softmax sums to 1 only within 1e-7
-  pvalue = stats.chisquare(counts, probs * counts.sum()).pvalue
-  assert pvalue >= SAMPLING_MIN_PVALUE, f"{what}: counts {counts} vs p {np.round(probs, 3)}, p-value {pvalue:.2g}"
-
-
 def test_rejection_sampling_preserves_the_target_distribution():
   """Greedy (one-hot) drafts verified by rejection sampling: the first emitted token follows p_0,
   the second (given d1 accepted) p_1, the bonus (given both accepted) p_2 — on a 6-token vocab,
@@ -330,18 +332,19 @@ def test_rejection_sampling_preserves_the_target_distribution():
   probs_WV = np.asarray(jax.nn.softmax(logits_WV / temperature, axis=-1), np.float64)
   drafts_M = jnp.array([np.argsort(probs_WV[0])[-2], np.argmax(probs_WV[1])])  # a likely and the top token
   a_B, emitted_BW = jax.jit(accept_sampled)(jnp.broadcast_to(drafts_M, (n, 2)),
-                                            jnp.broadcast_to(logits_WV, (n, 3, 6)), temperature, jax.random.key(0))
+                                            jnp.broadcast_to(logits_WV, (n, 3, 6)), Sampling(temperature),
+                                            jax.random.key(0))
   a_B, emitted_BW = np.asarray(a_B), np.asarray(emitted_BW)
-  _assert_follows(emitted_BW[:, 0], probs_WV[0], "first token")
-  _assert_follows(emitted_BW[a_B >= 1, 1], probs_WV[1], "second token | d1 accepted")
-  _assert_follows(emitted_BW[a_B >= 2, 2], probs_WV[2], "bonus token | d1, d2 accepted")
-  _assert_follows((a_B >= 1).astype(int), [1 - probs_WV[0, drafts_M[0]], probs_WV[0, drafts_M[0]]], "d1 accepted")
+  assert_follows(emitted_BW[:, 0], probs_WV[0], "first token")
+  assert_follows(emitted_BW[a_B >= 1, 1], probs_WV[1], "second token | d1 accepted")
+  assert_follows(emitted_BW[a_B >= 2, 2], probs_WV[2], "bonus token | d1, d2 accepted")
+  assert_follows((a_B >= 1).astype(int), [1 - probs_WV[0, drafts_M[0]], probs_WV[0, drafts_M[0]]], "d1 accepted")
 
   d, p = int(drafts_M[0]), probs_WV[0]
   no_removal = p[d] * np.eye(6)[d] + (1 - p[d]) * p  # resampling from p instead of p without d
   biased = np.random.default_rng(1).choice(6, n, p=no_removal)
   with pytest.raises(AssertionError, match="p-value"):
-    _assert_follows(biased, p, "biased")
+    assert_follows(biased, p, "biased")
 
 
 @pytest.mark.parametrize("prompts, max_new, match", [
