@@ -26,7 +26,6 @@ import argparse
 import contextlib
 import dataclasses
 import os
-import re
 import sys
 from typing import NamedTuple
 
@@ -34,7 +33,8 @@ import jax
 
 import jax_mtp
 from jax_mtp import distributed, fp8, loader
-from jax_mtp.decode_flags import DEFAULT_PROMPT, DEFAULT_TEXT, BadInput, parser
+from jax_mtp.decode_flags import BadInput, parser
+from jax_mtp.decode_prompts import ChatRequest, prompts_from
 from jax_mtp.decode_output import Progress, TextStream, exit_code, print_result
 from jax_mtp.errors import first_line
 from jax_mtp.generate import TargetDecoder
@@ -58,6 +58,8 @@ class Settings(NamedTuple):
   top_k: int
   top_p: float
   seed: int
+  chat: bool
+  thinking: bool
   impl: str  # the fused all-reduce + RMSNorm's
   weights: str
   check: bool
@@ -66,7 +68,8 @@ class Settings(NamedTuple):
   @classmethod
   def of(cls, args: argparse.Namespace) -> Settings:
     return cls(args.checkpoint, args.random_tiny, args.tp, args.num_speculative_tokens, args.max_new_tokens,
-               args.temperature, args.top_k, args.top_p, args.seed, args.impl, args.weights, args.check, args.json)
+               args.temperature, args.top_k, args.top_p, args.seed, args.chat, args.thinking, args.impl, args.weights,
+               args.check, args.json)
 
 
 class Request(NamedTuple):
@@ -175,7 +178,8 @@ def validate(args: argparse.Namespace) -> Request:
   cfg = with_flags(jax_mtp.tiny() if source is None else loader.checkpoint_config(source), args)
   _check_run_flags(settings)
   ids_by_default = settings.checkpoint is not None or settings.random_tiny
-  texts, codec, prompts = _prompts(args.prompt, args.prompt_ids, source, ids_by_default)
+  chat = ChatRequest(settings.chat, settings.thinking, cfg.model_type) if settings.chat or settings.thinking else None
+  texts, codec, prompts = prompts_from(args.prompt, args.prompt_ids, source, ids_by_default, chat)
   validate_prompts(cfg, prompts)
   capacity = required_capacity(cfg, prompts, settings.max_new_tokens, settings.k)
   validate_tp(cfg, settings.tp)
@@ -224,34 +228,6 @@ def _check_run_flags(settings: Settings) -> None:
   if settings.check and settings.temperature > 0:
     raise BadInput(f"--check compares greedy outputs token for token; it needs --temperature 0, "
                     f"got {settings.temperature}")
-
-
-def _parse_ids(text: str) -> list[int]:
-  if not text.strip():
-    return []  # "prompt i is empty", said where the prompts are checked
-  items = [item.strip() for item in text.split(",")]
-  for i, item in enumerate(items):
-    # "1,,2" and "1,2,": an id left out is not dropped silently. int() alone would read "1_0" as 10 and take
-    # non-ASCII digits: a typo is refused, not decoded.
-    if not re.fullmatch(r"[+-]?[0-9]+", item):
-      what = f"{item!r} is not an integer (digits, optionally signed)" if item else "is empty"
-      raise BadInput(f"--prompt-ids {text!r}: entry {i} of {len(items)} {what}")
-  return [int(item) for item in items]
-
-
-def _prompts(prompt: list[str] | None, prompt_ids: list[str] | None, source: loader.Source | None,
-             ids_by_default: bool) -> tuple[list[str] | None, TextCodec | None, list[list[int]]]:
-  """(texts, codec, token ids): the ids from --prompt-ids (DEFAULT_PROMPT's where `ids_by_default` and no
-  prompt is given), or from --prompt through the model's tokenizer (the embedded default's: DEFAULT_TEXT)."""
-  if prompt is not None and prompt_ids is not None:
-    raise BadInput("give --prompt or --prompt-ids, not both")
-  if prompt is None and (prompt_ids is not None or ids_by_default):
-    return None, None, [_parse_ids(text) for text in (prompt_ids or [DEFAULT_PROMPT])]
-  if source is None:
-    raise BadInput("--prompt needs a tokenizer, and --random-tiny has none; use --prompt-ids")
-  texts = prompt or [DEFAULT_TEXT]
-  codec = TextCodec(source.directory)
-  return texts, codec, [codec.encode(text) for text in texts]
 
 
 KERNEL_PLATFORMS = {"mosaic_gpu": "gpu", "pallas_tpu": "tpu"}  # the DSA kernels' platforms

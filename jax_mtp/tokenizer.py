@@ -4,7 +4,8 @@ A HF checkpoint directory ships `tokenizer.json` (the `tokenizers` library's for
 `tokenizer_config.json`. Encoding applies `tokenizer.json`'s own post-processor; if
 `tokenizer_config.json` says `add_bos_token: true` and the ids do not already start with its
 `bos_token`, that token is put in front — DeepSeek-V3/V3.2 and GLM-5 prompts start with BOS, as
-`transformers`' tokenizer would give. No chat template is applied: `--prompt` is raw text.
+`transformers`' tokenizer would give. `--prompt` is raw text; `--chat` renders it in the checkpoint's chat format
+first (jax_mtp.chat), whose output carries its own special tokens (`encode_rendered`).
 """
 
 from __future__ import annotations
@@ -34,18 +35,30 @@ class TextCodec:
     self.bos_id = _bos_to_add(directory, self._tok)
 
   def encode(self, text: str) -> list[int]:
-    try:  # argv holds bytes that are not UTF-8 as lone surrogates, which the tokenizer cannot take
-      text.encode("utf-8")
-    except UnicodeEncodeError as e:
-      raise TokenizerError(f"prompt {text!r} is not valid UTF-8 (characters {e.start}–{e.end - 1}); give UTF-8 "
-                           f"text or --prompt-ids") from None
-    ids = self._tok.encode(text).ids
+    ids = self._tok.encode(_utf8(text)).ids
     if self.bos_id is not None and ids[:1] != [self.bos_id]:
       ids = [self.bos_id, *ids]
     return ids
 
+  def encode_rendered(self, text: str) -> list[int]:
+    """A chat template's output, which holds its own special tokens (BOS included): no post-processor, no BOS added
+    (transformers' apply_chat_template tokenizes so)."""
+    return self._tok.encode(_utf8(text), add_special_tokens=False).ids
+
+  def token_id(self, token: str) -> int | None:
+    return self._tok.token_to_id(token)
+
   def decode(self, ids: list[int]) -> str:
     return self._tok.decode(ids, skip_special_tokens=False)
+
+
+def _utf8(text: str) -> str:
+  try:  # argv holds bytes that are not UTF-8 as lone surrogates, which the tokenizer cannot take
+    text.encode("utf-8")
+  except UnicodeEncodeError as e:
+    raise TokenizerError(f"prompt {text!r} is not valid UTF-8 (characters {e.start}–{e.end - 1}); give UTF-8 "
+                         f"text or --prompt-ids") from None
+  return text
 
 
 def _bos_to_add(directory: str, tok) -> int | None:
