@@ -1,4 +1,5 @@
-"""`decode --chat`: each prompt as one user turn in the checkpoint's chat format, ready for the assistant's reply —
+"""`decode --chat`: each prompt as one user turn (after a `--system` turn, where given) in the checkpoint's chat
+format, ready for the assistant's reply —
 what `transformers`' `apply_chat_template(messages, add_generation_prompt=True)` renders, or, for DeepSeek-V3.2, which
 ships no Jinja template by design, what its own `encoding/encoding_dsv32.py` renders for one user message.
 
@@ -8,8 +9,8 @@ Where the format comes from, first found in the checkpoint's directory:
       controls; `raise_exception`, `strftime_now`, a `tojson` that keeps non-ASCII) with `messages`,
       `add_generation_prompt`, `bos_token` / `eos_token` (tokenizer_config.json's), and the thinking switches templates
       read (`enable_thinking`, GLM's and Qwen's; `thinking`, DeepSeek-V3.1's).
-  model_type deepseek_v32: BOS + "<｜User｜>" + text + "<｜Assistant｜>" + "</think>" (chat mode) or "<think>"
-      (thinking mode) — encode_messages' output for [{"role": "user", "content": text}].
+  model_type deepseek_v32: BOS + system + "<｜User｜>" + text + "<｜Assistant｜>" + "</think>" (chat mode) or
+      "<think>" (thinking mode) — encode_messages' output for an optional system message and one user message.
 Neither: a ChatFormatError naming the directory. The rendered text carries its own special tokens (BOS included), so
 it is tokenized without the tokenizer's post-processor (`TextCodec.encode_rendered`), as transformers does.
 """
@@ -31,20 +32,23 @@ class ChatFormatError(ValueError):
   """No chat format for this checkpoint, or one that cannot be read or rendered; the message names the file."""
 
 
-def render(directory: str, model_type: str, text: str, token_id, *, thinking: bool = False) -> str:
-  """`text` as one user turn followed by the assistant's turn opening, in the checkpoint's format (module docstring);
-  `thinking`: the model's thinking mode where the format has one. `token_id(text) -> id | None`: the tokenizer's
-  vocabulary, in which the built-in format's markers must be single tokens."""
+def render(directory: str, model_type: str, text: str, token_id, *, system: str | None = None,
+           thinking: bool = False) -> str:
+  """`text` as one user turn (after a `system` turn, where given) followed by the assistant's turn opening, in the
+  checkpoint's format (module docstring); `thinking`: the model's thinking mode where the format has one.
+  `token_id(text) -> id | None`: the tokenizer's vocabulary, in which the built-in format's markers must be single
+  tokens."""
+  messages = ([] if system is None else [{"role": "system", "content": system}]) + [{"role": "user", "content": text}]
   template = jinja_template(directory)
   if template is not None:
-    return _render_jinja(directory, template, text, thinking)
+    return _render_jinja(directory, template, messages, thinking)
   if model_type == "deepseek_v32":
     close = DSV32_THINK if thinking else DSV32_NO_THINK
     missing = [m for m in (DSV32_BOS, DSV32_USER, DSV32_ASSISTANT, close) if token_id(m) is None]
     if missing:
       raise ChatFormatError(f"DeepSeek-V3.2's chat format marks turns with {', '.join(missing)}, which the tokenizer "
                             f"of {directory!r} does not hold as tokens; give the formatted text with --prompt")
-    return DSV32_BOS + DSV32_USER + text + DSV32_ASSISTANT + close
+    return DSV32_BOS + (system or "") + DSV32_USER + text + DSV32_ASSISTANT + close  # the system prompt after BOS
   raise ChatFormatError(f"--chat needs the checkpoint's chat format, and {directory!r} has none: no {TEMPLATE_FILE}, "
                         f"no chat_template in {TOKENIZER_CONFIG}, and model_type {model_type!r} has no built-in one "
                         f"(deepseek_v32's); give the formatted text with --prompt")
@@ -66,7 +70,7 @@ def jinja_template(directory: str) -> str | None:
   return template
 
 
-def _render_jinja(directory: str, template: str, text: str, thinking: bool) -> str:
+def _render_jinja(directory: str, template: str, messages: list[dict], thinking: bool) -> str:
   import jinja2  # noqa: PLC0415 — only --chat needs it
   from jinja2.sandbox import ImmutableSandboxedEnvironment  # noqa: PLC0415
 
@@ -80,7 +84,7 @@ def _render_jinja(directory: str, template: str, text: str, thinking: bool) -> s
   config = _tokenizer_config(directory)
   try:
     return env.from_string(template).render(
-        messages=[{"role": "user", "content": text}], add_generation_prompt=True,
+        messages=messages, add_generation_prompt=True,
         bos_token=_token_text(config.get("bos_token")), eos_token=_token_text(config.get("eos_token")),
         enable_thinking=thinking, thinking=thinking)
   except jinja2.TemplateError as e:

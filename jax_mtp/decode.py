@@ -59,6 +59,7 @@ class Settings(NamedTuple):
   top_p: float
   seed: int
   chat: bool
+  system: str | None
   thinking: bool
   impl: str  # the fused all-reduce + RMSNorm's
   weights: str
@@ -68,7 +69,7 @@ class Settings(NamedTuple):
   @classmethod
   def of(cls, args: argparse.Namespace) -> Settings:
     return cls(args.checkpoint, args.random_tiny, args.tp, args.num_speculative_tokens, args.max_new_tokens,
-               args.temperature, args.top_k, args.top_p, args.seed, args.chat, args.thinking, args.impl, args.weights,
+               args.temperature, args.top_k, args.top_p, args.seed, args.chat, args.system, args.thinking, args.impl, args.weights,
                args.check, args.json)
 
 
@@ -178,7 +179,8 @@ def validate(args: argparse.Namespace) -> Request:
   cfg = with_flags(jax_mtp.tiny() if source is None else loader.checkpoint_config(source), args)
   _check_run_flags(settings)
   ids_by_default = settings.checkpoint is not None or settings.random_tiny
-  chat = ChatRequest(settings.chat, settings.thinking, cfg.model_type) if settings.chat or settings.thinking else None
+  asks_chat = settings.chat or settings.thinking or settings.system is not None
+  chat = ChatRequest(settings.chat, settings.system, settings.thinking, cfg.model_type) if asks_chat else None
   texts, codec, prompts = prompts_from(args.prompt, args.prompt_ids, source, ids_by_default, chat)
   validate_prompts(cfg, prompts)
   capacity = required_capacity(cfg, prompts, settings.max_new_tokens, settings.k)

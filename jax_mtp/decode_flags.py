@@ -43,6 +43,7 @@ def parser() -> argparse.ArgumentParser:
   p.add_argument("--chat", action="store_true",
                  help="render each --prompt as a user turn of the checkpoint's chat format (its Jinja template, or "
                       "DeepSeek-V3.2's own) before tokenizing it")
+  p.add_argument("--system", metavar="TEXT", help="with --chat: a system turn before each prompt")
   p.add_argument("--thinking", action="store_true", help="with --chat: the format's thinking mode (default: chat)")
   p.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate per prompt (default 32)")
   p.add_argument("--num-speculative-tokens", type=int, default=3, help="draft tokens k per round, ≥ 1 (default 3)")

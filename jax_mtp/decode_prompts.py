@@ -12,9 +12,11 @@ from jax_mtp.tokenizer import TextCodec
 
 
 class ChatRequest(NamedTuple):
-  """--chat / --thinking, and the model type whose built-in format applies where the checkpoint has no template."""
+  """--chat / --system / --thinking, and the model type whose built-in format applies where the checkpoint has no
+  template."""
 
   chat: bool
+  system: str | None
   thinking: bool
   model_type: str
 
@@ -26,7 +28,7 @@ def prompts_from(prompt: list[str] | None, prompt_ids: list[str] | None, source:
   prompt is given), or from --prompt through the model's tokenizer (the embedded default's: DEFAULT_TEXT); with
   `chat_request`, the texts are the chat format's renderings, which the output shows as the model read them."""
   if chat_request is not None and not chat_request.chat:
-    raise BadInput("--thinking picks the chat format's thinking mode; it needs --chat")
+    raise BadInput("--system and --thinking are parts of a chat prompt; they need --chat")
   if prompt is not None and prompt_ids is not None:
     raise BadInput("give --prompt or --prompt-ids, not both")
   if chat_request is not None and (prompt_ids is not None or source is None):
@@ -41,7 +43,7 @@ def prompts_from(prompt: list[str] | None, prompt_ids: list[str] | None, source:
   if chat_request is None:
     return texts, codec, [codec.encode(text) for text in texts]
   rendered = [chat.render(source.directory, chat_request.model_type, text, codec.token_id,
-                          thinking=chat_request.thinking) for text in texts]
+                          system=chat_request.system, thinking=chat_request.thinking) for text in texts]
   return rendered, codec, [codec.encode_rendered(text) for text in rendered]
 
 

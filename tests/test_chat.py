@@ -91,7 +91,7 @@ def test_deepseek_v32s_own_format_one_user_turn(tmp_path, thinking, close):
   markers = [chat.DSV32_BOS, chat.DSV32_USER, chat.DSV32_ASSISTANT, chat.DSV32_THINK, chat.DSV32_NO_THINK]
   directory = _checkpoint(tmp_path, extra_tokens=markers)  # ids past the small model's vocabulary: no decode run
   texts, codec, prompts = prompts_from(["hi"], None, loader.locate(directory), True,
-                                       ChatRequest(True, thinking, "deepseek_v32"))
+                                       ChatRequest(True, None, thinking, "deepseek_v32"))
   assert texts == ["<｜begin▁of▁sentence｜><｜User｜>hi<｜Assistant｜>" + close]
   ids = prompts[0]
   assert ids[:2] == [codec.token_id(chat.DSV32_BOS), codec.token_id(chat.DSV32_USER)]
@@ -99,9 +99,26 @@ def test_deepseek_v32s_own_format_one_user_turn(tmp_path, thinking, close):
   assert codec.decode(ids[2:-2]) == "hi"
 
 
+def test_a_system_turn_comes_first(tmp_path):
+  """--system: the template gets [system, user] (here folded into the user turn, as TEMPLATE does), and
+  DeepSeek-V3.2's form puts the system prompt right after BOS (encode_messages)."""
+  transformers = pytest.importorskip("transformers")
+  directory = _checkpoint(tmp_path, {"chat_template": TEMPLATE})
+  messages = [{"role": "system", "content": "Be brief. "}, {"role": "user", "content": "hi"}]
+  fast = transformers.PreTrainedTokenizerFast(tokenizer_file=os.path.join(directory, "tokenizer.json"),
+                                              chat_template=TEMPLATE)
+  assert (chat.render(directory, "glm_moe_dsa", "hi", lambda t: None, system="Be brief. ")
+          == fast.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == "<|user|>Be brief. hi"
+          '{"n": 2}\n<|assistant|></think>')
+  markers = [chat.DSV32_BOS, chat.DSV32_USER, chat.DSV32_ASSISTANT, chat.DSV32_NO_THINK]
+  assert (chat.render(_checkpoint(tmp_path / "v32"), "deepseek_v32", "hi", {m: 1 for m in markers}.get,
+                      system="Be brief.") == "<｜begin▁of▁sentence｜>Be brief.<｜User｜>hi<｜Assistant｜></think>")
+
+
 @pytest.mark.parametrize("argv, named", [
     (["--chat"], "DeepSeek-V3.2's chat format marks turns with <｜begin▁of▁sentence｜>"),  # the default: no markers
-    (["--thinking"], "--thinking picks the chat format's thinking mode; it needs --chat"),
+    (["--thinking"], "--system and --thinking are parts of a chat prompt; they need --chat"),
+    (["--system", "be brief"], "--system and --thinking are parts of a chat prompt; they need --chat"),
     (["--chat", "--random-tiny"], "--chat renders --prompt text in the checkpoint's chat format"),
     (["--chat", "--prompt-ids", "1,2"], "it takes no --prompt-ids"),
 ])
