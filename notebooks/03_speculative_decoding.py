@@ -197,6 +197,17 @@ print("τ = 0.001 equals greedy:", cold.tokens == plain)
 assert cold.tokens == plain
 
 # %% [markdown]
+# `top_k` and `top_p` restrict p before any of this, as vLLM's sampler does: the `top_k` most likely tokens,
+# then the fewest of those, most likely first, whose probability reaches `top_p`, renormalised. Rejection
+# sampling then keeps that filtered distribution exactly (a draft outside it has p(d) = 0 and is rejected).
+# Restricted to one token, hot sampling is greedy decoding:
+
+# %%
+one_token = spec.generate(params, prompts, max_new, temperature=1.0, top_k=1, seed=1)
+print("τ = 1 with top_k = 1 equals greedy:", one_token.tokens == plain)
+assert one_token.tokens == plain
+
+# %% [markdown]
 # ## Checking against vLLM
 #
 # `tests/golden/` holds runs of vLLM 0.32.0 (CPU, fp32) with its MTP layer as the speculative decoder,
