@@ -383,8 +383,7 @@ case "${1:?stage}" in
     run 300 e2e_fp8_b64_short.md python3 -m benchmarks.e2e --weights fp8 --prompt 1024 --batch 64 --iters 5
     ;;
   shortbf16)  # (not run yet) the user's path with bf16 weights at 1K prompts (B = 64, 8) since a cache within index_topk is
-              # attended by the sparse kernel from 8 queries a call (shortreq timed FP8 weights only); sampling with
-              # top-p (a sort of the vocabulary per sampled position) beside greedy at B = 64
+              # attended by the sparse kernel from 8 queries a call (shortreq timed FP8 weights only)
     run 300 e2e_short_bf16.md python3 -m benchmarks.e2e --prompt 1024 --batch 64 8 --iters 5
     ;;
   tokens2)  # (not run yet) the dense form against the kernel at 1–32 queries (auto's EVERY_SLOT_KERNEL_MIN_QUERIES = 8,
