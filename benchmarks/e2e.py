@@ -24,7 +24,9 @@ Counts (stated, per token, all multiply-adds × 2):
                  uniform picks), the MTP layer's k + 1 times (catch-up + k draft steps, each with its touched
                  share) and the head k + 1 times, plus per layer and call the indexer keys of every row's
                  context and the index_topk selected [latent; k_pe] entries per query. Embedding rows aside.
-`--prefill-chunk` takes several values to time the prefill at each (0: the CLI's auto size); `--profile` adds a
+`--cli` passes the CLI's own flags (kernels, caches, and sampling: `--cli=--temperature --cli=0.6 --cli=--top-p
+--cli=0.95` times the sampled programs, top-p's sort of the vocabulary included). `--prefill-chunk` takes several
+values to time the prefill at each (0: the CLI's auto size); `--profile` adds a
 per-part table of each prefill from a device trace. `--small` runs the
 tiny preset's widths, to check the script on a CPU.
 """
@@ -47,6 +49,7 @@ from benchmarks import step_profile
 from benchmarks.hlo_dots import describe, dot_operand_types
 from benchmarks.timing import bf16_peak, copy_bandwidth
 from jax_mtp import decode, decode_flags, fp8
+from jax_mtp.acceptance import Sampling
 from jax_mtp.sharding import SHARED_WITH_TARGET
 from jax_mtp.generate import TargetDecoder
 from jax_mtp.kernels.fp8_grouped_matmul import KERNEL_NAME as FP8_KERNEL
@@ -159,10 +162,15 @@ def _median_seconds(fn, repeats: int) -> float:
   return statistics.median(runs)
 
 
+def cli_flags(args, chunk: int = 0):
+  """`--cli`'s flags (and k, the prefill chunk, --ignore-eos) as the CLI's own parser reads them."""
+  argv = ["--num-speculative-tokens", str(args.k), "--prefill-chunk", str(chunk), "--ignore-eos", *args.cli]
+  return decode_flags.parser().parse_args(argv)
+
+
 def cli_config(args, chunk: int) -> jax_mtp.MtpConfig:
   """The model's config as the CLI sets it (decode.with_flags) from the CLI's own parser."""
-  argv = ["--num-speculative-tokens", str(args.k), "--prefill-chunk", str(chunk), "--ignore-eos", *args.cli]
-  flags = decode_flags.parser().parse_args(argv)
+  flags = cli_flags(args, chunk)
   base = jax_mtp.tiny() if args.small else jax_mtp.deepseek_v32()
   return decode.with_flags(base.replace(num_hidden_layers=args.layers, first_k_dense_replace=1), flags)
 
@@ -199,7 +207,10 @@ def run_weights(args, weights: str, peak: float, bandwidth: float, out: list) ->
 def run_row(args, cfg, spec, params, prompt_len: int, batch: int, rng, peak: float, bandwidth: float) -> dict:
   """One (prompt, batch) row of the table (see the module docstring)."""
   mesh, weights = spec.mesh, "fp8" if fp8.fp8_paths(params.target) else "bf16"
-  greedy, max_new = np.float32(0), np.int32(args.max_new)
+  # the CLI's sampling flags, as Speculator.generate passes them (greedy: the value is unused)
+  flags, max_new = cli_flags(args), np.int32(args.max_new)
+  sampled = flags.temperature > 0
+  sampling = Sampling.of(flags.temperature, flags.top_k, flags.top_p, cfg.vocab_size) if sampled else np.float32(0)
   prompts = [[int(t) for t in rng.integers(0, cfg.vocab_size, prompt_len)] for _ in range(batch)]
   capacity = required_capacity(cfg, prompts, args.max_new, args.k)  # the CLI's rule
   check_caches_fit(cfg, batch, capacity, mesh.devices.flat)
@@ -211,9 +222,9 @@ def run_row(args, cfg, spec, params, prompt_len: int, batch: int, rng, peak: flo
   for chunk in args.prefill_chunk:
     chunk_spec = spec if chunk == args.prefill_chunk[0] else jax_mtp.Speculator(
         cfg.replace(prefill_chunk=chunk), mesh, args.k)
-    prefill_args = (*params, prompt_BT, lengths_B, jax.random.key(0), greedy, stop_N)
+    prefill_args = (*params, prompt_BT, lengths_B, jax.random.key(0), sampling, stop_N)
     start = time.perf_counter()
-    lowered = chunk_spec.program("prefill", capacity, False, prefill_args).lower(*prefill_args)
+    lowered = chunk_spec.program("prefill", capacity, sampled, prefill_args).lower(*prefill_args)
     prefill = lowered.compile()
     compile_s = time.perf_counter() - start
     state = prefill(*prefill_args)
@@ -229,15 +240,15 @@ def run_row(args, cfg, spec, params, prompt_len: int, batch: int, rng, peak: flo
     del state
   row["prefill"] = prefills
   state = prefill(*prefill_args)
-  round_args = (*params, state, max_new, greedy, stop_N)
-  one_round = spec.program("round", capacity, False, round_args).lower(*round_args).compile()
+  round_args = (*params, state, max_new, sampling, stop_N)
+  one_round = spec.program("round", capacity, sampled, round_args).lower(*round_args).compile()
   row["round_impls"] = impls_in(one_round.as_text())
-  state, _ = one_round(*params, state, max_new, greedy, stop_N)
+  state, _ = one_round(*params, state, max_new, sampling, stop_N)
   runs = []
   for _ in range(args.repeats):
     start = time.perf_counter()
     for _ in range(args.iters):
-      state, owed = one_round(*params, state, max_new, greedy, stop_N)
+      state, owed = one_round(*params, state, max_new, sampling, stop_N)
     jax.block_until_ready(owed)
     runs.append((time.perf_counter() - start) / args.iters)
   row["round_s"] = statistics.median(runs)

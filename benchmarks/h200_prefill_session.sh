@@ -69,7 +69,8 @@
 #   shortreq (09:32 2026-12-05) a V3.2 request under index_topk through the sparse kernel: the forms timed, its GPU tests,
 #            the FP8 round at B = 64 over a 1K prompt
 #   tokens   (not run yet) the GPU's token tests after the random init's change
-#   shortbf16 (not run yet) e2e with bf16 weights at 1K prompts, B = 64 and 8, after the kernel took short requests
+#   shortbf16 (not run yet) e2e with bf16 weights at 1K prompts, B = 64 and 8, after the kernel took short requests;
+#            B = 64 sampled with top-p
 #   tokens2  (10:02 2026-12-05: its first command's B = 1 rows only, the rest cut by the device budget) the dense form against the kernel at B = 1 and 8, then tokens' tests bounded to ~5 min
 #   fp8      benchmarks.e2e with FP8 weights kept as codes: 1K and 32K prompts at B = 1, 1K at B = 64
 set -uo pipefail
@@ -385,6 +386,9 @@ case "${1:?stage}" in
   shortbf16)  # (not run yet) the user's path with bf16 weights at 1K prompts (B = 64, 8) since a cache within index_topk is
               # attended by the sparse kernel from 8 queries a call (shortreq timed FP8 weights only)
     run 300 e2e_short_bf16.md python3 -m benchmarks.e2e --prompt 1024 --batch 64 8 --iters 5
+    # sampled at DeepSeek's suggested settings: the round with top-p's sort of the vocabulary, beside greedy's above
+    run 200 e2e_short_sampled.md python3 -m benchmarks.e2e --prompt 1024 --batch 64 --iters 5 \
+      --cli=--temperature --cli=0.6 --cli=--top-p --cli=0.95
     ;;
   tokens2)  # (not run yet) the dense form against the kernel at 1–32 queries (auto's EVERY_SLOT_KERNEL_MIN_QUERIES = 8,
             # untimed below 8), then tokens' GPU tests bounded to fit the session's last device minutes

@@ -30,6 +30,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 class Sampling(NamedTuple):
@@ -41,6 +42,13 @@ class Sampling(NamedTuple):
   temperature: jax.Array | float
   top_k: jax.Array | int | None = None  # ≥ 1
   top_p: jax.Array | float | None = None  # in (0, 1)
+
+  @classmethod
+  def of(cls, temperature: float, top_k: int, top_p: float, vocab_size: int) -> Sampling:
+    """A request's settings (top_k 0 or top_p 1: off) as a program's argument: a filter that keeps every token is
+    off — no program of its own, no sort of the vocabulary."""
+    return cls(np.float32(temperature), np.int32(top_k) if 0 < top_k < vocab_size else None,
+               np.float32(top_p) if top_p < 1 else None)
 
 
 def sampling_logits(logits_BTV: jax.Array, sampling: Sampling) -> jax.Array:

@@ -170,9 +170,7 @@ class Speculator:
     check_caches_fit(self.cfg, len(prompts), capacity, self.mesh.devices.flat)
     prompt_BT, lengths_B = pack_prompts(prompts)
     sampled, max_new = temperature > 0, np.int32(max_new_tokens)
-    # a filter that keeps every token is off: no program of its own, no sort of the vocabulary
-    sampling = Sampling(np.float32(temperature), np.int32(top_k) if 0 < top_k < self.cfg.vocab_size else None,
-                        np.float32(top_p) if top_p < 1 else None)
+    sampling = Sampling.of(temperature, top_k, top_p, self.cfg.vocab_size)
     prefill_args = (*params, prompt_BT, lengths_B, jax.random.key(seed), sampling, stop_N)
     prefill = self._compile("prefill", capacity, sampled, prefill_args)
     one_round = self._compile("round", capacity, sampled, (*params, prefill.out_info, max_new, sampling, stop_N))
