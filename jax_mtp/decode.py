@@ -257,6 +257,10 @@ def check_kernel_impls(cfg: jax_mtp.MtpConfig, capacity: int) -> None:
     raise BadInput(f"--moe-impl={cfg.moe_impl} runs on {' or '.join(runs_on)}; this machine's JAX platform is "
                    f"{platform}")
   explicit = [(flag, impl, resolve) for flag, impl, resolve in checks if impl not in ("auto", "xla")]
+  if explicit and not cfg.has_indexer:  # a dense-MLA model (V3) runs neither DSA kernel at any length
+    flag, impl, _ = explicit[0]
+    raise BadInput(f"{flag}={impl} names a DSA kernel, and this model ({cfg.model_type}) has no DSA indexer: "
+                   f"nothing would run it")
   for flag, impl, _ in explicit:  # whatever the request's length: a short one would not reach the kernel
     if KERNEL_PLATFORMS[impl] != platform:
       raise BadInput(f"{flag}={impl} runs on {KERNEL_PLATFORMS[impl]}; this machine's JAX platform is {platform}")

@@ -174,6 +174,17 @@ def test_an_explicit_dsa_kernel_for_another_platform_is_refused_for_a_short_requ
                                             f"machine's JAX platform is cpu"]
 
 
+@pytest.mark.parametrize("impls", [dict(index_scores_impl="mosaic_gpu"), dict(sparse_attention_impl="mosaic_gpu"),
+                                   dict(index_scores_impl="pallas_tpu")])
+def test_an_explicit_dsa_kernel_for_a_model_without_an_indexer_is_refused(impls):
+  """A V3 model (dense MLA, no indexer) runs neither DSA kernel at any length: an explicit one was ignored."""
+  v3 = jax_mtp.tiny(model_type="deepseek_v3", index_n_heads=0, index_head_dim=0, index_topk=0, **impls)
+  with pytest.raises(decode.BadInput, match=r"names a DSA kernel, and this model \(deepseek_v3\) has no DSA indexer"):
+    decode.check_kernel_impls(v3, 40)
+  decode.check_kernel_impls(jax_mtp.tiny(model_type="deepseek_v3", index_n_heads=0, index_head_dim=0, index_topk=0),
+                            40)  # auto: nothing to refuse
+
+
 def test_an_eos_id_outside_the_vocabulary_names_the_checkpoint_it_came_from(capsys, tmp_path):
   """A checkpoint whose generation_config.json names an EOS id past the vocabulary: exit 2, one line naming the
   directory and the field, not only the id (found by a CLI audit, 2026-12-04)."""
