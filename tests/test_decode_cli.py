@@ -229,7 +229,9 @@ def test_failed_check_exits_1(capsys, as_json):
   else:
     assert "DIFFERS FROM plain greedy decoding" in out
   assert err.splitlines() == ["error: --check: the speculative output differs from plain greedy decoding with the "
-                              "target (they must match token for token)"]
+                              "target (they must match token for token; in a 16-bit model a near-tie of the target's "
+                              "top two logits may break either way, since verification and plain steps round "
+                              "differently)"]
   assert print_result(dataclasses.replace(result, matches=True), **args) == 0
   assert capsys.readouterr().err == ""
   assert "exit 1 if the outputs differ" in " ".join(decode_flags.parser().format_help().split())
