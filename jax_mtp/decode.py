@@ -12,12 +12,13 @@ placed straight onto the `--tp` mesh by jax_mtp.loader; `--prompt` is encoded by
 (jax_mtp.tokenizer). `--random-tiny` runs a tiny model with random weights instead (token ids only;
 any tp up to 8). Rows stop at the model's EOS ids unless `--ignore-eos`. `--check` also decodes with
 the target alone and reports whether the outputs match token for token (they must: speculative
-decoding never changes greedy output). Exit 0 on success, 2 on bad input (a bad checkpoint
+decoding never changes greedy output; in a 16-bit model up to near-ties, jax_mtp.greedy_check). Exit 0 on success, 2 on bad input (a bad checkpoint
 included) with an `error: ...` message on stderr and nothing on stdout — and 2, with one such line, when
 the run itself fails (a kernel refusing a shape, device memory exhausted) —, 1 when a row stopped because
 the target's logits became non-finite (its tokens up to there are printed, JSON `finish_reasons`
 "error" and `errors`; one `error: prompt i: ...` line on stderr per such row; the others go on), and
-1 when `--check` finds the outputs differ (printed in full, then an `error: --check: ...` line).
+1 when `--check` finds the outputs differ where the target chose clearly (printed in full, then a line per
+differing row and an `error: --check: ...` line).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import NamedTuple
 import jax
 
 import jax_mtp
-from jax_mtp import distributed, fp8, loader
+from jax_mtp import distributed, fp8, greedy_check, loader
 from jax_mtp.decode_flags import BadInput, parser
 from jax_mtp.decode_prompts import ChatRequest, prompts_from
 from jax_mtp.decode_output import Progress, TextStream, exit_code, print_result
@@ -340,15 +341,16 @@ def run(request: Request, built: Built) -> tuple[distributed.Gathered, bool]:
   s = request.settings
   rows = distributed.share(s.tp, len(request.prompts))
   mine = [request.prompts[i] for i in rows]
-  result, matches, streamed = None, None if not s.check else True, False
+  result, check, streamed = None, None if not s.check else (True, []), False
   if mine:
-    result, matches, streamed = _decode(request, built, mine)
-  return distributed.gather(s.tp, rows, result, matches, len(request.prompts), s.k), streamed
+    result, check, streamed = _decode(request, built, mine, rows)
+  return distributed.gather(s.tp, rows, result, check, len(request.prompts), s.k), streamed
 
 
-def _decode(request: Request, built: Built, prompts: list[list[int]]) -> tuple[SpecResult, bool | None, bool]:
-  """Decodes `prompts`, each row stopping after a stop id; with --check also with the target alone.
-  Returns (result, outputs match or None, streamed)."""
+def _decode(request: Request, built: Built, prompts: list[list[int]],
+            rows: list[int]) -> tuple[SpecResult, tuple[bool, list[dict]] | None, bool]:
+  """Decodes `prompts` (the prompts' rows `rows`), each row stopping after a stop id; with --check also with the
+  target alone. Returns (result, None or (outputs match up to near-ties, the differences: greedy_check), streamed)."""
   s = request.settings
   primary = distributed.is_primary()  # with several processes, process 0 prints
   one_prompt = len(request.texts or ()) == 1  # of all prompts (a replica decodes its share: `prompts`)
@@ -369,7 +371,8 @@ def _decode(request: Request, built: Built, prompts: list[list[int]]) -> tuple[S
   capacity = required_capacity(built.cfg, prompts, s.max_new_tokens, s.k)  # the same shapes
   expected = built.plain.generate(built.params.target, prompts, s.max_new_tokens, capacity=capacity,
                                   stop_ids=request.stop_ids)
-  return result, expected == result.tokens, stream is not None
+  return result, greedy_check.compare(built.cfg, built.plain, built.params.target, prompts, rows, result.tokens,
+                                      expected), stream is not None
 
 
 def _model_line(s: Settings, cfg: jax_mtp.MtpConfig) -> str:

@@ -61,11 +61,23 @@ def print_result(result: Gathered, *, as_json: bool, model_line: str, prompts: l
     _print_text(result, model_line, prompts, texts, codec, streamed)
   for i in result.failed_rows:
     print(f"error: prompt {i}: {failure(result, i)}", file=sys.stderr)
+  for d in result.differences:  # a near-tie is a note; a difference where the target chose clearly, an error
+    print(f"{'note' if d['near_tie'] else 'error'}: --check: {difference_line(d)}", file=sys.stderr)
   if result.matches is False:
     print("error: --check: the speculative output differs from plain greedy decoding with the target (they must "
-          "match token for token; in a 16-bit model a near-tie of the target's top two logits may break either way, "
-          "since verification and plain steps round differently)", file=sys.stderr)
+          "match token for token, up to near-ties of the target's top two logits in a 16-bit model)", file=sys.stderr)
   return exit_code(result)
+
+
+def difference_line(d: dict) -> str:
+  """One row's first difference from plain greedy decoding, with the target's margin there (jax_mtp.greedy_check)."""
+  where = f"prompt {d['row']} first differs from plain greedy decoding at token {d['index']}"
+  if d["speculative"] is None or d["plain"] is None:
+    return f"{where}: one output ends there"
+  margin = f"the target's top two logits there are {d['margin']:.2g} apart (relative)"
+  verdict = ("a near-tie, which a 16-bit model's verification and plain steps may break either way" if d["near_tie"]
+             else "no near-tie")
+  return f"{where} ({d['speculative']} for plain's {d['plain']}): {margin}, {verdict}"
 
 
 def exit_code(result: Gathered) -> int:
@@ -83,6 +95,7 @@ def _json_object(result: Gathered, codec: TextCodec | None) -> dict:
     out["text"] = [codec.decode(tokens) for tokens in result.tokens]
   if result.matches is not None:
     out["matches_target"] = result.matches
+    out["check_differences"] = list(result.differences)
   return out
 
 
@@ -105,8 +118,9 @@ def _print_text(result: Gathered, model_line: str, prompts: list[list[int]], tex
     print(f"{m.tokens_per_second:.1f} tokens/s = {m.tokens_per_second_per_acceptance_length:.1f} rounds/s (summed "
           f"over rows) × acceptance length {m.acceptance_length_mean:.2f}")
   if result.matches is not None:
+    ties = " up to near-ties (below)" if result.matches and result.differences else ""
     print(f"check: the output {'matches' if result.matches else 'DIFFERS FROM'} plain greedy decoding with the "
-          f"target")
+          f"target{ties}")
 
 
 def failure(result: Gathered, row: int) -> str:

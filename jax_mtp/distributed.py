@@ -300,14 +300,17 @@ class Gathered:
   stopped_rows: list[bool]
   failed_rows: list[int]
   metrics: SpecMetrics
-  matches: bool | None
+  matches: bool | None  # --check: the outputs match plain greedy decoding, up to near-ties (jax_mtp.greedy_check)
+  differences: tuple = ()  # --check: each differing row's first difference (greedy_check.compare's dicts)
 
 
-def gather(tp: int, rows: list[int], result, matches: bool | None, total: int, k: int) -> Gathered:
-  """Collects each replica's (rows, result) onto every process (a collective: all must call it);
-  `result` is None for a replica with no rows. One process: the result as it is."""
+def gather(tp: int, rows: list[int], result, check: tuple[bool, list[dict]] | None, total: int, k: int) -> Gathered:
+  """Collects each replica's (rows, result, --check's verdict and differences) onto every process (a collective:
+  all must call it); `result` is None for a replica with no rows. One process: the result as it is."""
   replicas, per, _ = _replica_layout(tp)
-  mine = {"rows": rows, "tokens": [], "stopped": [], "failed": [], "metrics": [0, [0] * k, 0, 0.0], "matches": matches}
+  matches, differences = (None, []) if check is None else check
+  mine = {"rows": rows, "tokens": [], "stopped": [], "failed": [], "metrics": [0, [0] * k, 0, 0.0], "matches": matches,
+          "differences": differences}
   if result is not None:
     m = result.metrics
     mine.update(tokens=result.tokens, stopped=result.stopped_rows, failed=[rows[i] for i in result.failed_rows],
@@ -329,5 +332,6 @@ def gather(tp: int, rows: list[int], result, matches: bool | None, total: int, k
   metrics = SpecMetrics(k, rounds, accepted, sum(p["metrics"][2] for p in payloads),
                         max(p["metrics"][3] for p in payloads))
   checks = [p["matches"] for p in payloads if p["rows"]]
+  found = tuple(sorted((d for p in payloads for d in p["differences"]), key=lambda d: d["row"]))
   return Gathered(tokens, stopped, sorted(r for p in payloads for r in p["failed"]), metrics,
-                  None if matches is None else all(checks))
+                  None if matches is None else all(checks), found)

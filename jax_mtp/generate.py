@@ -65,6 +65,28 @@ class TargetDecoder:
     return [_cut_after_stop(row[:min(max_new_tokens, n)].tolist(), stops)
             for row, n in zip(np.asarray(tokens_BO), np.asarray(valid_B))]
 
+  def top2_margins(self, params: dict, prefixes: Sequence[Sequence[int]]) -> list[tuple[int, float]]:
+    """Per prefix: (the target's greedy token after it, the gap between its two largest logits there relative to the
+    largest), from one prefill over the prefixes (--check's measure of a near-tie, `jax_mtp.greedy_check`)."""
+    validate_prompts(self.cfg, prefixes)
+    capacity = required_capacity(self.cfg, prefixes, 1, 0)
+    prompt_BT, lengths_B = pack_prompts(prefixes)
+    fn = self._margins(capacity, jax.tree.structure(params))
+    token_B, margin_B = (np.asarray(x) for x in fn(params, prompt_BT, lengths_B))
+    return [(int(t), float(m)) for t, m in zip(token_B, margin_B)]
+
+  @functools.lru_cache(maxsize=None)
+  def _margins(self, capacity: int, structure):
+    fn = functools.partial(self._margins_per_shard, capacity=capacity)
+    return jit_per_shard(fn, self.mesh, (param_specs_for(structure), replicated(), replicated()))
+
+  def _margins_per_shard(self, params, prompt_BT, lengths_B, *, capacity: int):
+    t_vars = {"params": params}
+    _, last_B1D, _ = target_prefill(self.target, t_vars, prompt_BT, lengths_B, capacity)
+    logits_BV = self.target.apply(t_vars, last_B1D, method=TargetModel.compute_logits)[:, 0]
+    (first_B, second_B), token_B = jax.lax.top_k(logits_BV, 2)[0].T, jnp.argmax(logits_BV, axis=-1)
+    return token_B.astype(jnp.int32), (first_B - second_B) / jnp.abs(first_B)
+
   @functools.lru_cache(maxsize=None)
   def _prefill(self, capacity: int, structure):
     fn = functools.partial(self._prefill_per_shard, capacity=capacity)

@@ -53,9 +53,11 @@ def test_random_tiny_run_prints_tokens_and_metrics(capsys):
 
 
 def test_json_batch_with_check(capsys):
-  """A batch of two prompts of different lengths; `--check` adds `matches_target`, which is true."""
+  """A batch of two prompts of different lengths; `--check` adds `matches_target`, which is true, and
+  `check_differences`, empty (the tiny model is fp32: nothing differs)."""
   result = _json_run(capsys, ["--prompt-ids", "1,2,3", "--prompt-ids", " 200", "--max-new-tokens", "6", "--check"])
-  assert set(result) == METRIC_KEYS | {"tokens", "finish_reasons", "matches_target"}
+  assert set(result) == METRIC_KEYS | {"tokens", "finish_reasons", "matches_target", "check_differences"}
+  assert result["check_differences"] == []
   _assert_tokens(result["tokens"], 2, 6)
   assert result["matches_target"] is True
   assert len(result["acceptance_rate_per_position"]) == 3
@@ -214,25 +216,34 @@ def test_gpu_memory_fraction_sets_jaxs_variable(capsys, monkeypatch):
 
 @pytest.mark.parametrize("as_json", [False, True])
 def test_failed_check_exits_1(capsys, as_json):
-  """--check finding the outputs differ (here the plain decoder's tokens for row 1 end differently from
-  the speculative ones) is a failed run: exit 1, not 0, and not 2 (bad input); the output is printed in
-  full, then one `error: --check:` line on stderr. The same rows matching exit 0."""
-  speculative, plain = [[5, 6, 7], [8, 9, 4]], [[5, 6, 7], [8, 9, 3]]
+  """--check finding a row that differs where the target chose clearly (row 1) is a failed run: exit 1, not 0,
+  and not 2 (bad input); the output is printed in full, then one line per differing row and one `error: --check:`
+  line on stderr. Differences at near-ties only (row 0's here) pass, each with a note."""
+  speculative = [[5, 6, 7], [8, 9, 4]]
+  near_tie = {"row": 0, "index": 1, "speculative": 6, "plain": 2, "margin": 0.003, "near_tie": True}
+  clear = {"row": 1, "index": 2, "speculative": 4, "plain": 3, "margin": 0.25, "near_tie": False}
   metrics = jax_mtp.SpecMetrics(3, 4, (2, 1, 0), 6, 0.5)
-  result = Gathered(speculative, [False, False], [], metrics, matches=plain == speculative)
+  result = Gathered(speculative, [False, False], [], metrics, matches=False, differences=(near_tie, clear))
   args = dict(as_json=as_json, model_line="a model", prompts=[[1, 2], [3]], texts=None, codec=None, streamed=False)
   assert print_result(result, **args) == 1
   assert exit_code(result) == 1  # what a process other than 0 returns, printing nothing
   out, err = capsys.readouterr()
   if as_json:
-    assert json.loads(out)["matches_target"] is False
+    assert json.loads(out)["matches_target"] is False and json.loads(out)["check_differences"] == [near_tie, clear]
   else:
     assert "DIFFERS FROM plain greedy decoding" in out
-  assert err.splitlines() == ["error: --check: the speculative output differs from plain greedy decoding with the "
-                              "target (they must match token for token; in a 16-bit model a near-tie of the target's "
-                              "top two logits may break either way, since verification and plain steps round "
-                              "differently)"]
-  assert print_result(dataclasses.replace(result, matches=True), **args) == 0
+  assert err.splitlines() == [
+      "note: --check: prompt 0 first differs from plain greedy decoding at token 1 (6 for plain's 2): the target's top "
+      "two logits there are 0.003 apart (relative), a near-tie, which a 16-bit model's verification and plain steps "
+      "may break either way",
+      "error: --check: prompt 1 first differs from plain greedy decoding at token 2 (4 for plain's 3): the target's "
+      "top two logits there are 0.25 apart (relative), no near-tie",
+      "error: --check: the speculative output differs from plain greedy decoding with the target (they must match "
+      "token for token, up to near-ties of the target's top two logits in a 16-bit model)"]
+  ties_only = dataclasses.replace(result, matches=True, differences=(near_tie,))
+  assert print_result(ties_only, **args) == 0
+  assert capsys.readouterr().err.startswith("note: --check: prompt 0 first differs")
+  assert print_result(dataclasses.replace(result, matches=True, differences=()), **args) == 0
   assert capsys.readouterr().err == ""
   assert "exit 1 if the outputs differ" in " ".join(decode_flags.parser().format_help().split())
 
