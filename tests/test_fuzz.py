@@ -94,6 +94,9 @@ _FLAGS = {
                              st.one_of(st.sampled_from(["nan", "inf", "-1", "abc", "1e300"]),
                                        st.floats(-2, 3, allow_nan=False).map(repr))),
     "--seed": st.sampled_from(["0", "-1", "7", "1e3", str(10**25)]),
+    "--top-k": _mostly(st.sampled_from(["0", "1", "5", "1000"]), st.sampled_from(["-1", "x", "1.5", str(10**25)])),
+    "--top-p": _mostly(st.sampled_from(["1", "0.9", "1e-9"]), st.sampled_from(["0", "1.5", "nan", "-0.1", "inf"])),
+    "--system": st.sampled_from(["", "Be brief.", "\udcff"]),
     "--dtype": _mostly(st.sampled_from(["auto", "float32", "bfloat16", "float16"]), st.sampled_from(["float8", ""])),
     "--moe-impl": _mostly(st.sampled_from(["auto", "gather", "ragged_dot"]),
                           st.sampled_from(["bogus", "tokamax_gpu", "fp8_grouped_gpu"])),
@@ -108,7 +111,7 @@ _FLAGS = {
     "--heartbeat-timeout": st.sampled_from(["0", "5", str(2**40)]),
     "--gpu-memory-fraction": _mostly(st.sampled_from(["0.5", "0.95", "1"]), st.sampled_from(["0", "1.5", "nan", "x"])),
 }
-_SWITCHES = ["--json", "--check", "--ignore-eos", "--ignore-eos", "--bogus-flag"]
+_SWITCHES = ["--json", "--check", "--ignore-eos", "--ignore-eos", "--bogus-flag", "--chat", "--thinking"]
 
 
 @st.composite
