@@ -39,9 +39,10 @@ def render(directory: str, model_type: str, text: str, token_id, *, system: str 
   `token_id(text) -> id | None`: the tokenizer's vocabulary, in which the built-in format's markers must be single
   tokens."""
   messages = ([] if system is None else [{"role": "system", "content": system}]) + [{"role": "user", "content": text}]
-  template = jinja_template(directory)
+  config = _tokenizer_config(directory)  # read once: the template's source and its special tokens
+  template = jinja_template(directory, config)
   if template is not None:
-    return _render_jinja(directory, template, messages, thinking)
+    return _render_jinja(directory, template, config, messages, thinking)
   if model_type == "deepseek_v32":
     close = DSV32_THINK if thinking else DSV32_NO_THINK
     missing = [m for m in (DSV32_BOS, DSV32_USER, DSV32_ASSISTANT, close) if token_id(m) is None]
@@ -54,13 +55,14 @@ def render(directory: str, model_type: str, text: str, token_id, *, system: str 
                         f"(deepseek_v32's); give the formatted text with --prompt")
 
 
-def jinja_template(directory: str) -> str | None:
-  """The checkpoint's Jinja chat template (chat_template.jinja, else tokenizer_config.json's), or None."""
+def jinja_template(directory: str, config: dict) -> str | None:
+  """The checkpoint's Jinja chat template (chat_template.jinja, else `config`'s: its tokenizer_config.json), or
+  None."""
   path = os.path.join(directory, TEMPLATE_FILE)
   if os.path.isfile(path):
     with open(path, encoding="utf-8") as f:
       return f.read()
-  template = _tokenizer_config(directory).get("chat_template")
+  template = config.get("chat_template")
   if isinstance(template, list):  # [{"name": ..., "template": ...}]: transformers' default is "default"
     named = {entry.get("name"): entry.get("template") for entry in template if isinstance(entry, dict)}
     template = named.get("default")
@@ -70,7 +72,7 @@ def jinja_template(directory: str) -> str | None:
   return template
 
 
-def _render_jinja(directory: str, template: str, messages: list[dict], thinking: bool) -> str:
+def _render_jinja(directory: str, template: str, config: dict, messages: list[dict], thinking: bool) -> str:
   import jinja2  # noqa: PLC0415 — only --chat needs it
   from jinja2.sandbox import ImmutableSandboxedEnvironment  # noqa: PLC0415
 
@@ -81,7 +83,6 @@ def _render_jinja(directory: str, template: str, messages: list[dict], thinking:
   env.filters["tojson"] = lambda x, indent=None, **_: json.dumps(x, ensure_ascii=False, indent=indent)
   env.globals.update(raise_exception=raise_exception,
                      strftime_now=lambda fmt: datetime.datetime.now().strftime(fmt))
-  config = _tokenizer_config(directory)
   try:
     return env.from_string(template).render(
         messages=messages, add_generation_prompt=True,

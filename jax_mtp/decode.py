@@ -12,8 +12,8 @@ placed straight onto the `--tp` mesh by jax_mtp.loader; `--prompt` is encoded by
 (jax_mtp.tokenizer). `--random-tiny` runs a tiny model with random weights instead (token ids only;
 any tp up to 8). Rows stop at the model's EOS ids unless `--ignore-eos`. `--check` also decodes with
 the target alone and reports whether the outputs match token for token (they must: speculative
-decoding never changes greedy output; in a 16-bit model up to near-ties, jax_mtp.greedy_check). Exit 0 on success, 2 on bad input (a bad checkpoint
-included) with an `error: ...` message on stderr and nothing on stdout — and 2, with one such line, when
+decoding never changes greedy output; in a 16-bit model up to near-ties, jax_mtp.greedy_check). Exit 0 on
+success, 2 on bad input (a bad checkpoint included) with an `error: ...` message on stderr and nothing on stdout — and 2, with one such line, when
 the run itself fails (a kernel refusing a shape, device memory exhausted) —, 1 when a row stopped because
 the target's logits became non-finite (its tokens up to there are printed, JSON `finish_reasons`
 "error" and `errors`; one `error: prompt i: ...` line on stderr per such row; the others go on), and
@@ -70,8 +70,8 @@ class Settings(NamedTuple):
   @classmethod
   def of(cls, args: argparse.Namespace) -> Settings:
     return cls(args.checkpoint, args.random_tiny, args.tp, args.num_speculative_tokens, args.max_new_tokens,
-               args.temperature, args.top_k, args.top_p, args.seed, args.chat, args.system, args.thinking, args.impl, args.weights,
-               args.check, args.json)
+               args.temperature, args.top_k, args.top_p, args.seed, args.chat, args.system, args.thinking,
+               args.impl, args.weights, args.check, args.json)
 
 
 class Request(NamedTuple):
@@ -180,8 +180,7 @@ def validate(args: argparse.Namespace) -> Request:
   cfg = with_flags(jax_mtp.tiny() if source is None else loader.checkpoint_config(source), args)
   _check_run_flags(settings)
   ids_by_default = settings.checkpoint is not None or settings.random_tiny
-  asks_chat = settings.chat or settings.thinking or settings.system is not None
-  chat = ChatRequest(settings.chat, settings.system, settings.thinking, cfg.model_type) if asks_chat else None
+  chat = ChatRequest(settings.system, settings.thinking, cfg.model_type) if settings.chat else None
   texts, codec, prompts = prompts_from(args.prompt, args.prompt_ids, source, ids_by_default, chat)
   validate_prompts(cfg, prompts)
   capacity = required_capacity(cfg, prompts, settings.max_new_tokens, settings.k)
@@ -228,6 +227,8 @@ def _check_run_flags(settings: Settings) -> None:
       validate(value)
     except ValueError as e:  # "top_k=… must …", said of the flag
       raise BadInput(f"--{name.replace('_', '-')}{str(e).removeprefix(name)}") from None
+  if (settings.thinking or settings.system is not None) and not settings.chat:
+    raise BadInput("--system and --thinking are parts of a chat prompt; they need --chat")
   if settings.check and settings.temperature > 0:
     raise BadInput(f"--check compares greedy outputs token for token; it needs --temperature 0, "
                     f"got {settings.temperature}")

@@ -12,10 +12,9 @@ from jax_mtp.tokenizer import TextCodec
 
 
 class ChatRequest(NamedTuple):
-  """--chat / --system / --thinking, and the model type whose built-in format applies where the checkpoint has no
+  """--chat's --system / --thinking, and the model type whose built-in format applies where the checkpoint has no
   template."""
 
-  chat: bool
   system: str | None
   thinking: bool
   model_type: str
@@ -27,8 +26,6 @@ def prompts_from(prompt: list[str] | None, prompt_ids: list[str] | None, source:
   """(texts, codec, token ids): the ids from --prompt-ids (DEFAULT_PROMPT's where `ids_by_default` and no
   prompt is given), or from --prompt through the model's tokenizer (the embedded default's: DEFAULT_TEXT); with
   `chat_request`, the texts are the chat format's renderings, which the output shows as the model read them."""
-  if chat_request is not None and not chat_request.chat:
-    raise BadInput("--system and --thinking are parts of a chat prompt; they need --chat")
   if prompt is not None and prompt_ids is not None:
     raise BadInput("give --prompt or --prompt-ids, not both")
   if chat_request is not None and (prompt_ids is not None or source is None):

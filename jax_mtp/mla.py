@@ -101,7 +101,8 @@ class MLAttention(nn.Module):
       if cfg.has_indexer and self.is_mutable_collection(INDEXER_TRAINING):  # the indexer learns in dense training too
         self.indexer(x_BTD, qr_BTQ, positions_BT, rotary, cache)
         self.sow(INDEXER_TRAINING, "visible_BTS", visible_BTS)
-      if absorb and attends_every_slot_by_kernel(cfg, queries=x_BTD.shape[0] * x_BTD.shape[1]):  # the top-k would be every visible slot: the kernel's way
+      # the top-k would be every visible slot: the kernel's way, as over a selection
+      if absorb and attends_every_slot_by_kernel(cfg, queries=x_BTD.shape[0] * x_BTD.shape[1]):
         o_BTNH = self._absorbed_sparse(q_nope_BTNP, q_pe_BTNR, cache, every_visible_slot(visible_BTS))
       else:
         o_BTNH = (self._absorbed if absorb else self._naive)(q_nope_BTNP, q_pe_BTNR, cache, visible_BTS)

@@ -91,7 +91,7 @@ def test_deepseek_v32s_own_format_one_user_turn(tmp_path, thinking, close):
   markers = [chat.DSV32_BOS, chat.DSV32_USER, chat.DSV32_ASSISTANT, chat.DSV32_THINK, chat.DSV32_NO_THINK]
   directory = _checkpoint(tmp_path, extra_tokens=markers)  # ids past the small model's vocabulary: no decode run
   texts, codec, prompts = prompts_from(["hi"], None, loader.locate(directory), True,
-                                       ChatRequest(True, None, thinking, "deepseek_v32"))
+                                       ChatRequest(None, thinking, "deepseek_v32"))
   assert texts == ["<｜begin▁of▁sentence｜><｜User｜>hi<｜Assistant｜>" + close]
   ids = prompts[0]
   assert ids[:2] == [codec.token_id(chat.DSV32_BOS), codec.token_id(chat.DSV32_USER)]
