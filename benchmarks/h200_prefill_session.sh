@@ -37,6 +37,9 @@
 #   v256     (22:10) the bf16 experts at 1,024 tokens (tokamax block configs swept); B = 256 × 32K verification
 #   small    (not run yet) the Triton sparse-MLA kernel at B = 1 after MAX_SPLITS 16, GPU tests, both kernels at B = 8, 1
 #   impls    (07:21) e2e at B = 1, 8 with each sparse-MLA kernel forced; the draft step at B = 64, 4K vs 128K
+#   fp8nk    the FP8 grouped matmul over [E, N, K] codes (register operand): its GPU tests, timed beside Triton and
+#            the [E, K, N] Mosaic kernel; the auto paths' token tests
+#   tokens3  test_speculative's GPU cases (tp > 1 skip on one GPU), then the kernels' token tests
 #   notriton (not run yet) the changed paths' GPU tests after the Triton sparse MLA went; the draft step at B = 1, 8
 #   dbuf     (12:26 2026-12-04) the double-buffered Mosaic sparse MLA: compiled tests, timed beside the default
 #   gemms    (12:35 2026-12-04) the verification forward with XLA's Triton GEMM fusions and with cuBLAS (B = 64, 256)
@@ -399,7 +402,23 @@ case "${1:?stage}" in
     run 90 gpu_tests_tokens2.txt python3 -m pytest -q -rfE --tb=line -p no:cacheprovider tests/test_sparse_mla_mgpu.py \
       tests/test_user_path_kernels.py tests/test_fp8_weights.py -k "tokens or index_sharing or speculative or short_request"
     ;;
-  tokens)  # (not run yet; 2026-12-05) the GPU's token tests after the random init's embedding went from normal(1) to
+  fp8nk)  # (not run yet; 2026-12-05) the FP8 grouped matmul over codes stored [E, N, K] (widened in wgmma's register
+         # operand, no bf16 block in shared memory): its compiled tests, then timed beside the Triton kernel and the
+         # [E, K, N] Mosaic one (issue 28: the last kernel on Pallas's Triton backend); then the auto paths' token tests
+         # (the tokens stage at 12:26 ran out of time before printing its failures' names: -v names each as it ends)
+    run 120 gpu_tests_fp8nk.txt python3 -m pytest -q -rfE --tb=short -p no:cacheprovider \
+      tests/test_fp8_grouped_matmul_mgpu_nk.py
+    run 250 fp8_nk.md python3 -m benchmarks.fp8_mgpu --assignments 8 64 512 2048 --rows 1 64 --iters 20
+    run 170 gpu_tests_auto.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider tests/test_auto_gpu_paths.py \
+      tests/test_index_share.py
+    ;;
+  tokens3)  # (not run yet) test_speculative's GPU cases (its tp > 1 cases skip on one GPU since 2026-12-05: at 12:26
+            # three of them failed in make_mesh), then the kernels' token tests
+    run 330 gpu_tests_spec.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider tests/test_speculative.py
+    run 200 gpu_tests_tokens2.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider tests/test_sparse_mla_mgpu.py \
+      tests/test_user_path_kernels.py tests/test_fp8_weights.py -k "tokens or index_sharing or speculative"
+    ;;
+  tokens)  # (12:26 2026-12-05, an H200: both runs ran out of time; 3 tp > 1 cases failed on one GPU, since skipped) the GPU's token tests after the random init's embedding went from normal(1) to
           # normal(0.02) (the layers now decide random models' tokens; before, no token test could see them): every GPU
           # speculative == plain case, the kernels against XLA by tokens (their prompts' greedy margin checked first)
     run 300 gpu_tests_tokens.txt python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_speculative.py \

@@ -89,6 +89,33 @@ def check_operands(x_AK, codes_EKN, scale_EkN, group_sizes_E, config: Config) ->
     raise ValueError(f"subtiles={config.subtiles} must be ≥ 1")
 
 
+def write_rows(plgpu, total, first, start, end, where, total_smem, rows_smem, out_gmem) -> None:
+  """A tile's [128 columns, tile rows] fp32 `total` (wgmma's layout) out as the group's rows from `first`: to row-major
+  [tile, 128] (wgmma's layout cannot be stored transposed: its column pairs would be rows 512 B apart), so through
+  an untiled [128, tile] buffer read back transposed, one element a lane; then the rows in [start, end) by TMA in
+  power-of-two copies (a TMA box is static), so rows of another group or CTA are never written. `where`: the
+  output's (K part, column block)."""
+  part, column = where
+  tile = total_smem.shape[1]
+  total_smem[...] = total
+  plgpu.commit_smem()
+  rows_smem[...] = plgpu.load(total_smem.T, layout=plgpu.Layout.WG_STRIDED((tile, BLOCK), vec_size=1),
+                              optimized=False)
+  plgpu.commit_smem()
+  skip = jnp.maximum(start - first, 0)  # the tile's rows before the group (its first tile only)
+  valid = jnp.maximum(jnp.minimum(end - first, tile) - skip, 0)  # none: a subtile past the group
+  offset, count = skip, 1 << (tile.bit_length() - 1)
+  while count:
+    @pl.when((valid & count) != 0)
+    def _(count=count, offset=offset):
+      plgpu.copy_smem_to_gmem(rows_smem.at[pl.ds(offset, count)],
+                              out_gmem.at[part, pl.ds(first + offset, count), pl.ds(column * BLOCK, BLOCK)],
+                              commit_group=False)
+    offset, count = offset + (valid & count), count // 2
+  plgpu.commit_smem_to_gmem_group()
+  plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # rows_smem is rewritten by the next tile
+
+
 def fp8_grouped_matmul_mgpu(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: jax.Array, group_sizes_E: jax.Array,
                             *, config: Config | None = None, interpret=False) -> jax.Array:
   """fp32 [A, N]: the rows of group e (sorted, consecutive) times expert e's FP8 weight (e4m3 codes [E, K, N],
@@ -123,27 +150,6 @@ def fp8_grouped_matmul_mgpu(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: ja
     # are multiplied and not stored
     aligned = lax.div(start, 8) * 8
     end = start + size
-
-    def write_rows(total, first):
-      # to row-major [tile, 128]: wgmma's layout cannot be stored transposed (its column pairs would be rows
-      # 512 B apart), so through an untiled [128, tile] buffer read back transposed, one element a lane
-      total_smem[...] = total
-      plgpu.commit_smem()
-      rows_smem[...] = plgpu.load(total_smem.T, layout=plgpu.Layout.WG_STRIDED((tile, BLOCK), vec_size=1),
-                                  optimized=False)
-      plgpu.commit_smem()
-      skip = jnp.maximum(start - first, 0)  # the tile's rows before the group (its first tile only)
-      valid = jnp.maximum(jnp.minimum(end - first, tile) - skip, 0)  # none: a subtile past the group
-      offset, count = skip, 1 << (tile.bit_length() - 1)
-      while count:  # the valid rows in power-of-two copies (a TMA box is static)
-        @pl.when((valid & count) != 0)
-        def _(count=count, offset=offset):
-          plgpu.copy_smem_to_gmem(rows_smem.at[pl.ds(offset, count)],
-                                  out_gmem.at[part, pl.ds(first + offset, count), pl.ds(column * BLOCK, BLOCK)],
-                                  commit_group=False)
-        offset, count = offset + (valid & count), count // 2
-      plgpu.commit_smem_to_gmem_group()
-      plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # rows_smem is rewritten by the next tile
 
     @pl.loop(row_program, jnp.where(size > 0, lax.div(end - aligned + span - 1, span), 0), step=row_programs)
     def _(t):
@@ -181,7 +187,7 @@ def fp8_grouped_matmul_mgpu(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: ja
       zeros = plgpu.layout_cast(jnp.zeros((BLOCK, tile), jnp.float32), plgpu.Layout.WGMMA)
       totals = lax.fori_loop(0, blocks, k_step, (zeros,) * subtiles)  # each [128 columns, tile rows]
       for s, total in enumerate(totals):
-        write_rows(total, first + s * tile)
+        write_rows(plgpu, total, first + s * tile, start, end, (part, column), total_smem, rows_smem, out_gmem)
 
   weight = plgpu.SMEM((BLOCK, BLOCK), jnp.bfloat16, transforms=bf16)
   total, rows = plgpu.SMEM((BLOCK, tile), jnp.float32), plgpu.SMEM((tile, BLOCK), jnp.float32)

@@ -26,6 +26,7 @@ from jax_mtp.sharding import make_mesh
 from jax_mtp.speculative import Speculator
 from tests import fp8_matmul_cases as fp8_cases
 from tests.conftest import FULL_ONLY, FULL_TESTS
+from tests.devices import needs_devices
 from tests.hf_checkpoint import write_checkpoint
 from tests.tolerances import assert_close
 
@@ -91,12 +92,6 @@ def test_fp8_logits_are_bit_identical_to_the_dequantised_checkpoint(written):
                                   np.asarray(jax.jit(logits, static_argnums=1)(target, absorb)))
 
 
-def _needs_devices(n: int) -> None:
-  """A tp = n mesh needs n devices: the CPU suite has 8 virtual ones, a one-GPU machine (the H200's runs) one."""
-  if jax.device_count() < n:
-    pytest.skip(f"a tp = {n} mesh needs {n} devices; this machine has {jax.device_count()}")
-
-
 @pytest.mark.parametrize("tp", [1, 2])
 def test_fp8_speculative_and_plain_tokens_equal_the_dequantised_checkpoints(written, tp):
   """CI: (16, 24) blocks (partial edge blocks) at tp = 1 and (8, 8) at tp = 2; (8, 8) at tp = 1 in the full form."""
@@ -105,7 +100,7 @@ def test_fp8_speculative_and_plain_tokens_equal_the_dequantised_checkpoints(writ
     pytest.skip("the (16, 24) blocks do not split over tp = 2 (tested below)")
   if (tp, block) == (1, (8, 8)) and not FULL_TESTS:
     pytest.skip(f"(8, 8) blocks at tp = 1: {FULL_ONLY}")
-  _needs_devices(tp)
+  needs_devices(tp)
   mesh = make_mesh(tp)
   results = []
   for fp8_weights in (True, False):
@@ -135,7 +130,7 @@ def test_blocks_that_do_not_split_over_tp_are_one_clear_error(written):
   directory, block = written
   if block != (16, 24):
     pytest.skip("(8, 8) blocks split over tp = 4")
-  _needs_devices(4)
+  needs_devices(4)
   with pytest.raises(CheckpointError, match=r"o_proj.weight: the slice \[0:32\] .* FP8 blocks of 24"):
     load_hf_checkpoint(directory, mesh=make_mesh(4), fp8_weights=True)
 
@@ -400,7 +395,7 @@ def test_cli_auto_dequantises_with_a_note_where_tp_splits_blocks_and_fp8_refuses
   directory, block = written
   if block != (16, 24):
     pytest.skip("(8, 8) blocks split over tp = 2")
-  _needs_devices(2)
+  needs_devices(2)
   runs = {}
   for weights in ("auto", "fp8"):
     runs[weights] = _cli(capsys, "--checkpoint", directory, "--tp", "2", "--prompt-ids", "5,17,3", "--max-new-tokens",

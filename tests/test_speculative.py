@@ -14,6 +14,7 @@ from jax_mtp.acceptance import Sampling, accept_greedy, accept_sampled
 from jax_mtp.drafter import MtpDrafter
 from jax_mtp.sharding import tensor_parallel
 from tests.conftest import FULL_ONLY, FULL_TESTS
+from tests.devices import needs_devices
 from tests.greedy import assert_same_greedy_tokens, plain_and_speculative
 from tests.sampling_checks import assert_follows, compilations
 from tests.tolerances import GREEDY_MIN_MARGIN, assert_close
@@ -52,6 +53,7 @@ def _plain(vocab: int) -> list[list[int]]:
 
 @functools.cache
 def _speculator(vocab: int, tp: int, k: int):
+  needs_devices(tp)
   cfg, target_params, mtp_params = _weights(vocab)
   spec = jax_mtp.Speculator(cfg, jax_mtp.make_mesh(tp), k)
   return spec, spec.shard(target_params, mtp_params)
