@@ -52,7 +52,6 @@ from jax_mtp import decode, decode_flags, fp8
 from jax_mtp.acceptance import Sampling
 from jax_mtp.sharding import SHARED_WITH_TARGET
 from jax_mtp.generate import TargetDecoder
-from jax_mtp.kernels.fp8_grouped_matmul import KERNEL_NAME as FP8_KERNEL
 from jax_mtp.kernels.fp8_grouped_matmul_mgpu import KERNEL_NAME as FP8_MGPU_KERNEL
 from jax_mtp.kernels.index_scores_mgpu import FLOAT8_DOT_SUFFIX, KERNEL_NAME as INDEX_SCORES_MGPU_KERNEL
 from jax_mtp.kernels.sparse_mla_mgpu import FORM_SUFFIXES as SPARSE_MLA_FORMS
@@ -134,13 +133,12 @@ def round_floor_bytes(cfg, target: dict, drafter: dict, batch: int, k: int, cont
 def impls_in(hlo: str) -> dict[str, str]:
   """What ran for each DSA / experts part, by the kernels' names in a compiled program's HLO text (one instruction
   a line: our Mosaic GPU kernels' lines are set aside before looking for tokamax's Mosaic GPU kernel), the sparse
-  MLA's with its form (`sparse_mla_mgpu.FORM_SUFFIXES`). Mosaic names are looked for first: a Triton kernel's
-  name is a prefix of its Mosaic sibling's or a Python function's name. The dense absorbed attention (dense caches:
+  MLA's with its form (`sparse_mla_mgpu.FORM_SUFFIXES`). The dense absorbed attention (dense caches:
   `mla.dense_latent_attention`) by its products' operand types: 16-bit dots, or fp32 ones (a GPU's CUDA cores)."""
   ours = (INDEX_SCORES_MGPU_KERNEL, FP8_MGPU_KERNEL, SPARSE_MLA_MGPU_KERNEL)
   others = "\n".join(line for line in hlo.splitlines() if not any(name in line for name in ours))
   experts = ("FP8 grouped matmul (Pallas Mosaic GPU)" if FP8_MGPU_KERNEL in hlo else
-             "FP8 grouped matmul (Pallas Triton)" if FP8_KERNEL in hlo else "tokamax (Mosaic GPU)" if "mosaic" in others.lower()
+             "tokamax (Mosaic GPU)" if "mosaic" in others.lower()
              else "lax.ragged_dot" if "ragged-dot" in hlo or "ragged_dot" in hlo else "gather (XLA)")
   forms = [form for form, suffix in SPARSE_MLA_FORMS.items()
            if SPARSE_MLA_MGPU_KERNEL + suffix in hlo]  # a round holds two: one query a draft step, B · 4 verifying

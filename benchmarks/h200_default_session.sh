@@ -36,7 +36,7 @@ case "${1:?stage}" in
   kernel)
     timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_fp8_weights.py -k "grouped or bit_identical" 2>&1 \
       | grep --line-buffered -v -E "$QUIET" | tail -15 | tee "$OUT/fp8_tests.txt"
-    timeout 300 python3 -m benchmarks.fp8_grouped --assignments 8 64 512 2>&1 | grep --line-buffered -v -E "$QUIET" \
+    timeout 300 python3 -m benchmarks.fp8_mgpu --assignments 8 64 512 --rows 1 2>&1 | grep --line-buffered -v -E "$QUIET" \
       | tee "$OUT/fp8_grouped.md"
     ;;
   fp8)
@@ -51,7 +51,7 @@ case "${1:?stage}" in
       --batch ${PROFILE_BATCH:-64 8} --weights fp8 bf16 --out "$OUT" 2>&1 | grep --line-buffered -v -E "$QUIET" | tee "$OUT/step_profile.md"
     ;;
   dense)
-    timeout 420 python3 -m benchmarks.fp8_dense --rows 64 8 2>&1 | grep --line-buffered -v -E "$QUIET" | tee "$OUT/fp8_dense.md"
+    timeout 420 python3 -m benchmarks.fp8_mgpu --assignments 8 --rows 64 8 2>&1 | grep --line-buffered -v -E "$QUIET" | tee "$OUT/fp8_dense.md"
     ;;
   step)
     timeout 280 python3 -m benchmarks.fp8_step --preset deepseek_v32 --batch 1 8 64 2>&1 | grep --line-buffered -v -E "$QUIET" \
@@ -78,10 +78,9 @@ case "${1:?stage}" in
       2>&1 | grep --line-buffered -v -E "$QUIET" | tee "$OUT/sparse_mla.md"
     ;;
   mla2)
-    timeout 240 python3 -m pytest -q -p no:cacheprovider --tb=short tests/test_sparse_mla_kernel.py \
-      tests/test_fp8_dense_layout.py 2>&1 | grep --line-buffered -v -E "$QUIET" > "$OUT/gpu_tests.txt"
+    timeout 240 python3 -m pytest -q -p no:cacheprovider --tb=short tests/test_sparse_mla_kernel.py 2>&1 | grep --line-buffered -v -E "$QUIET" > "$OUT/gpu_tests.txt"
     tail -12 "$OUT/gpu_tests.txt"
-    timeout 300 python3 -m benchmarks.fp8_dense --rows 64 8 --linears o_proj q_b_proj q_a_proj "shared down" 2>&1 \
+    timeout 300 python3 -m benchmarks.fp8_mgpu --assignments 8 --rows 64 8 2>&1 \
       | grep --line-buffered -v -E "$QUIET" | tee "$OUT/fp8_dense.md"
     ;;
   mlastep)

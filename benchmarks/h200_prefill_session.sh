@@ -37,8 +37,9 @@
 #   v256     (22:10) the bf16 experts at 1,024 tokens (tokamax block configs swept); B = 256 × 32K verification
 #   small    (not run yet) the Triton sparse-MLA kernel at B = 1 after MAX_SPLITS 16, GPU tests, both kernels at B = 8, 1
 #   impls    (07:21) e2e at B = 1, 8 with each sparse-MLA kernel forced; the draft step at B = 64, 4K vs 128K
-#   fp8nk    the FP8 grouped matmul over [E, N, K] codes (register operand): its GPU tests, timed beside Triton and
-#            the [E, K, N] Mosaic kernel; the auto paths' token tests
+#   fp8nk    (13:01) the FP8 grouped matmul over [E, N, K] codes (register operand), timed beside Triton and the
+#            [E, K, N] Mosaic kernel (the form since removed)
+#   notritonfp8 the FP8 paths' GPU tests through the Mosaic kernel after the Pallas Triton FP8 kernel's removal
 #   tokens3  test_speculative's GPU cases (tp > 1 skip on one GPU), then the kernels' token tests
 #   notriton (not run yet) the changed paths' GPU tests after the Triton sparse MLA went; the draft step at B = 1, 8
 #   dbuf     (12:26 2026-12-04) the double-buffered Mosaic sparse MLA: compiled tests, timed beside the default
@@ -103,7 +104,7 @@ case "${1:?stage}" in
   tests)  # -v --tb=short: each test's verdict as it ends and the failures' reasons, even if the call's time runs out
     run 240 gpu_tests.txt python3 -m pytest -v --tb=short -p no:cacheprovider tests/test_index_scores_kernel.py \
       tests/test_user_path_kernels.py tests/test_sparse_mla_mgpu.py tests/test_fp8_mla_cache.py \
-      tests/test_fp8_dense_layout.py tests/test_experts_gpu.py -k "not tpu"
+      tests/test_experts_gpu.py -k "not tpu"
     ;;
   verify4k)
     run 170 verify_4k.md python3 -m benchmarks.verify_forward --layers 4 -k 3 --forms absorbed --batch 8 64 \
@@ -243,7 +244,7 @@ case "${1:?stage}" in
     ;;
   fp8e2e)  # (2026-12-04 12:47: B = 64 did not finish in 280 s a run; a 32K prompt did not on 12-03) FP8 weights on the
            # user's path after the prefill rule (a chunk's dense FP8 linears on XLA's GEMM, the bytes layout bounded):
-           # `fp8e2e` under auto; `fp8e2e IMPL` with --fp8-matmul-impl IMPL (triton, mosaic_gpu: decode's kernel)
+           # `fp8e2e` under auto; `fp8e2e IMPL` with --fp8-matmul-impl IMPL (mosaic_gpu; triton until 2026-12-05)
     impl="${2:-auto}"
     flags=(); [ "$impl" != auto ] && flags=(--cli=--fp8-matmul-impl "--cli=$impl")
     run 280 "e2e_fp8_${impl}_b64.md" python3 -m benchmarks.e2e --weights fp8 --prompt 1024 --batch 64 --iters 5 \
@@ -402,15 +403,15 @@ case "${1:?stage}" in
     run 90 gpu_tests_tokens2.txt python3 -m pytest -q -rfE --tb=line -p no:cacheprovider tests/test_sparse_mla_mgpu.py \
       tests/test_user_path_kernels.py tests/test_fp8_weights.py -k "tokens or index_sharing or speculative or short_request"
     ;;
-  fp8nk)  # (not run yet; 2026-12-05) the FP8 grouped matmul over codes stored [E, N, K] (widened in wgmma's register
-         # operand, no bf16 block in shared memory): its compiled tests, then timed beside the Triton kernel and the
-         # [E, K, N] Mosaic one (issue 28: the last kernel on Pallas's Triton backend); then the auto paths' token tests
-         # (the tokens stage at 12:26 ran out of time before printing its failures' names: -v names each as it ends)
-    run 120 gpu_tests_fp8nk.txt python3 -m pytest -q -rfE --tb=short -p no:cacheprovider \
-      tests/test_fp8_grouped_matmul_mgpu_nk.py
-    run 250 fp8_nk.md python3 -m benchmarks.fp8_mgpu --assignments 8 64 512 2048 --rows 1 64 --iters 20
-    run 170 gpu_tests_auto.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider tests/test_auto_gpu_paths.py \
-      tests/test_index_share.py
+  fp8nk)  # (13:01 2026-12-05, an H100: its 10 tests passed; the [E, N, K] form no faster than the [E, K, N] one,
+         # removed; the auto tests ran out of time) the FP8 grouped matmul over codes stored [E, N, K]
+    echo "fp8nk: the [E, N, K] kernel was removed after this stage's run (benchmarks/RESULTS.md)"
+    ;;
+  notritonfp8)  # (not run yet) after the Pallas Triton FP8 kernel's removal: the FP8 paths' GPU tests through the
+                # Mosaic kernel, the kernel's own compiled tests
+    run 190 gpu_tests_fp8.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider \
+      tests/test_fp8_grouped_matmul_mgpu.py tests/test_fp8_weights.py \
+      -k "kernel or refuses or grouped or speculative_and_plain or prefill_chunks"
     ;;
   tokens3)  # (not run yet) test_speculative's GPU cases (its tp > 1 cases skip on one GPU since 2026-12-05: at 12:26
             # three of them failed in make_mesh), then the kernels' token tests
@@ -464,7 +465,7 @@ case "${1:?stage}" in
   fp8gpu)  # (21:28 2026-12-04: 37 passed, 3 tp > 1 cases failed on one GPU, since skipped) the FP8 paths' GPU tests: the prefill rule and the bounded "bytes" layout ran none on
             # 2026-12-04 (take it before fp8e2e, which fills its own call)
     run 300 gpu_tests_fp8.txt python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_fp8_weights.py \
-      tests/test_fp8_dense_layout.py tests/test_auto_gpu_paths.py -k "fp8 or dense or layout or prefill"
+      tests/test_auto_gpu_paths.py -k "fp8 or dense or layout or prefill"
     ;;
   *) echo "unknown stage $1"; exit 2 ;;
 esac

@@ -28,9 +28,11 @@ SPARSE_ATTENTION_IMPLS = ("auto", "xla", "mosaic_gpu")
 # Removed impls, and what to ask for instead: a config or command line that names one gets that in its error
 REMOVED_SPARSE_ATTENTION_IMPLS = {"pallas_gpu": "the Pallas Triton sparse-MLA kernel was removed on 2026-12-04 "
                                                 "(Pallas's Triton backend is deprecated); use 'mosaic_gpu' or 'auto'"}
-# FP8 weights' matmuls straight from the codes on GPUs (kernels/fp8_grouped_matmul.py: "triton", Pallas's Triton
-# backend; kernels/fp8_grouped_matmul_mgpu.py: "mosaic_gpu"); "auto": kernels.fp8_grouped_matmul.auto_impl()
-FP8_MATMUL_IMPLS = ("auto", "triton", "mosaic_gpu")
+# FP8 weights' matmuls straight from the codes on GPUs (kernels/fp8_grouped_matmul_mgpu.py: "mosaic_gpu", what
+# "auto" runs there; elsewhere the codes are dequantised in the program)
+FP8_MATMUL_IMPLS = ("auto", "mosaic_gpu")
+REMOVED_FP8_MATMUL_IMPLS = {"triton": "the Pallas Triton FP8 kernel was removed on 2026-12-05 (Pallas's Triton "
+                                      "backend is deprecated); use 'mosaic_gpu' or 'auto'"}
 KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8")  # the MLA cache's (`kv_cache_dtype`)
 # Latent values per fp32 scale in an fp8 MLA cache: FlashMLA's / vLLM's fp8_ds_mla tiles (4 scales for V3.2's 512).
 KV_FP8_GROUP = 128
@@ -248,6 +250,8 @@ def _validate(cfg: MtpConfig) -> None:
   if cfg.kv_cache_dtype == "fp8" and cfg.kv_lora_rank % cfg.kv_scale_group:
     raise ConfigError(f"kv_cache_dtype='fp8' stores one scale per {KV_FP8_GROUP} latent values; kv_lora_rank="
                       f"{cfg.kv_lora_rank} is not a multiple of {KV_FP8_GROUP} (use kv_cache_dtype='auto' or 'bfloat16')")
+  if cfg.fp8_matmul_impl in REMOVED_FP8_MATMUL_IMPLS:
+    raise ConfigError(f"fp8_matmul_impl={cfg.fp8_matmul_impl!r}: {REMOVED_FP8_MATMUL_IMPLS[cfg.fp8_matmul_impl]}")
   if cfg.fp8_matmul_impl not in FP8_MATMUL_IMPLS:
     raise ConfigError(f"fp8_matmul_impl={cfg.fp8_matmul_impl!r} is not one of {FP8_MATMUL_IMPLS}")
   if cfg.moe_impl not in MOE_IMPLS:

@@ -73,9 +73,8 @@ def parser() -> argparse.ArgumentParser:
                       "only; it also reads an fp8 cache); auto: mosaic_gpu on Hopper GPUs where it takes the model, "
                       "else xla")
   p.add_argument("--fp8-matmul-impl", choices=FP8_MATMUL_IMPLS, default="auto",
-                 help="with FP8 weights on GPUs, the kernel multiplying the codes: triton (Pallas's Triton backend) or "
-                      "mosaic_gpu (Pallas Mosaic GPU); auto: triton while this JAX has Pallas's Triton backend (faster "
-                      "on an H200), else mosaic_gpu")
+                 help="with FP8 weights on GPUs, the kernel multiplying the codes: mosaic_gpu (Pallas Mosaic GPU, "
+                      "Hopper only); auto: mosaic_gpu on Hopper GPUs, the codes dequantised in the program elsewhere")
   p.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
                  help="the MLA cache: auto (default): the compute dtype; bfloat16; fp8: e4m3 latent + one fp32 scale "
                       "per 128 values + the rope key in the compute dtype (656 bytes a token at V3.2's widths against "

@@ -11,9 +11,9 @@ Which implementation runs is explicit (`MtpConfig.moe_impl`), never a silent fal
                  empty groups get no work
   "tokamax_tpu"  `tokamax.ragged_dot`, its Mosaic-TPU grouped matmul               the picked experts once
   "fp8_grouped_gpu" FP8 weights only: kernels/fp8_grouped_matmul.py, a Pallas       the picked experts' codes
-                 (Triton) grouped matmul straight from the e4m3 codes and block    once (1 byte a weight)
-                 scales, bf16 activations on the tensor cores (no dequantised
-                 copy; on CPU it runs in Pallas interpret mode, for tests)
+                 Mosaic GPU (Hopper) grouped matmul straight from the e4m3 codes   once (1 byte a weight)
+                 and block scales, bf16 activations on the tensor cores (no
+                 dequantised copy; on CPU in Pallas's interpreter, for tests)
   "auto"         `resolve_expert_impl`'s table, per platform, weight dtype and dims, and token count
 
 The grouped paths sort the T·K assignments by expert (A = T·K rows, padded to whole row tiles of
@@ -85,18 +85,18 @@ def resolve_expert_impl(impl: str, platform: str, tokens: int, experts_per_token
     cpu  gather at decode sizes (`uses_gathered_experts`: T·K ≤ E/4, or ≤ 2E small experts within
          GATHER_BYTES), ragged_dot above (XLA CPU's ragged_dot is grouped)
   `fp8_codes` (FP8 weights kept as stored; `w_gate_EDF` then describes the dequantised weights): on
-  gpu fp8_grouped_gpu at every T where it takes the dims (reads the picked experts' codes once, writes
-  no dequantised copy); on tpu gather while T·K ≤ E (dequantises only the picked experts, where a
+  a Hopper GPU fp8_grouped_gpu at every T where it takes the dims (reads the picked experts' codes once,
+  writes no dequantised copy; other GPUs as below); on tpu gather while T·K ≤ E (dequantises only the picked experts, where a
   grouped impl dequantises every local expert first: no TPU kernel takes the codes yet), above as the
   table. On cpu the table, so FP8 and dequantised weights run the same impl there.
   """
   if impl not in EXPERT_IMPLS:
     raise ValueError(f"moe_impl={impl!r} is not one of {EXPERT_IMPLS}")
-  if impl == "tokamax_gpu" and platform == "gpu" and not hopper:
-    raise ValueError(f"moe_impl='tokamax_gpu': {NOT_HOPPER} (use 'auto', 'gather' or 'ragged_dot')")
+  if impl in ("tokamax_gpu", "fp8_grouped_gpu") and platform == "gpu" and not hopper:
+    raise ValueError(f"moe_impl={impl!r}: {NOT_HOPPER} (use 'auto', 'gather' or 'ragged_dot')")
   if impl != "auto":
     return impl
-  if fp8_codes and platform == "gpu" and fp8_grouped_takes(w_gate_EDF):
+  if fp8_codes and platform == "gpu" and hopper and fp8_grouped_takes(w_gate_EDF):
     return "fp8_grouped_gpu"
   if fp8_codes and platform in ("gpu", "tpu") and tokens * experts_per_token <= w_gate_EDF.shape[0]:
     return "gather"

@@ -18,7 +18,7 @@ import numpy as np
 
 from jax_mtp import fp8
 from jax_mtp.config import MtpConfig, RopeConfig, yarn_mscale
-from jax_mtp.platform import lowering_platform
+from jax_mtp.platform import lowering_gpu_is_hopper, lowering_platform
 
 
 # Random init: normal(0.02) for every weight matrix and the token embedding, HF's `initializer_range` for
@@ -76,8 +76,8 @@ class Linear(nn.Module):
 
   The kernel is declared in `setup` so it can be read without a call (MLA's absorbed decode
   reads kv_b_proj's `weight()`). A `kernel_scale_inv` param beside it makes `kernel` FP8 codes
-  (jax_mtp.fp8): on a GPU with bf16 compute, where the kernel takes the dims (128 × 128 blocks, K
-  and N multiples of 128), the product runs straight from the codes in kernels/fp8_grouped_matmul.py
+  (jax_mtp.fp8): on a Hopper GPU with bf16 compute, where the kernel takes the dims (128 × 128 blocks,
+  K and N multiples of 128), the product runs straight from the codes in kernels/fp8_grouped_matmul.py
   (one group: every row) and no bf16 copy of the weight is written; elsewhere the codes are
   dequantised inside the program (XLA fuses that into the product at decode sizes, not always above).
   Under the automatic choices a prefill chunk past the kernel's AUTO_MAX_ROWS rows also takes the dequantised
@@ -90,7 +90,7 @@ class Linear(nn.Module):
   param_dtype: str = "float32"
   fp8_block: tuple[int, int] = (128, 128)  # the checkpoint's FP8 blocks, when the kernel is FP8 codes
   # FP8 codes through the Pallas kernel: True (moe_impl="fp8_grouped_gpu" asks for it everywhere), or
-  # None: where the program is for a GPU (jax_mtp.platform)
+  # None: where the program is for a Hopper GPU (jax_mtp.platform; the kernel is Mosaic GPU's: wgmma, TMA)
   fp8_kernel: bool | None = None
   fp8_impl: str = "auto"  # which kernel (kernels.fp8_grouped_matmul.IMPLS; MtpConfig.fp8_matmul_impl)
 
@@ -112,7 +112,7 @@ class Linear(nn.Module):
     kernel (see the class docstring). With both choices automatic (`fp8_kernel` None, `fp8_impl` "auto"), a prefill
     chunk's rows go through XLA's bf16 GEMM over the dequantised weight instead (`fp8_grouped_matmul.auto_takes`)."""
     from jax_mtp.kernels import fp8_grouped_matmul as kernel  # noqa: PLC0415 (Pallas: only where used)
-    wanted = lowering_platform() == "gpu" if self.fp8_kernel is None else self.fp8_kernel
+    wanted = (lowering_platform() == "gpu" and lowering_gpu_is_hopper()) if self.fp8_kernel is None else self.fp8_kernel
     if self.fp8_kernel is None and self.fp8_impl == "auto" and shape is not None:
       wanted = wanted and kernel.auto_takes(math.prod(shape[:-1]), shape[-2] if len(shape) > 2 else 1)
     return (wanted and self.kernel_scale_inv is not None and self.dtype == "bfloat16"

@@ -1,5 +1,5 @@
-"""The FP8 grouped matmul op's checks that every implementation runs (tests/test_fp8_weights.py: the Triton kernel;
-tests/test_fp8_grouped_matmul_mgpu.py: the Mosaic GPU one): random e4m3 codes and block scales, groups of given
+"""The FP8 grouped matmul op's checks that every way of running it takes (tests/test_fp8_weights.py: the op as the
+model calls it; tests/test_fp8_grouped_matmul_mgpu.py: the Mosaic GPU kernel's launches): random e4m3 codes and block scales, groups of given
 sizes with spare rows past them (another device's assignments), and the output's group rows against the op's jnp
 formula and against x times the exactly dequantised weights (fp32: summation order only)."""
 

@@ -61,3 +61,10 @@ def speculator_modules(cfg: jax_mtp.MtpConfig, prompts, max_new_tokens: int, k: 
     one_round = jax.export.export(spec.program("round", capacity, False, round_args), platforms=["cuda"],
                                   disabled_checks=checks)(*round_args)
   return {"prefill": prefill.mlir_module(), "round": one_round.mlir_module()}
+
+
+def kernel_calls(module_text: str, kernel_name: str) -> int:
+  """How many Mosaic GPU custom calls of a lowered or exported module launch the kernel named `kernel_name` (each call
+  is one line of the module text, holding its serialized kernel and so its name)."""
+  return sum(kernel_name in line for line in module_text.splitlines() if "custom_call @mosaic_gpu" in line)
+

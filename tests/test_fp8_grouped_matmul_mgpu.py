@@ -1,5 +1,5 @@
-"""The FP8 grouped matmul on Pallas Mosaic GPU (kernels/fp8_grouped_matmul_mgpu.py): equal to the op's formula, to x
-times the exactly dequantised weights and to the Triton kernel, on groups of 0, 1, < and > one row tile, a dense
+"""The FP8 grouped matmul on Pallas Mosaic GPU (kernels/fp8_grouped_matmul_mgpu.py): equal to the op's formula and to x
+times the exactly dequantised weights, on groups of 0, 1, < and > one row tile, a dense
 linear's one group over several row programs, the K loop split or not; in Pallas's GPU interpreter on a CPU
 (compiled on a GPU); lowered for CUDA at DeepSeek-V3.2's expert and dense shapes (the Mosaic GPU lowering runs on any
 host); refused by name where it cannot run."""
@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_mtp.kernels.fp8_grouped_matmul import fp8_grouped_matmul, reference
+from jax_mtp.kernels.fp8_grouped_matmul import reference
 from jax_mtp.kernels.fp8_grouped_matmul_mgpu import KERNEL_NAME, Config, config_for, fp8_grouped_matmul_mgpu
 from tests.fp8_matmul_cases import assert_equals_the_formula_and_the_dequantised_product, problem
 from tests.tolerances import assert_close
@@ -35,13 +35,11 @@ ON_GPU = jax.devices()[0].platform == "gpu"
     (1, 256, 256, (70,), Config(row_tile=16, subtiles=2, row_programs=2)),
     (3, 256, 128, (3, 12, 9), Config(row_tile=8, subtiles=2)),
 ])
-def test_kernel_equals_the_formula_the_dequantised_product_and_the_triton_kernel(e, k, n, sizes, config):
+def test_kernel_equals_the_formula_and_the_dequantised_product(e, k, n, sizes, config):
   x, codes, scale, sizes_E = problem(e, k, n, sizes)
   rows = sum(sizes)
   got = np.asarray(fp8_grouped_matmul_mgpu(x, codes, scale, sizes_E, config=config, interpret=not ON_GPU))[:rows]
   assert_equals_the_formula_and_the_dequantised_product(got, x, codes, scale, sizes_E, "Mosaic kernel")
-  triton = fp8_grouped_matmul(x, codes, scale, sizes_E, backend="gpu" if ON_GPU else "interpret")
-  assert_close(got, np.asarray(triton)[:rows], "float32", "Mosaic vs Triton kernel")
 
 
 @pytest.mark.skipif(ON_GPU, reason="the interpreter's race detector (on a CPU)")

@@ -20,6 +20,7 @@ import jax_mtp
 from jax_mtp import fp8
 from jax_mtp.checkpoint import load_hf_checkpoint, load_mtp_only
 from jax_mtp.generate import TargetDecoder
+from jax_mtp.kernels.fp8_grouped_matmul_mgpu import KERNEL_NAME as FP8_KERNEL
 from jax_mtp.model import TargetModel, init_target_caches
 from jax_mtp.safetensors_io import CheckpointError
 from jax_mtp.sharding import make_mesh
@@ -28,6 +29,7 @@ from tests import fp8_matmul_cases as fp8_cases
 from tests.conftest import FULL_ONLY, FULL_TESTS
 from tests.devices import needs_devices
 from tests.hf_checkpoint import write_checkpoint
+from tests.lowered_step import kernel_calls
 from tests.tolerances import assert_close
 
 CFG = jax_mtp.tiny(vocab_size=250)
@@ -209,7 +211,8 @@ def test_cli_fp8_matmul_impl_is_refused_where_it_would_pick_nothing(written, cap
   base = ("--checkpoint", directory, "--prompt-ids", "5,17,3", "--max-new-tokens", "4", "--ignore-eos", "--json")
   rc, _, err = _cli(capsys, *base, "--fp8-matmul-impl", "mosaic_gpu")
   assert rc == 2 and err.startswith("error: --fp8-matmul-impl=mosaic_gpu picks the GPU kernel") and "is cpu" in err, err
-  rc, _, err = _cli(capsys, *base, "--weights", "bf16", "--moe-impl", "fp8_grouped_gpu", "--fp8-matmul-impl", "triton")
+  rc, _, err = _cli(capsys, *base, "--weights", "bf16", "--moe-impl", "fp8_grouped_gpu", "--fp8-matmul-impl",
+                    "mosaic_gpu")
   assert rc == 2 and "this run keeps none" in err and len(err.splitlines()) == 1, err
 
 def test_orbax_keeps_fp8_weights_fp8(written, tmp_path):
@@ -233,27 +236,30 @@ def test_orbax_keeps_fp8_weights_fp8(written, tmp_path):
 # --- the FP8 grouped matmul (kernels/fp8_grouped_matmul.py) --------------------------------------
 
 
-@pytest.mark.parametrize("e,k,n,sizes,split_k", [(5, 256, 384, (6, 0, 1, 17, 2), 1), (3, 128, 128, (0, 0, 1), None),
-                                                 (2, 384, 256, (33, 0), 3), (4, 512, 128, (1, 0, 2, 0), None)])
+@pytest.mark.parametrize("e,k,n,sizes,split_k", [(5, 256, 384, (6, 0, 1, 17, 2), 1), (4, 512, 128, (1, 0, 2, 0), 0)])
 def test_fp8_grouped_matmul_equals_its_formula_and_the_dequantised_product(e, k, n, sizes, split_k):
-  """Groups of 0, 1, < and > one row tile, the last group ending at the last row, spare rows past
-  Σ sizes; the kernel (interpret mode) vs its jnp formula and vs x times the exactly dequantised
-  weights (x is bf16 in both: the kernel's activations are bf16). K split into parts or not (None: the
-  kernel's choice, 4 parts for the last case). On a GPU the compiled kernel runs."""
-  from jax_mtp.kernels.fp8_grouped_matmul import Config, fp8_grouped_matmul  # noqa: PLC0415
+  """The op as the model calls it (`fp8_grouped_matmul`, which launches kernels/fp8_grouped_matmul_mgpu.py): groups of
+  0, 1, < and > one row tile, spare rows past Σ sizes, vs its jnp formula and x times the exactly dequantised
+  weights (x is bf16 in both: the kernel's activations are bf16); K split or not (0: the kernel's choice). In
+  Pallas's GPU interpreter here, compiled on a GPU. The kernel's own cases: tests/test_fp8_grouped_matmul_mgpu.py."""
+  from jax_mtp.kernels.fp8_grouped_matmul import fp8_grouped_matmul  # noqa: PLC0415
+  from jax_mtp.kernels.fp8_grouped_matmul_mgpu import Config  # noqa: PLC0415
   x, codes, scale, sizes = fp8_cases.problem(e, k, n, sizes)
   backend = "gpu" if jax.default_backend() == "gpu" else "interpret"
   got = fp8_grouped_matmul(x, codes, scale, sizes, backend=backend, config=Config(split_k=split_k))
-  fp8_cases.assert_equals_the_formula_and_the_dequantised_product(got, x, codes, scale, sizes, "Triton kernel")
+  fp8_cases.assert_equals_the_formula_and_the_dequantised_product(got, x, codes, scale, sizes, "FP8 kernel")
 
 
 def test_fp8_grouped_matmul_refuses_what_it_cannot_take():
-  from jax_mtp.kernels.fp8_grouped_matmul import Config, fp8_grouped_matmul  # noqa: PLC0415
+  from jax_mtp.kernels.fp8_grouped_matmul import fp8_grouped_matmul  # noqa: PLC0415
+  from jax_mtp.kernels.fp8_grouped_matmul_mgpu import Config  # noqa: PLC0415
   x, codes, sizes = jnp.zeros((2, 128)), jnp.zeros((3, 128, 200), jnp.float8_e4m3fn), jnp.zeros((3,), jnp.int32)
   with pytest.raises(ValueError, match="multiples of 128"):
     fp8_grouped_matmul(x, codes, jnp.zeros((3, 1, 2)), sizes, backend="interpret")
   with pytest.raises(ValueError, match="backend='cuda'"):
     fp8_grouped_matmul(x, codes[..., :128], jnp.zeros((3, 1, 1)), sizes, backend="cuda")
+  with pytest.raises(ValueError, match="impl='triton' is not one of"):
+    fp8_grouped_matmul(x, codes[..., :128], jnp.zeros((3, 1, 1)), sizes, backend="interpret", impl="triton")
   with pytest.raises(ValueError, match="float8_e4m3fn"):
     fp8_grouped_matmul(x, codes[..., :128].astype(jnp.bfloat16), jnp.zeros((3, 1, 1)), sizes, backend="interpret")
   with pytest.raises(ValueError, match="split_k=3 must divide the 1 blocks"):
@@ -261,26 +267,24 @@ def test_fp8_grouped_matmul_refuses_what_it_cannot_take():
                        config=Config(split_k=3))
   with pytest.raises(ValueError, match="one size per expert"):
     fp8_grouped_matmul(x, codes[..., :128], jnp.zeros((3, 1, 1)), sizes[:2], backend="interpret")
-  # V3.2's 256 experts on one device (3.8e9 codes, past int32 element offsets as bytes) are 9.4e8 words: taken
+  # V3.2's 256 experts on one device: 3.8e9 codes, past 32-bit byte offsets (TMA addresses in 64 bits)
   big = (jax.ShapeDtypeStruct((8, 7168), jnp.bfloat16), jax.ShapeDtypeStruct((256, 7168, 2048), jnp.float8_e4m3fn),
          jax.ShapeDtypeStruct((256, 56, 16), jnp.float32), jax.ShapeDtypeStruct((256,), jnp.int32))
   assert jax.eval_shape(lambda *a: fp8_grouped_matmul(*a, backend="gpu"), *big).shape == (8, 2048)
-  from jax_mtp.kernels.fp8_grouped_matmul import split_k_for  # noqa: PLC0415
-  # B = 1 (8 rows): gate/up 8 experts × 16 column blocks → 2 parts; down × 56 none; B = 64 none; a
-  # dense linear (one group) of 12 column blocks → 8
-  assert [split_k_for(8, 256, 7168, 2048), split_k_for(8, 256, 2048, 7168), split_k_for(512, 256, 7168, 2048),
-          split_k_for(64, 1, 7168, 1536)] == [2, 1, 1, 8]
   from jax_mtp.experts import resolve_expert_impl  # noqa: PLC0415
   weights = jax.ShapeDtypeStruct((256, 7168, 2048), jnp.bfloat16)
   for tokens in (1, 8, 64, 512):
     assert resolve_expert_impl("auto", "gpu", tokens, 8, weights, fp8_codes=True) == "fp8_grouped_gpu"
   assert resolve_expert_impl("auto", "tpu", 1, 8, weights, fp8_codes=True) == "gather"
+  # the kernel is Mosaic GPU's (wgmma, TMA): other GPUs dequantise the picked experts, and an explicit ask is refused
+  assert resolve_expert_impl("auto", "gpu", 1, 8, weights, fp8_codes=True, hopper=False) == "gather"
+  with pytest.raises(ValueError, match="moe_impl='fp8_grouped_gpu': .*Hopper"):
+    resolve_expert_impl("fp8_grouped_gpu", "gpu", 1, 8, weights, fp8_codes=True, hopper=False)
 
 
-@pytest.mark.parametrize("fp8_matmul_impl", ["triton", "mosaic_gpu"])
-def test_fp8_grouped_experts_equal_the_gathered_experts_on_the_same_codes(fp8_matmul_impl):
+def test_fp8_grouped_experts_equal_the_gathered_experts_on_the_same_codes():
   """The whole routed-experts call (sort, gate, up, silu, down, un-sort, the weighted sum; foreign ids
-  weight 0) by either kernel vs the gather impl dequantising the same codes to fp32. The kernel's
+  weight 0) through the FP8 kernel vs the gather impl dequantising the same codes to fp32. The kernel's
   activations are bf16: the bf16 row of the table."""
   from jax_mtp.experts import routed_experts  # noqa: PLC0415
   rng = np.random.default_rng(0)
@@ -292,7 +296,7 @@ def test_fp8_grouped_experts_equal_the_gathered_experts_on_the_same_codes(fp8_ma
   ids = jnp.asarray([[0, 5], [2, e], [3, 3]], jnp.int32)  # id E: another device's expert (weight 0)
   weights = jnp.asarray([[0.6, 0.4], [1.0, 0.0], [0.5, 0.5]], jnp.float32)
   kwargs = dict(fp8_scales=scales, fp8_block=(128, 128), dtype=jnp.float32)
-  kernel = routed_experts("fp8_grouped_gpu", x, ids, weights, *ws, **kwargs, fp8_matmul_impl=fp8_matmul_impl)
+  kernel = routed_experts("fp8_grouped_gpu", x, ids, weights, *ws, **kwargs, fp8_matmul_impl="mosaic_gpu")
   gathered = routed_experts("gather", x, ids, weights, *ws, **kwargs)
   assert_close(kernel, gathered, "bfloat16", "fp8_grouped_gpu vs gather")
   with pytest.raises(ValueError, match="takes FP8 expert weights"):
@@ -301,14 +305,14 @@ def test_fp8_grouped_experts_equal_the_gathered_experts_on_the_same_codes(fp8_ma
 
 def test_fp8_grouped_kernel_is_in_the_lowered_cuda_step():
   """A MTP step with FP8 weights and moe_impl='fp8_grouped_gpu', exported for an H200 (abstract device)
-  from this host, holds the Triton kernel (the lowering platform picks it, not the host's backend):
+  from this host, holds the FP8 kernel (the lowering platform picks it, not the host's backend):
   one call for each routed-expert projection and one for each dense FP8 linear the kernel takes
   (local dims multiples of 128); with moe_impl='gather' the dense linears' calls only (fp8_kernel=None
   follows the program's platform, jax_mtp.platform, on any host)."""
   from jax.sharding import AbstractMesh, AxisType  # noqa: PLC0415
   from jax_mtp.layers import Linear  # noqa: PLC0415
 
-  def triton_calls(moe_impl):
+  def fp8_kernel_calls(moe_impl):
     cfg = jax_mtp.tiny(hidden_size=256, moe_intermediate_size=128, moe_impl=moe_impl, dtype="bfloat16",
                        param_dtype="bfloat16")
     params = fp8.as_checkpoint_fp8(jax.eval_shape(lambda key: jax_mtp.init_params(cfg, key), jax.random.key(0)),
@@ -319,19 +323,17 @@ def test_fp8_grouped_kernel_is_in_the_lowered_cuda_step():
     device = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
     mesh = AbstractMesh((1,), ("tp",), axis_types=(AxisType.Auto,), abstract_device=device)
     with jax.sharding.use_abstract_mesh(mesh):
-      exported = jax.export.export(step, platforms=["cuda"], disabled_checks=[
-          jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])
-      module = exported(params, ids, ids, hidden, caches).mlir_module()
-    return module.count("stablehlo.custom_call @__gpu$xla.gpu.triton"), params
+      module = jax.export.export(step, platforms=["cuda"])(params, ids, ids, hidden, caches).mlir_module()
+    return kernel_calls(module, FP8_KERNEL), params
 
-  calls, params = triton_calls("fp8_grouped_gpu")
+  calls, params = fp8_kernel_calls("fp8_grouped_gpu")
   leaves = {tuple(k.key for k in path): x for path, x in jax.tree_util.tree_leaves_with_path(params)}
   dense = [path for path, x in leaves.items() if path[-1] == "kernel" and x.dtype == jnp.float8_e4m3fn
            and all(n % 128 == 0 for n in x.shape)]
   assert Linear.__dataclass_fields__["fp8_kernel"].default is None  # auto: the GPU backend decides elsewhere
   assert dense and calls == 3 + len(dense), (calls, dense)
   # gather dequantises the experts; the dense FP8 linears still take the kernel: the program is for a GPU
-  assert triton_calls("gather")[0] == len(dense)
+  assert fp8_kernel_calls("gather")[0] == len(dense)
 
 
 def test_auto_runs_a_prefill_chunks_rows_through_xlas_gemm_and_decode_rows_through_the_kernel():
@@ -353,10 +355,9 @@ def test_auto_runs_a_prefill_chunks_rows_through_xlas_gemm_and_decode_rows_throu
     device = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
     mesh = AbstractMesh((1,), ("tp",), axis_types=(AxisType.Auto,), abstract_device=device)
     with jax.sharding.use_abstract_mesh(mesh):
-      exported = jax.export.export(step, platforms=["cuda"], disabled_checks=[
-          jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])
-      text = exported(params, jax.ShapeDtypeStruct((*shape, 256), jnp.bfloat16)).mlir_module()
-    return text.count("custom_call @__gpu$xla.gpu.triton") + text.count("custom_call @mosaic_gpu")
+      text = jax.export.export(step, platforms=["cuda"])(params, jax.ShapeDtypeStruct((*shape, 256),
+                                                                                     jnp.bfloat16)).mlir_module()
+    return text.count("custom_call @mosaic_gpu")
 
   chunk = (AUTO_MAX_ROWS // PREFILL_MIN_TOKENS + 1, PREFILL_MIN_TOKENS)  # a prefill chunk past AUTO_MAX_ROWS
   assert kernel_calls((1, AUTO_MAX_ROWS)) == 1  # a prefill chunk within AUTO_MAX_ROWS
