@@ -17,7 +17,7 @@ The kernel is `kernels/fp8_grouped_matmul_mgpu.py` (Pallas Mosaic GPU: TMA, wgmm
 op: its formula (`reference`), its operand checks, which weights it takes, when `auto` runs a dense linear in it,
 and `fp8_grouped_matmul`, which launches it compiled or in Pallas's GPU interpreter. Its first kernel, on Pallas's
 Triton backend, was removed on 2026-12-05 (issue 28: that backend is deprecated since JAX 0.11.0): on an H100 the
-Mosaic kernel was 1.0–1.17× it on V3.2's experts from 64 assignments up and slower at 8 assignments and on dense
+Mosaic kernel was 1.01–1.17× it on V3.2's experts from 64 assignments up and slower at 8 assignments and on dense
 linears at 64 rows (benchmarks/RESULTS.md, "The FP8 grouped matmul's Triton kernel removed").
 """
 

@@ -106,12 +106,11 @@ def _fp8_cfg(moe_impl: str) -> jax_mtp.MtpConfig:
                       moe_impl=moe_impl)
 
 
-@pytest.mark.parametrize("fp8_matmul_impl", ["auto", "mosaic_gpu"])
-def test_speculative_decoding_through_the_fp8_kernel_gives_the_gather_impls_plain_tokens(fp8_matmul_impl):
+def test_speculative_decoding_through_the_fp8_kernel_gives_the_gather_impls_plain_tokens():
   """FP8 codes + 128 × 128 block scales, as `--weights fp8` keeps them: the routed experts and the dense FP8
-  linears through the FP8 grouped matmul (`auto`'s kernel, or the Mosaic GPU one; interpret mode on CPU) decode
-  speculatively the tokens of plain greedy decoding with the gather impl dequantising the same codes."""
-  cfg = _fp8_cfg("fp8_grouped_gpu").replace(fp8_matmul_impl=fp8_matmul_impl)
+  linears through the FP8 grouped matmul (its Mosaic GPU kernel; Pallas's interpreter on CPU) decode speculatively
+  the tokens of plain greedy decoding with the gather impl dequantising the same codes."""
+  cfg = _fp8_cfg("fp8_grouped_gpu")
   target = fp8.as_checkpoint_fp8(jax_mtp.init_target_params(cfg, jax.random.key(0)),
                                  cfg.fp8_block, fp8.quantize)
   mtp = fp8.as_checkpoint_fp8(jax_mtp.init_params(cfg, jax.random.key(1)), cfg.fp8_block, fp8.quantize)
