@@ -48,7 +48,7 @@ import jax_mtp
 from benchmarks import step_profile
 from benchmarks.hlo_dots import describe, dot_operand_types
 from benchmarks.timing import bf16_peak, copy_bandwidth
-from jax_mtp import decode, decode_flags, fp8
+from jax_mtp import decode, decode_flags, fp8, generation_defaults
 from jax_mtp.acceptance import Sampling
 from jax_mtp.sharding import SHARED_WITH_TARGET
 from jax_mtp.generate import TargetDecoder
@@ -205,10 +205,13 @@ def run_weights(args, weights: str, peak: float, bandwidth: float, out: list) ->
 def run_row(args, cfg, spec, params, prompt_len: int, batch: int, rng, peak: float, bandwidth: float) -> dict:
   """One (prompt, batch) row of the table (see the module docstring)."""
   mesh, weights = spec.mesh, "fp8" if fp8.fp8_paths(params.target) else "bf16"
-  # the CLI's sampling flags, as Speculator.generate passes them (greedy: the value is unused)
+  # the CLI's sampling flags, as Speculator.generate passes them (greedy: the value is unused); random weights have
+  # no generation_config.json: what a flag leaves unset is greedy's
   flags, max_new = cli_flags(args), np.int32(args.max_new)
-  sampled = flags.temperature > 0
-  sampling = Sampling.of(flags.temperature, flags.top_k, flags.top_p, cfg.vocab_size) if sampled else np.float32(0)
+  given = {"temperature": flags.temperature, "top_k": flags.top_k, "top_p": flags.top_p}
+  s, _ = generation_defaults.resolve(given, None, flags.generation_config, check=False)
+  sampled = s["temperature"] > 0
+  sampling = Sampling.of(s["temperature"], s["top_k"], s["top_p"], cfg.vocab_size) if sampled else np.float32(0)
   prompts = [[int(t) for t in rng.integers(0, cfg.vocab_size, prompt_len)] for _ in range(batch)]
   capacity = required_capacity(cfg, prompts, args.max_new, args.k)  # the CLI's rule
   check_caches_fit(cfg, batch, capacity, mesh.devices.flat)

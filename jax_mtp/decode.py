@@ -33,7 +33,7 @@ from typing import NamedTuple
 import jax
 
 import jax_mtp
-from jax_mtp import distributed, fp8, greedy_check, loader
+from jax_mtp import distributed, fp8, generation_defaults, greedy_check, loader
 from jax_mtp.decode_flags import BadInput, parser
 from jax_mtp.decode_prompts import ChatRequest, prompts_from
 from jax_mtp.decode_output import Progress, TextStream, exit_code, print_result
@@ -178,6 +178,7 @@ def validate(args: argparse.Namespace) -> Request:
   distributed.replica_devices(settings.tp)  # several processes: tp spans whole processes (ValueError naming them)
   source = _source(settings)
   cfg = with_flags(jax_mtp.tiny() if source is None else loader.checkpoint_config(source), args)
+  settings = _with_generation_defaults(settings, source, args.generation_config)
   _check_run_flags(settings)
   ids_by_default = settings.checkpoint is not None or settings.random_tiny
   chat = ChatRequest(settings.system, settings.thinking, cfg.model_type) if settings.chat else None
@@ -193,6 +194,17 @@ def validate(args: argparse.Namespace) -> Request:
   distributed.check_agreement({"flags": flags, "prompts": prompts, "config": dataclasses.asdict(cfg),
                                "checkpoint": _identity(settings.checkpoint, source)})
   return Request(cfg, prompts, texts, codec, stop_ids, source, settings)
+
+
+def _with_generation_defaults(settings: Settings, source: loader.Source | None, mode: str) -> Settings:
+  """The sampling flags not given filled from the checkpoint's generation_config.json (jax_mtp.generation_defaults),
+  said in a note, else greedy's values."""
+  given = {"temperature": settings.temperature, "top_k": settings.top_k, "top_p": settings.top_p}
+  values, note = generation_defaults.resolve(given, None if source is None else source.directory, mode,
+                                             check=settings.check)
+  if note and distributed.is_primary():
+    print(note, file=sys.stderr)
+  return settings._replace(**values)
 
 
 def _source(settings: Settings) -> loader.Source | None:

@@ -47,12 +47,17 @@ def parser() -> argparse.ArgumentParser:
   p.add_argument("--thinking", action="store_true", help="with --chat: the format's thinking mode (default: chat)")
   p.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate per prompt (default 32)")
   p.add_argument("--num-speculative-tokens", type=int, default=3, help="draft tokens k per round, ≥ 1 (default 3)")
-  p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 = rejection sampling")
-  p.add_argument("--top-k", type=int, default=0,
-                 help="sample from the K most likely tokens only (default 0: all; greedy's token is always among them)")
-  p.add_argument("--top-p", type=float, default=1.0,
-                 help="then from the smallest set of those, most likely first, whose probability reaches P (default "
-                      "1: all)")
+  p.add_argument("--temperature", type=float,
+                 help="0 = greedy; > 0 = rejection sampling (default: the checkpoint's generation_config.json, else 0)")
+  p.add_argument("--top-k", type=int,
+                 help="sample from the K most likely tokens only (0: all; greedy's token is always among them; "
+                      "default: generation_config.json's, else 0)")
+  p.add_argument("--top-p", type=float,
+                 help="then from the smallest set of those, most likely first, whose probability reaches P (1: all; "
+                      "default: generation_config.json's, else 1)")
+  p.add_argument("--generation-config", choices=("auto", "none"), default="auto",
+                 help="auto (default): sampling flags not given take the checkpoint's generation_config.json values, "
+                      "as vLLM's; none: greedy unless the flags say otherwise")
   p.add_argument("--seed", type=int, default=0, help="sampling seed (the weights' seed is fixed)")
   p.add_argument("--tp", type=int, default=1, help="tensor-parallel devices (default 1)")
   p.add_argument("--impl", choices=IMPLS, default=IMPLS[0], help="fused all-reduce + RMSNorm implementation")

@@ -1,0 +1,63 @@
+"""The sampling a checkpoint asks for: `generation_config.json`'s `temperature`, `top_k` and `top_p`, which
+`python -m jax_mtp.decode` applies where its flags leave them unset (`--generation-config auto`, the default, as
+vLLM's `--generation-config auto`: a model released with recommended sampling settings is decoded with them unless
+the command line says otherwise). `--generation-config none`: greedy unless the flags say otherwise.
+
+Rules: a flag given always wins; `do_sample: false` in the file means greedy (transformers' meaning of the key), so
+its other keys are not applied; without `do_sample` the keys apply (vLLM's reading); `--check` compares greedy
+outputs, so the file is not applied there. A value the sampler cannot take is an error naming the file and key."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from jax_mtp.request import validate_temperature, validate_top_k, validate_top_p
+
+FILE = "generation_config.json"
+MODES = ("auto", "none")
+GREEDY = {"temperature": 0.0, "top_k": 0, "top_p": 1.0}  # what each flag means when neither it nor the file sets it
+VALIDATORS = {"temperature": validate_temperature, "top_k": validate_top_k, "top_p": validate_top_p}
+
+
+def from_file(directory: str) -> dict:
+  """The sampling settings `directory`'s generation_config.json sets ({} without the file, or with do_sample false);
+  a ValueError naming the file for a malformed file or value."""
+  path = os.path.join(directory, FILE)
+  if not os.path.isfile(path):
+    return {}
+  try:
+    with open(path, encoding="utf-8") as f:
+      data = json.load(f)
+  except (OSError, ValueError) as e:
+    raise ValueError(f"cannot read {path!r}: {e}") from None
+  if not isinstance(data, dict):
+    raise ValueError(f"{path!r} holds {json.dumps(data)[:40]}, expected a JSON object")
+  if data.get("do_sample") is False:
+    return {}
+  found = {name: data[name] for name in GREEDY if data.get(name) is not None}
+  for name, value in found.items():
+    try:
+      VALIDATORS[name](value)
+    except ValueError as e:
+      raise ValueError(f"{path!r}: {e}") from None
+  return found
+
+
+def resolve(given: dict, directory: str | None, mode: str, *, check: bool) -> tuple[dict, str | None]:
+  """The temperature, top_k and top_p a run uses, from the flags `given` (None: not given), the checkpoint
+  `directory`'s file (None: no checkpoint files, e.g. random weights) under `mode`, and greedy's values; and a note
+  naming what came from the file (None when nothing did)."""
+  if mode not in MODES:
+    raise ValueError(f"--generation-config={mode!r} is not one of {MODES}")
+  applied = {}
+  if mode == "auto" and directory is not None and not check:
+    applied = {name: value for name, value in from_file(directory).items() if given.get(name) is None}
+  values = {**GREEDY, **applied, **{name: value for name, value in given.items() if value is not None}}
+  if values["temperature"] == 0:  # greedy: the file's filters would change nothing, and no note claims they do
+    applied, values = {}, {**GREEDY, **{name: value for name, value in given.items() if value is not None}}
+  if not applied:
+    return values, None
+  settings = ", ".join(f"{name.replace('_', '-')} {value}" for name, value in applied.items())
+  return values, (f"note: sampling with {settings} from {os.path.join(directory, FILE)} (the flags override it; "
+                  f"--generation-config none: greedy)")
