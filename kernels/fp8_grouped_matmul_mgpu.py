@@ -57,13 +57,25 @@ class Config:
   subtiles: int = 1
 
 
+def default_config(rows: int, experts: int) -> Config:
+  """The launch a call without a `Config` starts from: for one group (a dense linear) of MAX_ROW_TILE < rows ≤
+  2 · MAX_ROW_TILE (decode's 64 rows at B = 64) two subtiles a widened block in one CTA with the output staged in
+  the weights' shared memory, where two row programs would each widen every block: on the H200 (2026-12-04 07:17,
+  benchmarks/RESULTS.md, "The Mosaic FP8 grouped matmul's two untimed variants") 1.24–1.76× the two row programs at
+  64 rows on o_proj, q_b_proj and q_a_proj, within 0.91–1.05× of the then Triton kernel; else `Config()`."""
+  if experts == 1 and MAX_ROW_TILE < rows <= 2 * MAX_ROW_TILE:
+    return Config(subtiles=2, share_output_smem=True)
+  return Config()
+
+
 def config_for(rows: int, experts: int, k: int, n: int, config: Config | None = None,
                busy: int = BUSY_CTAS) -> Config:
-  """`config` with what it leaves open chosen for `rows` over `experts` groups of [K, N] codes: the row tile the
+  """`config` (None: `default_config`) with what it leaves open chosen for `rows` over `experts` groups of [K, N]
+  codes: the row tile the
   smallest of ROW_TILES ≥ twice a group's mean rows, plus the 7 rows a group's 8-aligned first tile may start
   before it (groups of one row need none); else the largest. For one group (a dense linear) as many row programs
   as tiles; then the fewest K parts (dividing K / 128) that give ≥ `busy` CTAs with rows."""
-  config = config or Config()
+  config = config or default_config(rows, experts)
   mean = -(-rows // experts)
   want = -(-mean // config.subtiles) if experts == 1 else 2 * mean + (7 if mean > 1 else 0)
   tile = config.row_tile or next((t for t in ROW_TILES if t >= want), MAX_ROW_TILE)

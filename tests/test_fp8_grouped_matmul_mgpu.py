@@ -82,11 +82,16 @@ def test_kernel_lowers_for_cuda_at_v32_shapes(rows, experts, k, n, variant):
 
 def test_config_fills_the_machine():
   # B = 1: 8 rows over 8 experts' 16 column blocks → 4 K parts (512 CTAs); B = 64 × 4 queries: 2,048 rows, 24-row
-  # tiles (twice the mean 8, + 7 before an unaligned group), no split; o_proj at B = 64: 56-row tiles, 56 column blocks × 2 row programs × 4
-  # parts = 448 CTAs; a prefill chunk's q_a: 74 row programs of 56 rows × 12 column blocks, no split
+  # tiles (twice the mean 8, + 7 before an unaligned group), no split; o_proj at B = 64 from Config(): 56-row tiles,
+  # 56 column blocks × 2 row programs × 4 parts = 448 CTAs; a prefill chunk's q_a: 74 row programs of 56 rows × 12
+  # column blocks, no split
   assert config_for(8, 256, 7168, 2048) == Config(row_tile=8, stages=2, split_k=4, row_programs=1)
   assert config_for(2048, 256, 7168, 2048) == Config(row_tile=24, stages=2, split_k=1, row_programs=1)
-  assert config_for(64, 1, 16384, 7168) == Config(row_tile=56, stages=2, split_k=4, row_programs=2)
+  # o_proj at B = 64 (without a Config): two 40-row subtiles a block in one CTA, the output in the weights' memory
+  assert config_for(64, 1, 16384, 7168) == Config(row_tile=40, stages=2, split_k=8, row_programs=1,
+                                                  share_output_smem=True, subtiles=2)
+  assert config_for(64, 1, 16384, 7168, Config()) == Config(row_tile=56, stages=2, split_k=4, row_programs=2)
+  assert config_for(8, 1, 16384, 7168) == Config(row_tile=8, stages=2, split_k=8, row_programs=1)  # one tile
   assert config_for(4096, 1, 7168, 1536) == Config(row_tile=56, stages=2, split_k=1, row_programs=74)
   # two products a block: o_proj's 64 rows as 2 × 40 in one CTA a column block and K part
   assert config_for(64, 1, 16384, 7168, Config(subtiles=2)) == Config(row_tile=40, stages=2, split_k=8,

@@ -103,7 +103,8 @@ _FLAGS = {
     "--index-scores-impl": st.sampled_from(["auto", "xla", "mosaic_gpu"]),
     "--sparse-attention-impl": st.sampled_from(["auto", "xla", "pallas_gpu", "mosaic_gpu"]),  # pallas_gpu: removed
     "--kv-cache-dtype": _mostly(st.sampled_from(["auto", "bfloat16", "fp8"]), st.sampled_from(["float8", "int8"])),
-    "--fp8-matmul-impl": st.sampled_from(["auto", "triton", "mosaic_gpu", "cutlass"]),
+    "--fp8-matmul-impl": st.sampled_from(["auto", "triton", "mosaic_gpu", "cutlass"]),  # triton: removed
+    "--generation-config": st.sampled_from(["auto", "none", "vllm"]),
     "--index-cache-dtype": _mostly(st.sampled_from(["auto", "bfloat16", "fp8"]), st.sampled_from(["int4", ""])),
     "--impl": st.sampled_from(["xla", "xla", "pallas_gpu", "nope"]),
     "--prefill-chunk": st.sampled_from(["0", "1", "3", "-5"]),
