@@ -34,6 +34,8 @@ ON_GPU = jax.devices()[0].platform == "gpu"
     # past the rows; experts' groups off the 8-row boundary
     (1, 256, 256, (70,), Config(row_tile=16, subtiles=2, row_programs=2)),
     (3, 256, 128, (3, 12, 9), Config(row_tile=8, subtiles=2)),
+    # what a call without a Config launches for a dense linear of 57–112 rows (default_config): both at once
+    (1, 256, 256, (70,), None),
 ])
 def test_kernel_equals_the_formula_and_the_dequantised_product(e, k, n, sizes, config):
   x, codes, scale, sizes_E = problem(e, k, n, sizes)
@@ -44,8 +46,9 @@ def test_kernel_equals_the_formula_and_the_dequantised_product(e, k, n, sizes, c
 
 @pytest.mark.skipif(ON_GPU, reason="the interpreter's race detector (on a CPU)")
 @pytest.mark.parametrize("config", [Config(row_tile=8, stages=2), Config(row_tile=8, share_output_smem=True),
-                                    Config(row_tile=16, subtiles=2, row_programs=2)],
-                         ids=["2 stages", "output in the weights' memory", "two subtiles"])
+                                    Config(row_tile=16, subtiles=2, row_programs=2),
+                                    Config(row_tile=8, subtiles=2, share_output_smem=True)],
+                         ids=["2 stages", "output in the weights' memory", "two subtiles", "both"])
 def test_no_shared_memory_race_between_the_warpgroups(config):
   """The GPU interpreter's race detector (vector clocks over every shared-memory access, TMA copies included) finds
   no unordered access: groups over several tiles and off the 8-row boundary, the pipeline's stages, the output
