@@ -40,7 +40,7 @@ from jax_mtp.decode_output import Progress, TextStream, exit_code, print_result
 from jax_mtp.errors import first_line
 from jax_mtp.generate import TargetDecoder
 from jax_mtp.kernels.fused_allreduce_rmsnorm import gpu_kernels
-from jax_mtp.platform import lowering_gpu_is_hopper
+from jax_mtp.platform import NOT_HOPPER, lowering_gpu_is_hopper
 from jax_mtp.request import (check_caches_fit, required_capacity, stop_id_array, validate_prompts, validate_seed,
                              validate_temperature, validate_top_k, validate_top_p)
 from jax_mtp.sharding import make_mesh, validate_tp
@@ -266,6 +266,10 @@ def check_kernel_impls(cfg: jax_mtp.MtpConfig, capacity: int) -> None:
     raise BadInput(f"--fp8-matmul-impl={cfg.fp8_matmul_impl} picks the GPU kernel that multiplies FP8 weights' codes; "
                    f"this machine's JAX platform is {platform}, where only --moe-impl fp8_grouped_gpu runs it (in "
                    f"Pallas's interpreter)")
+  if platform == "gpu" and not hopper and (cfg.fp8_matmul_impl != "auto" or cfg.moe_impl == "fp8_grouped_gpu"):
+    flag = (f"--fp8-matmul-impl={cfg.fp8_matmul_impl}" if cfg.fp8_matmul_impl != "auto"
+            else "--moe-impl=fp8_grouped_gpu")
+    raise BadInput(f"{flag}: {NOT_HOPPER} (auto dequantises FP8 weights in the program there)")
   runs_on = MOE_PLATFORMS.get(cfg.moe_impl, (platform,))
   if platform not in runs_on:  # before building: tokamax fails inside its compiler elsewhere
     raise BadInput(f"--moe-impl={cfg.moe_impl} runs on {' or '.join(runs_on)}; this machine's JAX platform is "

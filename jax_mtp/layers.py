@@ -18,7 +18,7 @@ import numpy as np
 
 from jax_mtp import fp8
 from jax_mtp.config import MtpConfig, RopeConfig, yarn_mscale
-from jax_mtp.platform import lowering_gpu_is_hopper, lowering_platform
+from jax_mtp.platform import NOT_HOPPER, lowering_gpu_is_hopper, lowering_platform
 
 
 # Random init: normal(0.02) for every weight matrix and the token embedding, HF's `initializer_range` for
@@ -112,7 +112,13 @@ class Linear(nn.Module):
     kernel (see the class docstring). With both choices automatic (`fp8_kernel` None, `fp8_impl` "auto"), a prefill
     chunk's rows go through XLA's bf16 GEMM over the dequantised weight instead (`fp8_grouped_matmul.auto_takes`)."""
     from jax_mtp.kernels import fp8_grouped_matmul as kernel  # noqa: PLC0415 (Pallas: only where used)
-    wanted = (lowering_platform() == "gpu" and lowering_gpu_is_hopper()) if self.fp8_kernel is None else self.fp8_kernel
+    on_gpu = lowering_platform() == "gpu"
+    hopper = on_gpu and lowering_gpu_is_hopper()
+    if on_gpu and not hopper and self.kernel_scale_inv is not None and (self.fp8_impl != "auto" or self.fp8_kernel):
+      # asked for explicitly (fp8_matmul_impl, or moe_impl="fp8_grouped_gpu"): refused, not silently dequantised
+      raise ValueError(f"fp8_matmul_impl={self.fp8_impl!r}: {NOT_HOPPER} (use 'auto': the codes are dequantised "
+                       f"in the program there)")
+    wanted = hopper if self.fp8_kernel is None else self.fp8_kernel
     if self.fp8_kernel is None and self.fp8_impl == "auto" and shape is not None:
       wanted = wanted and kernel.auto_takes(math.prod(shape[:-1]), shape[-2] if len(shape) > 2 else 1)
     return (wanted and self.kernel_scale_inv is not None and self.dtype == "bfloat16"

@@ -71,3 +71,30 @@ def test_the_step_exported_for_another_gpu_holds_no_mosaic_kernel(device):
   assert MOSAIC_SPARSE_MLA in hopper and "mosaic_gpu" in hopper
   other = mtp_step_module(cfg, "cuda", 64, 512, device=device)
   assert "mosaic_gpu" not in other and "xla.gpu.triton" not in other
+
+
+def test_an_explicit_fp8_kernel_on_another_gpu_is_refused_and_auto_dequantises():
+  """FP8 codes kept on the device, a dense linear traced for an A100: `auto` dequantises in the program (no
+  kernel); an explicit fp8_matmul_impl, or the experts' fp8_grouped_gpu (fp8_kernel=True), is one error naming
+  why, not a silent dequantisation (on an H100, the control, the kernel runs)."""
+  import jax.numpy as jnp  # noqa: PLC0415
+  from jax_mtp import fp8  # noqa: PLC0415
+  from jax_mtp.kernels.fp8_grouped_matmul_mgpu import KERNEL_NAME  # noqa: PLC0415
+  from jax_mtp.layers import Linear  # noqa: PLC0415
+  params = {"kernel": jax.ShapeDtypeStruct((256, 384), jnp.float8_e4m3fn),
+            fp8.scale_name("kernel"): jax.ShapeDtypeStruct((2, 3), jnp.float32)}
+  x = jax.ShapeDtypeStruct((4, 256), jnp.bfloat16)
+
+  def lowered(device, **kwargs):
+    module = Linear(256, 384, "bfloat16", "bfloat16", (128, 128), **kwargs)
+    mesh = AbstractMesh((1,), ("tp",), axis_types=(AxisType.Auto,), abstract_device=device)
+    with jax.sharding.use_abstract_mesh(mesh):
+      return jax.export.export(jax.jit(lambda p, x: module.apply({"params": p}, x)), platforms=["cuda"])(
+          params, x).mlir_module()
+
+  assert KERNEL_NAME in lowered(H100, fp8_impl="mosaic_gpu")
+  assert KERNEL_NAME not in lowered(A100) and "mosaic_gpu" not in lowered(A100)
+  for kwargs in ({"fp8_impl": "mosaic_gpu"}, {"fp8_kernel": True}):
+    with pytest.raises(ValueError, match=re.escape(NOT_HOPPER)):
+      lowered(A100, **kwargs)
+
