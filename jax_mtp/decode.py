@@ -35,12 +35,11 @@ import jax
 import jax_mtp
 from jax_mtp import distributed, fp8, generation_defaults, greedy_check, loader
 from jax_mtp.decode_flags import BadInput, parser
+from jax_mtp.decode_kernels import check_kernel_impls, check_norm_impl
 from jax_mtp.decode_prompts import ChatRequest, prompts_from
 from jax_mtp.decode_output import Progress, TextStream, exit_code, print_result
 from jax_mtp.errors import first_line
 from jax_mtp.generate import TargetDecoder
-from jax_mtp.kernels.fused_allreduce_rmsnorm import gpu_kernels
-from jax_mtp.platform import NOT_HOPPER, lowering_gpu_is_hopper
 from jax_mtp.request import (check_caches_fit, required_capacity, stop_id_array, validate_prompts, validate_seed,
                              validate_temperature, validate_top_k, validate_top_p)
 from jax_mtp.sharding import make_mesh, validate_tp
@@ -187,7 +186,7 @@ def validate(args: argparse.Namespace) -> Request:
   capacity = required_capacity(cfg, prompts, settings.max_new_tokens, settings.k)
   validate_tp(cfg, settings.tp)
   check_caches_fit(cfg, len(prompts), capacity, jax.devices())  # before any weight is read
-  _check_impl(settings.impl)
+  check_norm_impl(settings.impl)
   check_kernel_impls(cfg, capacity)
   stop_ids = stop_ids_for(cfg, source, ignore_eos=args.ignore_eos)
   flags = {name: value for name, value in vars(args).items() if name != "process_id"}  # differs by design
@@ -244,61 +243,6 @@ def _check_run_flags(settings: Settings) -> None:
   if settings.check and settings.temperature > 0:
     raise BadInput(f"--check compares greedy outputs token for token; it needs --temperature 0, "
                     f"got {settings.temperature}")
-
-
-KERNEL_PLATFORMS = {"mosaic_gpu": "gpu", "pallas_tpu": "tpu"}  # the DSA kernels' platforms
-# The experts' kernels' platforms: tokamax's compile for their own only; the FP8 kernel also runs in Pallas's
-# interpreter on a CPU
-MOE_PLATFORMS = {"tokamax_gpu": ("gpu",), "tokamax_tpu": ("tpu",), "fp8_grouped_gpu": ("gpu", "cpu")}
-
-
-def check_kernel_impls(cfg: jax_mtp.MtpConfig, capacity: int) -> None:
-  """Explicit kernels (the experts' tokamax ones, the DSA index scores and sparse attention) must suit the model,
-  the cache and this machine."""
-  from jax_mtp.indexer import resolve_index_scores_impl, selects_all  # noqa: PLC0415
-  from jax_mtp.mla import resolve_sparse_attention_impl  # noqa: PLC0415
-  platform, hopper = jax.default_backend(), lowering_gpu_is_hopper()
-  checks = (("--index-scores-impl", cfg.index_scores_impl,
-             lambda: resolve_index_scores_impl(cfg, platform, capacity, hopper=hopper)),
-            ("--sparse-attention-impl", cfg.sparse_attention_impl,
-             lambda: resolve_sparse_attention_impl(cfg, platform, hopper=hopper)))
-  if cfg.fp8_matmul_impl != "auto" and platform != "gpu" and cfg.moe_impl != "fp8_grouped_gpu":
-    raise BadInput(f"--fp8-matmul-impl={cfg.fp8_matmul_impl} picks the GPU kernel that multiplies FP8 weights' codes; "
-                   f"this machine's JAX platform is {platform}, where only --moe-impl fp8_grouped_gpu runs it (in "
-                   f"Pallas's interpreter)")
-  if platform == "gpu" and not hopper and (cfg.fp8_matmul_impl != "auto" or cfg.moe_impl == "fp8_grouped_gpu"):
-    flag = (f"--fp8-matmul-impl={cfg.fp8_matmul_impl}" if cfg.fp8_matmul_impl != "auto"
-            else "--moe-impl=fp8_grouped_gpu")
-    raise BadInput(f"{flag}: {NOT_HOPPER} (auto dequantises FP8 weights in the program there)")
-  runs_on = MOE_PLATFORMS.get(cfg.moe_impl, (platform,))
-  if platform not in runs_on:  # before building: tokamax fails inside its compiler elsewhere
-    raise BadInput(f"--moe-impl={cfg.moe_impl} runs on {' or '.join(runs_on)}; this machine's JAX platform is "
-                   f"{platform}")
-  explicit = [(flag, impl, resolve) for flag, impl, resolve in checks if impl not in ("auto", "xla")]
-  if explicit and not cfg.has_indexer:  # a dense-MLA model (V3) runs neither DSA kernel at any length
-    flag, impl, _ = explicit[0]
-    raise BadInput(f"{flag}={impl} names a DSA kernel, and this model ({cfg.model_type}) has no DSA indexer: "
-                   f"nothing would run it")
-  for flag, impl, _ in explicit:  # whatever the request's length: a short one would not reach the kernel
-    if KERNEL_PLATFORMS[impl] != platform:
-      raise BadInput(f"{flag}={impl} runs on {KERNEL_PLATFORMS[impl]}; this machine's JAX platform is {platform}")
-  if selects_all(cfg, capacity):  # no indexer runs: every visible slot is attended (by the sparse kernel with DSA)
-    explicit = [check for check in explicit if check[0] == "--sparse-attention-impl" and cfg.has_indexer]
-  for _, _, resolve in explicit:
-    resolve()  # ValueError naming what the kernel cannot take
-
-
-def _check_impl(impl: str) -> None:
-  """A Pallas kernel runs on its own platform only; say so instead of failing inside the compiler."""
-  platform = jax.devices()[0].platform
-  needed = {"pallas_tpu": "tpu", "pallas_gpu": "gpu"}.get(impl)
-  if needed is not None and platform != needed:
-    raise BadInput(f"--impl={impl} needs {needed.upper()} devices, found {platform}")
-  if impl == "pallas_gpu":
-    try:
-      gpu_kernels()  # the kernels' JAX internals, imported only for this impl
-    except ImportError as e:
-      raise BadInput(f"--impl=pallas_gpu: {e}") from None
 
 
 def with_flags(cfg: jax_mtp.MtpConfig, args: argparse.Namespace) -> jax_mtp.MtpConfig:

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 import jax_mtp
-from jax_mtp import decode, decode_flags
+from jax_mtp import decode, decode_flags, decode_kernels
 from jax_mtp.decode_output import exit_code, print_result
 from jax_mtp.distributed import Gathered
 from jax_mtp.errors import first_line
@@ -172,7 +172,7 @@ def test_an_explicit_dsa_kernel_for_another_platform_is_refused_for_a_short_requ
   impl = "pallas_tpu" if flag == "--index-scores-impl" else "mosaic_gpu"
   assert decode.main([flag, impl, "--max-new-tokens", "2"]) == 2
   out, err = capsys.readouterr()
-  assert out == "" and err.splitlines() == [f"error: {flag}={impl} runs on {decode.KERNEL_PLATFORMS[impl]}; this "
+  assert out == "" and err.splitlines() == [f"error: {flag}={impl} runs on {decode_kernels.KERNEL_PLATFORMS[impl]}; this "
                                             f"machine's JAX platform is cpu"]
 
 
