@@ -9,10 +9,10 @@ outputs, so the file is not applied there. A value the sampler cannot take is an
 
 from __future__ import annotations
 
-import json
 import os
 
 from jax_mtp.request import validate_temperature, validate_top_k, validate_top_p
+from jax_mtp.tokenizer import json_object
 
 FILE = "generation_config.json"
 MODES = ("auto", "none")
@@ -24,16 +24,8 @@ def from_file(directory: str) -> dict:
   """The sampling settings `directory`'s generation_config.json sets ({} without the file, or with do_sample false);
   a ValueError naming the file for a malformed file or value."""
   path = os.path.join(directory, FILE)
-  if not os.path.isfile(path):
-    return {}
-  try:
-    with open(path, encoding="utf-8") as f:
-      data = json.load(f)
-  except (OSError, ValueError) as e:
-    raise ValueError(f"cannot read {path!r}: {e}") from None
-  if not isinstance(data, dict):
-    raise ValueError(f"{path!r} holds {json.dumps(data)[:40]}, expected a JSON object")
-  if data.get("do_sample") is False:
+  data = json_object(path)
+  if data is None or data.get("do_sample") is False:
     return {}
   found = {name: data[name] for name in GREEDY if data.get(name) is not None}
   for name, value in found.items():

@@ -81,21 +81,30 @@ def _bos_to_add(directory: str, tok) -> int | None:
   return bos_id
 
 
+def json_object(path: str) -> dict | None:
+  """A checkpoint's JSON file (generation_config.json, config.json) as a dict; None where there is no such file. A
+  file that cannot be read or holds no JSON object is an error naming it."""
+  if not os.path.isfile(path):
+    return None
+  try:
+    with open(path, encoding="utf-8") as f:
+      data = json.load(f)
+  except (OSError, ValueError) as e:
+    raise TokenizerError(f"cannot read {path!r}: {e}") from e
+  if not isinstance(data, dict):
+    raise TokenizerError(f"{path!r} holds {json.dumps(data)[:40]}, expected a JSON object")
+  return data
+
+
 def eos_token_ids(directory: str) -> tuple[int, ...]:
   """The checkpoint's end-of-sequence ids: `generation_config.json`'s `eos_token_id` (an id or a
   list, as HF writes it), else `config.json`'s; () when neither names one (or for an orbax
   checkpoint, which stores neither file). A malformed value is an error naming the file."""
   for name in ("generation_config.json", "config.json"):
     path = os.path.join(directory, name)
-    if not os.path.isfile(path):
+    data = json_object(path)
+    if data is None:
       continue
-    try:
-      with open(path, encoding="utf-8") as f:
-        data = json.load(f)
-    except (OSError, ValueError) as e:
-      raise TokenizerError(f"cannot read {path!r}: {e}") from e
-    if not isinstance(data, dict):
-      raise TokenizerError(f"{path!r} holds {json.dumps(data)[:40]}, expected a JSON object")
     value = data.get("eos_token_id")
     if value is None:
       continue
