@@ -208,8 +208,8 @@ def run_row(args, cfg, spec, params, prompt_len: int, batch: int, rng, peak: flo
   # the CLI's sampling flags, as Speculator.generate passes them (greedy: the value is unused); random weights have
   # no generation_config.json: what a flag leaves unset is greedy's
   flags, max_new = cli_flags(args), np.int32(args.max_new)
-  given = {"temperature": flags.temperature, "top_k": flags.top_k, "top_p": flags.top_p}
-  s, _ = generation_defaults.resolve(given, None, flags.generation_config, check=False)
+  s, _ = generation_defaults.resolve(generation_defaults.flags_given(flags), None, flags.generation_config,
+                                     check=False)
   sampled = s["temperature"] > 0
   sampling = Sampling.of(s["temperature"], s["top_k"], s["top_p"], cfg.vocab_size) if sampled else np.float32(0)
   prompts = [[int(t) for t in rng.integers(0, cfg.vocab_size, prompt_len)] for _ in range(batch)]

@@ -198,9 +198,8 @@ def validate(args: argparse.Namespace) -> Request:
 def _with_generation_defaults(settings: Settings, source: loader.Source | None, mode: str) -> Settings:
   """The sampling flags not given filled from the checkpoint's generation_config.json (jax_mtp.generation_defaults),
   said in a note, else greedy's values."""
-  given = {"temperature": settings.temperature, "top_k": settings.top_k, "top_p": settings.top_p}
-  values, note = generation_defaults.resolve(given, None if source is None else source.directory, mode,
-                                             check=settings.check)
+  values, note = generation_defaults.resolve(generation_defaults.flags_given(settings),
+                                             None if source is None else source.directory, mode, check=settings.check)
   if note and distributed.is_primary():
     print(note, file=sys.stderr)
   return settings._replace(**values)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from jax_mtp import distributed, loader
+from jax_mtp import distributed, generation_defaults, loader
 from jax_mtp.config import (DTYPES, FP8_MATMUL_IMPLS, INDEX_SCORES_IMPLS, KV_CACHE_DTYPES, MOE_IMPLS,
                             SPARSE_ATTENTION_IMPLS)
 from jax_mtp.kernels.fused_allreduce_rmsnorm import IMPLS
@@ -55,7 +55,7 @@ def parser() -> argparse.ArgumentParser:
   p.add_argument("--top-p", type=float,
                  help="then from the smallest set of those, most likely first, whose probability reaches P (1: all; "
                       "default: generation_config.json's, else 1)")
-  p.add_argument("--generation-config", choices=("auto", "none"), default="auto",
+  p.add_argument("--generation-config", choices=generation_defaults.MODES, default="auto",
                  help="auto (default): sampling flags not given take the checkpoint's generation_config.json values, "
                       "as vLLM's; none: greedy unless the flags say otherwise")
   p.add_argument("--seed", type=int, default=0, help="sampling seed (the weights' seed is fixed)")

@@ -36,18 +36,24 @@ def from_file(directory: str) -> dict:
   return found
 
 
+def flags_given(flags) -> dict:
+  """The sampling flags of `flags` (parsed arguments, or anything with their attributes) as `resolve` takes them."""
+  return {name: getattr(flags, name) for name in GREEDY}
+
+
 def resolve(given: dict, directory: str | None, mode: str, *, check: bool) -> tuple[dict, str | None]:
   """The temperature, top_k and top_p a run uses, from the flags `given` (None: not given), the checkpoint
   `directory`'s file (None: no checkpoint files, e.g. random weights) under `mode`, and greedy's values; and a note
   naming what came from the file (None when nothing did)."""
   if mode not in MODES:
     raise ValueError(f"--generation-config={mode!r} is not one of {MODES}")
+  given = {name: value for name, value in given.items() if value is not None}
   applied = {}
   if mode == "auto" and directory is not None and not check:
-    applied = {name: value for name, value in from_file(directory).items() if given.get(name) is None}
-  values = {**GREEDY, **applied, **{name: value for name, value in given.items() if value is not None}}
-  if values["temperature"] == 0:  # greedy: the file's filters would change nothing, and no note claims they do
-    applied, values = {}, {**GREEDY, **{name: value for name, value in given.items() if value is not None}}
+    applied = {name: value for name, value in from_file(directory).items() if name not in given}
+  if {**GREEDY, **applied, **given}["temperature"] == 0:  # greedy: the file's filters would change nothing,
+    applied = {}  # and no note claims they do
+  values = {**GREEDY, **applied, **given}
   if not applied:
     return values, None
   settings = ", ".join(f"{name.replace('_', '-')} {value}" for name, value in applied.items())
