@@ -71,10 +71,9 @@ def default_config(rows: int, experts: int) -> Config:
 def config_for(rows: int, experts: int, k: int, n: int, config: Config | None = None,
                busy: int = BUSY_CTAS) -> Config:
   """`config` (None: `default_config`) with what it leaves open chosen for `rows` over `experts` groups of [K, N]
-  codes: the row tile the
-  smallest of ROW_TILES ≥ twice a group's mean rows, plus the 7 rows a group's 8-aligned first tile may start
-  before it (groups of one row need none); else the largest. For one group (a dense linear) as many row programs
-  as tiles; then the fewest K parts (dividing K / 128) that give ≥ `busy` CTAs with rows."""
+  codes: the row tile the smallest of ROW_TILES ≥ twice a group's mean rows, plus the 7 rows a group's 8-aligned
+  first tile may start before it (groups of one row need none); else the largest. For one group (a dense linear) as
+  many row programs as tiles; then the fewest K parts (dividing K / 128) that give ≥ `busy` CTAs with rows."""
   config = config or default_config(rows, experts)
   mean = -(-rows // experts)
   want = -(-mean // config.subtiles) if experts == 1 else 2 * mean + (7 if mean > 1 else 0)
@@ -99,33 +98,6 @@ def check_operands(x_AK, codes_EKN, scale_EkN, group_sizes_E, config: Config) ->
     raise ValueError(f"stages={config.stages} and row_programs={config.row_programs} must be ≥ 1")
   if config.subtiles < 1:
     raise ValueError(f"subtiles={config.subtiles} must be ≥ 1")
-
-
-def write_rows(plgpu, total, first, start, end, where, total_smem, rows_smem, out_gmem) -> None:
-  """A tile's [128 columns, tile rows] fp32 `total` (wgmma's layout) out as the group's rows from `first`: to row-major
-  [tile, 128] (wgmma's layout cannot be stored transposed: its column pairs would be rows 512 B apart), so through
-  an untiled [128, tile] buffer read back transposed, one element a lane; then the rows in [start, end) by TMA in
-  power-of-two copies (a TMA box is static), so rows of another group or CTA are never written. `where`: the
-  output's (K part, column block)."""
-  part, column = where
-  tile = total_smem.shape[1]
-  total_smem[...] = total
-  plgpu.commit_smem()
-  rows_smem[...] = plgpu.load(total_smem.T, layout=plgpu.Layout.WG_STRIDED((tile, BLOCK), vec_size=1),
-                              optimized=False)
-  plgpu.commit_smem()
-  skip = jnp.maximum(start - first, 0)  # the tile's rows before the group (its first tile only)
-  valid = jnp.maximum(jnp.minimum(end - first, tile) - skip, 0)  # none: a subtile past the group
-  offset, count = skip, 1 << (tile.bit_length() - 1)
-  while count:
-    @pl.when((valid & count) != 0)
-    def _(count=count, offset=offset):
-      plgpu.copy_smem_to_gmem(rows_smem.at[pl.ds(offset, count)],
-                              out_gmem.at[part, pl.ds(first + offset, count), pl.ds(column * BLOCK, BLOCK)],
-                              commit_group=False)
-    offset, count = offset + (valid & count), count // 2
-  plgpu.commit_smem_to_gmem_group()
-  plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # rows_smem is rewritten by the next tile
 
 
 def fp8_grouped_matmul_mgpu(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: jax.Array, group_sizes_E: jax.Array,
@@ -163,6 +135,27 @@ def fp8_grouped_matmul_mgpu(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: ja
     aligned = lax.div(start, 8) * 8
     end = start + size
 
+    def write_rows(total, first):
+      # to row-major [tile, 128]: wgmma's layout cannot be stored transposed (its column pairs would be rows
+      # 512 B apart), so through an untiled [128, tile] buffer read back transposed, one element a lane
+      total_smem[...] = total
+      plgpu.commit_smem()
+      rows_smem[...] = plgpu.load(total_smem.T, layout=plgpu.Layout.WG_STRIDED((tile, BLOCK), vec_size=1),
+                                  optimized=False)
+      plgpu.commit_smem()
+      skip = jnp.maximum(start - first, 0)  # the tile's rows before the group (its first tile only)
+      valid = jnp.maximum(jnp.minimum(end - first, tile) - skip, 0)  # none: a subtile past the group
+      offset, count = skip, 1 << (tile.bit_length() - 1)
+      while count:  # the valid rows in power-of-two copies (a TMA box is static)
+        @pl.when((valid & count) != 0)
+        def _(count=count, offset=offset):
+          plgpu.copy_smem_to_gmem(rows_smem.at[pl.ds(offset, count)],
+                                  out_gmem.at[part, pl.ds(first + offset, count), pl.ds(column * BLOCK, BLOCK)],
+                                  commit_group=False)
+        offset, count = offset + (valid & count), count // 2
+      plgpu.commit_smem_to_gmem_group()
+      plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # rows_smem is rewritten by the next tile
+
     @pl.loop(row_program, jnp.where(size > 0, lax.div(end - aligned + span - 1, span), 0), step=row_programs)
     def _(t):
       first = aligned + t * span
@@ -199,7 +192,7 @@ def fp8_grouped_matmul_mgpu(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: ja
       zeros = plgpu.layout_cast(jnp.zeros((BLOCK, tile), jnp.float32), plgpu.Layout.WGMMA)
       totals = lax.fori_loop(0, blocks, k_step, (zeros,) * subtiles)  # each [128 columns, tile rows]
       for s, total in enumerate(totals):
-        write_rows(plgpu, total, first + s * tile, start, end, (part, column), total_smem, rows_smem, out_gmem)
+        write_rows(total, first + s * tile)
 
   weight = plgpu.SMEM((BLOCK, BLOCK), jnp.bfloat16, transforms=bf16)
   total, rows = plgpu.SMEM((BLOCK, tile), jnp.float32), plgpu.SMEM((tile, BLOCK), jnp.float32)

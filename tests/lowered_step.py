@@ -67,4 +67,3 @@ def kernel_calls(module_text: str, kernel_name: str) -> int:
   """How many Mosaic GPU custom calls of a lowered or exported module launch the kernel named `kernel_name` (each call
   is one line of the module text, holding its serialized kernel and so its name)."""
   return sum(kernel_name in line for line in module_text.splitlines() if "custom_call @mosaic_gpu" in line)
-
