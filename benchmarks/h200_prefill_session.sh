@@ -412,6 +412,8 @@ case "${1:?stage}" in
     run 190 gpu_tests_fp8.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider \
       tests/test_fp8_grouped_matmul_mgpu.py tests/test_fp8_weights.py \
       -k "kernel or refuses or grouped or speculative_and_plain or prefill_chunks"
+    # the dense 64-row default (two subtiles, shared output staging) timed at last, with the experts' 8 and 64
+    run 150 fp8_mgpu_default.md python3 -m benchmarks.fp8_mgpu --assignments 8 64 --rows 1 64 --iters 20
     ;;
   tokens3)  # (not run yet) test_speculative's GPU cases (its tp > 1 cases skip on one GPU since 2026-12-05: at 12:26
             # three of them failed in make_mesh), then the kernels' token tests
