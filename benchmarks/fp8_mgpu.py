@@ -27,15 +27,17 @@ from jax_mtp.kernels.fp8_grouped_matmul_mgpu import Config, config_for, fp8_grou
 
 DENSE = (("o_proj", 16384, 7168), ("q_b_proj", 1536, 24576), ("q_a_proj", 7168, 1536))
 # the default and the variants measured closest to it (2026-12-04 on an H200, 2026-12-05 on an H100: two subtiles and
-# 16-row tiles were slower; 3 stages helped the [E, N, K] form's dense linears at 64 rows)
-MOSAIC_VARIANTS = (Config(), Config(share_output_smem=True), Config(stages=3))
+# 16-row tiles were slower; 3 stages helped the [E, N, K] form's dense linears at 64 rows), and the grid over all E
+# experts that the default's min(A, E) group slots replaced (2026-12-05)
+MOSAIC_VARIANTS = (Config(), Config(share_output_smem=True), Config(stages=3), Config(compact_groups=False))
 TOP_K = 8
 
 
 def _describe(config: Config) -> str:
   return (f"tile {config.row_tile} stages {config.stages} split {config.split_k} rows {config.row_programs}"
           + (" shared output staging" if config.share_output_smem else "")
-          + (f" {config.subtiles} subtiles" if config.subtiles > 1 else ""))
+          + (f" {config.subtiles} subtiles" if config.subtiles > 1 else "")
+          + ("" if config.compact_groups else " grid over all experts"))
 
 
 def random_codes(key, experts: int, k: int, n: int):
@@ -75,6 +77,8 @@ def _rows(label, a, touched, config, seconds, floor, err):
 def _time_variants(label, a, touched, x, codes, scales, sizes, floor, iters, gpu):
   e, k, n = codes.shape
   for variant in MOSAIC_VARIANTS if gpu else MOSAIC_VARIANTS[:1]:
+    if e == 1 and not variant.compact_groups:  # one group: the same grid either way
+      continue
     config = config_for(a, e, k, n, variant)
     call = jax.jit(functools.partial(fp8_grouped_matmul_mgpu, config=config, interpret=not gpu))
     try:

@@ -5,7 +5,10 @@ GPU backend (Hopper: TMA, wgmma). The contract and formula:
 
 rows a sorted by expert, group e holding `group_sizes[e]` consecutive rows; rows past Σ group_sizes unwritten.
 
-A CTA owns one expert, 128 output columns (one scale block) and one part of the K loop (`Config.split_k`); it walks
+A CTA owns one group with rows, 128 output columns (one scale block) and one part of the K loop (`Config.split_k`).
+The grid runs over min(A, E) group slots, not E experts: a decode step's A = 8 × tokens assignments touch few of
+V3.2's 256 experts, and a CTA for each empty one would still be launched, set up and retired (`active_groups`). It
+walks
 its group's rows in spans of `subtiles` × `row_tile` rows from the 8-row boundary at or before the group's first row
 (a dense linear's one group: `row_programs` CTAs share the spans). Per span a software pipeline over the 128-deep K
 blocks keeps `stages` blocks of codes and activations in flight (TMA), and for each block:
@@ -55,6 +58,18 @@ class Config:
   # Row tiles a CTA multiplies per widened block (a wgmma each, one accumulator each): a dense linear's 64 rows as
   # 2 × 40 in one CTA widen each block once, where 2 row programs of 56 widen it twice. Not yet timed on a GPU
   subtiles: int = 1
+  # True: the grid's first axis runs over the min(A, E) groups that can have rows (the non-empty ones first,
+  # `active_groups`); False: over all E experts, the empty ones' CTAs exiting at once (the form before 2026-12-05,
+  # kept to time against)
+  compact_groups: bool = True
+
+
+def active_groups(group_sizes_E: jax.Array, slots: int) -> tuple[jax.Array, jax.Array]:
+  """(expert ids [slots], their group sizes [slots]) of the non-empty groups in expert order, then slots of size 0
+  (expert 0): at most A groups can hold rows, so `slots` = min(A, E) covers every non-empty one."""
+  ids = jnp.nonzero(group_sizes_E > 0, size=slots, fill_value=0)[0].astype(jnp.int32)
+  sizes = jnp.where(jnp.arange(slots) < jnp.count_nonzero(group_sizes_E), group_sizes_E[ids], 0)
+  return ids, sizes.astype(jnp.int32)
 
 
 def default_config(rows: int, experts: int) -> Config:
@@ -118,17 +133,22 @@ def fp8_grouped_matmul_mgpu(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: ja
   stages = min(stages, blocks)
   sizes = group_sizes_E.astype(jnp.int32)
   starts = jnp.cumsum(sizes) - sizes
+  if config.compact_groups:
+    experts, sizes = active_groups(sizes, min(a, e))
+    starts = starts[experts]
+  else:
+    experts = jnp.arange(e, dtype=jnp.int32)
   # whole 8-row tiles (TMA's), and `tile` spare rows: a tile starting at the last group's last row reads in bounds
   padded = -(-a // 8) * 8 + span
   x = jnp.pad(x_AK.astype(jnp.bfloat16), ((0, padded - a), (0, 0)))
   bf16 = operand_transforms(plgpu, jnp.bfloat16, BLOCK)
 
-  def body(starts_gmem, sizes_gmem, x_gmem, codes_gmem, scale_gmem, out_gmem,
+  def body(experts_gmem, starts_gmem, sizes_gmem, x_gmem, codes_gmem, scale_gmem, out_gmem,
            x_smem, codes_smem, staging, loaded):
     (weight_smem,), (total_smem, rows_smem) = staging
-    expert, column, program = lax.axis_index("e"), lax.axis_index("n"), lax.axis_index("p")
+    group, column, program = lax.axis_index("g"), lax.axis_index("n"), lax.axis_index("p")
     part, row_program = lax.div(program, row_programs), lax.rem(program, row_programs)
-    start, size = starts_gmem[expert], sizes_gmem[expert]
+    expert, start, size = experts_gmem[group], starts_gmem[group], sizes_gmem[group]
     # tiles start at a multiple of 8 rows: a TMA copy into the tiled x buffer from a row that is not drops the rows
     # past the next multiple of 8 (on the H200, 2026-12-03; the interpreter copies them): the rows before the group
     # are multiplied and not stored
@@ -209,12 +229,12 @@ def fp8_grouped_matmul_mgpu(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: ja
           staging,
           plgpu.Barrier(num_arrivals=2, num_barriers=stages),
       ],
-      grid=(e, n // BLOCK, split_k * row_programs),
-      grid_names=("e", "n", "p"),
+      grid=(experts.shape[0], n // BLOCK, split_k * row_programs),
+      grid_names=("g", "n", "p"),
       kernel_name=KERNEL_NAME,
       # Lane semantics: the default Warpgroup semantics finds no layouts for this body (jax 0.12)
       compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane),
       interpret=interpret_params(plgpu, interpret),
   )
-  out = kernel(starts, sizes, x, codes_EKN, scale_EkN.astype(jnp.float32))
+  out = kernel(experts, starts, sizes, x, codes_EKN, scale_EkN.astype(jnp.float32))
   return jnp.sum(out[:, :a], axis=0)  # the K parts (a fixed order: deterministic)

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from jax_mtp.kernels.fp8_grouped_matmul import reference
-from jax_mtp.kernels.fp8_grouped_matmul_mgpu import KERNEL_NAME, Config, config_for, fp8_grouped_matmul_mgpu
+from jax_mtp.kernels.fp8_grouped_matmul_mgpu import (KERNEL_NAME, Config, active_groups, config_for,
+                                                     fp8_grouped_matmul_mgpu)
 from tests.fp8_matmul_cases import assert_equals_the_formula_and_the_dequantised_product, problem
 from tests.tolerances import assert_close
 
@@ -36,6 +37,10 @@ ON_GPU = jax.devices()[0].platform == "gpu"
     (3, 256, 128, (3, 12, 9), Config(row_tile=8, subtiles=2)),
     # what a call without a Config launches for a dense linear of 57–112 rows (default_config): both at once
     (1, 256, 256, (70,), None),
+    # fewer rows than experts (a decode step's): the grid's 3 group slots hold the 2 non-empty groups and one empty;
+    # and the same over all 6 experts (the uncompacted grid)
+    (6, 256, 128, (0, 1, 0, 0, 2, 0), Config(row_tile=8)),
+    (6, 256, 128, (0, 1, 0, 0, 2, 0), Config(row_tile=8, compact_groups=False)),
 ])
 def test_kernel_equals_the_formula_and_the_dequantised_product(e, k, n, sizes, config):
   x, codes, scale, sizes_E = problem(e, k, n, sizes)
@@ -81,6 +86,17 @@ def test_kernel_lowers_for_cuda_at_v32_shapes(rows, experts, k, n, variant):
   call = jax.jit(lambda *a: fp8_grouped_matmul_mgpu(*a, config=Config(**variant)))
   text = call.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
   assert KERNEL_NAME in text
+
+
+@pytest.mark.parametrize("sizes,slots,ids,kept", [
+    ((0, 1, 0, 0, 2, 0), 3, (1, 4, 0), (1, 2, 0)),  # two non-empty, one spare slot
+    ((3, 0, 2), 3, (0, 2, 0), (3, 2, 0)),
+    ((1, 1, 1, 1), 4, (0, 1, 2, 3), (1, 1, 1, 1)),  # every expert has rows
+    ((0, 0, 0, 0), 2, (0, 0), (0, 0)),  # no rows at all: nothing runs
+])
+def test_active_groups_lists_every_non_empty_group_then_empty_slots(sizes, slots, ids, kept):
+  got_ids, got_sizes = active_groups(jnp.array(sizes, jnp.int32), slots)
+  assert tuple(np.asarray(got_ids)) == ids and tuple(np.asarray(got_sizes)) == kept
 
 
 def test_config_fills_the_machine():
