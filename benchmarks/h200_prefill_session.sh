@@ -76,6 +76,7 @@
 #   shortbf16 (not run yet) e2e with bf16 weights at 1K prompts, B = 64 and 8, after the kernel took short requests;
 #            B = 64 sampled with top-p
 #   tokens2  (10:02 2026-12-05: its first command's B = 1 rows only, the rest cut by the device budget) the dense form against the kernel at B = 1 and 8, then tokens' tests bounded to ~5 min
+#   compact  (not run yet) the FP8 kernel's grid over the non-empty groups, timed; the user's FP8 path at B = 1, 64
 #   fp8      benchmarks.e2e with FP8 weights kept as codes: 1K and 32K prompts at B = 1, 1K at B = 64
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
@@ -414,6 +415,12 @@ case "${1:?stage}" in
       -k "kernel or refuses or grouped or speculative_and_plain or prefill_chunks"
     # the dense 64-row default (two subtiles, shared output staging) timed at last, with the experts' 8 and 64
     run 150 fp8_mgpu_default.md python3 -m benchmarks.fp8_mgpu --assignments 8 64 --rows 1 64 --iters 20
+    ;;
+  compact)  # (not run yet) the FP8 kernel's grid over min(A, E) group slots (2026-12-05) timed beside the grid over
+            # all experts (8 assignments: 248 of 256 experts' CTAs empty), then the user's FP8 path at B = 1 and 64
+            # under auto (1K prompts: the first timing of it since the Triton kernel went)
+    run 200 fp8_mgpu_compact.md python3 -m benchmarks.fp8_mgpu --assignments 8 64 512 --rows 1 --iters 20
+    run 330 e2e_fp8_compact.md python3 -m benchmarks.e2e --weights fp8 --prompt 1024 --batch 1 64 --iters 5
     ;;
   tokens3)  # (not run yet) test_speculative's GPU cases (its tp > 1 cases skip on one GPU since 2026-12-05: at 12:26
             # three of them failed in make_mesh), then the kernels' token tests
