@@ -29,7 +29,9 @@ DENSE = (("o_proj", 16384, 7168), ("q_b_proj", 1536, 24576), ("q_a_proj", 7168, 
 # the default and the variants measured closest to it (2026-12-04 on an H200, 2026-12-05 on an H100: two subtiles and
 # 16-row tiles were slower; 3 stages helped the [E, N, K] form's dense linears at 64 rows), and the grid over all E
 # experts that the default's min(A, E) group slots replaced (2026-12-05)
-MOSAIC_VARIANTS = (Config(), Config(share_output_smem=True), Config(stages=3), Config(compact_groups=False))
+# None: what a call without a Config launches (`default_config`; a Config() here would bypass it: before 2026-12-05's
+# fix the dense 64-row rows timed Config(), not the default)
+MOSAIC_VARIANTS = (None, Config(share_output_smem=True), Config(stages=3), Config(compact_groups=False))
 TOP_K = 8
 
 
@@ -77,7 +79,7 @@ def _rows(label, a, touched, config, seconds, floor, err):
 def _time_variants(label, a, touched, x, codes, scales, sizes, floor, iters, gpu):
   e, k, n = codes.shape
   for variant in MOSAIC_VARIANTS if gpu else MOSAIC_VARIANTS[:1]:
-    if e == 1 and not variant.compact_groups:  # one group: the same grid either way
+    if e == 1 and variant is not None and not variant.compact_groups:  # one group: the same grid either way
       continue
     config = config_for(a, e, k, n, variant)
     call = jax.jit(functools.partial(fp8_grouped_matmul_mgpu, config=config, interpret=not gpu))
