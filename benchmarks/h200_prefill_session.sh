@@ -419,7 +419,7 @@ case "${1:?stage}" in
   compact)  # (not run yet) the FP8 kernel's grid over min(A, E) group slots (2026-12-05) timed beside the grid over
             # all experts (8 assignments: 248 of 256 experts' CTAs empty), then the user's FP8 path at B = 1 and 64
             # under auto (1K prompts: the first timing of it since the Triton kernel went)
-    run 200 fp8_mgpu_compact.md python3 -m benchmarks.fp8_mgpu --assignments 8 64 512 --rows 1 --iters 20
+    run 240 fp8_mgpu_compact.md python3 -m benchmarks.fp8_mgpu --assignments 8 64 512 --rows 1 64 --iters 20
     run 330 e2e_fp8_compact.md python3 -m benchmarks.e2e --weights fp8 --prompt 1024 --batch 1 64 --iters 5
     ;;
   tokens3)  # (not run yet) test_speculative's GPU cases (its tp > 1 cases skip on one GPU since 2026-12-05: at 12:26
