@@ -60,7 +60,7 @@ class Config:
   subtiles: int = 1
   # True: the grid's first axis runs over the min(A, E) groups that can have rows (the non-empty ones first,
   # `active_groups`); False: over all E experts, the empty ones' CTAs exiting at once (the form before 2026-12-05,
-  # kept to time against)
+  # kept to time against: 1.19–1.26× slower at B = 1's 8 assignments on an H100, equal from 64; RESULTS)
   compact_groups: bool = True
 
 
