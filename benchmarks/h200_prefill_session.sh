@@ -77,6 +77,7 @@
 #            B = 64 sampled with top-p
 #   tokens2  (10:02 2026-12-05: its first command's B = 1 rows only, the rest cut by the device budget) the dense form against the kernel at B = 1 and 8, then tokens' tests bounded to ~5 min
 #   compact  (not run yet) the FP8 kernel's grid over the non-empty groups, timed; the user's FP8 path at B = 1, 64
+#   router   (not run yet) the router's logits, fp32 dot vs three bf16 dots, by token count
 #   fp8      benchmarks.e2e with FP8 weights kept as codes: 1K and 32K prompts at B = 1, 1K at B = 64
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
@@ -421,6 +422,10 @@ case "${1:?stage}" in
             # under auto (1K prompts: the first timing of it since the Triton kernel went)
     run 240 fp8_mgpu_compact.md python3 -m benchmarks.fp8_mgpu --assignments 8 64 512 --rows 1 64 --iters 20
     run 330 e2e_fp8_compact.md python3 -m benchmarks.e2e --weights fp8 --prompt 1024 --batch 1 64 --iters 5
+    ;;
+  router)  # (not run yet) the router's logits: one fp32 dot (CUDA cores) against three bf16 dots over the weight's
+           # exact split, T = 1 to 4,096 (moe.ROUTER_SPLIT_MIN_TOKENS is set from it)
+    run 150 router.md python3 -m benchmarks.router --tokens 1 8 16 32 64 128 256 1024 4096
     ;;
   tokens3)  # (not run yet) test_speculative's GPU cases (its tp > 1 cases skip on one GPU since 2026-12-05: at 12:26
             # three of them failed in make_mesh), then the kernels' token tests

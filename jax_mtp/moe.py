@@ -26,6 +26,11 @@ from jax_mtp.sharding import TensorParallel
 from jax_mtp.platform import lowering_gpu_is_hopper, lowering_platform
 
 _HIGHEST = jax.lax.Precision.HIGHEST
+# From this many tokens a bf16 model's router logits are three bf16 dots on the matrix units (`router_logits`), not
+# one fp32 dot, which GPUs run on their CUDA cores (cuBLAS's FFMA sgemm: 30 µs a layer at verification's 256 tokens
+# on the H200, 2026-12-04's profile). Below it the call reads the fp32 weight once, where the split would read it
+# once for each part.
+ROUTER_SPLIT_MIN_TOKENS = 64
 # A mutable collection only training asks for: each router sows its tokens per expert, from which
 # DeepSeek-V3's auxiliary-loss-free balancing moves `e_score_correction_bias` (jax_mtp.training).
 EXPERT_LOAD = "expert_load"
@@ -67,7 +72,7 @@ class Router(nn.Module):
 
   def __call__(self, x_TD: jax.Array) -> tuple[jax.Array, jax.Array]:
     cfg = self.cfg
-    logits_TE = jnp.einsum("td,ed->te", x_TD.astype(jnp.float32), self.weight, precision=_HIGHEST)
+    logits_TE = router_logits(x_TD, self.weight)
     scores_TE = jax.nn.sigmoid(logits_TE)
     biased_TE = scores_TE + self.e_score_correction_bias
     allowed_TE = _kept_groups_mask(biased_TE, cfg.n_group, cfg.topk_group)
@@ -78,6 +83,27 @@ class Router(nn.Module):
     if cfg.norm_topk_prob:
       weights_TK = weights_TK / (jnp.sum(weights_TK, axis=-1, keepdims=True) + 1e-20)
     return ids_TK.astype(jnp.int32), weights_TK * cfg.routed_scaling_factor
+
+
+def router_logits(x_TD: jax.Array, weight_ED: jax.Array) -> jax.Array:
+  """x · W_gateᵀ, fp32 [T, E], to fp32's accuracy (the official router's fp32 dot). A bf16 `x` of at least
+  ROUTER_SPLIT_MIN_TOKENS rows multiplies W's three bf16 parts (`split_bf16x3`: their sum is W exactly) in three
+  dots with fp32 sums: each product x_d · part is exact in fp32, so the result is the fp32 dot's up to the order of
+  its sums. Otherwise one fp32 dot at HIGHEST precision."""
+  if x_TD.dtype == jnp.bfloat16 and x_TD.shape[0] >= ROUTER_SPLIT_MIN_TOKENS:
+    hi, mid, lo = (jnp.einsum("td,ed->te", x_TD, part, preferred_element_type=jnp.float32)
+                   for part in split_bf16x3(weight_ED))
+    return (hi + mid) + lo
+  return jnp.einsum("td,ed->te", x_TD.astype(jnp.float32), weight_ED, precision=_HIGHEST)
+
+
+def split_bf16x3(w: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """fp32 `w` as three bfloat16 arrays hi, mid, lo with hi + mid + lo == w exactly for |w| ≥ 2^-110 (bf16 keeps
+  8 significant bits, fp32 24: each residual is exact in fp32 and has at most the bits the next part keeps)."""
+  hi = w.astype(jnp.bfloat16)
+  rest = w - hi.astype(jnp.float32)
+  mid = rest.astype(jnp.bfloat16)
+  return hi, mid, (rest - mid.astype(jnp.float32)).astype(jnp.bfloat16)
 
 
 def _kept_groups_mask(biased_TE: jax.Array, n_group: int, topk_group: int) -> jax.Array:
