@@ -39,8 +39,8 @@
 #   impls    (07:21) e2e at B = 1, 8 with each sparse-MLA kernel forced; the draft step at B = 64, 4K vs 128K
 #   fp8nk    (13:01) the FP8 grouped matmul over [E, N, K] codes (register operand), timed beside Triton and the
 #            [E, K, N] Mosaic kernel (the form since removed)
-#   notritonfp8 the FP8 paths' GPU tests through the Mosaic kernel after the Pallas Triton FP8 kernel's removal
-#   tokens3  test_speculative's GPU cases (tp > 1 skip on one GPU), then the kernels' token tests
+#   notritonfp8 (15:17 2026-12-05) the FP8 paths' GPU tests through the Mosaic kernel after the Pallas Triton FP8 kernel's removal
+#   tokens3  (15:35 2026-12-05, cut by its bounds) test_speculative's GPU cases (tp > 1 skip on one GPU), then the kernels' token tests
 #   notriton (not run yet) the changed paths' GPU tests after the Triton sparse MLA went; the draft step at B = 1, 8
 #   dbuf     (12:26 2026-12-04) the double-buffered Mosaic sparse MLA: compiled tests, timed beside the default
 #   gemms    (12:35 2026-12-04) the verification forward with XLA's Triton GEMM fusions and with cuBLAS (B = 64, 256)
@@ -76,8 +76,10 @@
 #   shortbf16 (not run yet) e2e with bf16 weights at 1K prompts, B = 64 and 8, after the kernel took short requests;
 #            B = 64 sampled with top-p
 #   tokens2  (10:02 2026-12-05: its first command's B = 1 rows only, the rest cut by the device budget) the dense form against the kernel at B = 1 and 8, then tokens' tests bounded to ~5 min
-#   compact  (not run yet) the FP8 kernel's grid over the non-empty groups, timed; the user's FP8 path at B = 1, 64
-#   router   (not run yet) the router's logits, fp32 dot vs three bf16 dots, by token count
+#   compact  (15:24 2026-12-05) the FP8 kernel's grid over the non-empty groups, timed; the user's FP8 path at B = 1, 64
+#   tokens4  (not run yet) test_speculative's cases tokens3 did not reach
+#   tokens5  (not run yet) the kernels' token tests tokens3 did not reach, each bounded
+#   router   (15:44 2026-12-05) the router's logits, fp32 dot vs three bf16 dots, by token count
 #   fp8      benchmarks.e2e with FP8 weights kept as codes: 1K and 32K prompts at B = 1, 1K at B = 64
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
@@ -409,7 +411,7 @@ case "${1:?stage}" in
          # removed; the auto tests ran out of time) the FP8 grouped matmul over codes stored [E, N, K]
     echo "fp8nk: the [E, N, K] kernel was removed after this stage's run (benchmarks/RESULTS.md)"
     ;;
-  notritonfp8)  # (not run yet) after the Pallas Triton FP8 kernel's removal: the FP8 paths' GPU tests through the
+  notritonfp8)  # (15:17 2026-12-05, an H100: 36 passed, 9 skipped) after the Pallas Triton FP8 kernel's removal: the FP8 paths' GPU tests through the
                 # Mosaic kernel, the kernel's own compiled tests
     run 190 gpu_tests_fp8.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider \
       tests/test_fp8_grouped_matmul_mgpu.py tests/test_fp8_weights.py \
@@ -417,17 +419,27 @@ case "${1:?stage}" in
     # the dense 64-row default (two subtiles, shared output staging) timed at last, with the experts' 8 and 64
     run 150 fp8_mgpu_default.md python3 -m benchmarks.fp8_mgpu --assignments 8 64 --rows 1 64 --iters 20
     ;;
-  compact)  # (not run yet) the FP8 kernel's grid over min(A, E) group slots (2026-12-05) timed beside the grid over
+  compact)  # (15:24 2026-12-05, an H100: B = 64's e2e row cut by the bound) the FP8 kernel's grid over min(A, E) group slots (2026-12-05) timed beside the grid over
             # all experts (8 assignments: 248 of 256 experts' CTAs empty), then the user's FP8 path at B = 1 and 64
             # under auto (1K prompts: the first timing of it since the Triton kernel went)
     run 240 fp8_mgpu_compact.md python3 -m benchmarks.fp8_mgpu --assignments 8 64 512 --rows 1 64 --iters 20
     run 330 e2e_fp8_compact.md python3 -m benchmarks.e2e --weights fp8 --prompt 1024 --batch 1 64 --iters 5
     ;;
-  router)  # (not run yet) the router's logits: one fp32 dot (CUDA cores) against three bf16 dots over the weight's
+  router)  # (15:44 2026-12-05, an H100; its bit-mask form by hand 15:46) the router's logits: one fp32 dot (CUDA cores) against three bf16 dots over the weight's
            # exact split, T = 1 to 4,096 (moe.ROUTER_SPLIT_MIN_TOKENS is set from it)
     run 150 router.md python3 -m benchmarks.router --tokens 1 8 16 32 64 128 256 1024 4096
     ;;
-  tokens3)  # (not run yet) test_speculative's GPU cases (its tp > 1 cases skip on one GPU since 2026-12-05: at 12:26
+  tokens4)  # (not run yet) what tokens3 (15:35 2026-12-05, an H100: 31 passed, 9 skipped, none failed) did not reach:
+            # test_speculative's past-index_topk cases from GLM-5 bf16 k = 3 on, and its last five tests
+    run 420 gpu_tests_spec2.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider tests/test_speculative.py \
+      -k "(past_index_topk and not glm5) or glm5-bfloat16-3 or glm5-bfloat16-4 or decide or stop"
+    ;;
+  tokens5)  # (not run yet) the kernels' token tests tokens3 did not reach (its 200 s went to the index-sharing test),
+            # each test bounded so that one slow compile names itself and the rest still run
+    run 540 gpu_tests_tokens3.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 240 \
+      tests/test_user_path_kernels.py tests/test_fp8_weights.py -k "tokens or index_sharing or speculative"
+    ;;
+  tokens3)  # (15:35 2026-12-05, an H100: both commands reached their bounds, none failed; the rest: tokens4, tokens5) test_speculative's GPU cases (its tp > 1 cases skip on one GPU since 2026-12-05: at 12:26
             # three of them failed in make_mesh), then the kernels' token tests
     run 330 gpu_tests_spec.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider tests/test_speculative.py
     run 200 gpu_tests_tokens2.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider tests/test_sparse_mla_mgpu.py \
