@@ -77,6 +77,7 @@
 #            B = 64 sampled with top-p
 #   tokens2  (10:02 2026-12-05: its first command's B = 1 rows only, the rest cut by the device budget) the dense form against the kernel at B = 1 and 8, then tokens' tests bounded to ~5 min
 #   compact  (15:24 2026-12-05) the FP8 kernel's grid over the non-empty groups, timed; the user's FP8 path at B = 1, 64
+#   apart    (not run yet) the sparse MLA with P · V in two values warpgroups: compiled tests, timed beside auto
 #   tokens4  (not run yet) test_speculative's cases tokens3 did not reach
 #   tokens5  (not run yet) the kernels' token tests tokens3 did not reach, each bounded
 #   router   (15:44 2026-12-05) the router's logits, fp32 dot vs three bf16 dots, by token count
@@ -428,6 +429,14 @@ case "${1:?stage}" in
   router)  # (15:44 2026-12-05, an H100; its bit-mask form by hand 15:46) the router's logits: one fp32 dot (CUDA cores) against three bf16 dots over the weight's
            # exact split, T = 1 to 4,096 (moe.ROUTER_SPLIT_MIN_TOKENS is set from it)
     run 150 router.md python3 -m benchmarks.router --tokens 1 8 16 32 64 128 256 1024 4096
+    ;;
+  apart)  # (not run yet) Config.values_warpgroups=2 (a fourth warpgroup for P · V's first half: the scores warpgroup
+          # computes S and P only): its compiled tests first (never compiled on a GPU: setmaxnreg at 4 warpgroups,
+          # 88 registers for the scores), then timed beside auto at B = 64 and 8, T = 4 and 1, bf16 and fp8 caches
+    run 200 gpu_tests_apart.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider \
+      tests/test_sparse_mla_mgpu_values_apart.py
+    run 300 sparse_mla_apart.md python3 -m benchmarks.sparse_mla --batch 64 8 --tokens 4 1 --capacity 4096 --iters 10 \
+      --fp8 --candidates
     ;;
   tokens4)  # (not run yet) what tokens3 (15:35 2026-12-05, an H100: 31 passed, 9 skipped, none failed) did not reach:
             # test_speculative's past-index_topk cases from GLM-5 bf16 k = 3 on, and its last five tests

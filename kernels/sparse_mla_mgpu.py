@@ -16,6 +16,7 @@ with three warpgroups:
   values   O[:, C/2:] = O · rescale + P · latent[:, C/2:], P read from shared memory.
 Registers per thread: 232 scores (S [64, E] and half of O), 160 values (the other half), 104 gather: 496 of the
 512 × 128 an SM has for 384 threads (a sum above what the launch gave would block `setmaxnreg` forever).
+`Config.values_warpgroups=2` adds a fourth warpgroup for the first half of P · V (untimed, off).
 At a 512-wide latent (V3.2's) and two or more queries a call the operands are double-buffered
 (`Config.double_buffered`: two sets, 32 entries a step) so that a step's re-layout overlaps the previous step's
 dots; otherwise one set of 64 entries, where a step's gather overlaps the dots only in its TMA copies.
@@ -41,6 +42,7 @@ from jax_mtp.kernels.sparse_mla_mgpu_plan import Plan
 KERNEL_NAME = "dsa_sparse_mla_mgpu"  # what tests and benchmarks look for in a compiled program
 # a launch's name: KERNEL_NAME + its form's suffix (`form_of`)
 FORM_SUFFIXES = {"one set": "_one_set", "two sets": "_two_sets"}
+VALUES_APART_SUFFIX = "_values_apart"  # appended with Config.values_warpgroups=2
 BLOCK_HEADS = 64  # wgmma's M
 # An H200's (and H100 SXM's) cores: a CTA of either form takes most of a core's 227 KiB of shared memory, so one runs
 # a core, and `config_for` splits a query's slots until one wave of this many CTAs is as full as it gets
@@ -117,6 +119,20 @@ class Config:
   # within that row's noise at B = 8, T = 1. Where `config_for` resolves double_buffered=None to one set, it is
   # dropped.
   qk_ahead: bool = False
+  # 2: a fourth warpgroup multiplies P · V's first half (O[:, :C/2]), as the values warpgroup does the second, so the
+  # scores warpgroup only computes S, the online softmax and P: the chain that feeds each step's P (op_ready → qk →
+  # softmax → P out) holds no P · V, which the ablation (docs/kernels.md, "The Mosaic sparse MLA's remaining gap")
+  # found as long as the gather's chain; the two halves' P · V run beside the next step's qk. Registers a thread
+  # (`sparse_mla_mgpu_plan.registers`): scores 88, values 160 each, gather 104: the 512 that 4 × 128 threads share. 1: three warpgroups,
+  # the scores warpgroup multiplying the first half. Built 2026-12-05 on a CPU (interpreter, CUDA lowering); untimed,
+  # so off. Not with qk_ahead (it moves the scores warpgroup's P · V) or values_relayout.
+  values_warpgroups: int = 1
+
+
+def warpgroups(config: Config) -> int:
+  """The launch's warpgroups: scores, values (the second half), gather, and with values_warpgroups=2 a fourth
+  (values, the first half)."""
+  return 2 + config.values_warpgroups
 
 
 def buffer_sets(config: Config) -> int:
@@ -177,6 +193,11 @@ def check_operands(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, confi
   if config.qk_ahead and (not config.double_buffered or config.ids_before_dots):
     raise ValueError(f"qk_ahead takes two operand sets (double_buffered) and no ids_before_dots; got "
                      f"double_buffered={config.double_buffered}, ids_before_dots={config.ids_before_dots}")
+  if config.values_warpgroups not in (1, 2):
+    raise ValueError(f"values_warpgroups={config.values_warpgroups}: one or two warpgroups multiply P · V")
+  if config.values_warpgroups == 2 and (config.qk_ahead or config.values_relayout):
+    raise ValueError(f"values_warpgroups=2 leaves the scores warpgroup no P · V: not with qk_ahead or values_relayout; "
+                     f"got qk_ahead={config.qk_ahead}, values_relayout={config.values_relayout}")
   if config.values_relayout and not config.double_buffered:
     raise ValueError("values_relayout takes two buffer sets (double_buffered): the values warpgroup re-lays the next "
                      "step's set while the scores warpgroup reads the other")
@@ -199,11 +220,11 @@ def launch_smem_bytes(config: Config, latent_BSC, k_pe_BSR, latent_scale_BSG=Non
                     jnp.dtype(latent_BSC.dtype).itemsize, scales, buffer_sets(config))
 
 
-def profile_ranges(used_smem: int) -> int:
+def profile_ranges(used_smem: int, groups: int = 3) -> int:
   """Ranges a warpgroup's trace holds in the shared memory a launch of `used_smem` bytes leaves (Mosaic GPU's
-  profiler: 4 int32 entries a range, 3 warpgroups, from an 8-byte boundary); the trace keeps its first ones
+  profiler: 4 int32 entries a range, `groups` warpgroups, from an 8-byte boundary); the trace keeps its first ones
   (bounds-checked), so a profile sees the first steps. A ValueError where fewer than 8 fit."""
-  ranges = (SMEM_BYTES - (-(-used_smem // 8) * 8)) // (3 * 4 * 4)
+  ranges = (SMEM_BYTES - (-(-used_smem // 8) * 8)) // (groups * 4 * 4)
   if ranges < 8:
     raise ValueError(f"{used_smem:,} of {SMEM_BYTES:,} bytes of shared memory leave room for {ranges} profiled "
                      f"ranges a warpgroup (at least 8 wanted)")
@@ -245,7 +266,7 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
   if profile_dir is not None:
     if interpret:
       raise ValueError("profile_dir: Mosaic GPU's profiler runs compiled only, not in the interpreter")
-    ranges = profile_ranges(launch_smem_bytes(config, latent_BSC, k_pe_BSR, latent_scale_BSG))
+    ranges = profile_ranges(launch_smem_bytes(config, latent_BSC, k_pe_BSR, latent_scale_BSG), warpgroups(config))
     profile = dict(profile_space=ranges, profile_dir=profile_dir, profile_bounds_check=True)
   dtype, hb = q_lat_BTNC.dtype, BLOCK_HEADS
   padded = -(-n // hb) * hb
@@ -320,12 +341,13 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
       ],
       grid=(padded // hb, splits, b * t),  # head blocks fastest: a query's CTAs read its rows through L2 once
       grid_names=("h", "p", "q"),
-      num_threads=3,
+      num_threads=warpgroups(config),
       thread_name="wg",
       # no cross-warp reduction scratch: the row max / sum stay within a quad, and V3.2 widths need all but 3 KiB
       compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane, reduction_scratch_bytes=0,
                                            **profile),
-      kernel_name=KERNEL_NAME + FORM_SUFFIXES[form_of(config)],  # which form ran, readable from a compiled program
+      # which form ran, readable from a compiled program
+      kernel_name=KERNEL_NAME + FORM_SUFFIXES[form_of(config)] + VALUES_APART_SUFFIX * (config.values_warpgroups == 2),
       interpret=interpret_params(plgpu, interpret),
   )
   out, lse = kernel(q_lat, q_pe, latent_BSC.reshape(b, -1, pieces, width), k_pe_BSR, slots, *scale_inputs)

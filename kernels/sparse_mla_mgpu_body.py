@@ -6,7 +6,9 @@ split of the selected slots, in three warpgroups, each a named phase here:
            ready; it copies ahead by the number of buffer sets.
   scores   (`_scores`) q~ · latentᵀ + q_pe · k_peᵀ, the masked online softmax, P and its rescale for the values
            warpgroup, then O[:, :C/2] += P · latent[:, :C/2]; at the end the log-sum-exp and its half of the output.
-  values   (`_values`) O[:, C/2:] = O · rescale + P · latent[:, C/2:]; at the end its half of the output.
+  values   (`_values`) O[:, C/2:] = O · rescale + P · latent[:, C/2:]; at the end its half of the output. With
+           Config.values_warpgroups=2 a fourth warpgroup does the same for O[:, :C/2], which the scores warpgroup
+           then leaves alone.
 
 `Plan` holds the launch's static facts, `Refs` the CTA's refs and grid indices (`sparse_mla_mgpu_plan.py`); the phases
 only read them. The
@@ -23,7 +25,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from jax_mtp.kernels.sparse_mla_mgpu_plan import GATHER_REGISTERS, Plan, Refs
+from jax_mtp.kernels.sparse_mla_mgpu_plan import Plan, Refs, register_action, registers
 
 _NEG_INIT = -1e30  # the running max starts finite: exp(−∞ − (−∞)) would be NaN
 _LOG2E = math.log2(math.e)
@@ -43,9 +45,17 @@ def body_for(plan: Plan):
              loaded, ids_loaded, gathered, op_ready, op_free, p_ready, done, written, hi, pi, qi, qi // plan.t)
     pl.when(wg == 2)(lambda: _gather(plan, r))
     pl.when(wg == 0)(lambda: _scores(plan, r))
-    pl.when(wg == 1)(lambda: _values(plan, r))
+    pl.when(wg == 1)(lambda: _values(plan, r, plan.half))
+    if plan.config.values_warpgroups == 2:  # the first half's P · V in a warpgroup of its own
+      pl.when(wg == 3)(lambda: _values(plan, r, 0))
 
   return body
+
+
+def _set_registers(plan: Plan, role: str):
+  """This warpgroup's registers a thread (`sparse_mla_mgpu_plan.registers`)."""
+  count = registers(plan.config.values_warpgroups)[role]
+  plan.plgpu.set_max_registers(count, action=register_action(count, 2 + plan.config.values_warpgroups))
 
 
 def _ids_smem(plan: Plan, r: Refs):
@@ -182,7 +192,7 @@ def _gather_columns(plan: Plan):
 def _gather(plan: Plan, r: Refs):
   """The gather warpgroup: copies `sets` steps ahead, re-lays each landed step into its operand set."""
   plgpu, sets, steps = plan.plgpu, plan.sets, plan.steps
-  plgpu.set_max_registers(GATHER_REGISTERS, action="decrease")
+  _set_registers(plan, "gather")
   _fetch_ids(plan, r, 0)
   pl.when(steps > 1)(lambda: _fetch_ids(plan, r, 1))
   for first in range(min(sets, steps)):  # the first `sets` steps' copies, each into its own staging set
@@ -283,6 +293,8 @@ def _scores_step(plan: Plan, r: Refs, step, carry):
   with jax.named_scope("qk"):
     s = _qk(plan, r, slot)
   m, l, alpha = _softmax_out(plan, r, step, s, ids if early else _load_ids(plan, r, step), m, l)
+  if acc is None:  # Config.values_warpgroups=2: both halves' P · V are the values warpgroups'
+    return None, m, l
   return _pv(plan, r, acc, alpha, slot), m, l
 
 
@@ -348,19 +360,21 @@ def _scores_loop(plan: Plan, r: Refs, init):
 def _scores(plan: Plan, r: Refs):
   """The scores warpgroup: q~ and q_pe in, the steps, the final sum for the values warpgroup, lse and its half out."""
   plgpu, hb = plan.plgpu, plan.hb
-  plgpu.set_max_registers(232, action="increase")
+  _set_registers(plan, "scores")
   heads = pl.ds(r.hi * hb, hb)
   plgpu.copy_gmem_to_smem(r.q_lat_gmem.at[r.qi, heads], r.q_lat_smem, r.loaded)
   plgpu.copy_gmem_to_smem(r.q_pe_gmem.at[r.qi, heads], r.q_pe_smem, r.loaded)
   plgpu.barrier_wait(r.loaded)
-  init = (plgpu.layout_cast(jnp.zeros((hb, plan.half), jnp.float32), plgpu.Layout.WGMMA),
+  apart = plan.config.values_warpgroups == 2  # no half of O here: S and P only
+  init = (None if apart else plgpu.layout_cast(jnp.zeros((hb, plan.half), jnp.float32), plgpu.Layout.WGMMA),
           plgpu.layout_cast(jnp.full((hb,), _NEG_INIT, jnp.float32), plan.wgmma_rows),
           plgpu.layout_cast(jnp.zeros((hb,), jnp.float32), plan.wgmma_rows))
   acc, m, l = _scores_loop(plan, r, init)
   _put_row(plan, r, plan.sets, l)
   plgpu.commit_smem()
   plgpu.barrier_arrive(r.done)
-  _write(plan, r, acc, l, 0)
+  if not apart:
+    _write(plan, r, acc, l, 0)
   seen = l > 0
   lse = jnp.where(seen, (m + jnp.log2(jnp.where(seen, l, 1.0))) / _LOG2E, -jnp.inf)
   r.lse_gmem.at[r.qi, r.pi, heads][...] = lse
@@ -382,12 +396,13 @@ def _values_relayout(plan: Plan, r: Refs, step):
     plgpu.barrier_arrive(plan.at(r.op_ready, slot))
 
 
-def _values(plan: Plan, r: Refs):
-  """The values warpgroup: O[:, C/2:] rescaled and updated each step, then its half out. With
-  Config.values_relayout it also re-lays each next step's second half while the scores warpgroup computes P."""
+def _values(plan: Plan, r: Refs, col):
+  """A values warpgroup: O[:, col : col + C/2] rescaled and updated each step, then its half out (the second half;
+  the first too with Config.values_warpgroups=2). With Config.values_relayout it also re-lays each next step's second
+  half while the scores warpgroup computes P."""
   plgpu, half, sets, steps = plan.plgpu, plan.half, plan.sets, plan.steps
-  plgpu.set_max_registers(160, action="decrease")
-  shares = plan.config.values_relayout
+  _set_registers(plan, "values")
+  shares = plan.config.values_relayout and col == half
   if shares:
     _values_relayout(plan, r, 0)
 
@@ -400,7 +415,7 @@ def _values(plan: Plan, r: Refs):
     with jax.named_scope("values pv"):
       alpha = _get_row(plan, r, slot)
       acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
-      acc = _accumulate(plan, acc, plan.at(r.p_smem, slot), _values_half(plan, r, slot, half))
+      acc = _accumulate(plan, acc, plan.at(r.p_smem, slot), _values_half(plan, r, slot, col))
       plgpu.barrier_arrive(plan.at(r.op_free, slot))
     return acc
 
@@ -410,4 +425,4 @@ def _values(plan: Plan, r: Refs):
     for last in range(max(steps - sets, 0), steps):
       plgpu.barrier_wait(plan.at(r.op_free, last % sets))
   plgpu.barrier_wait(r.done)
-  _write(plan, r, acc, _get_row(plan, r, plan.sets), half)
+  _write(plan, r, acc, _get_row(plan, r, plan.sets), col)
