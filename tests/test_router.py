@@ -78,3 +78,18 @@ def test_bf16_routing_at_the_threshold_equals_float64_noaux_tc():
   order, want_order = np.argsort(np.asarray(ids), -1), np.argsort(want_ids, -1)
   assert_close(np.take_along_axis(np.asarray(weights), order, -1), np.take_along_axis(want_weights, want_order, -1),
                "float32", "routing weights")
+
+
+def test_the_split_logits_gradients_are_the_fp32_dots():
+  """Training a bf16 model's router from ROUTER_SPLIT_MIN_TOKENS tokens: the weight's and x's gradients equal the fp32
+  dot's (through the bit-mask split alone the weight's would reach only its last bf16 part)."""
+  kx, kw, kg = jax.random.split(jax.random.key(5), 3)
+  x = jax.random.normal(kx, (ROUTER_SPLIT_MIN_TOKENS, 256), jnp.float32).astype(jnp.bfloat16)
+  w = jax.random.normal(kw, (16, 256), jnp.float32) * 0.02
+  g = jax.random.normal(kg, (ROUTER_SPLIT_MIN_TOKENS, 16), jnp.float32)
+  fp32 = lambda x, w: jnp.einsum("td,ed->te", x.astype(jnp.float32), w, precision=jax.lax.Precision.HIGHEST)  # noqa: E731
+  got = jax.vjp(router_logits, x, w)[1](g)
+  want = jax.vjp(fp32, x, w)[1](g)
+  assert got[0].dtype == jnp.bfloat16 and got[1].dtype == jnp.float32
+  np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want[1]))
+  np.testing.assert_array_equal(np.asarray(got[0], np.float32), np.asarray(want[0], np.float32))
