@@ -433,7 +433,7 @@ case "${1:?stage}" in
   apart)  # (not run yet) Config.values_warpgroups=2 (a fourth warpgroup for P · V's first half: the scores warpgroup
           # computes S and P only): its compiled tests first (never compiled on a GPU: setmaxnreg at 4 warpgroups,
           # 88 registers for the scores), then timed beside auto at B = 64 and 8, T = 4 and 1, bf16 and fp8 caches
-    run 200 gpu_tests_apart.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider \
+    run 240 gpu_tests_apart.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 120 \
       tests/test_sparse_mla_mgpu_values_apart.py
     run 300 sparse_mla_apart.md python3 -m benchmarks.sparse_mla --batch 64 8 --tokens 4 1 --capacity 4096 --iters 10 \
       --fp8 --candidates
