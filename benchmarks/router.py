@@ -1,6 +1,6 @@
 """The router's logits at DeepSeek-V3.2's widths (x [T, 7168] bf16 · W_gate [256, 7168] fp32) as the model computes
-them (`moe.router_logits`) beside its two forms at every T: one fp32 dot at HIGHEST precision, and three bf16 dots
-over the weight's exact three-part split (`moe.split_bf16x3`), which `router_logits` takes from
+them (`moe.router_logits`) beside its two forms at every T: one fp32 dot at HIGHEST precision (`moe.fp32_logits`), and
+three bf16 dots over the weight's exact three-part split (`moe.split_logits`), which `router_logits` takes from
 ROUTER_SPLIT_MIN_TOKENS tokens:
 
     python -m benchmarks.router --tokens 1 8 32 64 128 256 1024 4096
@@ -19,18 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.timing import measured_ceilings, time_in_loop
-from jax_mtp.moe import ROUTER_SPLIT_MIN_TOKENS, router_logits, split_bf16x3
+from jax_mtp.moe import ROUTER_SPLIT_MIN_TOKENS, fp32_logits, router_logits, split_logits
 
 HIDDEN, EXPERTS = 7168, 256
-
-
-def fp32_dot(x, w):
-  return jnp.einsum("td,ed->te", x.astype(jnp.float32), w, precision=jax.lax.Precision.HIGHEST)
-
-
-def split_dots(x, w):
-  hi, mid, lo = (jnp.einsum("td,ed->te", x, part, preferred_element_type=jnp.float32) for part in split_bf16x3(w))
-  return (hi + mid) + lo
 
 
 def worst_error(got, x, w, rows: int = 8) -> float:
@@ -52,8 +43,8 @@ def main() -> int:
   for t in args.tokens:
     x = jax.random.normal(jax.random.key(t), (t, HIDDEN), jnp.float32).astype(jnp.bfloat16)
     floor = max(EXPERTS * HIDDEN * 4 / bandwidth, 2 * t * HIDDEN * EXPERTS / peak)
-    times = [time_in_loop(jax.jit(form), (x, w), args.iters) for form in (fp32_dot, split_dots, router_logits)]
-    errors = [worst_error(jax.jit(form)(x, w), x, w) for form in (fp32_dot, split_dots)]
+    times = [time_in_loop(jax.jit(form), (x, w), args.iters) for form in (fp32_logits, split_logits, router_logits)]
+    errors = [worst_error(jax.jit(form)(x, w), x, w) for form in (fp32_logits, split_logits)]
     print(f"| {t} | {times[0] * 1e6:,.1f} | {times[1] * 1e6:,.1f} | {times[2] * 1e6:,.1f} | {floor * 1e6:,.1f} | "
           f"{floor / times[2]:.2f} | {errors[0]:.1e} / {errors[1]:.1e} |", flush=True)
   return 0

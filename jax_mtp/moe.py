@@ -88,34 +88,36 @@ class Router(nn.Module):
 def router_logits(x_TD: jax.Array, weight_ED: jax.Array) -> jax.Array:
   """x · W_gateᵀ, fp32 [T, E], to fp32's accuracy (the official router's fp32 dot). A bf16 `x` of at least
   ROUTER_SPLIT_MIN_TOKENS rows multiplies W's three bf16 parts (`split_bf16x3`: their sum is W exactly) in three
-  dots with fp32 sums (`_split_logits`): each product x_d · part is exact in fp32, so the result is the fp32 dot's up
+  dots with fp32 sums (`split_logits`): each product x_d · part is exact in fp32, so the result is the fp32 dot's up
   to the order of its sums. Otherwise one fp32 dot at HIGHEST precision. Gradients are the fp32 dot's either way."""
   if x_TD.dtype == jnp.bfloat16 and x_TD.shape[0] >= ROUTER_SPLIT_MIN_TOKENS:
-    return _split_logits(x_TD, weight_ED)
-  return _fp32_logits(x_TD, weight_ED)
+    return split_logits(x_TD, weight_ED)
+  return fp32_logits(x_TD, weight_ED)
 
 
-def _fp32_logits(x_TD, weight_ED):
+def fp32_logits(x_TD, weight_ED):
+  """The router's logits as the official code computes them: one fp32 dot at HIGHEST precision."""
   return jnp.einsum("td,ed->te", x_TD.astype(jnp.float32), weight_ED, precision=_HIGHEST)
 
 
 @jax.custom_vjp
-def _split_logits(x_TD, weight_ED):
+def split_logits(x_TD, weight_ED):
+  """The router's logits for a bf16 `x`: three bf16 dots over W's exact parts (`split_bf16x3`), fp32 sums."""
   hi, mid, lo = (jnp.einsum("td,ed->te", x_TD, part, preferred_element_type=jnp.float32)
                  for part in split_bf16x3(weight_ED))
   return (hi + mid) + lo
 
 
-def _split_logits_fwd(x_TD, weight_ED):
-  return _split_logits(x_TD, weight_ED), (x_TD, weight_ED)
+def split_logits_fwd(x_TD, weight_ED):
+  return split_logits(x_TD, weight_ED), (x_TD, weight_ED)
 
 
-def _split_logits_bwd(saved, g_TE):
+def split_logits_bwd(saved, g_TE):
   # the fp32 dot's gradients: through the bit-mask split the weight's would reach only its last part, in bf16
-  return jax.vjp(_fp32_logits, *saved)[1](g_TE)
+  return jax.vjp(fp32_logits, *saved)[1](g_TE)
 
 
-_split_logits.defvjp(_split_logits_fwd, _split_logits_bwd)
+split_logits.defvjp(split_logits_fwd, split_logits_bwd)
 
 
 def split_bf16x3(w: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:

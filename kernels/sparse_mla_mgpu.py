@@ -37,7 +37,7 @@ import jax.numpy as jnp
 from jax_mtp.kernels.mosaic_gpu_common import interpret_params, operand_transforms
 from jax_mtp.kernels.sparse_mla import check_shapes, combine_splits
 from jax_mtp.kernels.sparse_mla_mgpu_body import body_for
-from jax_mtp.kernels.sparse_mla_mgpu_plan import Plan
+from jax_mtp.kernels.sparse_mla_mgpu_plan import Plan, warpgroups
 
 KERNEL_NAME = "dsa_sparse_mla_mgpu"  # what tests and benchmarks look for in a compiled program
 # a launch's name: KERNEL_NAME + its form's suffix (`form_of`)
@@ -127,12 +127,6 @@ class Config:
   # the scores warpgroup multiplying the first half. Built 2026-12-05 on a CPU (interpreter, CUDA lowering); untimed,
   # so off. Not with qk_ahead (it moves the scores warpgroup's P · V) or values_relayout.
   values_warpgroups: int = 1
-
-
-def warpgroups(config: Config) -> int:
-  """The launch's warpgroups: scores, values (the second half), gather, and with values_warpgroups=2 a fourth
-  (values, the first half)."""
-  return 2 + config.values_warpgroups
 
 
 def buffer_sets(config: Config) -> int:

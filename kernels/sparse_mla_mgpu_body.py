@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from jax_mtp.kernels.sparse_mla_mgpu_plan import Plan, Refs, register_action, registers
+from jax_mtp.kernels.sparse_mla_mgpu_plan import Plan, Refs, register_action, registers, warpgroups
 
 _NEG_INIT = -1e30  # the running max starts finite: exp(−∞ − (−∞)) would be NaN
 _LOG2E = math.log2(math.e)
@@ -55,7 +55,7 @@ def body_for(plan: Plan):
 def _set_registers(plan: Plan, role: str):
   """This warpgroup's registers a thread (`sparse_mla_mgpu_plan.registers`)."""
   count = registers(plan.config.values_warpgroups)[role]
-  plan.plgpu.set_max_registers(count, action=register_action(count, 2 + plan.config.values_warpgroups))
+  plan.plgpu.set_max_registers(count, action=register_action(count, warpgroups(plan.config)))
 
 
 def _ids_smem(plan: Plan, r: Refs):

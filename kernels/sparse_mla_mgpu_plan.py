@@ -7,9 +7,15 @@ import dataclasses
 from typing import Any
 
 # The gather warpgroup's registers a thread: with the scores' 232 and the values' 160, 496 of the 504 the launch's
-# 3 × 128 threads share (with a fourth warpgroup, scores 88 and two values' 160: 512 of 512; sparse_mla_mgpu.registers)
+# 3 × 128 threads share (with a fourth warpgroup, scores 88 and two values' 160: 512 of 512; `registers`)
 GATHER_REGISTERS = 104
 REGISTER_FILE = 65_536  # 32-bit registers a Hopper SM has; a launch's threads share them
+
+
+def warpgroups(config) -> int:
+  """The launch's warpgroups: scores, values (the second half), gather, and with `Config.values_warpgroups=2` a
+  fourth (values, the first half)."""
+  return 2 + config.values_warpgroups
 
 
 def registers(values_warpgroups: int) -> dict[str, int]:
