@@ -77,7 +77,9 @@
 #            B = 64 sampled with top-p
 #   tokens2  (10:02 2026-12-05: its first command's B = 1 rows only, the rest cut by the device budget) the dense form against the kernel at B = 1 and 8, then tokens' tests bounded to ~5 min
 #   compact  (15:24 2026-12-05) the FP8 kernel's grid over the non-empty groups, timed; the user's FP8 path at B = 1, 64
-#   apart    (not run yet) the sparse MLA with P · V in two values warpgroups: compiled tests, timed beside auto
+#   apart    (18:17 2026-12-05: ptxas refused every four-warpgroup kernel) the sparse MLA with P · V in two values
+#            warpgroups: compiled tests, timed beside auto
+#   apart2   the same after one setmaxnreg ahead of both values warpgroups, with the PTX and ptxas's report dumped
 #   tokens4  (not run yet) test_speculative's cases tokens3 did not reach
 #   tokens5  (not run yet) the kernels' token tests tokens3 did not reach, each bounded
 #   router   (15:44 2026-12-05) the router's logits, fp32 dot vs three bf16 dots, by token count
@@ -430,12 +432,32 @@ case "${1:?stage}" in
            # exact split, T = 1 to 4,096 (moe.ROUTER_SPLIT_MIN_TOKENS is set from it)
     run 150 router.md python3 -m benchmarks.router --tokens 1 8 16 32 64 128 256 1024 4096
     ;;
-  apart)  # (not run yet) Config.values_warpgroups=2 (a fourth warpgroup for P · V's first half: the scores warpgroup
+  apart)  # (18:17 2026-12-05, an H100: every compiled case failed in ptxas, "Insufficient registers (128) ... target
+          # of 154": the values warpgroups' wgmma at the launch's 128) Config.values_warpgroups=2 (a fourth warpgroup for P · V's first half: the scores warpgroup
           # computes S and P only): its compiled tests first (never compiled on a GPU: setmaxnreg at 4 warpgroups,
           # 88 registers for the scores), then timed beside auto at B = 64 and 8, T = 4 and 1, bf16 and fp8 caches
     run 240 gpu_tests_apart.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 120 \
       tests/test_sparse_mla_mgpu_values_apart.py
     run 300 sparse_mla_apart.md python3 -m benchmarks.sparse_mla --batch 64 8 --tokens 4 1 --capacity 4096 --iters 10 \
+      --fp8 --candidates
+    ;;
+  apart2)  # after apart: one setmaxnreg ahead of both values warpgroups' code. First the PTX and ptxas's report of one
+           # four-warpgroup case and its three-warpgroup twin (Mosaic's dumps to stdout: whether ptxas honours each
+           # setmaxnreg, its registers a kernel), then the compiled tests, then timed beside auto
+    MOSAIC_GPU_DUMP_PTX=1 MOSAIC_GPU_DUMP_PTXAS=1 timeout 150 python3 - > "$OUT/ptx_dump.txt" 2>&1 <<'PY'
+from tests.test_sparse_mla_mgpu_values_apart import Config, _attend, _problem
+args, _ = _problem(3, 32, False, seed=33)
+for config in (Config(double_buffered=True), Config(double_buffered=True, values_warpgroups=2)):
+  try:
+    _attend(args, config).block_until_ready()
+    print("COMPILED AND RAN", config)
+  except Exception as e:  # the dump holds ptxas's message
+    print("FAILED", config, str(e)[:400])
+PY
+    grep -n -E "ptxas|Used [0-9]+ registers|C75|C76|COMPILED|FAILED" "$OUT/ptx_dump.txt" | cut -c1-300 | head -60
+    run 200 gpu_tests_apart.txt python3 -m pytest -v -rfE --tb=line -p no:cacheprovider --timeout 100 \
+      tests/test_sparse_mla_mgpu_values_apart.py
+    run 260 sparse_mla_apart.md python3 -m benchmarks.sparse_mla --batch 64 8 --tokens 4 1 --capacity 4096 --iters 10 \
       --fp8 --candidates
     ;;
   tokens4)  # (not run yet) what tokens3 (15:35 2026-12-05, an H100: 31 passed, 9 skipped, none failed) did not reach:

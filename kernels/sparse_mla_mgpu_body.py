@@ -45,9 +45,8 @@ def body_for(plan: Plan):
              loaded, ids_loaded, gathered, op_ready, op_free, p_ready, done, written, hi, pi, qi, qi // plan.t)
     pl.when(wg == 2)(lambda: _gather(plan, r))
     pl.when(wg == 0)(lambda: _scores(plan, r))
-    pl.when(wg == 1)(lambda: _values(plan, r, plan.half))
-    if plan.config.values_warpgroups == 2:  # the first half's P · V in a warpgroup of its own
-      pl.when(wg == 3)(lambda: _values(plan, r, 0))
+    values_wg = (wg == 1) | (wg == 3) if plan.config.values_warpgroups == 2 else wg == 1
+    pl.when(values_wg)(lambda: _values_warpgroups(plan, r, wg))
 
   return body
 
@@ -396,12 +395,25 @@ def _values_relayout(plan: Plan, r: Refs, step):
     plgpu.barrier_arrive(plan.at(r.op_ready, slot))
 
 
+def _values_warpgroups(plan: Plan, r: Refs, wg):
+  """The values warpgroups' registers, then each one's half: the second (warpgroup 1), and with
+  Config.values_warpgroups=2 the first (warpgroup 3). One `setmaxnreg` ahead of both halves' code: ptxas gives code
+  the registers of the `setmaxnreg` that dominates it, and the launch's (128 a thread at four warpgroups) elsewhere;
+  with one in each half's branch, the ptxas of jax 0.11.2's image gave 128 to a [64, 256] accumulator's wgmma, which
+  needs 154 (2026-12-05 18:17, an H100)."""
+  _set_registers(plan, "values")
+  if plan.config.values_warpgroups == 1:
+    _values(plan, r, plan.half)
+    return
+  pl.when(wg == 1)(lambda: _values(plan, r, plan.half))
+  pl.when(wg == 3)(lambda: _values(plan, r, 0))
+
+
 def _values(plan: Plan, r: Refs, col):
   """A values warpgroup: O[:, col : col + C/2] rescaled and updated each step, then its half out (the second half;
   the first too with Config.values_warpgroups=2). With Config.values_relayout it also re-lays each next step's second
   half while the scores warpgroup computes P."""
   plgpu, half, sets, steps = plan.plgpu, plan.half, plan.sets, plan.steps
-  _set_registers(plan, "values")
   shares = plan.config.values_relayout and col == half
   if shares:
     _values_relayout(plan, r, 0)
