@@ -79,7 +79,9 @@
 #   compact  (15:24 2026-12-05) the FP8 kernel's grid over the non-empty groups, timed; the user's FP8 path at B = 1, 64
 #   apart    (18:17 2026-12-05: ptxas refused every four-warpgroup kernel) the sparse MLA with P · V in two values
 #            warpgroups: compiled tests, timed beside auto
-#   apart2   the same after one setmaxnreg ahead of both values warpgroups, with the PTX and ptxas's report dumped
+#   apart2   (18:31) the same after one setmaxnreg ahead of both values warpgroups, with the PTX and ptxas's report
+#            dumped: refused the same way (the roles dispatched through a jump table)
+#   apart3   the same with the four roles chosen two tests deep
 #   tokens4  (not run yet) test_speculative's cases tokens3 did not reach
 #   tokens5  (not run yet) the kernels' token tests tokens3 did not reach, each bounded
 #   router   (15:44 2026-12-05) the router's logits, fp32 dot vs three bf16 dots, by token count
@@ -441,7 +443,8 @@ case "${1:?stage}" in
     run 300 sparse_mla_apart.md python3 -m benchmarks.sparse_mla --batch 64 8 --tokens 4 1 --capacity 4096 --iters 10 \
       --fp8 --candidates
     ;;
-  apart2)  # after apart: one setmaxnreg ahead of both values warpgroups' code. First the PTX and ptxas's report of one
+  apart2|apart3)  # after apart: one setmaxnreg ahead of both values warpgroups' code (apart2, 18:31: refused the same
+           # way; its PTX dispatched the four roles through a jump table, brx.idx); apart3: the roles two tests deep. First the PTX and ptxas's report of one
            # four-warpgroup case and its three-warpgroup twin (Mosaic's dumps to stdout: whether ptxas honours each
            # setmaxnreg, its registers a kernel), then the compiled tests, then timed beside auto
     MOSAIC_GPU_DUMP_PTX=1 MOSAIC_GPU_DUMP_PTXAS=1 timeout 150 python3 - > "$OUT/ptx_dump.txt" 2>&1 <<'PY'
@@ -454,7 +457,8 @@ for config in (Config(double_buffered=True), Config(double_buffered=True, values
   except Exception as e:  # the dump holds ptxas's message
     print("FAILED", config, str(e)[:400])
 PY
-    grep -n -E "ptxas|Used [0-9]+ registers|C75|C76|COMPILED|FAILED" "$OUT/ptx_dump.txt" | cut -c1-300 | head -60
+    grep -n -E "ptxas|Used [0-9]+ registers|C75|C76|COMPILED|FAILED|brx.idx|setmaxnreg" "$OUT/ptx_dump.txt" | cut -c1-300 \
+      | head -60
     run 200 gpu_tests_apart.txt python3 -m pytest -v -rfE --tb=line -p no:cacheprovider --timeout 100 \
       tests/test_sparse_mla_mgpu_values_apart.py
     run 260 sparse_mla_apart.md python3 -m benchmarks.sparse_mla --batch 64 8 --tokens 4 1 --capacity 4096 --iters 10 \

@@ -43,12 +43,31 @@ def body_for(plan: Plan):
     r = Refs(q_lat_gmem, q_pe_gmem, lat_gmem, pe_gmem, slots_gmem, scale_gmem, out_gmem, lse_gmem, q_lat_smem,
              q_pe_smem, lat_stage, pe_stage, lat_op, pe_op, p_smem, small_smem, scale_stage[0] if scale_stage else None,
              loaded, ids_loaded, gathered, op_ready, op_free, p_ready, done, written, hi, pi, qi, qi // plan.t)
+    if plan.config.values_warpgroups == 2:
+      _four_warpgroups(plan, r, wg)
+      return
     pl.when(wg == 2)(lambda: _gather(plan, r))
     pl.when(wg == 0)(lambda: _scores(plan, r))
-    values_wg = (wg == 1) | (wg == 3) if plan.config.values_warpgroups == 2 else wg == 1
-    pl.when(values_wg)(lambda: _values_warpgroups(plan, r, wg))
+    pl.when(wg == 1)(lambda: _values(plan, r, plan.half))
 
   return body
+
+
+def _four_warpgroups(plan: Plan, r: Refs, wg):
+  """Config.values_warpgroups=2's roles: scores 0, gather 2, values 1 (the second half) and 3 (the first), chosen two
+  tests deep. Four equality tests of `wg` in a row LLVM lowers to a jump table (`brx.idx`); behind one, ptxas compiled
+  the values warpgroups' [64, 256] wgmma at the launch's 128 registers a thread, not their `setmaxnreg`'s 160, and
+  refused it (154 needed; apart and apart2, 2026-12-05 18:17 and 18:31, an H100). The jump table is the one
+  difference from the three-warpgroup kernel's PTX, whose chain of compares compiles with its `setmaxnreg`s."""
+  @pl.when(wg % 2 == 0)
+  def _():
+    pl.when(wg == 0)(lambda: _scores(plan, r))
+    pl.when(wg == 2)(lambda: _gather(plan, r))
+
+  @pl.when(wg % 2 == 1)
+  def _():
+    pl.when(wg == 1)(lambda: _values(plan, r, plan.half))
+    pl.when(wg == 3)(lambda: _values(plan, r, 0))
 
 
 def _set_registers(plan: Plan, role: str):
@@ -395,25 +414,12 @@ def _values_relayout(plan: Plan, r: Refs, step):
     plgpu.barrier_arrive(plan.at(r.op_ready, slot))
 
 
-def _values_warpgroups(plan: Plan, r: Refs, wg):
-  """The values warpgroups' registers, then each one's half: the second (warpgroup 1), and with
-  Config.values_warpgroups=2 the first (warpgroup 3). One `setmaxnreg` ahead of both halves' code: ptxas gives code
-  the registers of the `setmaxnreg` that dominates it, and the launch's (128 a thread at four warpgroups) elsewhere;
-  with one in each half's branch, the ptxas of jax 0.11.2's image gave 128 to a [64, 256] accumulator's wgmma, which
-  needs 154 (2026-12-05 18:17, an H100)."""
-  _set_registers(plan, "values")
-  if plan.config.values_warpgroups == 1:
-    _values(plan, r, plan.half)
-    return
-  pl.when(wg == 1)(lambda: _values(plan, r, plan.half))
-  pl.when(wg == 3)(lambda: _values(plan, r, 0))
-
-
 def _values(plan: Plan, r: Refs, col):
   """A values warpgroup: O[:, col : col + C/2] rescaled and updated each step, then its half out (the second half;
   the first too with Config.values_warpgroups=2). With Config.values_relayout it also re-lays each next step's second
   half while the scores warpgroup computes P."""
   plgpu, half, sets, steps = plan.plgpu, plan.half, plan.sets, plan.steps
+  _set_registers(plan, "values")
   shares = plan.config.values_relayout and col == half
   if shares:
     _values_relayout(plan, r, 0)
