@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -69,9 +70,9 @@ def main(argv=None) -> int:
       if args.candidates:
         configs = [auto] + candidate_configs(b * t)
       for config in configs:
-        seconds, err = _time_mosaic(problem, base, config, args.iters, args.backend)
+        timed = _time_mosaic(problem, base, config, args.iters, args.backend)
         print(f"| {b} | {t} | Mosaic GPU kernel | {_name(config)}{' (auto)' if config == auto else ''} | "
-              f"{seconds * 1e6:,.1f} | {floor:,.1f} | {floor / seconds / 1e6:.2f} | {err:.1e} |", flush=True)
+              f"{_cells(timed, floor)} |", flush=True)
   return 0
 
 
@@ -134,11 +135,16 @@ def _time_against(fn, args, base, iters):
 
 
 def _time_mosaic(problem, base, config, iters, backend, latent_scale_BSG=None):
-  """The Mosaic GPU kernel on `problem` (with `latent_scale_BSG`: problem's latent is an fp8 cache's codes)."""
+  """The Mosaic GPU kernel on `problem` (with `latent_scale_BSG`: problem's latent is an fp8 cache's codes): (seconds,
+  error), or the compiler's message where it refused the config (a candidate's row says so; the rows after it run)."""
   fn = jax.jit(lambda ql, qp, lat, kp, sl, sc: mgpu.sparse_mla_mgpu(ql, qp, lat, kp, sl, SCALE, latent_scale_BSG=sc,
                                                                     config=config, out_dtype=jnp.bfloat16,
                                                                     interpret=backend == "interpret"))
-  return _time_against(fn, (*problem, latent_scale_BSG), base, iters)
+  try:
+    return _time_against(fn, (*problem, latent_scale_BSG), base, iters)
+  except jax.errors.JaxRuntimeError as e:
+    print(e, file=sys.stderr)
+    return str(e).splitlines()[0][:120].replace("|", "/")
 
 
 def _fp8_rows(problem, b, t, bandwidth, flops, iters, backend, candidates=False):
@@ -162,9 +168,16 @@ def _fp8_rows(problem, b, t, bandwidth, flops, iters, backend, candidates=False)
     rows = [rows[0], ("auto, qk_ahead", mgpu.Config(qk_ahead=True)),
             ("auto, P · V in two values warpgroups", mgpu.Config(values_warpgroups=2))]
   for name, config in rows:
-    seconds, err = _time_mosaic(fp8, base, config, iters, backend, latent_scale_BSG=scales)
-    print(f"| {b} | {t} | Mosaic GPU kernel, fp8 cache | {name} | {seconds * 1e6:,.1f} | {floor:,.1f} | "
-          f"{floor / seconds / 1e6:.2f} | {err:.1e} |", flush=True)
+    timed = _time_mosaic(fp8, base, config, iters, backend, latent_scale_BSG=scales)
+    print(f"| {b} | {t} | Mosaic GPU kernel, fp8 cache | {name} | {_cells(timed, floor)} |", flush=True)
+
+
+def _cells(timed, floor: float) -> str:
+  """A kernel row's µs, floor, floor / time and error cells, or its compile failure's first line in them."""
+  if isinstance(timed, str):
+    return f"failed: {timed} | {floor:,.1f} | | "
+  seconds, err = timed
+  return f"{seconds * 1e6:,.1f} | {floor:,.1f} | {floor / seconds / 1e6:.2f} | {err:.1e}"
 
 
 def _name(config) -> str:

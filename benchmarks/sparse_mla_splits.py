@@ -18,7 +18,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from benchmarks.sparse_mla import C, K_TOP, N, SCALE, _problem, _time_mosaic, add_sweep_arguments, floor_us
+from benchmarks.sparse_mla import (C, K_TOP, N, SCALE, _cells, _problem, _time_mosaic, add_sweep_arguments,
+                                   floor_us)
 from benchmarks.timing import measured_ceilings, time_in_loop
 from jax_mtp.kernels import sparse_mla_mgpu as mgpu
 from jax_mtp.kernels.sparse_mla import reference as sparse_mla_reference
@@ -56,11 +57,10 @@ def main(argv=None) -> int:
         for splits in candidate_splits(auto):
           for ids in early:
             config = dataclasses.replace(auto, splits=splits, ids_before_dots=ids)
-            seconds, err = _time_mosaic(operands, base, config, args.iters, args.backend, latent_scale_BSG=latent_scale)
+            timed = _time_mosaic(operands, base, config, args.iters, args.backend, latent_scale_BSG=latent_scale)
             ctas = b * t * -(-N // mgpu.BLOCK_HEADS) * splits
             mark = " (auto)" if config == auto else ""
-            print(f"| {b} | {t} | {cache} | {splits}{mark} | {ctas} | {ids} | {seconds * 1e6:,.1f} | {floor:,.1f} | "
-                  f"{floor / seconds / 1e6:.2f} | {err:.1e} |", flush=True)
+            print(f"| {b} | {t} | {cache} | {splits}{mark} | {ctas} | {ids} | {_cells(timed, floor)} |", flush=True)
   return 0
 
 

@@ -61,3 +61,11 @@ def test_mla_projection_forms_agree():
     for got, want in zip(form, model, strict=True):
       assert_close(got, want, "float32", "q form")
   assert_close(mla_projections.v_prelaid(o, w_uv_NCH), mla_projections.v_model(o, w_kvb), "float32", "W_UV form")
+
+
+def test_a_refused_sparse_mla_config_is_a_row_of_the_same_cells():
+  """A candidate the compiler refuses (apart, 2026-12-05: ptxas) is a table row saying so, as many cells as a timed
+  row, and the sweep goes on to the next config."""
+  timed, failed = sparse_mla._cells((505.5e-6, 3.9e-3), 183.4), sparse_mla._cells("ptxas fatal: (C7602) ...", 183.4)
+  assert timed.split("|")[0].strip() == "505.5" and failed.startswith("failed: ptxas fatal")
+  assert failed.count("|") == timed.count("|")
