@@ -463,6 +463,8 @@ PY
       tests/test_sparse_mla_mgpu_values_apart.py
     run 260 sparse_mla_apart.md python3 -m benchmarks.sparse_mla --batch 64 8 --tokens 4 1 --capacity 4096 --iters 10 \
       --fp8 --candidates
+    [ "$1" = apart3 ] && run 90 gpu_tests_router.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider \
+      --timeout 60 tests/test_router.py  # the router's split logits on a GPU (tested on a CPU only so far)
     ;;
   tokens4)  # (not run yet) what tokens3 (15:35 2026-12-05, an H100: 31 passed, 9 skipped, none failed) did not reach:
             # test_speculative's past-index_topk cases from GLM-5 bf16 k = 3 on, and its last five tests
