@@ -81,7 +81,8 @@
 #            warpgroups: compiled tests, timed beside auto
 #   apart2   (18:31) the same after one setmaxnreg ahead of both values warpgroups, with the PTX and ptxas's report
 #            dumped: refused the same way (the roles dispatched through a jump table)
-#   apart3   the same with the four roles chosen two tests deep
+#   apart3   (18:45) the same with the four roles chosen two tests deep: refused the same way; the router's GPU tests
+#   apart4   the same with each values warpgroup's half in two m64n128 wgmmas
 #   tokens4  (not run yet) test_speculative's cases tokens3 did not reach
 #   tokens5  (not run yet) the kernels' token tests tokens3 did not reach, each bounded
 #   router   (15:44 2026-12-05) the router's logits, fp32 dot vs three bf16 dots, by token count
@@ -443,8 +444,10 @@ case "${1:?stage}" in
     run 300 sparse_mla_apart.md python3 -m benchmarks.sparse_mla --batch 64 8 --tokens 4 1 --capacity 4096 --iters 10 \
       --fp8 --candidates
     ;;
-  apart2|apart3)  # after apart: one setmaxnreg ahead of both values warpgroups' code (apart2, 18:31: refused the same
-           # way; its PTX dispatched the four roles through a jump table, brx.idx); apart3: the roles two tests deep. First the PTX and ptxas's report of one
+  apart2|apart3|apart4)  # after apart: one setmaxnreg ahead of both values warpgroups' code (apart2, 18:31: refused the
+           # same way; its PTX dispatched the four roles through a jump table, brx.idx); apart3 (18:45): the roles two
+           # tests deep, refused the same way with no jump table: ptxas holds each instruction to the launch's 128
+           # registers; apart4: each values warpgroup's half in two m64n128 wgmmas. First the PTX and ptxas's report of one
            # four-warpgroup case and its three-warpgroup twin (Mosaic's dumps to stdout: whether ptxas honours each
            # setmaxnreg, its registers a kernel), then the compiled tests, then timed beside auto
     MOSAIC_GPU_DUMP_PTX=1 MOSAIC_GPU_DUMP_PTXAS=1 timeout 150 python3 - > "$OUT/ptx_dump.txt" 2>&1 <<'PY'

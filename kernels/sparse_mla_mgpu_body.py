@@ -99,17 +99,38 @@ def _accumulate(plan: Plan, acc, a, b_ref):
   return pl.run_state(lambda ref: plgpu.wgmma(ref, a, b_ref))(plgpu.ACC.init(acc))
 
 
-def _write(plan: Plan, r: Refs, acc, l, col):
-  """This warpgroup's half of the normalised partial output."""
-  plgpu, hb, half = plan.plgpu, plan.hb, plan.half
+def _accumulate_pieces(plan: Plan, accs, a, b_refs):
+  """Each accs[i] + a · b_refs[i], the pieces' wgmmas issued back to back (one wait for all)."""
+  plgpu = plan.plgpu
+  if plan.interpret:
+    return tuple(_accumulate(plan, acc, a, b_ref) for acc, b_ref in zip(accs, b_refs, strict=True))
+  issue = lambda refs: [plgpu.wgmma(ref, a, b_ref) for ref, b_ref in zip(refs, b_refs, strict=True)]  # noqa: E731
+  return pl.run_state(issue)(tuple(plgpu.ACC.init(acc) for acc in accs))
+
+
+def pv_pieces(config) -> int:
+  """A values warpgroup's accumulator in this many [64, C/2 / pieces] parts, one wgmma each: two beside a fourth
+  warpgroup. ptxas compiles each instruction within the launch's registers a thread (128 at four warpgroups), not
+  its `setmaxnreg`'s: an m64n256 wgmma (128 accumulator registers, 154 with its operands) was refused there (apart,
+  apart2, apart3: 2026-12-05 18:17–18:45, an H100; CUTLASS issue 2904 meets the same); an m64n128 one needs half."""
+  return 2 if config.values_warpgroups == 2 else 1
+
+
+def _write(plan: Plan, r: Refs, accs, l, col):
+  """This warpgroup's half of the normalised partial output, from its accumulator's pieces (side by side from `col`)."""
+  plgpu, hb = plan.plgpu, plan.hb
   norm = jnp.where(l > 0, l, 1.0)
-  out = (acc / lax.broadcast_in_dim(norm, acc.shape, [0])).astype(r.out_gmem.dtype)
-  if jnp.dtype(r.out_gmem.dtype).itemsize == 4:  # straight from registers: a quad's 4 × 8 B are whole sectors
-    r.out_gmem.at[r.qi, r.pi, pl.ds(r.hi * hb, hb), pl.ds(col, half)][...] = out
+  at = col
+  for acc in accs:
+    out = (acc / lax.broadcast_in_dim(norm, acc.shape, [0])).astype(r.out_gmem.dtype)
+    if jnp.dtype(r.out_gmem.dtype).itemsize == 4:  # straight from registers: a quad's 4 × 8 B are whole sectors
+      r.out_gmem.at[r.qi, r.pi, pl.ds(r.hi * hb, hb), pl.ds(at, acc.shape[1])][...] = out
+    else:  # 16-bit: both halves into q~'s buffer (free once the last step's scores are done: the values half waits
+      # for them), then one TMA copy by the scores warpgroup, since a quad's 4 × 4 B would store half sectors
+      r.q_lat_smem[:, pl.ds(at, acc.shape[1])] = out
+    at += acc.shape[1]
+  if jnp.dtype(r.out_gmem.dtype).itemsize == 4:
     return
-  # 16-bit: both halves into q~'s buffer (free once the last step's scores are done: the values half waits for
-  # them), then one TMA copy by the scores warpgroup, since a quad's 4 × 4 B would store half sectors
-  r.q_lat_smem[:, pl.ds(col, half)] = out
   plgpu.commit_smem()
   if col:
     plgpu.barrier_arrive(r.written)
@@ -392,7 +413,7 @@ def _scores(plan: Plan, r: Refs):
   plgpu.commit_smem()
   plgpu.barrier_arrive(r.done)
   if not apart:
-    _write(plan, r, acc, l, 0)
+    _write(plan, r, (acc,), l, 0)
   seen = l > 0
   lse = jnp.where(seen, (m + jnp.log2(jnp.where(seen, l, 1.0))) / _LOG2E, -jnp.inf)
   r.lse_gmem.at[r.qi, r.pi, heads][...] = lse
@@ -424,7 +445,10 @@ def _values(plan: Plan, r: Refs, col):
   if shares:
     _values_relayout(plan, r, 0)
 
-  def step_fn(step, acc):
+  pieces = pv_pieces(plan.config)
+  width = half // pieces
+
+  def step_fn(step, accs):
     slot = step % sets
     if shares:  # the next step's half while P is computed (it waits for its set's step − 1, done just before)
       pl.when(step + 1 < steps)(lambda: _values_relayout(plan, r, step + 1))
@@ -432,15 +456,17 @@ def _values(plan: Plan, r: Refs, col):
       plgpu.barrier_wait(plan.at(r.p_ready, slot))
     with jax.named_scope("values pv"):
       alpha = _get_row(plan, r, slot)
-      acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
-      acc = _accumulate(plan, acc, plan.at(r.p_smem, slot), _values_half(plan, r, slot, col))
+      accs = tuple(acc * lax.broadcast_in_dim(alpha, acc.shape, [0]) for acc in accs)
+      values = plan.at(r.lat_op, slot)
+      accs = _accumulate_pieces(plan, accs, plan.at(r.p_smem, slot),
+                                [values.at[:, pl.ds(col + i * width, width)] for i in range(pieces)])
       plgpu.barrier_arrive(plan.at(r.op_free, slot))
-    return acc
+    return accs
 
-  acc = lax.fori_loop(0, steps, step_fn, plgpu.layout_cast(jnp.zeros((plan.hb, half), jnp.float32),
-                                                           plgpu.Layout.WGMMA))
+  zeros = plgpu.layout_cast(jnp.zeros((plan.hb, width), jnp.float32), plgpu.Layout.WGMMA)
+  accs = lax.fori_loop(0, steps, step_fn, (zeros,) * pieces)
   if shares:  # the operand-free completions its re-layouts did not wait for: a waiter observes every one
     for last in range(max(steps - sets, 0), steps):
       plgpu.barrier_wait(plan.at(r.op_free, last % sets))
   plgpu.barrier_wait(r.done)
-  _write(plan, r, acc, _get_row(plan, r, plan.sets), col)
+  _write(plan, r, accs, _get_row(plan, r, plan.sets), col)

@@ -1,6 +1,7 @@
 """The Mosaic GPU sparse MLA with `Config.values_warpgroups=2` (a fourth warpgroup multiplies P · V's first half; the
-scores warpgroup computes S, the online softmax and P only): equal to the float64 formula and bit for bit to the
-three-warpgroup form (the same products in the same order, in other warpgroups) in Pallas's GPU interpreter, over
+scores warpgroup computes S, the online softmax and P only): equal to the float64 formula, and to the three-warpgroup
+form at fp32's tolerance (the same products in other warpgroups; each values warpgroup's half in two [64, 128]
+wgmmas, which a dot may sum in another order than one [64, 256]) in Pallas's GPU interpreter, over
 two buffer sets and one, bf16 and fp8 caches, splits, one step and odd step counts, a 16-bit output (whose two halves
 meet in shared memory before one copy out); free of shared-memory races under the interpreter's detector; lowered for
 CUDA at V3.2's widths with its four warpgroups' registers within the launch's; refused with the forms it excludes.
@@ -49,7 +50,7 @@ def test_two_values_warpgroups_equal_the_formula_and_the_three_warpgroup_form(do
   base = Config(double_buffered=double, splits=splits)
   got = _attend(args, dataclasses.replace(base, values_warpgroups=2))
   assert_close(got, want, "bfloat16", what="vs formula")
-  np.testing.assert_array_equal(np.asarray(got), np.asarray(_attend(args, base)))
+  assert_close(got, _attend(args, base), "float32", what="vs the three-warpgroup form")
 
 
 @pytest.mark.parametrize("splits", [1, 2])
