@@ -82,7 +82,8 @@
 #   apart2   (18:31) the same after one setmaxnreg ahead of both values warpgroups, with the PTX and ptxas's report
 #            dumped: refused the same way (the roles dispatched through a jump table)
 #   apart3   (18:45) the same with the four roles chosen two tests deep: refused the same way; the router's GPU tests
-#   apart4   the same with each values warpgroup's half in two m64n128 wgmmas
+#   apart4   (19:0x: the machine stopped answering) the same with each values warpgroup's half in two m64n128 wgmmas
+#   apart5   apart4 bounded: the dump, twelve compiled tests, the bf16 rows at B = 64, T = 4
 #   tokens4  (not run yet) test_speculative's cases tokens3 did not reach
 #   tokens5  (not run yet) the kernels' token tests tokens3 did not reach, each bounded
 #   router   (15:44 2026-12-05) the router's logits, fp32 dot vs three bf16 dots, by token count
@@ -443,6 +444,25 @@ case "${1:?stage}" in
       tests/test_sparse_mla_mgpu_values_apart.py
     run 300 sparse_mla_apart.md python3 -m benchmarks.sparse_mla --batch 64 8 --tokens 4 1 --capacity 4096 --iters 10 \
       --fp8 --candidates
+    ;;
+  apart5)  # (apart4 19:0x: the machine stopped answering, no output) the same, bounded for the last 395 device-seconds:
+           # the two kernels dumped and run once (90 s), twelve compiled tests, the bf16 rows at B = 64, T = 4
+    MOSAIC_GPU_DUMP_PTX=1 MOSAIC_GPU_DUMP_PTXAS=1 timeout 90 python3 - > "$OUT/ptx_dump.txt" 2>&1 <<'PY'
+from tests.test_sparse_mla_mgpu_values_apart import Config, _attend, _problem
+args, _ = _problem(3, 32, False, seed=33)
+for config in (Config(double_buffered=True), Config(double_buffered=True, values_warpgroups=2)):
+  try:
+    _attend(args, config).block_until_ready()
+    print("COMPILED AND RAN", config, flush=True)
+  except Exception as e:  # the dump holds ptxas's message
+    print("FAILED", config, str(e)[:400], flush=True)
+PY
+    grep -n -E "ptxas|Used [0-9]+ registers|spill|C75|C76|COMPILED|FAILED" "$OUT/ptx_dump.txt" | cut -c1-300 | head -40
+    grep -q "COMPILED AND RAN.*values_warpgroups=2" "$OUT/ptx_dump.txt" || exit 0
+    run 80 gpu_tests_apart.txt python3 -m pytest -v -rfE --tb=line -p no:cacheprovider --timeout 30 \
+      tests/test_sparse_mla_mgpu_values_apart.py -k "equal_the_formula or 16_bit"
+    run 80 sparse_mla_apart.md python3 -m benchmarks.sparse_mla --batch 64 --tokens 4 --capacity 4096 --iters 10 \
+      --candidates
     ;;
   apart2|apart3|apart4)  # after apart: one setmaxnreg ahead of both values warpgroups' code (apart2, 18:31: refused the
            # same way; its PTX dispatched the four roles through a jump table, brx.idx); apart3 (18:45): the roles two
