@@ -51,8 +51,10 @@
 #   ids      (not run; ids_before_dots timed at 15:29 in a scratch run instead) ids_before_dots beside auto
 #   ablate   (15:48 2026-12-04) the sparse MLA with phases removed (sparse_mla_ablate); the model path's GPU tests
 #   verify64x3 (15:54 2026-12-04) the verification forward at B = 64, three processes (one finished its 115 s)
-#   vrelay   (18:10 2026-12-04) Config.values_relayout: compiled tests, then benchmarks.sparse_mla at B = 64 and 8
-#   vrelay2  (not run) the ablation of Config.values_relayout's form (not worth it: vrelay found it no faster)
+#   vrelay   (18:10 2026-12-04) Config.values_relayout (its flag removed 2026-12-05): compiled tests, then
+#            benchmarks.sparse_mla at B = 64 and 8
+#   vrelay2  (not run) the ablation of Config.values_relayout's form (not worth it: vrelay found it no faster; its
+#            flag removed 2026-12-05)
 #   splits   (18:31 2026-12-04) the sparse MLA's splits swept (sparse_mla_splits); MLA's projections laid out ahead
 #   splits2  after the one-wave rule: the sparse MLA's compiled tests; the index scores' splits swept at 128K
 #   splits3  the user's path after it: e2e at B = 1 and 8, the verification forward at B = 64 (3 runs), GPU tests
@@ -65,7 +67,7 @@
 #   fp8round (not run yet) the draft step per part with FP8 and bf16 weights at B = 64 (the FP8 round's 0.58)
 #   path4    (no machine 2026-12-04 21:40) the user path's GPU tests, then e2e at B = 8, 1
 #   ring     (03:42 2026-12-05) the landing ring and qk_ahead: compiled tests, timed beside auto (both slower; the ring
-#            and its stage ring2 removed since)
+#            and its stage ring2 removed since; qk_ahead's flag removed 2026-12-05)
 #   fp8q2    (04:18 2026-12-05) the float8-q index scores' compiled tests at the float8 wgmma's tolerance with
 #            FLOAT8_SCORES_DOT on; the three key forms at T = 1; then fp8round's profile
 #   dense    (09:12 2026-12-05) MLA's dense absorbed attention, 16-bit form vs the fp32 one; V3 bf16 speculative == plain on
@@ -328,14 +330,16 @@ case "${1:?stage}" in
         --capacity 4096 --iters 5
     done
     ;;
-  vrelay)  # (18:10 2026-12-04) Config.values_relayout: its compiled tests, then timed beside auto at B = 64 and 8 (bf16 and
-           # fp8 caches; the fp8 kernel's gather chain is where it should gain), then the ablation of the default
+  vrelay)  # (18:10 2026-12-04) Config.values_relayout (its flag removed 2026-12-05): its compiled tests, then timed
+           # beside auto at B = 64 and 8 (bf16 and fp8 caches; the fp8 kernel's gather chain is where it should gain),
+           # then the ablation of the default
     run 100 gpu_tests_vrelay.txt python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_sparse_mla_ablate.py \
       tests/test_sparse_mla_mgpu.py -k "v32_widths_on_the_gpu or rows_run"
     run 480 sparse_mla_vrelay.md python3 -m benchmarks.sparse_mla --batch 64 8 --tokens 4 1 --capacity 4096 --iters 10 \
       --fp8
     ;;
-  vrelay2)  # (not run: vrelay found the form no faster) where Config.values_relayout's step goes: the ablation of that form, bf16 and fp8 caches
+  vrelay2)  # (not run: vrelay found the form no faster; its flag removed 2026-12-05) where Config.values_relayout's step
+            # goes: the ablation of that form, bf16 and fp8 caches
     for cache in "" "--fp8"; do
       run 200 "ablate_vrelay${cache//-/_}.md" python3 -m benchmarks.sparse_mla_ablate --batch 64 --tokens 4 \
         --values-relayout $cache --rows "" copies relayout softmax qk copies,relayout,softmax

@@ -8,8 +8,8 @@ Floor: the larger of the bytes floor (the selected entries, the queries and the 
 bandwidth measured in this run) and the matmul floor (the score and output dots' FLOPs over a bf16
 GEMM's rate measured in this run). Each row's output is checked against XLA's bf16 path. Beside `config_for`'s
 launch (auto: two buffer sets at this width) each row times its splits halved and doubled, one buffer set and that
-form's gather variants; with --candidates only auto and the forms that are off (`candidate_configs`: qk_ahead,
-over either cache). (The Pallas Triton kernel's
+form's gather variants; with --candidates only auto and the forms that are off (`candidate_configs`: two values
+warpgroups, over either cache). (The Pallas Triton kernel's
 rows went with that kernel on 2026-12-04; its last numbers are in RESULTS.md.)
 """
 
@@ -37,7 +37,7 @@ def main(argv=None) -> int:
   add_sweep_arguments(parser, batch=[1, 8, 64], tokens=[1, 4])
   parser.add_argument("--fp8", action="store_true", help="also the fp8 MLA cache (656 B an entry): XLA and Mosaic")
   parser.add_argument("--candidates", action="store_true",
-                      help="only auto and the forms that are off (candidate_configs; with --fp8 qk_ahead there too)")
+                      help="only auto and the forms that are off (candidate_configs; with --fp8 over that cache too)")
   args = parser.parse_args(argv)
   bandwidth, flops = measured_ceilings(f"sparse MLA at V3.2 widths, S = {args.capacity},")
   print("| B | T | path | config | µs | floor µs | floor / time | rel err vs XLA |")
@@ -64,8 +64,7 @@ def main(argv=None) -> int:
       single = mgpu.config_for(b * t, N, K_TOP, C, mgpu.Config(double_buffered=False))
       gathers = [dict(contiguous_relayout=not single.contiguous_relayout), dict(whole_rows=False, issue_warps=1),
                  dict(issue_warps=2)]
-      early = [dataclasses.replace(auto, ids_before_dots=True),  # the mask's ids loaded ahead of the dots
-               dataclasses.replace(auto, values_relayout=True)]  # the values warpgroup re-lays half of each step
+      early = [dataclasses.replace(auto, ids_before_dots=True)]  # the mask's ids loaded ahead of the dots
       configs = variants + early + [single] + [dataclasses.replace(single, **gather) for gather in gathers]
       if args.candidates:
         configs = [auto] + candidate_configs(b * t)
@@ -77,11 +76,10 @@ def main(argv=None) -> int:
 
 
 def candidate_configs(queries: int) -> list:
-  """The forms that are off, beside auto's: auto with `qk_ahead` (where auto has two sets; timed 2026-12-05, no
-  faster) and with a fourth warpgroup for P · V's first half (`values_warpgroups=2`, built 2026-12-05, untimed)."""
+  """The forms that are off, beside auto's: auto with a fourth warpgroup for P · V's first half
+  (`values_warpgroups=2`, built 2026-12-05, untimed)."""
   auto = mgpu.config_for(queries, N, K_TOP, C)
-  ahead = [dataclasses.replace(auto, qk_ahead=True)] if auto.double_buffered else []
-  return ahead + [dataclasses.replace(auto, values_warpgroups=2)]
+  return [dataclasses.replace(auto, values_warpgroups=2)]
 
 
 def floor_us(b: int, t: int, bandwidth: float, flops: float, fp8: bool = False) -> float:
@@ -149,7 +147,7 @@ def _time_mosaic(problem, base, config, iters, backend, latent_scale_BSG=None):
 
 def _fp8_rows(problem, b, t, bandwidth, flops, iters, backend, candidates=False):
   """The fp8 cache (the latent quantised by the model's writer): XLA's fp8 path and the Mosaic kernel, each against
-  XLA's fp8 output; with `candidates` auto and the forms that are off and take an fp8 cache (qk_ahead) only."""
+  XLA's fp8 output; with `candidates` auto and the forms that are off (two values warpgroups) only."""
   codes, scales = quantize_latent(problem[2], 128)
   fp8 = (problem[0], problem[1], codes, problem[3], problem[4])
   floor = floor_us(b, t, bandwidth, flops, fp8=True)
@@ -162,11 +160,9 @@ def _fp8_rows(problem, b, t, bandwidth, flops, iters, backend, candidates=False)
   rows = [("auto (double-buffered)", None), ("one buffer set", mgpu.Config(double_buffered=False)),
           ("one buffer set, a copy a piece from one thread",
            mgpu.Config(double_buffered=False, whole_rows=False, issue_warps=1)),
-          ("auto, ids before the dots", mgpu.Config(ids_before_dots=True)),
-          ("auto, the values warpgroup re-lays half", mgpu.Config(values_relayout=True))]
+          ("auto, ids before the dots", mgpu.Config(ids_before_dots=True))]
   if candidates:
-    rows = [rows[0], ("auto, qk_ahead", mgpu.Config(qk_ahead=True)),
-            ("auto, P · V in two values warpgroups", mgpu.Config(values_warpgroups=2))]
+    rows = [rows[0], ("auto, P · V in two values warpgroups", mgpu.Config(values_warpgroups=2))]
   for name, config in rows:
     timed = _time_mosaic(fp8, base, config, iters, backend, latent_scale_BSG=scales)
     print(f"| {b} | {t} | Mosaic GPU kernel, fp8 cache | {name} | {_cells(timed, floor)} |", flush=True)

@@ -58,7 +58,7 @@ def _no_softmax(plan, s, ids, m, l):
 # a phase's functions in the body (module, name, replacement)
 _REPLACEMENTS = {
     "copies": [(body, "_issue_rows", _arrive_without_copies)],
-    "relayout": [(body, "_relayout", lambda plan, r, slot, *columns, **options: None)],
+    "relayout": [(body, "_relayout", lambda plan, r, slot: None)],
     "softmax": [(body, "_online_softmax", _no_softmax)],
     "qk": [(body, "_qk", _zero_scores)],
     "pv": [(body, "_accumulate", lambda plan, acc, a, b_ref: acc)],
@@ -97,14 +97,13 @@ def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   add_problem_arguments(parser)
   parser.add_argument("--rows", nargs="*", default=list(ROWS), help="comma-joined phases removed a row")
-  parser.add_argument("--values-relayout", action="store_true", help="the launch's Config.values_relayout")
   parser.add_argument("--iters", type=int, default=10)
   args = parser.parse_args(argv)
   rows = [(row, parse(row)) for row in args.rows]
   (ql, qp, latent, kp, slots), operands = kernel_operands(args)
   base = reference(ql, qp, latent, kp, jnp.maximum(slots, 0), slots >= 0, SCALE, dot_dtype=jnp.bfloat16).astype(
       jnp.float32)
-  config = mgpu.Config(values_relayout=args.values_relayout)
+  config = mgpu.Config()
   print(f"sparse MLA ablation on {jax.devices()[0].device_kind}, jax {jax.__version__}: B = {args.batch}, "
         f"T = {args.tokens}, S = {args.capacity}, {'fp8' if args.fp8 else 'bf16'} cache, {config}\n")
   print("| phases removed | µs a call | of the full kernel | max error vs XLA |\n|---|---:|---:|---:|")

@@ -99,33 +99,13 @@ class Config:
   # the Mosaic sparse MLA's step goes") 517.9 against 504.5 µs at B = 64, T = 4 (fp8 cache 663 against 648), and
   # 480 against 485 in the profile run: within the rows' spread, not faster.
   ids_before_dots: bool = False
-  # The values warpgroup re-lays the latent's second half of step s + 1 (in 64-column loads: its registers hold its
-  # output half) after its P · V of step s − 1 and before it waits for step s's P; the gather warpgroup re-lays the
-  # first half and the rope key. Why: timed with phases removed (benchmarks.sparse_mla_ablate, H200 2026-12-04
-  # 15:48), the gather's chain (copies, re-layout) is as long as the scores' (qk, softmax, P · V) over a bf16 cache
-  # and the longer over an fp8 one (its dequantising re-layout 27 % of the kernel), while the values warpgroup waits
-  # 78-87 % of its time for P (the profile). Two buffer sets only. Off: timed on the H200 (2026-12-04 18:10,
-  # benchmarks/RESULTS.md) it was 15 % slower at B = 64, T = 4 over a bf16 cache (556 against 483 µs), 2-5 % faster
-  # over an fp8 one at B = 64, 12 % slower at B = 8, T = 1 (fp8): its re-layout lengthens the chain feeding P as much
-  # as it shortens the gather's. Where `config_for` resolves double_buffered=None to one set, it is dropped.
-  values_relayout: bool = False
-  # The scores warpgroup issues a step's P · V and the next step's qk in one wgmma scope, back to back on the tensor
-  # cores with one wait for both (the next operand set's wait between them, while P · V runs), where each waited for
-  # its own product: a step's chain then pays one product's issue-to-completion latency fewer (timed alone on the
-  # H200, 2026-12-04 21:33: 0.4-0.6 µs each, of which ~0.3 µs beyond its tensor-core time). It frees a step's operand
-  # set one qk later, so the gather has the softmax's time, not a whole step's, to re-lay the set after next. Two
-  # operand sets only; the ids are then loaded before the softmax anyway (no ids_before_dots). Off: timed on the H200
-  # (2026-12-05 03:42, benchmarks/RESULTS.md) it was 3 % slower at B = 64 (T = 4 and 1), equal at B = 8, T = 4, and
-  # within that row's noise at B = 8, T = 1. Where `config_for` resolves double_buffered=None to one set, it is
-  # dropped.
-  qk_ahead: bool = False
   # 2: a fourth warpgroup multiplies P · V's first half (O[:, :C/2]), as the values warpgroup does the second, so the
   # scores warpgroup only computes S, the online softmax and P: the chain that feeds each step's P (op_ready → qk →
   # softmax → P out) holds no P · V, which the ablation (docs/kernels.md, "The Mosaic sparse MLA's remaining gap")
   # found as long as the gather's chain; the two halves' P · V run beside the next step's qk. Registers a thread
   # (`sparse_mla_mgpu_plan.registers`): scores 88, values 160 each, gather 104: the 512 that 4 × 128 threads share. 1: three warpgroups,
   # the scores warpgroup multiplying the first half. Built 2026-12-05 on a CPU (interpreter, CUDA lowering); untimed,
-  # so off. Not with qk_ahead (it moves the scores warpgroup's P · V) or values_relayout.
+  # so off.
   values_warpgroups: int = 1
 
 
@@ -147,10 +127,8 @@ def config_for(queries: int, heads: int, entries: int, latent_width: int, config
   prologue and a share of the combine); the contiguous re-layout at one query and from CONTIGUOUS_MIN_QUERIES
   queries."""
   config = config or Config()
-  if config.double_buffered is None:  # (values_relayout is the two-set form's: where that resolves to one set, off)
-    double = latent_width == 2 * TMA_BOX and queries > 1
-    config = dataclasses.replace(config, double_buffered=double, values_relayout=config.values_relayout and double,
-                                 qk_ahead=config.qk_ahead and double)
+  if config.double_buffered is None:
+    config = dataclasses.replace(config, double_buffered=latent_width == 2 * TMA_BOX and queries > 1)
   block_entries = min(DOUBLE_BUFFERED_ENTRIES if config.double_buffered else config.block_entries, entries)
   splits = config.splits
   if not splits:
@@ -184,17 +162,8 @@ def check_operands(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, confi
   e, splits = config.block_entries, config.splits
   if config.issue_warps not in (1, 2, 4):
     raise ValueError(f"issue_warps={config.issue_warps}: the gather warpgroup's 1, 2 or 4 warps issue its copies")
-  if config.qk_ahead and (not config.double_buffered or config.ids_before_dots):
-    raise ValueError(f"qk_ahead takes two operand sets (double_buffered) and no ids_before_dots; got "
-                     f"double_buffered={config.double_buffered}, ids_before_dots={config.ids_before_dots}")
   if config.values_warpgroups not in (1, 2):
     raise ValueError(f"values_warpgroups={config.values_warpgroups}: one or two warpgroups multiply P · V")
-  if config.values_warpgroups == 2 and (config.qk_ahead or config.values_relayout):
-    raise ValueError(f"values_warpgroups=2 leaves the scores warpgroup no P · V: not with qk_ahead or values_relayout; "
-                     f"got qk_ahead={config.qk_ahead}, values_relayout={config.values_relayout}")
-  if config.values_relayout and not config.double_buffered:
-    raise ValueError("values_relayout takes two buffer sets (double_buffered): the values warpgroup re-lays the next "
-                     "step's set while the scores warpgroup reads the other")
   if config.double_buffered and (e != DOUBLE_BUFFERED_ENTRIES or c != 2 * TMA_BOX):
     raise ValueError(f"double_buffered takes block_entries={DOUBLE_BUFFERED_ENTRIES} and a {2 * TMA_BOX}-wide "
                      f"latent; got block_entries={e}, a latent of width {c}")
@@ -327,9 +296,8 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
           plgpu.Barrier(num_arrivals=1, num_barriers=2),  # a step's slot ids
           # a step's one-row copies (and its scales), a set each
           plgpu.Barrier(num_arrivals=(row_copies + 1) * e + scaled, num_barriers=sets),
-          # op_ready (the gather, and the values warpgroup where it re-lays half), op_free (both halves), p_ready: a
-          # set each; done, written
-          plgpu.Barrier(num_arrivals=1 + config.values_relayout, num_barriers=sets),
+          # op_ready, op_free (both halves), p_ready: a set each; done, written
+          plgpu.Barrier(num_arrivals=1, num_barriers=sets),
           plgpu.Barrier(num_arrivals=2, num_barriers=sets),
           plgpu.Barrier(num_arrivals=1, num_barriers=sets), plgpu.Barrier(num_arrivals=1), plgpu.Barrier(num_arrivals=1),
       ],

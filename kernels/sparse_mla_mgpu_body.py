@@ -180,32 +180,28 @@ def _issue(plan: Plan, r: Refs, step):
                             plan.at(r.gathered, step % sets))
 
 
-def _relayout(plan: Plan, r: Refs, slot, cols=None, chunk=None, rope=True):
+def _relayout(plan: Plan, r: Refs, slot):
   """A landed staging set → registers → its operand set (tiled, swizzled), an fp8 cache's codes dequantised.
 
-  With two sets: the latent's columns `cols` (default all), `chunk` columns a load (default a TMA piece, or a scale
-  group over an fp8 cache; smaller for the values warpgroup's registers), and the rope key if `rope`."""
+  With two sets: a TMA piece's columns a load, or a scale group's over an fp8 cache."""
   plgpu, c, e, width, pieces, dtype, rows_layout = (plan.plgpu, plan.c, plan.e, plan.width, plan.pieces, plan.dtype,
                                                     plan.rows_layout)
   lat_stage_s, pe_stage_s, lat_op_s, pe_op_s = (plan.at(ref, slot) for ref in (r.lat_stage, r.pe_stage, r.lat_op,
                                                                                 r.pe_op))
   if plan.sets == 2:  # rows_layout: a warp 8 rows × 4 lanes' 16-B pieces (see sparse_mla_mgpu)
     group_width = c // plan.groups if plan.scaled else width
-    cols = cols or range(0, c)
-    chunk = chunk or group_width
-    for col in range(cols.start, cols.stop, chunk):
-      src = lat_stage_s.at[:, col // width, pl.ds(col % width, chunk)]
+    for col in range(0, c, group_width):
+      src = lat_stage_s.at[:, col // width, pl.ds(col % width, group_width)]
       if plan.scaled:  # codes times their rows' group scale, in fp32 (exact for e4m3), rounded once to the operand's
         codes = plgpu.load(src, layout=rows_layout, optimized=False)  # dtype; 8 B a lane from rows 512 B apart:
         # conflicts no plan avoids
         group_scale = plgpu.load(plan.at(r.scale_stage, slot).at[col // group_width], layout=rows_layout.reduce(1),
                                  optimized=False)
         row_scale = plgpu.layout_cast(lax.broadcast_in_dim(group_scale, codes.shape, [0]), rows_layout)
-        lat_op_s[:, pl.ds(col, chunk)] = (codes.astype(jnp.float32) * row_scale).astype(dtype)
+        lat_op_s[:, pl.ds(col, group_width)] = (codes.astype(jnp.float32) * row_scale).astype(dtype)
       else:  # each warp reads 512 contiguous bytes of one row's piece: no conflicts
-        lat_op_s[:, pl.ds(col, chunk)] = plgpu.load(src, layout=rows_layout)
-    if rope:
-      pe_op_s[...] = plgpu.load(pe_stage_s, layout=rows_layout, optimized=False)
+        lat_op_s[:, pl.ds(col, group_width)] = plgpu.load(src, layout=rows_layout)
+    pe_op_s[...] = plgpu.load(pe_stage_s, layout=rows_layout, optimized=False)
     return
   if rows_layout is not None and not plan.scaled:  # each warp reads 512 contiguous bytes of one row: no conflicts
     for rb in range(0, e, 32):
@@ -221,11 +217,6 @@ def _relayout(plan: Plan, r: Refs, slot, cols=None, chunk=None, rope=True):
         piece = (piece.astype(jnp.float32) * lax.broadcast_in_dim(group_scale, piece.shape, [0])).astype(dtype)
       lat_op_s[:, pl.ds(col, 64)] = piece
   pe_op_s[...] = plgpu.load(pe_stage_s, layout=plgpu.Layout.WGMMA, optimized=False)
-
-
-def _gather_columns(plan: Plan):
-  """The latent columns the gather warpgroup re-lays: all, or the first half with Config.values_relayout."""
-  return range(0, plan.half) if plan.config.values_relayout else None
 
 
 def _gather(plan: Plan, r: Refs):
@@ -250,16 +241,11 @@ def _gather(plan: Plan, r: Refs):
       plgpu.barrier_wait(plan.at(r.gathered, slot))
       pl.when(step >= sets)(lambda: plgpu.barrier_wait(plan.at(r.op_free, slot)))
     with jax.named_scope("relayout"):
-      _relayout(plan, r, slot, _gather_columns(plan))
+      _relayout(plan, r, slot)
       plgpu.commit_smem()
     plgpu.barrier_arrive(plan.at(r.op_ready, slot))
-    if sets == 2:  # this staging set is free again (with Config.values_relayout once the values warpgroup has re-laid
-      # its half too: the set's operand ready): step + 2's copies into it
-      def reissue():
-        if plan.config.values_relayout:
-          plgpu.barrier_wait(plan.at(r.op_ready, slot))
-        _issue(plan, r, step + 2)
-      pl.when(step + 2 < steps)(reissue)
+    if sets == 2:  # this staging set is free again: step + 2's copies into it
+      pl.when(step + 2 < steps)(lambda: _issue(plan, r, step + 2))
     else:
       @pl.when(step + 1 < steps)
       def _():
@@ -268,8 +254,6 @@ def _gather(plan: Plan, r: Refs):
 
   for last in range(max(steps - sets, 0), steps):  # the last steps' completions: a waiter observes every one
     plgpu.barrier_wait(plan.at(r.op_free, last % sets))  # (the interpreter checks)
-    if plan.config.values_relayout:  # (their operand-ready ones, which the loop waited for only ahead of a reissue)
-      plgpu.barrier_wait(plan.at(r.op_ready, last % sets))
 
 
 def _qk(plan: Plan, r: Refs, slot):
@@ -347,53 +331,9 @@ def _pv(plan: Plan, r: Refs, acc, alpha, slot):
   return acc
 
 
-def _pv_then_next_qk(plan: Plan, r: Refs, acc, slot, following):
-  """Config.qk_ahead: O[:, :C/2] += P · V over set `slot`, then, once set `following` is ready, the next step's S,
-  issued back to back in one wgmma scope (one wait for both): (O, the next S)."""
-  plgpu, p_smem, values = plan.plgpu, plan.at(r.p_smem, slot), _values_half(plan, r, slot, 0)
-  if plan.interpret:  # the interpreter runs no pl.run_state: the same products, one wait each
-    acc = _accumulate(plan, acc, p_smem, values)
-    plgpu.barrier_wait(plan.at(r.op_ready, following))
-    return acc, _qk(plan, r, following)
-
-  def issue(refs):
-    o_ref, s_ref = refs
-    plgpu.wgmma(o_ref, p_smem, values)
-    plgpu.barrier_wait(plan.at(r.op_ready, following))  # while P · V runs
-    _issue_qk(plan, r, s_ref, following)
-
-  zeros = plgpu.layout_cast(jnp.zeros((plan.hb, plan.e), jnp.float32), plgpu.Layout.WGMMA)
-  return pl.run_state(issue)((plgpu.ACC.init(acc), plgpu.ACC.init(zeros)))
-
-
-def _scores_step_ahead(plan: Plan, r: Refs, step, carry):
-  """Config.qk_ahead, a step but the last: its scores came with the step before's P · V; its softmax and P out, then
-  its P · V and the next step's qk in one scope, then its set freed."""
-  plgpu = plan.plgpu
-  acc, m, l, s = carry
-  slot = step % plan.sets
-  m, l, alpha = _softmax_out(plan, r, step, s, _load_ids(plan, r, step), m, l)
-  with jax.named_scope("pv"):
-    acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
-    acc, s = _pv_then_next_qk(plan, r, acc, slot, (step + 1) % plan.sets)
-    plgpu.barrier_arrive(plan.at(r.op_free, slot))
-  return acc, m, l, s
-
-
 def _scores_loop(plan: Plan, r: Refs, init):
   """The scores warpgroup's steps: (O's half, m, l)."""
-  plgpu, steps = plan.plgpu, plan.steps
-  if not plan.config.qk_ahead:
-    return lax.fori_loop(0, steps, lambda step, carry: _scores_step(plan, r, step, carry), init)
-  with jax.named_scope("scores wait"):
-    plgpu.barrier_wait(plan.at(r.op_ready, 0))
-  with jax.named_scope("qk"):
-    first = _qk(plan, r, 0)
-  acc, m, l, s = lax.fori_loop(0, steps - 1, lambda step, carry: _scores_step_ahead(plan, r, step, carry),
-                               (*init, first))
-  last = steps - 1  # its P · V alone
-  m, l, alpha = _softmax_out(plan, r, last, s, _load_ids(plan, r, last), m, l)
-  return _pv(plan, r, acc, alpha, last % plan.sets), m, l
+  return lax.fori_loop(0, plan.steps, lambda step, carry: _scores_step(plan, r, step, carry), init)
 
 
 def _scores(plan: Plan, r: Refs):
@@ -419,39 +359,17 @@ def _scores(plan: Plan, r: Refs):
   r.lse_gmem.at[r.qi, r.pi, heads][...] = lse
 
 
-VALUES_RELAYOUT_CHUNK = 64  # columns a load of the values warpgroup's re-layout: its registers hold its output half
-
-
-def _values_relayout(plan: Plan, r: Refs, step):
-  """Config.values_relayout: the latent's second half of `step` re-laid by the values warpgroup, once its copies have
-  landed and the set's previous step is done (its own P · V and the scores warpgroup's)."""
-  plgpu, sets = plan.plgpu, plan.sets
-  slot = step % sets
-  with jax.named_scope("values relayout"):
-    plgpu.barrier_wait(plan.at(r.gathered, slot))
-    pl.when(step >= sets)(lambda: plgpu.barrier_wait(plan.at(r.op_free, slot)))
-    _relayout(plan, r, slot, range(plan.half, plan.c), VALUES_RELAYOUT_CHUNK, rope=False)
-    plgpu.commit_smem()
-    plgpu.barrier_arrive(plan.at(r.op_ready, slot))
-
-
 def _values(plan: Plan, r: Refs, col):
   """A values warpgroup: O[:, col : col + C/2] rescaled and updated each step, then its half out (the second half;
-  the first too with Config.values_warpgroups=2). With Config.values_relayout it also re-lays each next step's second
-  half while the scores warpgroup computes P."""
+  the first too with Config.values_warpgroups=2)."""
   plgpu, half, sets, steps = plan.plgpu, plan.half, plan.sets, plan.steps
   _set_registers(plan, "values")
-  shares = plan.config.values_relayout and col == half
-  if shares:
-    _values_relayout(plan, r, 0)
 
   pieces = pv_pieces(plan.config)
   width = half // pieces
 
   def step_fn(step, accs):
     slot = step % sets
-    if shares:  # the next step's half while P is computed (it waits for its set's step − 1, done just before)
-      pl.when(step + 1 < steps)(lambda: _values_relayout(plan, r, step + 1))
     with jax.named_scope("values wait"):
       plgpu.barrier_wait(plan.at(r.p_ready, slot))
     with jax.named_scope("values pv"):
@@ -465,8 +383,5 @@ def _values(plan: Plan, r: Refs, col):
 
   zeros = plgpu.layout_cast(jnp.zeros((plan.hb, width), jnp.float32), plgpu.Layout.WGMMA)
   accs = lax.fori_loop(0, steps, step_fn, (zeros,) * pieces)
-  if shares:  # the operand-free completions its re-layouts did not wait for: a waiter observes every one
-    for last in range(max(steps - sets, 0), steps):
-      plgpu.barrier_wait(plan.at(r.op_free, last % sets))
   plgpu.barrier_wait(r.done)
   _write(plan, r, accs, _get_row(plan, r, plan.sets), col)

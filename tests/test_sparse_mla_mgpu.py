@@ -86,27 +86,9 @@ def test_the_ids_loaded_before_the_dots_give_the_same_output(double):
   np.testing.assert_array_equal(np.asarray(got), np.asarray(attend(config=Config(double_buffered=double, splits=2))))
 
 
-@pytest.mark.parametrize("k,splits", [(32, 1), (96, 1), (128, 2)], ids=["one step", "three steps", "2 splits of 2"])
-@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
-def test_the_values_warpgroups_half_of_the_relayout_gives_the_same_output(k, splits, fp8):
-  """Config.values_relayout (the values warpgroup re-lays each next step's second latent half) at V3.2's widths, bf16
-  and fp8 caches, one step, an odd count and two splits: the formula's output, and bit for bit the default's (the same
-  values in the same operands, re-laid by another warpgroup)."""
-  q_lat, q_pe, latent, k_pe, slots, valid = problem(2, 3, 64, 512, 64, 192, k, "bfloat16", seed=13)
-  codes, scales = quantize_latent(latent, 128) if fp8 else (latent, None)
-  values = dequantize_latent(codes, scales, jnp.bfloat16) if fp8 else latent
-  attend = functools.partial(_attend, q_lat, q_pe, codes, k_pe, jnp.where(valid, slots, -1), 512**-0.5,
-                             latent_scale_BSG=scales)
-  got = attend(config=Config(double_buffered=True, splits=splits, values_relayout=True))
-  assert_close(got, formula(q_lat, q_pe, values, k_pe, slots, valid, 512**-0.5), "bfloat16", what="vs formula")
-  np.testing.assert_array_equal(np.asarray(got), np.asarray(attend(config=Config(double_buffered=True,
-                                                                                 splits=splits))))
-
-
 @pytest.mark.skipif(ON_GPU, reason="the interpreter's race detector (on a CPU)")
-@pytest.mark.parametrize("config", [Config(double_buffered=True), Config(double_buffered=False),
-                                    Config(double_buffered=True, values_relayout=True)],
-                         ids=["two sets", "one set", "two sets, values re-lay half"])
+@pytest.mark.parametrize("config", [Config(double_buffered=True), Config(double_buffered=False)],
+                         ids=["two sets", "one set"])
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 def test_no_shared_memory_race_between_the_warpgroups(config, fp8):
   """The interpreter's race detector (vector clocks over every shared-memory access, the TMA copies' included) finds
@@ -122,13 +104,6 @@ def test_no_shared_memory_race_between_the_warpgroups(config, fp8):
                         interpret=plgpu.InterpretGPUParams(detect_races=True))
   values = dequantize_latent(codes, scales, jnp.bfloat16) if fp8 else latent
   assert_close(out, formula(q_lat, q_pe, values, k_pe, slots, valid, 512**-0.5), "bfloat16", what="vs formula")
-
-
-def test_values_relayout_takes_two_buffer_sets():
-  q_lat, q_pe, latent, k_pe, slots, valid = problem(1, 1, 64, 512, 64, 128, 64, "bfloat16", seed=1)
-  with pytest.raises(ValueError, match="values_relayout takes two buffer sets"):
-    _attend(q_lat, q_pe, latent, k_pe, jnp.where(valid, slots, -1), 512**-0.5,
-            config=Config(double_buffered=False, values_relayout=True))
 
 
 @pytest.mark.parametrize("gather", [dict(whole_rows=False, issue_warps=1), dict(whole_rows=False), dict(issue_warps=2)],
@@ -202,10 +177,7 @@ LOWERED_CONFIGS = {"bfloat16 (double-buffered)": Config(), "fp8 (double-buffered
                    "fp8, one set, a copy a piece from one thread":
                        Config(double_buffered=False, whole_rows=False, issue_warps=1),
                    "bfloat16, ids before the dots": Config(ids_before_dots=True),
-                   "fp8, one set, ids before the dots": Config(double_buffered=False, ids_before_dots=True),
-                   "bfloat16, values re-lay half": Config(values_relayout=True),
-                   "fp8, values re-lay half": Config(values_relayout=True),
-                   "bfloat16, qk_ahead": Config(qk_ahead=True), "fp8, qk_ahead": Config(qk_ahead=True)}
+                   "fp8, one set, ids before the dots": Config(double_buffered=False, ids_before_dots=True)}
 
 
 @pytest.mark.parametrize("b,t", [(1, 1), (2, 4), (64, 4)])
@@ -386,8 +358,7 @@ def test_the_models_attention_output_equals_xlas(t, cache):
 
 
 GPU_CONFIGS = {"one buffer set": Config(double_buffered=False), "double-buffered": Config(double_buffered=True),
-               "ids before the dots": Config(ids_before_dots=True),
-               "values re-lay half": Config(values_relayout=True)}
+               "ids before the dots": Config(ids_before_dots=True)}
 
 
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
@@ -401,12 +372,3 @@ def test_kernel_at_v32_widths_on_the_gpu(b, t, form):
   xla = reference(q_lat, q_pe, latent, k_pe, slots, valid, 512**-0.5, dot_dtype="bfloat16")
   assert_close(got, xla, "bfloat16", what="Mosaic GPU kernel vs XLA")
   assert KERNEL_NAME in fn.lower(q_lat, q_pe, latent, k_pe, slots).compile().as_text()
-
-
-def test_values_relayout_is_the_two_set_forms():
-  """config_for keeps Config.values_relayout where it resolves to two buffer sets, and drops it at one query a call
-  (one set, where it does not apply); asked with one set explicitly, check_operands refuses it (above)."""
-  shared = Config(values_relayout=True)
-  assert config_for(256, 128, 2048, 512, shared).values_relayout
-  assert not config_for(1, 128, 2048, 512, shared).values_relayout
-  assert not config_for(256, 128, 2048, 512).values_relayout  # off by default: untimed

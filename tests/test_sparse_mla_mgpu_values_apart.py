@@ -119,8 +119,6 @@ def test_config_for_keeps_values_warpgroups_and_it_is_off_by_default():
 
 @pytest.mark.parametrize("config,match", [
     (Config(values_warpgroups=3), "values_warpgroups=3: one or two warpgroups"),
-    (Config(values_warpgroups=2, qk_ahead=True, double_buffered=True), "not with qk_ahead or values_relayout"),
-    (Config(values_warpgroups=2, values_relayout=True, double_buffered=True), "not with qk_ahead or values_relayout"),
 ])
 def test_the_forms_it_excludes_are_refused(config, match):
   args, _ = _problem(1, 64, False, seed=1)

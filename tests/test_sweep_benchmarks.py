@@ -18,12 +18,11 @@ def test_sparse_mla_splits_brackets_auto():
 
 
 def test_sparse_mla_candidates_are_auto_with_the_forms_that_are_off():
-  """benchmarks.sparse_mla --candidates: auto with qk_ahead where auto has two sets, and auto with two values
-  warpgroups at every query count."""
+  """benchmarks.sparse_mla --candidates: auto with two values warpgroups at every query count (two sets and one)."""
   config = lambda queries, **options: sparse_mla_mgpu.config_for(queries, 128, 2048, 512,  # noqa: E731
                                                                  sparse_mla_mgpu.Config(**options))
-  assert sparse_mla.candidate_configs(64 * 4) == [config(256, qk_ahead=True), config(256, values_warpgroups=2)]
-  assert sparse_mla.candidate_configs(1) == [config(1, values_warpgroups=2)]  # auto's one set: no qk_ahead over it
+  assert sparse_mla.candidate_configs(64 * 4) == [config(256, values_warpgroups=2)]
+  assert sparse_mla.candidate_configs(1) == [config(1, values_warpgroups=2)]  # auto's one set
 
 
 def test_index_scores_splits_keep_the_kernels_rules():
