@@ -440,7 +440,8 @@ case "${1:?stage}" in
            # exact split, T = 1 to 4,096 (moe.ROUTER_SPLIT_MIN_TOKENS is set from it)
     run 150 router.md python3 -m benchmarks.router --tokens 1 8 16 32 64 128 256 1024 4096
     ;;
-  apart)  # (18:17 2026-12-05, an H100: every compiled case failed in ptxas, "Insufficient registers (128) ... target
+  apart)  # (Config.values_warpgroups and --candidates removed 2026-12-05 ~19:20: apart–apart5 are a record, no longer
+          # run) (18:17 2026-12-05, an H100: every compiled case failed in ptxas, "Insufficient registers (128) ... target
           # of 154": the values warpgroups' wgmma at the launch's 128) Config.values_warpgroups=2 (a fourth warpgroup for P · V's first half: the scores warpgroup
           # computes S and P only): its compiled tests first (never compiled on a GPU: setmaxnreg at 4 warpgroups,
           # 88 registers for the scores), then timed beside auto at B = 64 and 8, T = 4 and 1, bf16 and fp8 caches
@@ -449,7 +450,7 @@ case "${1:?stage}" in
     run 300 sparse_mla_apart.md python3 -m benchmarks.sparse_mla --batch 64 8 --tokens 4 1 --capacity 4096 --iters 10 \
       --fp8 --candidates
     ;;
-  apart5)  # (apart4 19:0x: the machine stopped answering, no output) the same, bounded for the last 395 device-seconds:
+  apart5)  # (19:00: compiled, 12 tests passed, no faster; removed with values_warpgroups, see apart) (apart4 19:0x: the machine stopped answering, no output) the same, bounded for the last 395 device-seconds:
            # the two kernels dumped and run once (90 s), twelve compiled tests, the bf16 rows at B = 64, T = 4
     MOSAIC_GPU_DUMP_PTX=1 MOSAIC_GPU_DUMP_PTXAS=1 timeout 90 python3 - > "$OUT/ptx_dump.txt" 2>&1 <<'PY'
 from tests.test_sparse_mla_mgpu_values_apart import Config, _attend, _problem
@@ -468,7 +469,7 @@ PY
     run 80 sparse_mla_apart.md python3 -m benchmarks.sparse_mla --batch 64 --tokens 4 --capacity 4096 --iters 10 \
       --candidates
     ;;
-  apart2|apart3|apart4)  # after apart: one setmaxnreg ahead of both values warpgroups' code (apart2, 18:31: refused the
+  apart2|apart3|apart4)  # (removed with values_warpgroups, see apart) after apart: one setmaxnreg ahead of both values warpgroups' code (apart2, 18:31: refused the
            # same way; its PTX dispatched the four roles through a jump table, brx.idx); apart3 (18:45): the roles two
            # tests deep, refused the same way with no jump table: ptxas holds each instruction to the launch's 128
            # registers; apart4: each values warpgroup's half in two m64n128 wgmmas. First the PTX and ptxas's report of one

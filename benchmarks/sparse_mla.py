@@ -8,9 +8,8 @@ Floor: the larger of the bytes floor (the selected entries, the queries and the 
 bandwidth measured in this run) and the matmul floor (the score and output dots' FLOPs over a bf16
 GEMM's rate measured in this run). Each row's output is checked against XLA's bf16 path. Beside `config_for`'s
 launch (auto: two buffer sets at this width) each row times its splits halved and doubled, one buffer set and that
-form's gather variants; with --candidates only auto and the forms that are off (`candidate_configs`: two values
-warpgroups, over either cache). (The Pallas Triton kernel's
-rows went with that kernel on 2026-12-04; its last numbers are in RESULTS.md.)
+form's gather variants. (The Pallas Triton kernel's rows went with that kernel on 2026-12-04, the forms that were off
+with their removal on 2026-12-05: qk_ahead, values_relayout, values_warpgroups; their last numbers are in RESULTS.md.)
 """
 
 from __future__ import annotations
@@ -36,8 +35,6 @@ def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   add_sweep_arguments(parser, batch=[1, 8, 64], tokens=[1, 4])
   parser.add_argument("--fp8", action="store_true", help="also the fp8 MLA cache (656 B an entry): XLA and Mosaic")
-  parser.add_argument("--candidates", action="store_true",
-                      help="only auto and the forms that are off (candidate_configs; with --fp8 over that cache too)")
   args = parser.parse_args(argv)
   bandwidth, flops = measured_ceilings(f"sparse MLA at V3.2 widths, S = {args.capacity},")
   print("| B | T | path | config | µs | floor µs | floor / time | rel err vs XLA |")
@@ -54,7 +51,7 @@ def main(argv=None) -> int:
       seconds = time_in_loop(xla, xla_args, args.iters)
       print(f"| {b} | {t} | XLA (bf16 dots) | | {seconds * 1e6:,.1f} | {floor:,.1f} | {floor / seconds / 1e6:.2f} | |")
       if args.fp8:
-        _fp8_rows(problem, b, t, bandwidth, flops, args.iters, args.backend, args.candidates)
+        _fp8_rows(problem, b, t, bandwidth, flops, args.iters, args.backend)
       auto = mgpu.config_for(b * t, N, K_TOP, C)  # two buffer sets (32 entries a step) at V3.2's width
       # auto's splits, half and twice (past MAX_SPLITS too, where the steps allow: whether B = 1 wants more CTAs)
       variants = [dataclasses.replace(auto, splits=splits) for splits in
@@ -66,20 +63,11 @@ def main(argv=None) -> int:
                  dict(issue_warps=2)]
       early = [dataclasses.replace(auto, ids_before_dots=True)]  # the mask's ids loaded ahead of the dots
       configs = variants + early + [single] + [dataclasses.replace(single, **gather) for gather in gathers]
-      if args.candidates:
-        configs = [auto] + candidate_configs(b * t)
       for config in configs:
         timed = _time_mosaic(problem, base, config, args.iters, args.backend)
         print(f"| {b} | {t} | Mosaic GPU kernel | {_name(config)}{' (auto)' if config == auto else ''} | "
               f"{_cells(timed, floor)} |", flush=True)
   return 0
-
-
-def candidate_configs(queries: int) -> list:
-  """The forms that are off, beside auto's: auto with a fourth warpgroup for P · V's first half
-  (`values_warpgroups=2`, built 2026-12-05, untimed)."""
-  auto = mgpu.config_for(queries, N, K_TOP, C)
-  return [dataclasses.replace(auto, values_warpgroups=2)]
 
 
 def floor_us(b: int, t: int, bandwidth: float, flops: float, fp8: bool = False) -> float:
@@ -145,9 +133,9 @@ def _time_mosaic(problem, base, config, iters, backend, latent_scale_BSG=None):
     return str(e).splitlines()[0][:120].replace("|", "/")
 
 
-def _fp8_rows(problem, b, t, bandwidth, flops, iters, backend, candidates=False):
+def _fp8_rows(problem, b, t, bandwidth, flops, iters, backend):
   """The fp8 cache (the latent quantised by the model's writer): XLA's fp8 path and the Mosaic kernel, each against
-  XLA's fp8 output; with `candidates` auto and the forms that are off (two values warpgroups) only."""
+  XLA's fp8 output."""
   codes, scales = quantize_latent(problem[2], 128)
   fp8 = (problem[0], problem[1], codes, problem[3], problem[4])
   floor = floor_us(b, t, bandwidth, flops, fp8=True)
@@ -161,8 +149,6 @@ def _fp8_rows(problem, b, t, bandwidth, flops, iters, backend, candidates=False)
           ("one buffer set, a copy a piece from one thread",
            mgpu.Config(double_buffered=False, whole_rows=False, issue_warps=1)),
           ("auto, ids before the dots", mgpu.Config(ids_before_dots=True))]
-  if candidates:
-    rows = [rows[0], ("auto, P · V in two values warpgroups", mgpu.Config(values_warpgroups=2))]
   for name, config in rows:
     timed = _time_mosaic(fp8, base, config, iters, backend, latent_scale_BSG=scales)
     print(f"| {b} | {t} | Mosaic GPU kernel, fp8 cache | {name} | {_cells(timed, floor)} |", flush=True)

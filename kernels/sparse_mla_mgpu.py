@@ -16,7 +16,6 @@ with three warpgroups:
   values   O[:, C/2:] = O · rescale + P · latent[:, C/2:], P read from shared memory.
 Registers per thread: 232 scores (S [64, E] and half of O), 160 values (the other half), 104 gather: 496 of the
 512 × 128 an SM has for 384 threads (a sum above what the launch gave would block `setmaxnreg` forever).
-`Config.values_warpgroups=2` adds a fourth warpgroup for the first half of P · V (untimed, off).
 At a 512-wide latent (V3.2's) and two or more queries a call the operands are double-buffered
 (`Config.double_buffered`: two sets, 32 entries a step) so that a step's re-layout overlaps the previous step's
 dots; otherwise one set of 64 entries, where a step's gather overlaps the dots only in its TMA copies.
@@ -37,12 +36,11 @@ import jax.numpy as jnp
 from jax_mtp.kernels.mosaic_gpu_common import interpret_params, operand_transforms
 from jax_mtp.kernels.sparse_mla import check_shapes, combine_splits
 from jax_mtp.kernels.sparse_mla_mgpu_body import body_for
-from jax_mtp.kernels.sparse_mla_mgpu_plan import Plan, warpgroups
+from jax_mtp.kernels.sparse_mla_mgpu_plan import Plan
 
 KERNEL_NAME = "dsa_sparse_mla_mgpu"  # what tests and benchmarks look for in a compiled program
 # a launch's name: KERNEL_NAME + its form's suffix (`form_of`)
 FORM_SUFFIXES = {"one set": "_one_set", "two sets": "_two_sets"}
-VALUES_APART_SUFFIX = "_values_apart"  # appended with Config.values_warpgroups=2
 BLOCK_HEADS = 64  # wgmma's M
 # An H200's (and H100 SXM's) cores: a CTA of either form takes most of a core's 227 KiB of shared memory, so one runs
 # a core, and `config_for` splits a query's slots until one wave of this many CTAs is as full as it gets
@@ -99,14 +97,6 @@ class Config:
   # the Mosaic sparse MLA's step goes") 517.9 against 504.5 µs at B = 64, T = 4 (fp8 cache 663 against 648), and
   # 480 against 485 in the profile run: within the rows' spread, not faster.
   ids_before_dots: bool = False
-  # 2: a fourth warpgroup multiplies P · V's first half (O[:, :C/2]), as the values warpgroup does the second, so the
-  # scores warpgroup only computes S, the online softmax and P: the chain that feeds each step's P (op_ready → qk →
-  # softmax → P out) holds no P · V, which the ablation (docs/kernels.md, "The Mosaic sparse MLA's remaining gap")
-  # found as long as the gather's chain; the two halves' P · V run beside the next step's qk. Registers a thread
-  # (`sparse_mla_mgpu_plan.registers`): scores 88, values 160 each, gather 104: the 512 that 4 × 128 threads share. 1: three warpgroups,
-  # the scores warpgroup multiplying the first half. Built 2026-12-05 on a CPU (interpreter, CUDA lowering); untimed,
-  # so off.
-  values_warpgroups: int = 1
 
 
 def buffer_sets(config: Config) -> int:
@@ -162,8 +152,6 @@ def check_operands(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, confi
   e, splits = config.block_entries, config.splits
   if config.issue_warps not in (1, 2, 4):
     raise ValueError(f"issue_warps={config.issue_warps}: the gather warpgroup's 1, 2 or 4 warps issue its copies")
-  if config.values_warpgroups not in (1, 2):
-    raise ValueError(f"values_warpgroups={config.values_warpgroups}: one or two warpgroups multiply P · V")
   if config.double_buffered and (e != DOUBLE_BUFFERED_ENTRIES or c != 2 * TMA_BOX):
     raise ValueError(f"double_buffered takes block_entries={DOUBLE_BUFFERED_ENTRIES} and a {2 * TMA_BOX}-wide "
                      f"latent; got block_entries={e}, a latent of width {c}")
@@ -183,11 +171,11 @@ def launch_smem_bytes(config: Config, latent_BSC, k_pe_BSR, latent_scale_BSG=Non
                     jnp.dtype(latent_BSC.dtype).itemsize, scales, buffer_sets(config))
 
 
-def profile_ranges(used_smem: int, groups: int = 3) -> int:
+def profile_ranges(used_smem: int) -> int:
   """Ranges a warpgroup's trace holds in the shared memory a launch of `used_smem` bytes leaves (Mosaic GPU's
-  profiler: 4 int32 entries a range, `groups` warpgroups, from an 8-byte boundary); the trace keeps its first ones
+  profiler: 4 int32 entries a range, 3 warpgroups, from an 8-byte boundary); the trace keeps its first ones
   (bounds-checked), so a profile sees the first steps. A ValueError where fewer than 8 fit."""
-  ranges = (SMEM_BYTES - (-(-used_smem // 8) * 8)) // (groups * 4 * 4)
+  ranges = (SMEM_BYTES - (-(-used_smem // 8) * 8)) // (3 * 4 * 4)
   if ranges < 8:
     raise ValueError(f"{used_smem:,} of {SMEM_BYTES:,} bytes of shared memory leave room for {ranges} profiled "
                      f"ranges a warpgroup (at least 8 wanted)")
@@ -229,7 +217,7 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
   if profile_dir is not None:
     if interpret:
       raise ValueError("profile_dir: Mosaic GPU's profiler runs compiled only, not in the interpreter")
-    ranges = profile_ranges(launch_smem_bytes(config, latent_BSC, k_pe_BSR, latent_scale_BSG), warpgroups(config))
+    ranges = profile_ranges(launch_smem_bytes(config, latent_BSC, k_pe_BSR, latent_scale_BSG))
     profile = dict(profile_space=ranges, profile_dir=profile_dir, profile_bounds_check=True)
   dtype, hb = q_lat_BTNC.dtype, BLOCK_HEADS
   padded = -(-n // hb) * hb
@@ -303,13 +291,12 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
       ],
       grid=(padded // hb, splits, b * t),  # head blocks fastest: a query's CTAs read its rows through L2 once
       grid_names=("h", "p", "q"),
-      num_threads=warpgroups(config),
+      num_threads=3,
       thread_name="wg",
       # no cross-warp reduction scratch: the row max / sum stay within a quad, and V3.2 widths need all but 3 KiB
       compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane, reduction_scratch_bytes=0,
                                            **profile),
-      # which form ran, readable from a compiled program
-      kernel_name=KERNEL_NAME + FORM_SUFFIXES[form_of(config)] + VALUES_APART_SUFFIX * (config.values_warpgroups == 2),
+      kernel_name=KERNEL_NAME + FORM_SUFFIXES[form_of(config)],  # which form ran, readable from a compiled program
       interpret=interpret_params(plgpu, interpret),
   )
   out, lse = kernel(q_lat, q_pe, latent_BSC.reshape(b, -1, pieces, width), k_pe_BSR, slots, *scale_inputs)

@@ -6,9 +6,7 @@ split of the selected slots, in three warpgroups, each a named phase here:
            ready; it copies ahead by the number of buffer sets.
   scores   (`_scores`) q~ · latentᵀ + q_pe · k_peᵀ, the masked online softmax, P and its rescale for the values
            warpgroup, then O[:, :C/2] += P · latent[:, :C/2]; at the end the log-sum-exp and its half of the output.
-  values   (`_values`) O[:, C/2:] = O · rescale + P · latent[:, C/2:]; at the end its half of the output. With
-           Config.values_warpgroups=2 a fourth warpgroup does the same for O[:, :C/2], which the scores warpgroup
-           then leaves alone.
+  values   (`_values`) O[:, C/2:] = O · rescale + P · latent[:, C/2:]; at the end its half of the output.
 
 `Plan` holds the launch's static facts, `Refs` the CTA's refs and grid indices (`sparse_mla_mgpu_plan.py`); the phases
 only read them. The
@@ -25,7 +23,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from jax_mtp.kernels.sparse_mla_mgpu_plan import Plan, Refs, register_action, registers, warpgroups
+from jax_mtp.kernels.sparse_mla_mgpu_plan import GATHER_REGISTERS, Plan, Refs
 
 _NEG_INIT = -1e30  # the running max starts finite: exp(−∞ − (−∞)) would be NaN
 _LOG2E = math.log2(math.e)
@@ -43,37 +41,11 @@ def body_for(plan: Plan):
     r = Refs(q_lat_gmem, q_pe_gmem, lat_gmem, pe_gmem, slots_gmem, scale_gmem, out_gmem, lse_gmem, q_lat_smem,
              q_pe_smem, lat_stage, pe_stage, lat_op, pe_op, p_smem, small_smem, scale_stage[0] if scale_stage else None,
              loaded, ids_loaded, gathered, op_ready, op_free, p_ready, done, written, hi, pi, qi, qi // plan.t)
-    if plan.config.values_warpgroups == 2:
-      _four_warpgroups(plan, r, wg)
-      return
     pl.when(wg == 2)(lambda: _gather(plan, r))
     pl.when(wg == 0)(lambda: _scores(plan, r))
-    pl.when(wg == 1)(lambda: _values(plan, r, plan.half))
+    pl.when(wg == 1)(lambda: _values(plan, r))
 
   return body
-
-
-def _four_warpgroups(plan: Plan, r: Refs, wg):
-  """Config.values_warpgroups=2's roles: scores 0, gather 2, values 1 (the second half) and 3 (the first), chosen two
-  tests deep. Four equality tests of `wg` in a row LLVM lowers to a jump table (`brx.idx`); behind one, ptxas compiled
-  the values warpgroups' [64, 256] wgmma at the launch's 128 registers a thread, not their `setmaxnreg`'s 160, and
-  refused it (154 needed; apart and apart2, 2026-12-05 18:17 and 18:31, an H100). The jump table is the one
-  difference from the three-warpgroup kernel's PTX, whose chain of compares compiles with its `setmaxnreg`s."""
-  @pl.when(wg % 2 == 0)
-  def _():
-    pl.when(wg == 0)(lambda: _scores(plan, r))
-    pl.when(wg == 2)(lambda: _gather(plan, r))
-
-  @pl.when(wg % 2 == 1)
-  def _():
-    pl.when(wg == 1)(lambda: _values(plan, r, plan.half))
-    pl.when(wg == 3)(lambda: _values(plan, r, 0))
-
-
-def _set_registers(plan: Plan, role: str):
-  """This warpgroup's registers a thread (`sparse_mla_mgpu_plan.registers`)."""
-  count = registers(plan.config.values_warpgroups)[role]
-  plan.plgpu.set_max_registers(count, action=register_action(count, warpgroups(plan.config)))
 
 
 def _ids_smem(plan: Plan, r: Refs):
@@ -99,38 +71,17 @@ def _accumulate(plan: Plan, acc, a, b_ref):
   return pl.run_state(lambda ref: plgpu.wgmma(ref, a, b_ref))(plgpu.ACC.init(acc))
 
 
-def _accumulate_pieces(plan: Plan, accs, a, b_refs):
-  """Each accs[i] + a · b_refs[i], the pieces' wgmmas issued back to back (one wait for all)."""
-  plgpu = plan.plgpu
-  if plan.interpret:
-    return tuple(_accumulate(plan, acc, a, b_ref) for acc, b_ref in zip(accs, b_refs, strict=True))
-  issue = lambda refs: [plgpu.wgmma(ref, a, b_ref) for ref, b_ref in zip(refs, b_refs, strict=True)]  # noqa: E731
-  return pl.run_state(issue)(tuple(plgpu.ACC.init(acc) for acc in accs))
-
-
-def pv_pieces(config) -> int:
-  """A values warpgroup's accumulator in this many [64, C/2 / pieces] parts, one wgmma each: two beside a fourth
-  warpgroup. ptxas compiles each instruction within the launch's registers a thread (128 at four warpgroups), not
-  its `setmaxnreg`'s: an m64n256 wgmma (128 accumulator registers, 154 with its operands) was refused there (apart,
-  apart2, apart3: 2026-12-05 18:17–18:45, an H100; CUTLASS issue 2904 meets the same); an m64n128 one needs half."""
-  return 2 if config.values_warpgroups == 2 else 1
-
-
-def _write(plan: Plan, r: Refs, accs, l, col):
-  """This warpgroup's half of the normalised partial output, from its accumulator's pieces (side by side from `col`)."""
-  plgpu, hb = plan.plgpu, plan.hb
+def _write(plan: Plan, r: Refs, acc, l, col):
+  """This warpgroup's half of the normalised partial output."""
+  plgpu, hb, half = plan.plgpu, plan.hb, plan.half
   norm = jnp.where(l > 0, l, 1.0)
-  at = col
-  for acc in accs:
-    out = (acc / lax.broadcast_in_dim(norm, acc.shape, [0])).astype(r.out_gmem.dtype)
-    if jnp.dtype(r.out_gmem.dtype).itemsize == 4:  # straight from registers: a quad's 4 × 8 B are whole sectors
-      r.out_gmem.at[r.qi, r.pi, pl.ds(r.hi * hb, hb), pl.ds(at, acc.shape[1])][...] = out
-    else:  # 16-bit: both halves into q~'s buffer (free once the last step's scores are done: the values half waits
-      # for them), then one TMA copy by the scores warpgroup, since a quad's 4 × 4 B would store half sectors
-      r.q_lat_smem[:, pl.ds(at, acc.shape[1])] = out
-    at += acc.shape[1]
-  if jnp.dtype(r.out_gmem.dtype).itemsize == 4:
+  out = (acc / lax.broadcast_in_dim(norm, acc.shape, [0])).astype(r.out_gmem.dtype)
+  if jnp.dtype(r.out_gmem.dtype).itemsize == 4:  # straight from registers: a quad's 4 × 8 B are whole sectors
+    r.out_gmem.at[r.qi, r.pi, pl.ds(r.hi * hb, hb), pl.ds(col, half)][...] = out
     return
+  # 16-bit: both halves into q~'s buffer (free once the last step's scores are done: the values half waits for
+  # them), then one TMA copy by the scores warpgroup, since a quad's 4 × 4 B would store half sectors
+  r.q_lat_smem[:, pl.ds(col, half)] = out
   plgpu.commit_smem()
   if col:
     plgpu.barrier_arrive(r.written)
@@ -222,7 +173,7 @@ def _relayout(plan: Plan, r: Refs, slot):
 def _gather(plan: Plan, r: Refs):
   """The gather warpgroup: copies `sets` steps ahead, re-lays each landed step into its operand set."""
   plgpu, sets, steps = plan.plgpu, plan.sets, plan.steps
-  _set_registers(plan, "gather")
+  plgpu.set_max_registers(GATHER_REGISTERS, action="decrease")
   _fetch_ids(plan, r, 0)
   pl.when(steps > 1)(lambda: _fetch_ids(plan, r, 1))
   for first in range(min(sets, steps)):  # the first `sets` steps' copies, each into its own staging set
@@ -316,8 +267,6 @@ def _scores_step(plan: Plan, r: Refs, step, carry):
   with jax.named_scope("qk"):
     s = _qk(plan, r, slot)
   m, l, alpha = _softmax_out(plan, r, step, s, ids if early else _load_ids(plan, r, step), m, l)
-  if acc is None:  # Config.values_warpgroups=2: both halves' P · V are the values warpgroups'
-    return None, m, l
   return _pv(plan, r, acc, alpha, slot), m, l
 
 
@@ -339,49 +288,41 @@ def _scores_loop(plan: Plan, r: Refs, init):
 def _scores(plan: Plan, r: Refs):
   """The scores warpgroup: q~ and q_pe in, the steps, the final sum for the values warpgroup, lse and its half out."""
   plgpu, hb = plan.plgpu, plan.hb
-  _set_registers(plan, "scores")
+  plgpu.set_max_registers(232, action="increase")
   heads = pl.ds(r.hi * hb, hb)
   plgpu.copy_gmem_to_smem(r.q_lat_gmem.at[r.qi, heads], r.q_lat_smem, r.loaded)
   plgpu.copy_gmem_to_smem(r.q_pe_gmem.at[r.qi, heads], r.q_pe_smem, r.loaded)
   plgpu.barrier_wait(r.loaded)
-  apart = plan.config.values_warpgroups == 2  # no half of O here: S and P only
-  init = (None if apart else plgpu.layout_cast(jnp.zeros((hb, plan.half), jnp.float32), plgpu.Layout.WGMMA),
+  init = (plgpu.layout_cast(jnp.zeros((hb, plan.half), jnp.float32), plgpu.Layout.WGMMA),
           plgpu.layout_cast(jnp.full((hb,), _NEG_INIT, jnp.float32), plan.wgmma_rows),
           plgpu.layout_cast(jnp.zeros((hb,), jnp.float32), plan.wgmma_rows))
   acc, m, l = _scores_loop(plan, r, init)
   _put_row(plan, r, plan.sets, l)
   plgpu.commit_smem()
   plgpu.barrier_arrive(r.done)
-  if not apart:
-    _write(plan, r, (acc,), l, 0)
+  _write(plan, r, acc, l, 0)
   seen = l > 0
   lse = jnp.where(seen, (m + jnp.log2(jnp.where(seen, l, 1.0))) / _LOG2E, -jnp.inf)
   r.lse_gmem.at[r.qi, r.pi, heads][...] = lse
 
 
-def _values(plan: Plan, r: Refs, col):
-  """A values warpgroup: O[:, col : col + C/2] rescaled and updated each step, then its half out (the second half;
-  the first too with Config.values_warpgroups=2)."""
+def _values(plan: Plan, r: Refs):
+  """The values warpgroup: O[:, C/2:] rescaled and updated each step, then its half out."""
   plgpu, half, sets, steps = plan.plgpu, plan.half, plan.sets, plan.steps
-  _set_registers(plan, "values")
+  plgpu.set_max_registers(160, action="decrease")
 
-  pieces = pv_pieces(plan.config)
-  width = half // pieces
-
-  def step_fn(step, accs):
+  def step_fn(step, acc):
     slot = step % sets
     with jax.named_scope("values wait"):
       plgpu.barrier_wait(plan.at(r.p_ready, slot))
     with jax.named_scope("values pv"):
       alpha = _get_row(plan, r, slot)
-      accs = tuple(acc * lax.broadcast_in_dim(alpha, acc.shape, [0]) for acc in accs)
-      values = plan.at(r.lat_op, slot)
-      accs = _accumulate_pieces(plan, accs, plan.at(r.p_smem, slot),
-                                [values.at[:, pl.ds(col + i * width, width)] for i in range(pieces)])
+      acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
+      acc = _accumulate(plan, acc, plan.at(r.p_smem, slot), _values_half(plan, r, slot, half))
       plgpu.barrier_arrive(plan.at(r.op_free, slot))
-    return accs
+    return acc
 
-  zeros = plgpu.layout_cast(jnp.zeros((plan.hb, width), jnp.float32), plgpu.Layout.WGMMA)
-  accs = lax.fori_loop(0, steps, step_fn, (zeros,) * pieces)
+  acc = lax.fori_loop(0, steps, step_fn, plgpu.layout_cast(jnp.zeros((plan.hb, half), jnp.float32),
+                                                           plgpu.Layout.WGMMA))
   plgpu.barrier_wait(r.done)
-  _write(plan, r, accs, _get_row(plan, r, plan.sets), col)
+  _write(plan, r, acc, _get_row(plan, r, plan.sets), half)

@@ -7,31 +7,8 @@ import dataclasses
 from typing import Any
 
 # The gather warpgroup's registers a thread: with the scores' 232 and the values' 160, 496 of the 504 the launch's
-# 3 × 128 threads share (with a fourth warpgroup, scores 88 and two values' 160: 512 of 512; `registers`)
+# 3 × 128 threads share.
 GATHER_REGISTERS = 104
-REGISTER_FILE = 65_536  # 32-bit registers a Hopper SM has; a launch's threads share them
-
-
-def warpgroups(config) -> int:
-  """The launch's warpgroups: scores, values (the second half), gather, and with `Config.values_warpgroups=2` a
-  fourth (values, the first half)."""
-  return 2 + config.values_warpgroups
-
-
-def registers(values_warpgroups: int) -> dict[str, int]:
-  """Registers a thread each warpgroup role asks for (`set_max_registers`): their sum over the launch's warpgroups is
-  at most what its threads share (REGISTER_FILE / 128 a warpgroup), else `setmaxnreg` would wait forever. A fourth
-  warpgroup (`Config.values_warpgroups=2`) leaves the scores warpgroup S [64, E] and P, not half of O."""
-  if values_warpgroups == 2:
-    return {"scores": 88, "values": 160, "gather": GATHER_REGISTERS}
-  return {"scores": 232, "values": 160, "gather": GATHER_REGISTERS}
-
-
-def register_action(count: int, warpgroups: int) -> str:
-  """`set_max_registers`'s action for `count`: "increase" above what ptxas gave each thread of the launch (the
-  register file over its threads, in steps of 8: 168 for 3 warpgroups, 128 for 4), else "decrease"."""
-  given = REGISTER_FILE // (128 * warpgroups) // 8 * 8
-  return "increase" if count > given else "decrease"
 
 
 @dataclasses.dataclass(frozen=True)

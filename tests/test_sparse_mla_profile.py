@@ -73,7 +73,7 @@ def test_the_profiles_ranges_are_as_many_as_the_shared_memory_holds(fp8, one_set
   config = mgpu.Config(double_buffered=False) if one_set else mgpu.Config()
   assert "shared memory" not in _lower_profiled(fp8, config)  # past the check: profile_ranges' trace fits
   ranges = mgpu.profile_ranges
-  monkeypatch.setattr(mgpu, "profile_ranges", lambda used, groups: ranges(used, groups) + 1)
+  monkeypatch.setattr(mgpu, "profile_ranges", lambda used: ranges(used) + 1)
   assert "exceeds available shared memory" in _lower_profiled(fp8, config)  # and one range more would not
 
 

@@ -17,14 +17,6 @@ def test_sparse_mla_splits_brackets_auto():
   assert sparse_mla_splits.candidate_splits(one) == [4, 8, 16]  # never past MAX_SPLITS
 
 
-def test_sparse_mla_candidates_are_auto_with_the_forms_that_are_off():
-  """benchmarks.sparse_mla --candidates: auto with two values warpgroups at every query count (two sets and one)."""
-  config = lambda queries, **options: sparse_mla_mgpu.config_for(queries, 128, 2048, 512,  # noqa: E731
-                                                                 sparse_mla_mgpu.Config(**options))
-  assert sparse_mla.candidate_configs(64 * 4) == [config(256, values_warpgroups=2)]
-  assert sparse_mla.candidate_configs(1) == [config(1, values_warpgroups=2)]  # auto's one set
-
-
 def test_index_scores_splits_keep_the_kernels_rules():
   auto = index_scores_mgpu.config_for(1, 1, 131072)
   steps = 131072 // auto.block_slots
