@@ -85,7 +85,8 @@
 #            dumped: refused the same way (the roles dispatched through a jump table)
 #   apart3   (18:45) the same with the four roles chosen two tests deep: refused the same way; the router's GPU tests
 #   apart4   (19:0x: the machine stopped answering) the same with each values warpgroup's half in two m64n128 wgmmas
-#   apart5   apart4 bounded: the dump, twelve compiled tests, the bf16 rows at B = 64, T = 4
+#   apart5   (19:00) apart4 bounded: compiled, 12 tests passed, no faster. apart–apart5 and vrelay2 now exit 2: the
+#            forms they ran were removed on 2026-12-05
 #   tokens4  (not run yet) test_speculative's cases tokens3 did not reach
 #   tokens5  (not run yet) the kernels' token tests tokens3 did not reach, each bounded
 #   router   (15:44 2026-12-05) the router's logits, fp32 dot vs three bf16 dots, by token count
@@ -339,12 +340,10 @@ case "${1:?stage}" in
     run 480 sparse_mla_vrelay.md python3 -m benchmarks.sparse_mla --batch 64 8 --tokens 4 1 --capacity 4096 --iters 10 \
       --fp8
     ;;
-  vrelay2)  # (not run: vrelay found the form no faster; its flag removed 2026-12-05) where Config.values_relayout's step
-            # goes: the ablation of that form, bf16 and fp8 caches
-    for cache in "" "--fp8"; do
-      run 200 "ablate_vrelay${cache//-/_}.md" python3 -m benchmarks.sparse_mla_ablate --batch 64 --tokens 4 \
-        --values-relayout $cache --rows "" copies relayout softmax qk copies,relayout,softmax
-    done
+  vrelay2)  # (never run: vrelay found Config.values_relayout no faster) the ablation of that form; the form and
+            # sparse_mla_ablate's --values-relayout were removed on 2026-12-05
+    echo "stage $1: removed with Config.values_relayout (2026-12-05); see RESULTS.md" >&2
+    exit 2
     ;;
   splits)  # (2026-12-04 evening) the sparse MLA's splits swept around config_for's (vrelay: half of auto's was faster
            # at every shape with more than one), fp8 rows with ids_before_dots too; then MLA's projections laid out
@@ -441,59 +440,12 @@ case "${1:?stage}" in
            # exact split, T = 1 to 4,096 (moe.ROUTER_SPLIT_MIN_TOKENS is set from it)
     run 150 router.md python3 -m benchmarks.router --tokens 1 8 16 32 64 128 256 1024 4096
     ;;
-  apart)  # (Config.values_warpgroups and --candidates removed 2026-12-05 ~19:20: apart–apart5 are a record, no longer
-          # run) (18:17 2026-12-05, an H100: every compiled case failed in ptxas, "Insufficient registers (128) ... target
-          # of 154": the values warpgroups' wgmma at the launch's 128) Config.values_warpgroups=2 (a fourth warpgroup for P · V's first half: the scores warpgroup
-          # computes S and P only): its compiled tests first (never compiled on a GPU: setmaxnreg at 4 warpgroups,
-          # 88 registers for the scores), then timed beside auto at B = 64 and 8, T = 4 and 1, bf16 and fp8 caches
-    run 240 gpu_tests_apart.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 120 \
-      tests/test_sparse_mla_mgpu_values_apart.py
-    run 300 sparse_mla_apart.md python3 -m benchmarks.sparse_mla --batch 64 8 --tokens 4 1 --capacity 4096 --iters 10 \
-      --fp8 --candidates
-    ;;
-  apart5)  # (19:00: compiled, 12 tests passed, no faster; removed with values_warpgroups, see apart) (apart4 19:0x: the machine stopped answering, no output) the same, bounded for the last 395 device-seconds:
-           # the two kernels dumped and run once (90 s), twelve compiled tests, the bf16 rows at B = 64, T = 4
-    MOSAIC_GPU_DUMP_PTX=1 MOSAIC_GPU_DUMP_PTXAS=1 timeout 90 python3 - > "$OUT/ptx_dump.txt" 2>&1 <<'PY'
-from tests.test_sparse_mla_mgpu_values_apart import Config, _attend, _problem
-args, _ = _problem(3, 32, False, seed=33)
-for config in (Config(double_buffered=True), Config(double_buffered=True, values_warpgroups=2)):
-  try:
-    _attend(args, config).block_until_ready()
-    print("COMPILED AND RAN", config, flush=True)
-  except Exception as e:  # the dump holds ptxas's message
-    print("FAILED", config, str(e)[:400], flush=True)
-PY
-    grep -n -E "ptxas|Used [0-9]+ registers|spill|C75|C76|COMPILED|FAILED" "$OUT/ptx_dump.txt" | cut -c1-300 | head -40
-    grep -q "COMPILED AND RAN.*values_warpgroups=2" "$OUT/ptx_dump.txt" || exit 0
-    run 80 gpu_tests_apart.txt python3 -m pytest -v -rfE --tb=line -p no:cacheprovider --timeout 30 \
-      tests/test_sparse_mla_mgpu_values_apart.py -k "equal_the_formula or 16_bit"
-    run 80 sparse_mla_apart.md python3 -m benchmarks.sparse_mla --batch 64 --tokens 4 --capacity 4096 --iters 10 \
-      --candidates
-    ;;
-  apart2|apart3|apart4)  # (removed with values_warpgroups, see apart) after apart: one setmaxnreg ahead of both values warpgroups' code (apart2, 18:31: refused the
-           # same way; its PTX dispatched the four roles through a jump table, brx.idx); apart3 (18:45): the roles two
-           # tests deep, refused the same way with no jump table: ptxas holds each instruction to the launch's 128
-           # registers; apart4: each values warpgroup's half in two m64n128 wgmmas. First the PTX and ptxas's report of one
-           # four-warpgroup case and its three-warpgroup twin (Mosaic's dumps to stdout: whether ptxas honours each
-           # setmaxnreg, its registers a kernel), then the compiled tests, then timed beside auto
-    MOSAIC_GPU_DUMP_PTX=1 MOSAIC_GPU_DUMP_PTXAS=1 timeout 150 python3 - > "$OUT/ptx_dump.txt" 2>&1 <<'PY'
-from tests.test_sparse_mla_mgpu_values_apart import Config, _attend, _problem
-args, _ = _problem(3, 32, False, seed=33)
-for config in (Config(double_buffered=True), Config(double_buffered=True, values_warpgroups=2)):
-  try:
-    _attend(args, config).block_until_ready()
-    print("COMPILED AND RAN", config)
-  except Exception as e:  # the dump holds ptxas's message
-    print("FAILED", config, str(e)[:400])
-PY
-    grep -n -E "ptxas|Used [0-9]+ registers|C75|C76|COMPILED|FAILED|brx.idx|setmaxnreg" "$OUT/ptx_dump.txt" | cut -c1-300 \
-      | head -60
-    run 200 gpu_tests_apart.txt python3 -m pytest -v -rfE --tb=line -p no:cacheprovider --timeout 100 \
-      tests/test_sparse_mla_mgpu_values_apart.py
-    run 260 sparse_mla_apart.md python3 -m benchmarks.sparse_mla --batch 64 8 --tokens 4 1 --capacity 4096 --iters 10 \
-      --fp8 --candidates
-    [ "$1" = apart3 ] && run 90 gpu_tests_router.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider \
-      --timeout 60 tests/test_router.py  # the router's split logits on a GPU (tested on a CPU only so far)
+  apart|apart2|apart3|apart4|apart5)  # (2026-12-05 18:17–19:00, an H100) Config.values_warpgroups=2, a fourth
+    # warpgroup for P · V: refused by ptxas until each values half ran as two m64n128 wgmmas (apart5: compiled, its 12
+    # tests passed, no faster), then removed with its tests and `benchmarks.sparse_mla --candidates`; what each stage
+    # found is in RESULTS.md's 2026-12-05 18:17–19:03 section and h200_runs/apart*_*/
+    echo "stage $1: removed with Config.values_warpgroups (2026-12-05); see RESULTS.md" >&2
+    exit 2
     ;;
   tokens4)  # (not run yet) what tokens3 (15:35 2026-12-05, an H100: 31 passed, 9 skipped, none failed) did not reach:
             # test_speculative's past-index_topk cases from GLM-5 bf16 k = 3 on, and its last five tests
