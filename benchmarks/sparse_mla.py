@@ -122,7 +122,7 @@ def _time_against(fn, args, base, iters):
 
 def _time_mosaic(problem, base, config, iters, backend, latent_scale_BSG=None):
   """The Mosaic GPU kernel on `problem` (with `latent_scale_BSG`: problem's latent is an fp8 cache's codes): (seconds,
-  error), or the compiler's message where it refused the config (a candidate's row says so; the rows after it run)."""
+  error), or the compiler's message where it refused the config (its row says so; the rows after it run)."""
   fn = jax.jit(lambda ql, qp, lat, kp, sl, sc: mgpu.sparse_mla_mgpu(ql, qp, lat, kp, sl, SCALE, latent_scale_BSG=sc,
                                                                     config=config, out_dtype=jnp.bfloat16,
                                                                     interpret=backend == "interpret"))

@@ -108,16 +108,16 @@ def split_logits(x_TD, weight_ED):
   return (hi + mid) + lo
 
 
-def split_logits_fwd(x_TD, weight_ED):
+def _split_logits_fwd(x_TD, weight_ED):
   return split_logits(x_TD, weight_ED), (x_TD, weight_ED)
 
 
-def split_logits_bwd(saved, g_TE):
+def _split_logits_bwd(saved, g_TE):
   # the fp32 dot's gradients: through the bit-mask split the weight's would reach only its last part, in bf16
   return jax.vjp(fp32_logits, *saved)[1](g_TE)
 
 
-split_logits.defvjp(split_logits_fwd, split_logits_bwd)
+split_logits.defvjp(_split_logits_fwd, _split_logits_bwd)
 
 
 def split_bf16x3(w: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
