@@ -90,6 +90,9 @@
 #   tokens4  (not run yet) test_speculative's cases tokens3 did not reach
 #   tokens5  (not run yet) the kernels' token tests tokens3 did not reach, each bounded
 #   router   (15:44 2026-12-05) the router's logits, fp32 dot vs three bf16 dots, by token count
+#   heads    (not run yet) the sparse-MLA kernel's heads-major q~ / output (mla.KERNEL_HEADS_MAJOR): its compiled
+#            tests; MLA's projections in both layouts at 256 and 1,024 tokens; the verification forward at B = 64 in
+#            both layouts (3 runs each: issue 27's 0.80, missed by 0.34 ms on 2026-12-04)
 #   fp8      benchmarks.e2e with FP8 weights kept as codes: 1K and 32K prompts at B = 1, 1K at B = 64
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
@@ -510,6 +513,16 @@ case "${1:?stage}" in
             # 2026-12-04 (take it before fp8e2e, which fills its own call)
     run 300 gpu_tests_fp8.txt python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_fp8_weights.py \
       tests/test_auto_gpu_paths.py -k "fp8 or dense or layout or prefill"
+    ;;
+  heads)  # (not run yet) the sparse-MLA kernel's q~ in and output out as [N, B, T, C] (mla.KERNEL_HEADS_MAJOR, off):
+          # whether the transposes XLA puts around the W_UK / W_UV dots in [B, T, N, C] are what holds W_UV's product at
+          # ~62 µs a layer (roofline ~14) at B = 64; if the heads-major rows are faster, it becomes the default
+    run 120 gpu_tests_heads.txt python3 -m pytest -v --tb=short -p no:cacheprovider \
+      tests/test_sparse_mla_mgpu_heads_major.py
+    run 100 mla_projections_heads.md python3 -m benchmarks.mla_projections --tokens 256 1024 --iters 50
+    layers=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | awk '{print ($1 > 120000) ? 4 : 3}')
+    run 330 verify_heads.md python3 -m benchmarks.verify_forward --layers "$layers" -k 3 --forms absorbed --batch 64 \
+      --capacity 4096 --kernel-layouts token heads --iters 5 --repeats 3
     ;;
   *) echo "unknown stage $1"; exit 2 ;;
 esac

@@ -52,6 +52,14 @@ def test_mla_projection_forms_agree():
     for got, want in zip(form, model, strict=True):
       assert_close(got, want, "float32", "q form")
   assert_close(mla_projections.v_prelaid(o, w_uv_NCH), mla_projections.v_model(o, w_kvb), "float32", "W_UV form")
+  # the kernel's two layouts: the same q~ (transposed) and the same W_UV product
+  (token_q, token_pe), (heads_q, heads_pe) = (mla_projections.q_for_kernel(x, w_qb, w_kvb),
+                                              mla_projections.q_heads_major_for_kernel(x, w_qb, w_kvb))
+  assert heads_q.shape == (n, 3, c)
+  assert_close(heads_q.transpose(1, 0, 2), token_q, "float32", "heads-major q~")
+  assert_close(heads_pe, token_pe, "float32", "q_pe beside heads-major q~")
+  assert_close(mla_projections.v_heads_major(o.transpose(1, 0, 2), w_kvb), mla_projections.v_model(o, w_kvb),
+               "float32", "W_UV over the heads-major output")
 
 
 def test_a_refused_sparse_mla_config_is_a_row_of_the_same_cells():
