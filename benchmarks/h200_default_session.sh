@@ -70,14 +70,18 @@ case "${1:?stage}" in
   agree)
     timeout 200 python3 -m benchmarks.fp8_agreement --batch 8 2>&1 | grep --line-buffered -v -E "$QUIET" | tee "$OUT/fp8_agreement.md"
     ;;
-  mla)
+  mla)  # retired: it ran the Triton sparse-MLA kernel's tests (removed 2026-12-04) and sparse_mla --sweep (gone)
+    echo "stage $1: it ran tests/test_sparse_mla_kernel.py and benchmarks.sparse_mla --sweep, both removed; see benchmarks/README.md" >&2
+    exit 2
     timeout 200 python3 -m pytest -q -p no:cacheprovider --tb=short tests/test_sparse_mla_kernel.py 2>&1 \
       | grep --line-buffered -v -E "$QUIET" > "$OUT/sparse_mla_tests.txt"
     tail -60 "$OUT/sparse_mla_tests.txt"
     timeout 380 python3 -W ignore::DeprecationWarning -m benchmarks.sparse_mla --batch 1 8 64 --tokens 1 4 --sweep \
       2>&1 | grep --line-buffered -v -E "$QUIET" | tee "$OUT/sparse_mla.md"
     ;;
-  mla2)
+  mla2)  # retired: its first command ran the removed Triton sparse-MLA kernel's tests
+    echo "stage $1: it ran tests/test_sparse_mla_kernel.py, removed with the Triton kernel (2026-12-04); see benchmarks/README.md" >&2
+    exit 2
     timeout 240 python3 -m pytest -q -p no:cacheprovider --tb=short tests/test_sparse_mla_kernel.py 2>&1 | grep --line-buffered -v -E "$QUIET" > "$OUT/gpu_tests.txt"
     tail -12 "$OUT/gpu_tests.txt"
     timeout 300 python3 -m benchmarks.fp8_mgpu --assignments 8 --rows 64 8 2>&1 \

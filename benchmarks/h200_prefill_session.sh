@@ -228,6 +228,8 @@ case "${1:?stage}" in
   impls)  # (2026-12-04) the user's path at B = 1 and 8 (4K prompts) with each sparse-MLA kernel forced: whether the
           # Mosaic kernel can take the calls below 64 queries (small: noisy, Triton faster only at B = 1, T = 1), so
           # that the Triton one can go (issue 28); then the draft step at B = 64, 4K vs 128K caches (issue 28: <= 1.10x)
+    echo "stage $1: it forced --sparse-attention-impl pallas_gpu, the Triton kernel removed on 2026-12-04; see benchmarks/README.md" >&2
+    exit 2
     for impl in pallas_gpu mosaic_gpu; do
       run 200 "e2e_small_$impl.md" python3 -m benchmarks.e2e --prompt 4096 --batch 1 8 --iters 5 \
         --cli=--sparse-attention-impl "--cli=$impl"
