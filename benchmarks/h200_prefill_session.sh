@@ -521,7 +521,8 @@ case "${1:?stage}" in
           # ~62 µs a layer (roofline ~14) at B = 64; if the heads-major rows are faster, it becomes the default
     run 120 gpu_tests_heads.txt python3 -m pytest -v --tb=short -p no:cacheprovider \
       tests/test_sparse_mla_mgpu_heads_major.py
-    run 100 mla_projections_heads.md python3 -m benchmarks.mla_projections --tokens 256 1024 --iters 50
+    run 100 mla_projections_heads.md python3 -m benchmarks.mla_projections --tokens 256 1024 --iters 50 \
+      --hlo-dir "$OUT/mla_hlo"
     layers=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | awk '{print ($1 > 120000) ? 4 : 3}')
     run 330 verify_heads.md python3 -m benchmarks.verify_forward --layers "$layers" -k 3 --forms absorbed --batch 64 \
       --capacity 4096 --kernel-layouts token heads --iters 5 --repeats 3

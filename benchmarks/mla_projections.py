@@ -11,12 +11,16 @@ leaves its output, in its token-major layout ([M, N, C], the default) or its hea
 Why: the verification forward's profile at B = 64 (RESULTS 2026-12-04 12:35) showed q_b_proj at 80 µs a call (its
 roofline ~24 µs), kv_b_proj's slice at 16 µs a call and the query absorption at 26 µs (roofline ~5 µs). Each row is
 µs a call inside one compiled loop, beside its roofline (bytes / copy bandwidth vs FLOPs / bf16 peak, both measured
-in this run); every variant's outputs are checked equal to the model form's.
+in this run); every variant's outputs are checked equal to the model form's. "copies" counts the copy and transpose
+instructions in the row's compiled program (`layout_copies`): where XLA moved data around the dots rather than
+multiplying; `--hlo-dir` writes each row's compiled HLO there.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -79,15 +83,24 @@ def v_prelaid(o_MNC, w_uv_NCH):
   return jnp.einsum("mnc,nch->mnh", o_MNC, w_uv_NCH, preferred_element_type=jnp.float32).astype(o_MNC.dtype)
 
 
+_COPY = re.compile(r" = [^ ]+ (?:copy|transpose)\(")
+
+
+def layout_copies(hlo: str) -> int:
+  """Copy and transpose instructions in a compiled program's HLO text (fused ones included)."""
+  return len(_COPY.findall(hlo))
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--tokens", type=int, nargs="+", default=[256, 1024])
   parser.add_argument("--iters", type=int, default=50)
+  parser.add_argument("--hlo-dir", help="write each row's compiled HLO text here")
   parser.add_argument("--dtype", default="bfloat16", help="the weights' and activations' (float32: a CPU smoke run)")
   args = parser.parse_args(argv)
   bandwidth, flops = measured_ceilings("MLA projections")
-  print("| tokens | part | form | µs | roofline µs | roofline / time | max abs diff vs model |")
-  print("|---:|---|---|---:|---:|---:|---:|")
+  print("| tokens | part | form | µs | roofline µs | roofline / time | copies | max abs diff vs model |")
+  print("|---:|---|---|---:|---:|---:|---:|---:|")
   keys = iter(jax.random.split(jax.random.key(0), 8))
   normal = lambda shape: (jax.random.normal(next(keys), shape) * 0.02).astype(args.dtype)  # noqa: E731
   w_qb, w_kvb = normal((Q, N * (P + R))), normal((C, N * (P + H)))
@@ -123,8 +136,14 @@ def main(argv=None) -> int:
                  for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(reference[part]), strict=True))
       seconds = time_in_loop(jitted, fn_args, args.iters, whole_output=True)
       roof = max(nbytes / bandwidth, work / flops)
+      hlo = jitted.lower(*fn_args).compile().as_text()
+      if args.hlo_dir:
+        os.makedirs(args.hlo_dir, exist_ok=True)
+        name = re.sub(r"\W+", "_", f"{m} {part} {form}").strip("_")
+        with open(os.path.join(args.hlo_dir, name + ".txt"), "w") as f:
+          f.write(hlo)
       print(f"| {m} | {part} | {form} | {seconds * 1e6:,.1f} | {roof * 1e6:,.1f} | {roof / seconds:.2f} | "
-            f"{diff:.1e} |", flush=True)
+            f"{layout_copies(hlo)} | {diff:.1e} |", flush=True)
   return 0
 
 

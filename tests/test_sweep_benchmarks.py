@@ -68,3 +68,18 @@ def test_a_refused_sparse_mla_config_is_a_row_of_the_same_cells():
   timed, failed = sparse_mla._cells((505.5e-6, 3.9e-3), 183.4), sparse_mla._cells("ptxas fatal: (C7602) ...", 183.4)
   assert timed.split("|")[0].strip() == "505.5" and failed.startswith("failed: ptxas fatal")
   assert failed.count("|") == timed.count("|")
+
+
+def test_the_heads_major_output_spares_w_uvs_product_a_transpose():
+  """mla_projections' "copies" column, read from compiled programs (this host's XLA): W_UV's product over a
+  token-major [M, N, C] latent transposes it to put the heads first, over the kernel's heads-major [N, M, C] it does
+  not (the weight's slice is transposed in both)."""
+  spec = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)  # noqa: E731
+  n, c, h, p = mla_projections.N, mla_projections.C, mla_projections.H, mla_projections.P
+  w_kvb = spec(c, n * (p + h))
+  copies = {name: mla_projections.layout_copies(jax.jit(fn).lower(o, w_kvb).compile().as_text())
+            for name, fn, o in [("token-major", mla_projections.v_model, spec(8, n, c)),
+                                ("heads-major", mla_projections.v_heads_major, spec(n, 8, c))]}
+  assert copies["heads-major"] < copies["token-major"], copies
+  assert mla_projections.layout_copies("  %t = f32[2,3]{0,1} transpose(%p), dimensions={1,0}\n"
+                                       "  ROOT %c = f32[2,3]{1,0} copy(%t)\n  %d = f32[2,2]{1,0} dot(%a, %b)") == 2
