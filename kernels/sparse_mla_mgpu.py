@@ -10,7 +10,7 @@ with three warpgroups:
   gather   TMA-copies each selected row (latent [1, C], k_pe [1, R]: one copy a row, the slot ids read from
            shared memory) into an untiled staging buffer, then re-lays the step's rows through registers into
            the tiled, swizzled operands wgmma reads. Hopper has no TMA gather, and a one-row copy into a tiled
-           buffer is refused (docs/kernels.md, "Writing Mosaic GPU kernels here"): the staging is the price.
+           buffer is refused (docs/mosaic_gpu_notes.md, "Writing Mosaic GPU kernels here"): the staging is the price.
   scores   S = q~ · latentᵀ + q_pe · k_peᵀ (wgmma, fp32 [64, E]), the masked online softmax, P (bf16) and the
            step's rescale to shared memory for the other half, then O[:, :C/2] += P · latent[:, :C/2].
   values   O[:, C/2:] = O · rescale + P · latent[:, C/2:], P read from shared memory.
@@ -81,7 +81,7 @@ class Config:
   issue_warps: int = 4
   # Two sets of staging and operand buffers (32 entries a step, all operands at a 64-byte swizzle so that a K = 32
   # product and its 32-row re-layout lower): the gather copies step s + 2 and re-lays step s + 1 while the other two
-  # warpgroups multiply step s, where one set chains the re-layout and the dots (docs/kernels.md, "The Mosaic sparse
+  # warpgroups multiply step s, where one set chains the re-layout and the dots (docs/mosaic_gpu_notes.md, "The Mosaic sparse
   # MLA's remaining gap"). A 512-wide latent only (a 16-bit or an fp8 cache, whose codes are dequantised a scale
   # group at a time in the re-layout). None: `config_for` takes it at a 512-wide latent from 2 queries a call. On
   # the H200 (2026-12-04 12:27 and 12:57, benchmarks/RESULTS.md) it was the fastest form at B = 64, T = 4 (505 µs

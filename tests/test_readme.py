@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PAGES = ["README.md", "docs/status.md", "docs/testing.md", "docs/kernels.md", "benchmarks/README.md"]
+PAGES = ["README.md", "docs/status.md", "docs/testing.md", "docs/kernels.md", "docs/mosaic_gpu_notes.md",
+         "benchmarks/README.md"]
 DEMO = ".venv/bin/python -m jax_mtp.decode"
 TEST_COMMAND = "tools/test.sh"
 # Flags in the README that belong to other programs than the two CLIs (gcloud's, SLURM's srun).
