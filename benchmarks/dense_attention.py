@@ -18,7 +18,7 @@ import argparse
 import jax
 import jax.numpy as jnp
 
-from benchmarks.hlo_dots import describe, dot_operand_types
+from jax_mtp.ran_kernels import describe, dot_operand_types
 from benchmarks.timing import measured_ceilings, time_in_loop
 from jax_mtp.kernels.sparse_mla_mgpu import KERNEL_NAME
 from jax_mtp.mla import attend_selected_by_kernel, dense_latent_attention, every_visible_slot

@@ -46,18 +46,14 @@ import numpy as np
 
 import jax_mtp
 from benchmarks import step_profile
-from benchmarks.hlo_dots import describe, dot_operand_types
 from benchmarks.timing import bf16_peak, copy_bandwidth
 from jax_mtp import decode, decode_flags, fp8, generation_defaults
 from jax_mtp.acceptance import Sampling
 from jax_mtp.sharding import SHARED_WITH_TARGET
 from jax_mtp.generate import TargetDecoder
-from jax_mtp.kernels.fp8_grouped_matmul_mgpu import KERNEL_NAME as FP8_MGPU_KERNEL
-from jax_mtp.kernels.index_scores_mgpu import FLOAT8_DOT_SUFFIX, KERNEL_NAME as INDEX_SCORES_MGPU_KERNEL
-from jax_mtp.kernels.sparse_mla_mgpu import FORM_SUFFIXES as SPARSE_MLA_FORMS
-from jax_mtp.kernels.sparse_mla_mgpu import KERNEL_NAME as SPARSE_MLA_MGPU_KERNEL
 from jax_mtp.model import init_target_params
 from jax_mtp.prefill import prefill_plan
+from jax_mtp.ran_kernels import parts_ran
 from jax_mtp.request import check_caches_fit, pack_prompts, required_capacity, stop_id_array
 from jax_mtp.sharding import tensor_parallel
 
@@ -128,27 +124,6 @@ def round_floor_bytes(cfg, target: dict, drafter: dict, batch: int, k: int, cont
     queries = cfg.num_hidden_layers * batch * w + batch * w + k * batch  # each reads index_topk entries
     total += calls * batch * context * key_bytes + queries * cfg.index_topk * entry_bytes
   return total
-
-
-def impls_in(hlo: str) -> dict[str, str]:
-  """What ran for each DSA / experts part, by the kernels' names in a compiled program's HLO text (one instruction
-  a line: our Mosaic GPU kernels' lines are set aside before looking for tokamax's Mosaic GPU kernel), the sparse
-  MLA's with its form (`sparse_mla_mgpu.FORM_SUFFIXES`). The dense absorbed attention (dense caches:
-  `mla.dense_latent_attention`) by its products' operand types: 16-bit dots, or fp32 ones (a GPU's CUDA cores)."""
-  ours = (INDEX_SCORES_MGPU_KERNEL, FP8_MGPU_KERNEL, SPARSE_MLA_MGPU_KERNEL)
-  others = "\n".join(line for line in hlo.splitlines() if not any(name in line for name in ours))
-  experts = ("FP8 grouped matmul (Pallas Mosaic GPU)" if FP8_MGPU_KERNEL in hlo else
-             "tokamax (Mosaic GPU)" if "mosaic" in others.lower()
-             else "lax.ragged_dot" if "ragged-dot" in hlo or "ragged_dot" in hlo else "gather (XLA)")
-  forms = [form for form, suffix in SPARSE_MLA_FORMS.items()
-           if SPARSE_MLA_MGPU_KERNEL + suffix in hlo]  # a round holds two: one query a draft step, B · 4 verifying
-  sparse = f"Pallas Mosaic GPU kernel ({' + '.join(forms)})" if SPARSE_MLA_MGPU_KERNEL in hlo else "XLA"
-  scores = ("Pallas Mosaic GPU kernel (float8 × float8)" if INDEX_SCORES_MGPU_KERNEL + FLOAT8_DOT_SUFFIX in hlo
-            else "Pallas Mosaic GPU kernel" if INDEX_SCORES_MGPU_KERNEL in hlo else "XLA")
-  dense = dot_operand_types(hlo, "dense_attention")
-  dense_form = ("—" if not dense else "XLA, 16-bit dots" if set(dense) <= {"bf16", "f16"} else
-                "XLA, fp32 dots" if "f32" in dense else f"XLA, {describe(dense)}")
-  return {"index scores": scores, "sparse attention": sparse, "dense attention": dense_form, "experts": experts}
 
 
 def _median_seconds(fn, repeats: int) -> float:
@@ -234,7 +209,7 @@ def run_row(args, cfg, spec, params, prompt_len: int, batch: int, rng, peak: flo
     prefills[chunk] = {"chunk": used, "seconds": seconds, "compile_s": compile_s,
                        "tokens_per_s": batch * prompt_len / seconds,
                        "mfu": batch * prefill_flops(cfg, prompt_len) / seconds / peak,
-                       "impls": impls_in(prefill.as_text())}
+                       "impls": parts_ran(prefill.as_text())}
     if args.profile:
       prefills[chunk]["profile"] = profile_prefill(lowered, prefill_args, seconds,
                                                    f"prefill, prompt {prompt_len}, B = {batch}, chunk {used}")
@@ -243,7 +218,7 @@ def run_row(args, cfg, spec, params, prompt_len: int, batch: int, rng, peak: flo
   state = prefill(*prefill_args)
   round_args = (*params, state, max_new, sampling, stop_N)
   one_round = spec.program("round", capacity, sampled, round_args).lower(*round_args).compile()
-  row["round_impls"] = impls_in(one_round.as_text())
+  row["round_impls"] = parts_ran(one_round.as_text())
   state, _ = one_round(*params, state, max_new, sampling, stop_N)
   runs = []
   for _ in range(args.repeats):

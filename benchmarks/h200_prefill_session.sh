@@ -326,7 +326,7 @@ case "${1:?stage}" in
     run 200 ablate_bf16.md python3 -m benchmarks.sparse_mla_ablate --batch 64 --tokens 4
     run 200 ablate_fp8.md python3 -m benchmarks.sparse_mla_ablate --batch 64 --tokens 4 --fp8
     run 200 gpu_tests_model_path.txt python3 -m pytest -q --tb=short -p no:cacheprovider \
-      tests/test_user_path_kernels.py tests/test_e2e_impls.py tests/test_sparse_mla_mgpu.py -k "gpu or lowered_step or \
+      tests/test_user_path_kernels.py tests/test_ran_kernels.py tests/test_sparse_mla_mgpu.py -k "gpu or lowered_step or \
       resolution or index_sharing or user_path or impls"
     ;;
   verify64x3)  # the verification forward at B = 64 (4K) three times, for a median and its spread; the ablation's GPU
@@ -369,7 +369,7 @@ case "${1:?stage}" in
     run 150 verify_b64.md python3 -m benchmarks.verify_forward --layers 4 -k 3 --forms absorbed --batch 64 \
       --capacity 4096 --iters 5 --repeats 3
     run 170 gpu_tests_path.txt python3 -m pytest -v --tb=short -p no:cacheprovider tests/test_auto_gpu_paths.py \
-      tests/test_user_path_kernels.py tests/test_e2e_impls.py -k "gpu or lowered_step or resolution or user_path"
+      tests/test_user_path_kernels.py tests/test_ran_kernels.py -k "gpu or lowered_step or resolution or user_path"
     ;;
   fp8q)  # (not run yet) the index scores with float8 q beside float8 keys (a float8 × float8 wgmma, the fp8 index
          # cache's path since 2026-12-04 21:50): timed beside bf16 keys and widened fp8 keys at T = 4 with the FLOPs
@@ -379,7 +379,7 @@ case "${1:?stage}" in
     run 100 gpu_tests_fp8q.txt python3 -m pytest -q --tb=short -p no:cacheprovider tests/test_index_scores_mgpu.py \
       tests/test_auto_gpu_paths.py -k "float8_queries or lowered_step or refuses or float8_dot"
     run 170 gpu_tests_path.txt python3 -m pytest -v --tb=short -p no:cacheprovider tests/test_auto_gpu_paths.py \
-      tests/test_user_path_kernels.py tests/test_e2e_impls.py -k "gpu or lowered_step or resolution or user_path"
+      tests/test_user_path_kernels.py tests/test_ran_kernels.py -k "gpu or lowered_step or resolution or user_path"
     ;;
   fp8q2)  # (2026-12-05) after fp8q (8 float8-q tests failed, their output cut by the bound): those tests with the
           # float8 wgmma's tolerance and FLOAT8_SCORES_DOT on; the three key forms at T = 1; then fp8round's profile
@@ -483,7 +483,7 @@ case "${1:?stage}" in
   path4)  # the user's path after keys_in_registers became the default for bf16 keys (2026-12-04 21:30) and
           # overlap_queries (18:56): the model path's GPU tests under auto first (splits3's ran out at 13 of 18), then e2e
     run 230 gpu_tests_path.txt python3 -m pytest -v --tb=short -p no:cacheprovider tests/test_auto_gpu_paths.py \
-      tests/test_user_path_kernels.py tests/test_e2e_impls.py -k "gpu or lowered_step or resolution or user_path"
+      tests/test_user_path_kernels.py tests/test_ran_kernels.py -k "gpu or lowered_step or resolution or user_path"
     run 175 e2e_small.md python3 -m benchmarks.e2e --prompt 4096 --batch 8 1 --iters 5
     ;;
   overlap)  # (18:56 2026-12-04) Config.overlap_queries of the index scores (query n + 1's dot during query n's epilogue): its compiled

@@ -138,7 +138,8 @@ def _main(argv: list[str] | None) -> int:
   if not distributed.is_primary():  # every process holds every replica's rows; process 0 prints them
     return exit_code(result)
   return print_result(result, as_json=request.settings.json, model_line=_model_line(request.settings, built.cfg),
-                      prompts=request.prompts, texts=request.texts, codec=request.codec, streamed=streamed)
+                      prompts=request.prompts, texts=request.texts, codec=request.codec, streamed=streamed,
+                      kernels=built.spec.kernels_ran())
 
 
 def set_gpu_memory_fraction(fraction: float | None, environ=os.environ) -> None:

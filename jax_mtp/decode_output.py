@@ -1,5 +1,6 @@
 """What `python -m jax_mtp.decode` shows: the progress bar and streamed text while it decodes, then the
-result as text or as one JSON object on stdout, one `error: prompt i: ...` line on stderr per row
+result as text or as one JSON object on stdout (with what the compiled programs ran for each part the kernel flags
+name: `jax_mtp.ran_kernels`), one `error: prompt i: ...` line on stderr per row
 whose logits became non-finite, and one `error: --check: ...` line when the speculative output differs
 from plain decoding; `exit_code` says how the run ended. Nothing here reads flags or touches the
 model: the CLI passes in what it decided (jax_mtp.decode)."""
@@ -11,6 +12,7 @@ import sys
 import time
 
 from jax_mtp.distributed import Gathered
+from jax_mtp.ran_kernels import summary
 from jax_mtp.tokenizer import TextCodec
 
 
@@ -52,13 +54,17 @@ class TextStream:
 
 
 def print_result(result: Gathered, *, as_json: bool, model_line: str, prompts: list[list[int]],
-                 texts: list[str] | None, codec: TextCodec | None, streamed: bool) -> int:
+                 texts: list[str] | None, codec: TextCodec | None, streamed: bool,
+                 kernels: dict[str, dict[str, str]] | None = None) -> int:
   """Prints every row's outcome (JSON or text), one stderr line per failed row and one for a failed
-  --check; returns `exit_code(result)`. `texts`: the --prompt texts when `codec` encoded them."""
+  --check; returns `exit_code(result)`. `texts`: the --prompt texts when `codec` encoded them. `kernels`: what
+  the prefill and the round ran (`Speculator.kernels_ran`)."""
   if as_json:
-    print(json.dumps(_json_object(result, codec)))
+    print(json.dumps({**_json_object(result, codec), **({"kernels": kernels} if kernels else {})}))
   else:
     _print_text(result, model_line, prompts, texts, codec, streamed)
+    if kernels:
+      print(f"ran (read from the compiled programs): {summary(kernels)}")
   for i in result.failed_rows:
     print(f"error: prompt {i}: {failure(result, i)}", file=sys.stderr)
   for d in result.differences:  # a near-tie is a note; a difference where the target chose clearly, an error

@@ -289,7 +289,7 @@ def dense_latent_attention(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, visible_
     parts = (a,) if dtype == jnp.float32 else split16(a, dtype)
     return sum(jnp.einsum(spec, part, b, precision=precision, preferred_element_type=jnp.float32) for part in parts)
 
-  with jax.named_scope("dense_attention"):  # its products in a compiled program (benchmarks.e2e's impls_in)
+  with jax.named_scope("dense_attention"):  # its products in a compiled program (jax_mtp.ran_kernels)
     scores_BNTS = (dot("btnc,bsc->bnts", q_lat_BTNC, latent_BSC)
                    + jnp.einsum("btnr,bsr->bnts", q_pe_BTNR.astype(k_pe_BSR.dtype), k_pe_BSR,
                                 precision=precision, preferred_element_type=jnp.float32))

@@ -182,9 +182,10 @@ class MoE(nn.Module):
     weights = jax.ShapeDtypeStruct(self.w_gate_EDF.shape, dtype)
     impl = resolve_expert_impl(cfg.moe_impl, lowering_platform(), *ids_TK.shape, weights,
                                fp8_codes=self.fp8_scales is not None, hopper=lowering_gpu_is_hopper())
-    y_TD = routed_experts(impl, x_TD, ids_TK, weights_TK, self.w_gate_EDF, self.w_up_EDF, self.w_down_EFD,
-                          fp8_scales=self.fp8_scales, fp8_block=cfg.fp8_block, dtype=dtype,
-                          fp8_matmul_impl=cfg.fp8_matmul_impl)
+    with jax.named_scope(f"routed_experts_{impl}"):  # the impl traced, in the compiled program (jax_mtp.ran_kernels)
+      y_TD = routed_experts(impl, x_TD, ids_TK, weights_TK, self.w_gate_EDF, self.w_up_EDF, self.w_down_EFD,
+                            fp8_scales=self.fp8_scales, fp8_block=cfg.fp8_block, dtype=dtype,
+                            fp8_matmul_impl=cfg.fp8_matmul_impl)
     y_BTD = y_TD.reshape(x_BTD.shape).astype(x_BTD.dtype)
     if cfg.n_shared_experts:
       y_BTD = y_BTD + self.shared_experts(x_BTD)

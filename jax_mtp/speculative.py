@@ -67,6 +67,7 @@ from jax_mtp.model import TargetModel
 from jax_mtp.mtp import MtpPredictor
 from jax_mtp.param_tree import check_param_tree, expected_target_tree
 from jax_mtp.prefill import apply_in_chunks, prefill_plan, target_prefill
+from jax_mtp.ran_kernels import parts_ran
 from jax_mtp.request import (check_caches_fit, pack_prompts, required_capacity, stop_id_array, validate_positive,
                              validate_prompts, validate_seed, validate_temperature, validate_top_k, validate_top_p)
 from jax_mtp.sharding import (jit_per_shard, param_specs, replicated, shard_params, tensor_parallel,
@@ -217,6 +218,18 @@ class Speculator:
     if key not in self._compiled:
       self._compiled[key] = self.program(name, capacity, sampled, args).lower(*args).compile()
     return self._compiled[key]
+
+  def kernels_ran(self) -> dict[str, dict[str, str]]:
+    """{"prefill" / "round": {part: what ran}} over the programs `generate` compiled (`jax_mtp.ran_kernels`: read
+    from their HLO, not from the config); a program compiled for several shapes shows each shape's distinct
+    answers joined by " / "."""
+    found: dict[str, dict[str, list[str]]] = {}
+    for (name, *_), compiled in self._compiled.items():
+      for part, what in parts_ran(compiled.as_text()).items():
+        answers = found.setdefault(name, {}).setdefault(part, [])
+        if what not in answers:
+          answers.append(what)
+    return {name: {part: " / ".join(answers) for part, answers in parts.items()} for name, parts in found.items()}
 
   def program(self, name: str, capacity: int, sampled: bool, args):
     """The jitted prefill or round ("prefill" | "round") for these arguments, not yet lowered (an

@@ -56,7 +56,7 @@ def test_json_batch_with_check(capsys):
   """A batch of two prompts of different lengths; `--check` adds `matches_target`, which is true, and
   `check_differences`, empty (the tiny model is fp32: nothing differs)."""
   result = _json_run(capsys, ["--prompt-ids", "1,2,3", "--prompt-ids", " 200", "--max-new-tokens", "6", "--check"])
-  assert set(result) == METRIC_KEYS | {"tokens", "finish_reasons", "matches_target", "check_differences"}
+  assert set(result) == METRIC_KEYS | {"tokens", "finish_reasons", "matches_target", "check_differences", "kernels"}
   assert result["check_differences"] == []
   _assert_tokens(result["tokens"], 2, 6)
   assert result["matches_target"] is True
@@ -76,7 +76,7 @@ def test_sampling_is_seeded(capsys):
   `matches_target`."""
   argv = ["--temperature", "0.8", "--seed", "3", "--max-new-tokens", "8"]
   first = _json_run(capsys, argv)
-  assert set(first) == METRIC_KEYS | {"tokens", "finish_reasons"}
+  assert set(first) == METRIC_KEYS | {"tokens", "finish_reasons", "kernels"}
   _assert_tokens(first["tokens"], 1, 8)
   assert _json_run(capsys, argv)["tokens"] == first["tokens"]
 
@@ -271,7 +271,7 @@ def test_module_entry_point_json(tmp_path):
                         text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr
   result = json.loads(proc.stdout)
-  assert set(result) == METRIC_KEYS | {"tokens", "finish_reasons"}
+  assert set(result) == METRIC_KEYS | {"tokens", "finish_reasons", "kernels"}
   _assert_tokens(result["tokens"], 1, 4)
 
 
@@ -288,6 +288,19 @@ def test_dtype_moe_impl_and_prefill_chunk_flags(capsys):
                            "--max-new-tokens", "8", "--prompt-ids", "1,2,3,4,5,6,7,8,9", "--prompt-ids", "5"])
   assert out["matches_target"] is True
   _assert_tokens(out["tokens"], 2, 8)
+
+
+@pytest.mark.parametrize("moe_impl,experts", [("gather", "gather (XLA)"), ("ragged_dot", "lax.ragged_dot")])
+def test_the_output_says_what_the_compiled_programs_ran(capsys, moe_impl, experts):
+  """JSON's "kernels" and the text's "ran" line: each program's parts as its compiled HLO holds them (the tiny model's
+  8-token prompt past its top-k: the indexer and the sparse attention in both programs, XLA's on a CPU)."""
+  out = _json_run(capsys, ["--moe-impl", moe_impl, "--max-new-tokens", "4"])
+  parts = {"index scores": "XLA", "sparse attention": "XLA", "dense attention": "—", "experts": experts}
+  assert out["kernels"] == {"prefill": parts, "round": parts}
+  assert decode.main(["--random-tiny", "--moe-impl", moe_impl, "--max-new-tokens", "4"]) == 0
+  line = (f"ran (read from the compiled programs): prefill and round: index scores XLA, sparse attention XLA, "
+          f"experts {experts}")
+  assert line in capsys.readouterr().out.splitlines()
 
 
 class _FailingStdout(io.StringIO):
