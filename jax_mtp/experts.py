@@ -4,9 +4,9 @@ Which implementation runs is explicit (`MtpConfig.moe_impl`), never a silent fal
 
   impl           what runs                                                        reads
   "gather"       each assignment's expert weights gathered, then batched einsums   the T·K picked experts, twice
-  "ragged_dot"   `jax.lax.ragged_dot` over the assignments sorted by expert        TPU/CPU: the picked experts;
-                                                                                   CUDA: all E (XLA rewrites it
-                                                                                   to a masked dense dot)
+  "ragged_dot"   `jax.lax.ragged_dot` over the assignments sorted by expert        TPU: the picked experts;
+                                                                                   CUDA and CPU: all E (one
+                                                                                   masked dense dot)
   "tokamax_gpu"  `tokamax.ragged_dot`, its Mosaic-GPU (Hopper) grouped GEMM;       the picked experts once
                  empty groups get no work
   "tokamax_tpu"  `tokamax.ragged_dot`, its Mosaic-TPU grouped matmul               the picked experts once
@@ -83,7 +83,8 @@ def resolve_expert_impl(impl: str, platform: str, tokens: int, experts_per_token
     tpu  tokamax_tpu at every T where it takes the weights (`tokamax_tpu_takes`), else as on cpu
          (AOT-compiled for v5e and v5p, tools/tpu_aot_compile.py; not timed on a TPU)
     cpu  gather at decode sizes (`uses_gathered_experts`: T·K ≤ E/4, or ≤ 2E small experts within
-         GATHER_BYTES), ragged_dot above (XLA CPU's ragged_dot is grouped)
+         GATHER_BYTES), ragged_dot above (on a CPU one masked dense dot over all E experts —
+         the compiled program on jax 0.11.2 and 0.12, 2026-12-05 — but no gathered copy of T·K experts)
   `fp8_codes` (FP8 weights kept as stored; `w_gate_EDF` then describes the dequantised weights): on
   a Hopper GPU fp8_grouped_gpu at every T where it takes the dims (reads the picked experts' codes once,
   writes no dequantised copy; other GPUs as below); on tpu gather while T·K ≤ E (dequantises only the picked experts, where a
