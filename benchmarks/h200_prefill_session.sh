@@ -93,6 +93,8 @@
 #   heads    (not run yet) the sparse-MLA kernel's heads-major q~ / output (mla.KERNEL_HEADS_MAJOR): its compiled
 #            tests; MLA's projections in both layouts at 256 and 1,024 tokens; the verification forward at B = 64 in
 #            both layouts (3 runs each: issue 27's 0.80, missed by 0.34 ms on 2026-12-04)
+#   gemms2   (not run yet) V3.2's dense linears at M = 256 (and 64, 1,024) on XLA's GEMM beside jax's Hopper matmul
+#            rasterised over M and tokamax's grouped matmul over one group (benchmarks.dense_gemms)
 #   fp8      benchmarks.e2e with FP8 weights kept as codes: 1K and 32K prompts at B = 1, 1K at B = 64
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
@@ -526,6 +528,12 @@ case "${1:?stage}" in
     layers=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | awk '{print ($1 > 120000) ? 4 : 3}')
     run 330 verify_heads.md python3 -m benchmarks.verify_forward --layers "$layers" -k 3 --forms absorbed --batch 64 \
       --capacity 4096 --kernel-layouts token heads --iters 5 --repeats 3
+    ;;
+  gemms2)  # (not run yet) whether a Mosaic GPU matmul streams V3.2's dense weights faster than XLA's GEMM at
+           # verification's rows (q_b_proj: 80 µs on XLA's Triton fusion, 44 on cuBLAS, ~24 roofline at 256 rows)
+    run 320 dense_gemms_256.md python3 -m benchmarks.dense_gemms --rows 256 --iters 20
+    run 240 dense_gemms_64_1024.md python3 -m benchmarks.dense_gemms --rows 64 1024 --iters 20 \
+      --only q_b_proj o_proj "dense MLP" head
     ;;
   *) echo "unknown stage $1"; exit 2 ;;
 esac
