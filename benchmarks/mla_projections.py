@@ -68,6 +68,18 @@ def q_heads_major_for_kernel(x_MQ, w_qb, w_kvb):
   return q_lat.astype(x_MQ.dtype), q[..., P:]
 
 
+def q_heads_major_prelaid(x_MQ, w_qb, w_uk_NPC):
+  """Heads-major q~ for the kernel with W_UK laid out [N, P, C] ahead: no weight slice or transpose a call."""
+  q = (x_MQ @ w_qb).reshape(x_MQ.shape[0], N, P + R)
+  q_lat = jnp.einsum("mnp,npc->nmc", q[..., :P], w_uk_NPC, precision=HIGHEST, preferred_element_type=jnp.float32)
+  return q_lat.astype(x_MQ.dtype), q[..., P:]
+
+
+def v_heads_major_prelaid(o_NMC, w_uv_NCH):
+  """W_UV's product over the kernel's heads-major output with W_UV laid out [N, C, H] ahead."""
+  return jnp.einsum("nmc,nch->mnh", o_NMC, w_uv_NCH, preferred_element_type=jnp.float32).astype(o_NMC.dtype)
+
+
 def v_heads_major(o_NMC, w_kvb):
   """W_UV's product over the kernel's heads-major output."""
   w_uv = w_kvb.reshape(C, N, P + H)[..., P:]
@@ -123,10 +135,14 @@ def main(argv=None) -> int:
              kernel_q_bytes, q_flops),
             ("q: for the kernel (16-bit q~)", "heads-major [N, M, C]", q_heads_major_for_kernel, (x, w_qb, w_kvb),
              kernel_q_bytes, q_flops, to_tokens),
+            ("q: for the kernel (16-bit q~)", "heads-major, W_UK [N, P, C] ahead", q_heads_major_prelaid,
+             (x, w_qb, w_uk_NPC), kernel_q_bytes, q_flops, to_tokens),
             ("values: W_UV", "model (slice every call)", v_model, (o, w_kvb), v_bytes, v_flops),
             ("values: W_UV", "W_UV [N, C, H] ahead", v_prelaid, (o, w_uv_NCH), v_bytes, v_flops),
             ("values: W_UV", "from the kernel's heads-major [N, M, C]", v_heads_major, (o.transpose(1, 0, 2), w_kvb),
-             v_bytes, v_flops)]
+             v_bytes, v_flops),
+            ("values: W_UV", "heads-major, W_UV [N, C, H] ahead", v_heads_major_prelaid,
+             (o.transpose(1, 0, 2), w_uv_NCH), v_bytes, v_flops)]
     reference = {}
     for part, form, fn, fn_args, nbytes, work, *canon in rows:
       jitted = jax.jit(fn)

@@ -60,6 +60,11 @@ def test_mla_projection_forms_agree():
   assert_close(heads_pe, token_pe, "float32", "q_pe beside heads-major q~")
   assert_close(mla_projections.v_heads_major(o.transpose(1, 0, 2), w_kvb), mla_projections.v_model(o, w_kvb),
                "float32", "W_UV over the heads-major output")
+  prelaid_q, prelaid_pe = mla_projections.q_heads_major_prelaid(x, w_qb, w_uk_NPC)
+  assert_close(prelaid_q, heads_q, "float32", "heads-major q~, W_UK laid out ahead")
+  assert_close(prelaid_pe, token_pe, "float32", "q_pe beside it")
+  assert_close(mla_projections.v_heads_major_prelaid(o.transpose(1, 0, 2), w_uv_NCH),
+               mla_projections.v_model(o, w_kvb), "float32", "W_UV laid out ahead over the heads-major output")
 
 
 def test_a_refused_sparse_mla_config_is_a_row_of_the_same_cells():
