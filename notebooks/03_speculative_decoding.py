@@ -101,6 +101,16 @@ assert result.tokens == plain
 # far larger embedding the tokens would follow from the last one alone, whatever the layers computed.
 
 # %% [markdown]
+# What ran: `auto` picks each part's implementation by platform and call shape, and the speculator reads what its
+# compiled prefill and round hold (the kernels' launch names, the model's named scopes). On a CPU: XLA's forms and
+# gathered experts; on an H100 or H200 the Mosaic GPU kernels (`docs/kernels.md`). `python -m jax_mtp.decode`
+# prints the same line after every run.
+
+# %%
+for program, parts in spec.kernels_ran().items():
+  print(program, parts)
+
+# %% [markdown]
 # ## What the metrics count
 #
 # `result.metrics` (`SpecMetrics`) counts per (row, round), as vLLM does. A row takes part in a round
