@@ -139,7 +139,17 @@ def _main(argv: list[str] | None) -> int:
     return exit_code(result)
   return print_result(result, as_json=request.settings.json, model_line=_model_line(request.settings, built.cfg),
                       prompts=request.prompts, texts=request.texts, codec=request.codec, streamed=streamed,
-                      kernels=built.spec.kernels_ran())
+                      kernels=_kernels_ran(built.spec))
+
+
+def _kernels_ran(spec: Speculator) -> dict[str, dict[str, str]] | None:
+  """What the compiled programs ran (`Speculator.kernels_ran`); None, with a note on stderr, where a backend cannot
+  print a compiled program's HLO: the decoded rows are printed either way."""
+  try:
+    return spec.kernels_ran()
+  except Exception as e:  # a PJRT plugin's compiled program without HLO text: a report lost, not the output
+    print(f"note: could not read what the compiled programs ran: {first_line(e)}", file=sys.stderr)
+    return None
 
 
 def set_gpu_memory_fraction(fraction: float | None, environ=os.environ) -> None:

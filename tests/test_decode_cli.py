@@ -303,6 +303,17 @@ def test_the_output_says_what_the_compiled_programs_ran(capsys, moe_impl, expert
   assert line in capsys.readouterr().out.splitlines()
 
 
+def test_a_program_that_cannot_be_read_loses_the_report_not_the_output(capsys, monkeypatch):
+  """A backend whose compiled programs print no HLO: the rows still print (exit 0), with one note on stderr."""
+  def unreadable(self):
+    raise NotImplementedError("this plugin's executables have no HLO text")
+  monkeypatch.setattr(jax_mtp.Speculator, "kernels_ran", unreadable)
+  assert decode.main(["--json", "--random-tiny", "--max-new-tokens", "4"]) == 0
+  out, err = capsys.readouterr()
+  assert "kernels" not in json.loads(out) and len(json.loads(out)["tokens"][0]) == 4
+  assert err == "note: could not read what the compiled programs ran: this plugin's executables have no HLO text\n"
+
+
 class _FailingStdout(io.StringIO):
   """A stdout whose writes fail as a closed pipe's or a full disk's do (no file descriptor: none to close)."""
 
