@@ -9,7 +9,9 @@ import numpy as np
 
 import jax_mtp
 from jax_mtp.mla import MLAttention
-from tests.tolerances import assert_close
+from jax_mtp.request import required_capacity
+from tests.greedy import greedy_margin
+from tests.tolerances import GREEDY_MIN_MARGIN, assert_close
 
 
 def dsa_kernel_cfg(**overrides) -> jax_mtp.MtpConfig:
@@ -72,3 +74,25 @@ def assert_models_attention_equals_xlas(cfg, impl: str, t: int, what: str) -> No
   xla = attention_out("xla")
   assert float(jnp.max(jnp.abs(xla))) > 0
   assert_close(attention_out(impl), xla, "bfloat16", what=what)
+
+
+def assert_speculative_decoding_through_the_kernel_keeps_xlas_tokens() -> None:
+  """A bf16 DSA model (caches longer than top-16) decoding speculatively (k = 2), target and drafter through the
+  Mosaic GPU kernel or XLA: the same tokens, which are plain greedy decoding's, and the same drafts accepted; every
+  call shape goes through the kernel (prefill chunks, verification T = 3, drafts T = 1)."""
+  cfg = dsa_kernel_cfg(vocab_size=512)
+  target_params = jax_mtp.init_target_params(cfg, jax.random.key(0))
+  mtp_params = jax_mtp.init_params(cfg, jax.random.key(1))
+  rng = np.random.default_rng(6)  # no near-tie among the 10 tokens (seed 5's margin: 0.012, 2026-12-05)
+  prompts = [[int(t) for t in rng.integers(0, 512, n)] for n in (21, 34)]
+  capacity = required_capacity(cfg, prompts, 10, 2)
+  decoder = jax_mtp.TargetDecoder(cfg, jax_mtp.make_mesh(1))
+  plain = decoder.generate(decoder.shard(target_params), prompts, 10, capacity=capacity)
+  margin = greedy_margin(cfg, target_params, prompts, plain, capacity=capacity)
+  assert margin >= GREEDY_MIN_MARGIN, f"a near-tie ({margin:.2g}) among the prompts' greedy tokens: pick another seed"
+  runs = {}
+  for impl in ("xla", "mosaic_gpu"):
+    spec = jax_mtp.Speculator(cfg.replace(sparse_attention_impl=impl), jax_mtp.make_mesh(1), 2)
+    runs[impl] = spec.generate(spec.shard(target_params, mtp_params), prompts, 10, capacity=capacity)
+  assert runs["mosaic_gpu"].tokens == runs["xla"].tokens == plain
+  assert runs["mosaic_gpu"].metrics.accepted_per_position == runs["xla"].metrics.accepted_per_position
