@@ -92,7 +92,7 @@
 #   router   (15:44 2026-12-05) the router's logits, fp32 dot vs three bf16 dots, by token count
 #   heads    (not run yet) the sparse-MLA kernel's heads-major q~ / output (mla.KERNEL_HEADS_MAJOR): its compiled
 #            tests; MLA's projections in both layouts at 256 and 1,024 tokens; the verification forward at B = 64 in
-#            both layouts (3 runs each: issue 27's 0.80, missed by 0.34 ms on 2026-12-04)
+#            both layouts (3 runs each: issue 27's 0.80, missed by 0.34 ms on 2026-12-04); the crossover probe compiled
 #   gemms2   (not run yet) V3.2's dense linears at M = 256 (and 64, 1,024) on XLA's GEMM beside jax's Hopper matmul
 #            rasterised over M and tokamax's grouped matmul over one group (benchmarks.dense_gemms)
 #   fp8      benchmarks.e2e with FP8 weights kept as codes: 1K and 32K prompts at B = 1, 1K at B = 64
@@ -521,8 +521,8 @@ case "${1:?stage}" in
   heads)  # (not run yet) the sparse-MLA kernel's q~ in and output out as [N, B, T, C] (mla.KERNEL_HEADS_MAJOR, off):
           # whether the transposes XLA puts around the W_UK / W_UV dots in [B, T, N, C] are what holds W_UV's product at
           # ~62 µs a layer (roofline ~14) at B = 64; if the heads-major rows are faster, it becomes the default
-    run 120 gpu_tests_heads.txt python3 -m pytest -v --tb=short -p no:cacheprovider \
-      tests/test_sparse_mla_mgpu_heads_major.py
+    run 150 gpu_tests_heads.txt python3 -m pytest -v --tb=short -p no:cacheprovider \
+      tests/test_sparse_mla_mgpu_heads_major.py tests/test_crossover_probe.py
     run 100 mla_projections_heads.md python3 -m benchmarks.mla_projections --tokens 256 1024 --iters 50 \
       --hlo-dir "$OUT/mla_hlo"
     layers=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | awk '{print ($1 > 120000) ? 4 : 3}')
