@@ -77,7 +77,7 @@ def _write(plan: Plan, r: Refs, acc, l, col):
   norm = jnp.where(l > 0, l, 1.0)
   out = (acc / lax.broadcast_in_dim(norm, acc.shape, [0])).astype(r.out_gmem.dtype)
   if jnp.dtype(r.out_gmem.dtype).itemsize == 4:  # straight from registers: a quad's 4 × 8 B are whole sectors
-    plan.out_of(r, pl.ds(r.hi * hb, hb)).at[:, pl.ds(col, half)][...] = out
+    plan.out_of(r, pl.ds(r.hi * hb, hb), pl.ds(col, half))[...] = out
     return
   # 16-bit: both halves into q~'s buffer (free once the last step's scores are done: the values half waits for
   # them), then one TMA copy by the scores warpgroup, since a quad's 4 × 4 B would store half sectors

@@ -51,9 +51,9 @@ class Plan:
     """The CTA's query's q~ rows for `heads` in HBM: [heads, C]."""
     return r.q_lat_gmem.at[heads, r.qi] if self.heads_major else r.q_lat_gmem.at[r.qi, heads]
 
-  def out_of(self, r: Refs, heads):
-    """The CTA's output rows (its query, split, `heads`) in HBM: [heads, C]."""
-    return r.out_gmem.at[r.pi, heads, r.qi] if self.heads_major else r.out_gmem.at[r.qi, r.pi, heads]
+  def out_of(self, r: Refs, heads, cols=slice(None)):
+    """The CTA's output rows (its query, split, `heads`) in HBM, `cols` of them: [heads, cols], one indexer."""
+    return r.out_gmem.at[r.pi, heads, r.qi, cols] if self.heads_major else r.out_gmem.at[r.qi, r.pi, heads, cols]
 
 
 @dataclasses.dataclass(frozen=True)
