@@ -4,10 +4,6 @@ call) beside weights laid out once ahead (as vLLM's `process_weights_after_loadi
 
     python -m benchmarks.mla_projections --tokens 256 1024
 
-The "for the kernel" rows end where the sparse-MLA kernel takes q~ (in the model's 16-bit dtype) and start where it
-leaves its output, in its token-major layout ([M, N, C], the default) or its heads-major one ([N, M, C],
-`jax_mtp.mla.KERNEL_HEADS_MAJOR`), in which XLA's batched dots over the heads need no transposing copy.
-
 Why: the verification forward's profile at B = 64 (RESULTS 2026-12-04 12:35) showed q_b_proj at 80 µs a call (its
 roofline ~24 µs), kv_b_proj's slice at 16 µs a call and the query absorption at 26 µs (roofline ~5 µs). Each row is
 µs a call inside one compiled loop, beside its roofline (bytes / copy bandwidth vs FLOPs / bf16 peak, both measured
@@ -54,38 +50,6 @@ def q_uk_prelaid(x_MQ, w_qb, w_uk_NPC):
   return q_lat, q[..., P:]
 
 
-def q_for_kernel(x_MQ, w_qb, w_kvb):
-  """The model's token-major q~, rounded to the 16-bit dtype the kernel takes."""
-  q_lat, q_pe = q_model(x_MQ, w_qb, w_kvb)
-  return q_lat.astype(x_MQ.dtype), q_pe
-
-
-def q_heads_major_for_kernel(x_MQ, w_qb, w_kvb):
-  """q~ as [N, M, C] (the dot's own output order) in the kernel's 16-bit dtype."""
-  q = (x_MQ @ w_qb).reshape(x_MQ.shape[0], N, P + R)
-  w_uk = w_kvb.reshape(C, N, P + H)[..., :P]
-  q_lat = jnp.einsum("mnp,cnp->nmc", q[..., :P], w_uk, precision=HIGHEST, preferred_element_type=jnp.float32)
-  return q_lat.astype(x_MQ.dtype), q[..., P:]
-
-
-def q_heads_major_prelaid(x_MQ, w_qb, w_uk_NPC):
-  """Heads-major q~ for the kernel with W_UK laid out [N, P, C] ahead: no weight slice or transpose a call."""
-  q = (x_MQ @ w_qb).reshape(x_MQ.shape[0], N, P + R)
-  q_lat = jnp.einsum("mnp,npc->nmc", q[..., :P], w_uk_NPC, precision=HIGHEST, preferred_element_type=jnp.float32)
-  return q_lat.astype(x_MQ.dtype), q[..., P:]
-
-
-def v_heads_major_prelaid(o_NMC, w_uv_NCH):
-  """W_UV's product over the kernel's heads-major output with W_UV laid out [N, C, H] ahead."""
-  return jnp.einsum("nmc,nch->mnh", o_NMC, w_uv_NCH, preferred_element_type=jnp.float32).astype(o_NMC.dtype)
-
-
-def v_heads_major(o_NMC, w_kvb):
-  """W_UV's product over the kernel's heads-major output."""
-  w_uv = w_kvb.reshape(C, N, P + H)[..., P:]
-  return jnp.einsum("nmc,cnh->mnh", o_NMC, w_uv, preferred_element_type=jnp.float32).astype(o_NMC.dtype)
-
-
 def v_model(o_MNC, w_kvb):
   w_uv = w_kvb.reshape(C, N, P + H)[..., P:]
   return jnp.einsum("mnc,cnh->mnh", o_MNC, w_uv, preferred_element_type=jnp.float32).astype(o_MNC.dtype)
@@ -125,28 +89,16 @@ def main(argv=None) -> int:
     q_bytes = 2 * (m * Q + Q * N * (P + R) + C * N * P + m * N * R) + 4 * m * N * C
     q_flops = 2 * m * (Q * N * (P + R) + N * P * C)
     v_bytes, v_flops = 2 * (m * N * C + C * N * H + m * N * H), 2 * m * N * C * H
-    kernel_q_bytes = q_bytes - 2 * m * N * C  # q~ written in 16 bits
-    to_tokens = lambda out: (out[0].transpose(1, 0, 2), out[1])  # noqa: E731 (heads-major q~ back to [M, N, C])
     rows = [("q: q_b_proj + absorption", "model (slice every call)", q_model, (x, w_qb, w_kvb), q_bytes, q_flops),
             ("q: q_b_proj + absorption", "W_UK [N, P, C] ahead", q_uk_prelaid, (x, w_qb, w_uk_NPC), q_bytes, q_flops),
             ("q: q_b_proj + absorption", "q_b split + W_UK ahead", q_prelaid, (x, w_qb_nope, w_qb_pe, w_uk_NPC),
              q_bytes, q_flops),
-            ("q: for the kernel (16-bit q~)", "token-major [M, N, C]", q_for_kernel, (x, w_qb, w_kvb),
-             kernel_q_bytes, q_flops),
-            ("q: for the kernel (16-bit q~)", "heads-major [N, M, C]", q_heads_major_for_kernel, (x, w_qb, w_kvb),
-             kernel_q_bytes, q_flops, to_tokens),
-            ("q: for the kernel (16-bit q~)", "heads-major, W_UK [N, P, C] ahead", q_heads_major_prelaid,
-             (x, w_qb, w_uk_NPC), kernel_q_bytes, q_flops, to_tokens),
             ("values: W_UV", "model (slice every call)", v_model, (o, w_kvb), v_bytes, v_flops),
-            ("values: W_UV", "W_UV [N, C, H] ahead", v_prelaid, (o, w_uv_NCH), v_bytes, v_flops),
-            ("values: W_UV", "from the kernel's heads-major [N, M, C]", v_heads_major, (o.transpose(1, 0, 2), w_kvb),
-             v_bytes, v_flops),
-            ("values: W_UV", "heads-major, W_UV [N, C, H] ahead", v_heads_major_prelaid,
-             (o.transpose(1, 0, 2), w_uv_NCH), v_bytes, v_flops)]
+            ("values: W_UV", "W_UV [N, C, H] ahead", v_prelaid, (o, w_uv_NCH), v_bytes, v_flops)]
     reference = {}
-    for part, form, fn, fn_args, nbytes, work, *canon in rows:
+    for part, form, fn, fn_args, nbytes, work in rows:
       jitted = jax.jit(fn)
-      out = jax.tree.map(np.asarray, (canon or [lambda o: o])[0](jitted(*fn_args)))
+      out = jax.tree.map(np.asarray, jitted(*fn_args))
       reference.setdefault(part, out)
       diff = max(float(np.max(np.abs(a.astype(np.float32) - b.astype(np.float32))))
                  for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(reference[part]), strict=True))

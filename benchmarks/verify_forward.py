@@ -12,10 +12,8 @@ of its bytes over that bandwidth and its FLOPs over a bf16 GEMM's rate measured 
 attended cache entries and the indexer's keys counted (`roofline_seconds`): where the weights floor says whether
 the weights stream at the bandwidth, it says whether any part could be faster. `absorb` is MLA's
 form: "naive" re-expands kv_b_proj over the cache (what the speculator runs today), "absorbed" is
-the decode form. `--kernel-layouts token heads` times the absorbed form with the sparse-MLA kernel's q~ and output
-token-major ([B, T, N, C], the default) and heads-major (`jax_mtp.mla.KERNEL_HEADS_MAJOR`: [N, B, T, C], no
-transposes around the W_UK / W_UV dots) in one run. Tokens are checked equal across experts impls and layouts of one
-form. `--profile` adds each row's kernels per model part from a device trace.
+the decode form. Tokens are checked equal across experts impls of one form. `--profile` adds each row's kernels
+per model part from a device trace.
 """
 
 from __future__ import annotations
@@ -30,7 +28,6 @@ import numpy as np
 import jax_mtp
 from benchmarks import step_profile
 from benchmarks.timing import experts_touched, measured_ceilings, time_carrying
-from jax_mtp import mla
 from jax_mtp.model import TargetModel, init_target_caches, init_target_params
 
 
@@ -102,8 +99,6 @@ def main(argv=None) -> int:
   parser.add_argument("--capacity", type=int, nargs="+", default=[1024], help="cache capacities (rows at S/2)")
   parser.add_argument("--moe-impls", nargs="+", default=["auto"], choices=jax_mtp.config.MOE_IMPLS)
   parser.add_argument("--forms", nargs="+", default=["naive", "absorbed"], choices=["naive", "absorbed"])
-  parser.add_argument("--kernel-layouts", nargs="+", default=["token"], choices=["token", "heads"],
-                      help="the sparse-MLA kernel's q~ / output layout in the absorbed form (mla.KERNEL_HEADS_MAJOR)")
   parser.add_argument("--iters", type=int, default=10, help="calls a timed run")
   parser.add_argument("--repeats", type=int, default=3, help="timed runs a row (one compile): its median and spread")
   parser.add_argument("--all-experts-touched", action="store_true",
@@ -122,7 +117,6 @@ def main(argv=None) -> int:
         "min–max ms | floor ms | floor / time | roofline ms | roofline / time | tokens match |")
   print("|---:|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|---|")
   w = args.k + 1
-  default_layout = mla.KERNEL_HEADS_MAJOR
   for capacity, batch in [(c, b) for c in args.capacity for b in args.batch]:
     rng = np.random.default_rng(batch)
     ids = jnp.asarray(rng.integers(0, cfg.vocab_size, (batch, w)), jnp.int32)
@@ -137,10 +131,7 @@ def main(argv=None) -> int:
     roofline = roofline_seconds(params, cfg, batch, w, capacity // 2 + w, touched, bandwidth, peak)
     for form in args.forms:
       reference = None
-      layouts = args.kernel_layouts if form == "absorbed" else ["token"]
-      for layout, moe_impl in [(la, m) for la in layouts for m in args.moe_impls]:
-        mla.KERNEL_HEADS_MAJOR = layout == "heads"  # read when `verify` is traced (a fresh function each row)
-        label = form + (" (heads-major kernel I/O)" if layout == "heads" else "")
+      for moe_impl in args.moe_impls:
         model = TargetModel(cfg.replace(moe_impl=moe_impl))
 
         def verify(p, i, pos, c, model=model, absorb=form == "absorbed"):
@@ -152,18 +143,17 @@ def main(argv=None) -> int:
                                                          init_target_caches(cfg, batch, capacity)),
                                                 args.iters, args.repeats, copy_state=False)
         except Exception as e:  # e.g. out of memory for the naive form at large B: a row, not the end
-          print(f"| {capacity} | {batch} | {batch * w} | {label} | {moe_impl} | {touched} | failed: {type(e).__name__} | "
+          print(f"| {capacity} | {batch} | {batch * w} | {form} | {moe_impl} | {touched} | failed: {type(e).__name__} | "
                 "| | | | | |")
           continue
         tokens = np.asarray(tokens)
         reference = tokens if reference is None else reference
-        print(f"| {capacity} | {batch} | {batch * w} | {label} | {moe_impl} | {touched}{" (assumed)" * args.all_experts_touched} | {seconds * 1e3:,.2f} | {spread_ms(runs)} | "
+        print(f"| {capacity} | {batch} | {batch * w} | {form} | {moe_impl} | {touched}{" (assumed)" * args.all_experts_touched} | {seconds * 1e3:,.2f} | {spread_ms(runs)} | "
               f"{floor * 1e3:,.2f} | {floor / seconds:.2f} | {roofline * 1e3:,.2f} | {roofline / seconds:.2f} | "
               f"{bool(np.all(tokens == reference))} |")
         if args.profile:
           profile_row(verify, (params, ids, positions, init_target_caches(cfg, batch, capacity)),
-                      f"S = {capacity}, B = {batch}, {label}, {moe_impl}")
-  mla.KERNEL_HEADS_MAJOR = default_layout
+                      f"S = {capacity}, B = {batch}, {form}, {moe_impl}")
   return 0
 
 

@@ -52,13 +52,6 @@ from jax_mtp.sharding import TensorParallel
 from jax_mtp.platform import NOT_HOPPER, lowering_gpu_is_hopper, lowering_platform
 
 _HIGHEST = jax.lax.Precision.HIGHEST
-# The sparse-MLA kernel's q~ in and its output out as [N, B, T, C] (`sparse_mla_mgpu(heads_major=True)`): the layout in
-# which W_UK's absorption before the kernel and W_UV's product after it are XLA batched dots over the heads with no
-# transposing copy (in [B, T, N, C] the heads sit between the tokens and the latent, and XLA's GPU dots want their
-# batch dimension leading: q~ in fp32 and the output are transposed around them). The verification forward at
-# B = 64 spent ~62 µs a layer in W_UV's product against a ~14 µs roofline (benchmarks/RESULTS.md, "MLA's projections
-# laid out ahead"). Off until timed on a GPU: `benchmarks.verify_forward --kernel-layouts` times both in one run.
-KERNEL_HEADS_MAJOR = False
 
 
 class MLAttention(nn.Module):
@@ -149,12 +142,12 @@ class MLAttention(nn.Module):
     return jnp.einsum("bnts,bsnh->btnh", probs_BNTS.astype(v_BSNH.dtype), v_BSNH, precision=_HIGHEST,
                       preferred_element_type=jnp.float32)
 
-  def _latent_query(self, q_nope_BTNP, heads_major: bool = False) -> tuple[jax.Array, jax.Array]:
-    """The absorbed query q~_h = W_UK_hᵀ q_nope_h, fp32 [B, T, N, C] ([N, B, T, C] `heads_major`), and W_UV [C, N, H]."""
+  def _latent_query(self, q_nope_BTNP) -> tuple[jax.Array, jax.Array]:
+    """The absorbed query q~_h = W_UK_hᵀ q_nope_h, fp32 [B, T, N, C], and W_UV [C, N, H]."""
     w_uk_CNP, w_uv_CNH = self._kv_b_weights()
-    q_lat = jnp.einsum("btnp,cnp->" + ("nbtc" if heads_major else "btnc"), q_nope_BTNP,
-                       w_uk_CNP.astype(q_nope_BTNP.dtype), precision=_HIGHEST, preferred_element_type=jnp.float32)
-    return q_lat, w_uv_CNH
+    q_lat_BTNC = jnp.einsum("btnp,cnp->btnc", q_nope_BTNP, w_uk_CNP.astype(q_nope_BTNP.dtype),
+                            precision=_HIGHEST, preferred_element_type=jnp.float32)
+    return q_lat_BTNC, w_uv_CNH
 
   def _absorbed(self, q_nope_BTNP, q_pe_BTNR, cache: LayerCache, visible_BTS) -> jax.Array:
     """The absorbed form over the whole cache under a mask (dense caches): `dense_latent_attention`."""
@@ -168,34 +161,31 @@ class MLAttention(nn.Module):
     """The absorbed form over the K = index_topk selected entries only (gathered per query): the
     same softmax as `_absorbed` with the selection mask, reading B·T·K entries instead of B·S."""
     cfg = self.cfg
+    q_lat_BTNC, w_uv_CNH = self._latent_query(q_nope_BTNP)
     impl = resolve_sparse_attention_impl(cfg, lowering_platform(), hopper=lowering_gpu_is_hopper())
-    heads_major = impl != "xla" and KERNEL_HEADS_MAJOR
-    q_lat, w_uv_CNH = self._latent_query(q_nope_BTNP, heads_major)
     with jax.named_scope("sparse_attention"):  # its kernels' part in a device profile (benchmarks.step_profile)
       if impl == "xla":
-        o_lat = sparse_mla_reference(q_lat, q_pe_BTNR, cache.latent_BSC, cache.k_pe_BSR, selection.slots_BTK,
-                                     selection.valid_BTK, cfg.softmax_scale, dot_dtype=cfg.dtype,
-                                     latent_scale_BSG=cache.latent_scale_BSG)
+        o_lat_BTNC = sparse_mla_reference(q_lat_BTNC, q_pe_BTNR, cache.latent_BSC, cache.k_pe_BSR,
+                                          selection.slots_BTK, selection.valid_BTK, cfg.softmax_scale,
+                                          dot_dtype=cfg.dtype, latent_scale_BSG=cache.latent_scale_BSG)
       else:
-        o_lat = attend_selected_by_kernel(q_lat, q_pe_BTNR, cache.latent_BSC, cache.k_pe_BSR, selection,
-                                          cfg.softmax_scale, latent_scale_BSG=cache.latent_scale_BSG,
-                                          heads_major=heads_major)
-    return _heads_from_latent(o_lat, w_uv_CNH, dot_dtype=cfg.dtype, heads_major=heads_major)
+        o_lat_BTNC = attend_selected_by_kernel(q_lat_BTNC, q_pe_BTNR, cache.latent_BSC, cache.k_pe_BSR, selection,
+                                               cfg.softmax_scale, latent_scale_BSG=cache.latent_scale_BSG)
+    return _heads_from_latent(o_lat_BTNC, w_uv_CNH, dot_dtype=cfg.dtype)
 
 
 def attend_selected_by_kernel(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, selection: Selection, scale, *,
-                              latent_scale_BSG=None, heads_major: bool = False) -> jax.Array:
+                              latent_scale_BSG=None) -> jax.Array:
   """The sparse-MLA kernel (kernels/sparse_mla_mgpu.py; on a CPU in its interpreter) over `selection`, its output
   in the cache's 16-bit dtype, which `_heads_from_latent`'s dot takes (the XLA path's fp32 is rounded there); an fp8
-  cache's codes (`latent_scale_BSG` beside them) are dequantised inside it. `heads_major`: q~ and the output are
-  [N, B, T, C] (`KERNEL_HEADS_MAJOR`)."""
+  cache's codes (`latent_scale_BSG` beside them) are dequantised inside it."""
   dtype = k_pe_BSR.dtype  # the cache's 16-bit dtype (an fp8 cache keeps its rope part in it)
   attended_BTK = jnp.where(selection.valid_BTK, selection.slots_BTK, -1)
   config = sparse_mla_mgpu.Config()
   return sparse_mla_mgpu.sparse_mla_mgpu(
       q_lat_BTNC.astype(dtype), q_pe_BTNR.astype(dtype), latent_BSC, k_pe_BSR,
       pad_slots(attended_BTK, config.block_entries), scale, latent_scale_BSG=latent_scale_BSG, config=config,
-      out_dtype=dtype, heads_major=heads_major, interpret=lowering_platform() == "cpu")
+      out_dtype=dtype, interpret=lowering_platform() == "cpu")
 
 
 def resolve_sparse_attention_impl(cfg: MtpConfig, platform: str, *, hopper: bool = True) -> str:
@@ -314,14 +304,13 @@ def dot_inputs(dtype) -> tuple[jnp.dtype, jax.lax.Precision]:
   return dtype, (_HIGHEST if dtype == jnp.float32 else jax.lax.Precision.DEFAULT)
 
 
-def _heads_from_latent(o_lat_BTNC: jax.Array, w_uv_CNH: jax.Array, dot_dtype=jnp.float32, *,
-                       heads_major: bool = False) -> jax.Array:
+def _heads_from_latent(o_lat_BTNC: jax.Array, w_uv_CNH: jax.Array, dot_dtype=jnp.float32) -> jax.Array:
   """o_h = W_UV_h · (the attention-weighted latent), fp32 [B, T, N, H]; the dot's inputs in `dot_dtype`
   (bf16 in a bf16 model, as FlashMLA's bf16 output enters vLLM's W_UV product; with fp32 inputs it most
   likely was the fp32 SIMT GEMM in the V3.2 step's profile: benchmarks/RESULTS.md, "Where the FP8 draft
-  step's time goes"). `heads_major`: the latent comes as [N, B, T, C] (the kernel's `heads_major` output)."""
+  step's time goes")."""
   dot_dtype, precision = dot_inputs(dot_dtype)
-  return jnp.einsum("nbtc,cnh->btnh" if heads_major else "btnc,cnh->btnh", o_lat_BTNC.astype(dot_dtype), w_uv_CNH.astype(dot_dtype), precision=precision,
+  return jnp.einsum("btnc,cnh->btnh", o_lat_BTNC.astype(dot_dtype), w_uv_CNH.astype(dot_dtype), precision=precision,
                     preferred_element_type=jnp.float32)
 
 

@@ -80,12 +80,9 @@ def dequantize_latent(codes__C: jax.Array, scale__G: jax.Array, dtype) -> jax.Ar
   return grouped.reshape(codes__C.shape).astype(dtype)
 
 
-def combine_splits(out_QPNC: jax.Array, lse_QPN: jax.Array, *, heads_major: bool = False) -> jax.Array:
-  """The splits' normalised partial outputs weighted by their share of the softmax mass: fp32 [Q, N, C]; with
-  `heads_major` the partials come as [P, N, Q, C] and the result goes out as [N, Q, C] (`lse_QPN` as before)."""
-  splits = out_QPNC.shape[0 if heads_major else 1]
-  if splits == 1:
-    return out_QPNC[0] if heads_major else out_QPNC[:, 0]
+def combine_splits(out_QPNC: jax.Array, lse_QPN: jax.Array) -> jax.Array:
+  """The splits' normalised partial outputs weighted by their share of the softmax mass: fp32 [Q, N, C]."""
+  if out_QPNC.shape[1] == 1:
+    return out_QPNC[:, 0]
   weights_QPN = jax.nn.softmax(lse_QPN, axis=1)  # exp(lse_p − logsumexp over p); a split of lse −∞ weighs 0
-  spec = "qpn,pnqc->nqc" if heads_major else "qpn,qpnc->qnc"
-  return jnp.einsum(spec, weights_QPN, out_QPNC, precision=jax.lax.Precision.HIGHEST)
+  return jnp.einsum("qpn,qpnc->qnc", weights_QPN, out_QPNC, precision=jax.lax.Precision.HIGHEST)

@@ -195,13 +195,10 @@ def smem_bytes(c: int, r: int, e: int, latent_itemsize: int, scale_groups: int =
 
 def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax.Array, k_pe_BSR: jax.Array,
                     slots_BTK: jax.Array, scale: float, *, latent_scale_BSG: jax.Array | None = None,
-                    config: Config | None = None, out_dtype=jnp.float32, heads_major: bool = False, interpret=False,
+                    config: Config | None = None, out_dtype=jnp.float32, interpret=False,
                     profile_dir: str | None = None) -> jax.Array:
   """[B, T, N, C] in `out_dtype`: each query's heads attending over its selected slots (`slots_BTK` int32, −1 =
-  not attended), the operands as `sparse_mla.reference` takes them. `heads_major`: q~ comes as [N, B, T, C] and the
-  output goes out as [N, B, T, C] (the same values): the layout in which XLA's batched dots over the heads (the
-  query's absorption by W_UK before, W_UV's product after) take and give them with no transposing copy, where the
-  token-major layout makes XLA transpose q~ (fp32) and the output around those dots. `latent_scale_BSG`: an fp8 MLA cache's
+  not attended), the operands as `sparse_mla.reference` takes them. `latent_scale_BSG`: an fp8 MLA cache's
   scales (`latent_BSC` then holds its e4m3 codes, `sparse_mla.dequantize_latent`'s format): the gather warpgroup
   dequantises each copied row in registers on its way into the bf16 operand; the selected rows' scales are
   gathered by XLA first (16 B an entry beside its 512 B of codes). `interpret`: Pallas's GPU interpreter (any host:
@@ -211,15 +208,10 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
   `benchmarks.sparse_mla_profile`, compiled only."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # noqa: PLC0415 (a GPU backend's module)
 
-  q_lat_view = q_lat_BTNC  # what the checks see: q~ in the op's [B, T, N, C] order
-  if heads_major:
-    n, b, t, c = q_lat_BTNC.shape
-    q_lat_view = jax.ShapeDtypeStruct((b, t, n, c), q_lat_BTNC.dtype)
-  else:
-    b, t, n, c = q_lat_BTNC.shape
+  b, t, n, c = q_lat_BTNC.shape
   r, k = q_pe_BTNR.shape[-1], slots_BTK.shape[-1]
   config = config_for(b * t, n, k, c, config)
-  check_operands(q_lat_view, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, config, latent_scale_BSG)
+  check_operands(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, config, latent_scale_BSG)
   e, splits = config.block_entries, config.splits
   profile = {}
   if profile_dir is not None:
@@ -233,10 +225,7 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
   width = c // pieces
   row_copies = 1 if config.whole_rows else pieces  # TMA copies a latent row takes (+ one for its rope key)
   pad_heads = [(0, 0), (0, padded - n), (0, 0)]
-  if heads_major:  # [padded, B·T, C]
-    q_lat = jnp.pad(q_lat_BTNC.reshape(n, b * t, c), [(0, padded - n), (0, 0), (0, 0)])
-  else:  # [B·T, padded, C]
-    q_lat = jnp.pad(q_lat_BTNC.reshape(b * t, n, c), pad_heads)
+  q_lat = jnp.pad(q_lat_BTNC.reshape(b * t, n, c), pad_heads)
   q_pe = jnp.pad(q_pe_BTNR.reshape(b * t, n, r), pad_heads)
   ids_width = -(-e // 32) * 32  # a step's ids fetch moves a multiple of 128 bytes: the splits' ends padded to it
   slots = jnp.pad(slots_BTK.astype(jnp.int32).reshape(b * t, splits, k // splits),
@@ -272,13 +261,12 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
     rows_layout = plgpu.Layout.TILED(mgpu_fa.Tiling(((4, 256), (8,))), warp_dims=(-3,), lane_dims=(-2,),
                                      vector_dim=-1)
   plan = Plan(plgpu=plgpu, config=config, t=t, e=e, c=c, steps=steps, sets=sets, pieces=pieces, width=width, hb=hb,
-              groups=g if scaled else 0, dtype=dtype, scale=scale, interpret=bool(interpret), heads_major=heads_major,
-              rows_layout=rows_layout,
+              groups=g if scaled else 0, dtype=dtype, scale=scale, interpret=bool(interpret), rows_layout=rows_layout,
               wgmma_rows=plgpu.Layout.WGMMA.reduce(1), wgmma_cols=plgpu.Layout.WGMMA.reduce(0), ids_width=ids_width)
   out_dt = out_dtype if splits == 1 else jnp.float32
   kernel = plgpu.kernel(
       body_for(plan),
-      out_type=(jax.ShapeDtypeStruct((splits, padded, b * t, c) if heads_major else (b * t, splits, padded, c), out_dt),
+      out_type=(jax.ShapeDtypeStruct((b * t, splits, padded, c), out_dt),
                 jax.ShapeDtypeStruct((b * t, splits, padded), jnp.float32)),
       scratch_types=[
           plgpu.SMEM((hb, c), dtype, transforms=lat_t), plgpu.SMEM((hb, r), dtype, transforms=pe_t),
@@ -312,7 +300,5 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
       interpret=interpret_params(plgpu, interpret),
   )
   out, lse = kernel(q_lat, q_pe, latent_BSC.reshape(b, -1, pieces, width), k_pe_BSR, slots, *scale_inputs)
-  if heads_major:
-    return combine_splits(out[:, :n], lse[:, :, :n], heads_major=True).astype(out_dtype).reshape(n, b, t, c)
   return combine_splits(out[:, :, :n], lse[:, :, :n]).astype(out_dtype).reshape(b, t, n, c)
 

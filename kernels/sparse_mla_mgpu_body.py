@@ -77,7 +77,7 @@ def _write(plan: Plan, r: Refs, acc, l, col):
   norm = jnp.where(l > 0, l, 1.0)
   out = (acc / lax.broadcast_in_dim(norm, acc.shape, [0])).astype(r.out_gmem.dtype)
   if jnp.dtype(r.out_gmem.dtype).itemsize == 4:  # straight from registers: a quad's 4 × 8 B are whole sectors
-    plan.out_of(r, pl.ds(r.hi * hb, hb), pl.ds(col, half))[...] = out
+    r.out_gmem.at[r.qi, r.pi, pl.ds(r.hi * hb, hb), pl.ds(col, half)][...] = out
     return
   # 16-bit: both halves into q~'s buffer (free once the last step's scores are done: the values half waits for
   # them), then one TMA copy by the scores warpgroup, since a quad's 4 × 4 B would store half sectors
@@ -87,7 +87,7 @@ def _write(plan: Plan, r: Refs, acc, l, col):
     plgpu.barrier_arrive(r.written)
     return
   plgpu.barrier_wait(r.written)
-  plgpu.copy_smem_to_gmem(r.q_lat_smem, plan.out_of(r, pl.ds(r.hi * hb, hb)))
+  plgpu.copy_smem_to_gmem(r.q_lat_smem, r.out_gmem.at[r.qi, r.pi, pl.ds(r.hi * hb, hb)])
   plgpu.wait_smem_to_gmem(0)
 
 
@@ -290,7 +290,7 @@ def _scores(plan: Plan, r: Refs):
   plgpu, hb = plan.plgpu, plan.hb
   plgpu.set_max_registers(232, action="increase")
   heads = pl.ds(r.hi * hb, hb)
-  plgpu.copy_gmem_to_smem(plan.q_lat_of(r, heads), r.q_lat_smem, r.loaded)
+  plgpu.copy_gmem_to_smem(r.q_lat_gmem.at[r.qi, heads], r.q_lat_smem, r.loaded)
   plgpu.copy_gmem_to_smem(r.q_pe_gmem.at[r.qi, heads], r.q_pe_smem, r.loaded)
   plgpu.barrier_wait(r.loaded)
   init = (plgpu.layout_cast(jnp.zeros((hb, plan.half), jnp.float32), plgpu.Layout.WGMMA),

@@ -29,7 +29,6 @@ class Plan:
   dtype: Any  # the operands' 16-bit dtype
   scale: float
   interpret: bool
-  heads_major: bool  # q~ [padded, B·T, C] and the output [splits, padded, B·T, C] (else [B·T, ·, padded, C])
   rows_layout: Any  # the row-contiguous re-layout's register layout, or None
   wgmma_rows: Any  # one value per head (row of the [64, ·] accumulators)
   wgmma_cols: Any  # one value per entry (column of the scores)
@@ -46,14 +45,6 @@ class Plan:
   def at(self, ref, slot):
     """A step's set of a buffer or barrier (one set: the ref itself)."""
     return ref if self.sets == 1 else ref.at[slot]
-
-  def q_lat_of(self, r: Refs, heads):
-    """The CTA's query's q~ rows for `heads` in HBM: [heads, C]."""
-    return r.q_lat_gmem.at[heads, r.qi] if self.heads_major else r.q_lat_gmem.at[r.qi, heads]
-
-  def out_of(self, r: Refs, heads, cols=slice(None)):
-    """The CTA's output rows (its query, split, `heads`) in HBM, `cols` of them: [heads, cols], one indexer."""
-    return r.out_gmem.at[r.pi, heads, r.qi, cols] if self.heads_major else r.out_gmem.at[r.qi, r.pi, heads, cols]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,7 +4,7 @@ kernel takes) and, for the MLA projections, that the laid-out-ahead forms comput
 import jax
 import jax.numpy as jnp
 
-from benchmarks import index_scores_splits, mla_projections, sparse_mla, sparse_mla_splits
+from benchmarks import index_scores_splits, mla_projections, sparse_mla_splits
 from jax_mtp.kernels import index_scores_mgpu, sparse_mla_mgpu
 from tests.tolerances import TOLERANCE, assert_close
 
@@ -52,39 +52,9 @@ def test_mla_projection_forms_agree():
     for got, want in zip(form, model, strict=True):
       assert_close(got, want, "float32", "q form")
   assert_close(mla_projections.v_prelaid(o, w_uv_NCH), mla_projections.v_model(o, w_kvb), "float32", "W_UV form")
-  # the kernel's two layouts: the same q~ (transposed) and the same W_UV product
-  (token_q, token_pe), (heads_q, heads_pe) = (mla_projections.q_for_kernel(x, w_qb, w_kvb),
-                                              mla_projections.q_heads_major_for_kernel(x, w_qb, w_kvb))
-  assert heads_q.shape == (n, 3, c)
-  assert_close(heads_q.transpose(1, 0, 2), token_q, "float32", "heads-major q~")
-  assert_close(heads_pe, token_pe, "float32", "q_pe beside heads-major q~")
-  assert_close(mla_projections.v_heads_major(o.transpose(1, 0, 2), w_kvb), mla_projections.v_model(o, w_kvb),
-               "float32", "W_UV over the heads-major output")
-  prelaid_q, prelaid_pe = mla_projections.q_heads_major_prelaid(x, w_qb, w_uk_NPC)
-  assert_close(prelaid_q, heads_q, "float32", "heads-major q~, W_UK laid out ahead")
-  assert_close(prelaid_pe, token_pe, "float32", "q_pe beside it")
-  assert_close(mla_projections.v_heads_major_prelaid(o.transpose(1, 0, 2), w_uv_NCH),
-               mla_projections.v_model(o, w_kvb), "float32", "W_UV laid out ahead over the heads-major output")
 
 
-def test_a_refused_sparse_mla_config_is_a_row_of_the_same_cells():
-  """A candidate the compiler refuses (apart, 2026-12-05: ptxas) is a table row saying so, as many cells as a timed
-  row, and the sweep goes on to the next config."""
-  timed, failed = sparse_mla._cells((505.5e-6, 3.9e-3), 183.4), sparse_mla._cells("ptxas fatal: (C7602) ...", 183.4)
-  assert timed.split("|")[0].strip() == "505.5" and failed.startswith("failed: ptxas fatal")
-  assert failed.count("|") == timed.count("|")
 
-
-def test_the_heads_major_output_spares_w_uvs_product_a_transpose():
-  """mla_projections' "copies" column, read from compiled programs (this host's XLA): W_UV's product over a
-  token-major [M, N, C] latent transposes it to put the heads first, over the kernel's heads-major [N, M, C] it does
-  not (the weight's slice is transposed in both)."""
-  spec = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)  # noqa: E731
-  n, c, h, p = mla_projections.N, mla_projections.C, mla_projections.H, mla_projections.P
-  w_kvb = spec(c, n * (p + h))
-  copies = {name: mla_projections.layout_copies(jax.jit(fn).lower(o, w_kvb).compile().as_text())
-            for name, fn, o in [("token-major", mla_projections.v_model, spec(8, n, c)),
-                                ("heads-major", mla_projections.v_heads_major, spec(n, 8, c))]}
-  assert copies["heads-major"] < copies["token-major"], copies
+def test_the_copies_column_counts_copy_and_transpose_instructions():
   assert mla_projections.layout_copies("  %t = f32[2,3]{0,1} transpose(%p), dimensions={1,0}\n"
                                        "  ROOT %c = f32[2,3]{1,0} copy(%t)\n  %d = f32[2,2]{1,0} dot(%a, %b)") == 2

@@ -62,18 +62,3 @@ def test_a_row_is_the_median_of_its_runs_with_their_spread(capsys):
   cells = [c.strip() for c in row.strip("|").split("|")]
   median, (low, high) = float(cells[6]), map(float, cells[7].split("–"))
   assert low <= median <= high and cells[-1] == "True"
-
-
-def test_the_kernel_layouts_each_get_a_row_with_the_same_tokens(capsys):
-  """`--kernel-layouts token heads`: one absorbed row each, labelled, its tokens checked against the first's; the
-  module's layout switch is restored after the run."""
-  from benchmarks.verify_forward import main  # noqa: PLC0415
-  from jax_mtp import mla  # noqa: PLC0415
-  before = mla.KERNEL_HEADS_MAJOR
-  assert main(["--small", "--layers", "2", "--batch", "2", "--capacity", "128", "--iters", "1", "--repeats", "1",
-               "--forms", "absorbed", "--kernel-layouts", "token", "heads"]) == 0
-  rows = capsys.readouterr().out.strip().splitlines()[-2:]
-  labels = [[c.strip() for c in row.strip("|").split("|")][3] for row in rows]
-  assert labels == ["absorbed", "absorbed (heads-major kernel I/O)"]
-  assert all(row.rstrip(" |").endswith("True") for row in rows)
-  assert mla.KERNEL_HEADS_MAJOR == before
