@@ -4,7 +4,7 @@ kernel takes) and, for the MLA projections, that the laid-out-ahead forms comput
 import jax
 import jax.numpy as jnp
 
-from benchmarks import index_scores_splits, mla_projections, sparse_mla_splits
+from benchmarks import index_scores_splits, mla_projections, sparse_mla, sparse_mla_splits
 from jax_mtp.kernels import index_scores_mgpu, sparse_mla_mgpu
 from tests.tolerances import TOLERANCE, assert_close
 
@@ -53,6 +53,13 @@ def test_mla_projection_forms_agree():
       assert_close(got, want, "float32", "q form")
   assert_close(mla_projections.v_prelaid(o, w_uv_NCH), mla_projections.v_model(o, w_kvb), "float32", "W_UV form")
 
+
+def test_a_refused_sparse_mla_config_is_a_row_of_the_same_cells():
+  """A candidate the compiler refuses (apart, 2026-12-05: ptxas) is a table row saying so, as many cells as a timed
+  row, and the sweep goes on to the next config."""
+  timed, failed = sparse_mla._cells((505.5e-6, 3.9e-3), 183.4), sparse_mla._cells("ptxas fatal: (C7602) ...", 183.4)
+  assert timed.split("|")[0].strip() == "505.5" and failed.startswith("failed: ptxas fatal")
+  assert failed.count("|") == timed.count("|")
 
 
 def test_the_copies_column_counts_copy_and_transpose_instructions():
