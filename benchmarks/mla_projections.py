@@ -98,13 +98,14 @@ def main(argv=None) -> int:
     reference = {}
     for part, form, fn, fn_args, nbytes, work in rows:
       jitted = jax.jit(fn)
-      out = jax.tree.map(np.asarray, jitted(*fn_args))
+      compiled = jitted.lower(*fn_args).compile()  # one compile: its output checked here, its HLO's copies counted
+      out = jax.tree.map(np.asarray, compiled(*fn_args))
       reference.setdefault(part, out)
       diff = max(float(np.max(np.abs(a.astype(np.float32) - b.astype(np.float32))))
                  for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(reference[part]), strict=True))
       seconds = time_in_loop(jitted, fn_args, args.iters, whole_output=True)
       roof = max(nbytes / bandwidth, work / flops)
-      hlo = jitted.lower(*fn_args).compile().as_text()
+      hlo = compiled.as_text()
       if args.hlo_dir:
         os.makedirs(args.hlo_dir, exist_ok=True)
         name = re.sub(r"\W+", "_", f"{m} {part} {form}").strip("_")

@@ -1,14 +1,15 @@
 """What a compiled program ran for each part the kernel flags name (the routed experts, the DSA index scores, the
 sparse attention, the dense absorbed attention), read from its HLO text, not from the config: `auto` resolves per
-platform and call shape, and this is what the programs hold. Our Mosaic GPU kernels are found by their launch names
-(`KERNEL_NAME`s, the sparse MLA's with its form's suffix), tokamax's by a Mosaic GPU custom call that is none of ours, the
-dense attention's products by their operands' element type (16-bit dots on the matrix units, or fp32 ones, which a
-GPU runs on its CUDA cores), the routed experts' XLA forms by the impl their scope names (`routed_experts_<impl>`:
-XLA decomposes `lax.ragged_dot` on a CPU into ops that do not say so). A part whose kernel is not there ran in XLA if the program holds the part at all: its
-named scope (`index_scores`, `sparse_attention`, `dense_attention`, kept in the instructions' op_name metadata),
+platform and call shape, and this is what the programs hold.
+
+Our Mosaic GPU kernels are found by their launch names (`KERNEL_NAME`s, the sparse MLA's with its form's suffix),
+tokamax's by a Mosaic GPU custom call that is none of ours, the dense attention's products by their operands'
+element type (16-bit dots on the matrix units, or fp32 ones, which a GPU runs on its CUDA cores), the routed
+experts' XLA forms by the impl their scope names (`routed_experts_<impl>`: XLA decomposes `lax.ragged_dot` on a CPU
+into ops that do not say so). A part whose kernel is not there ran in XLA if the program holds the part at all (its
+named scope, `index_scores`, `sparse_attention` or `dense_attention`, kept in the instructions' op_name metadata),
 else it is not in the program (`NOT_IN_PROGRAM`: a short request's dense cache runs no indexer).
-`python -m jax_mtp.decode` prints it (`Speculator.kernels_ran`), and so does
-`benchmarks.e2e`."""
+`python -m jax_mtp.decode` prints it (`Speculator.kernels_ran`), and so does `benchmarks.e2e`."""
 
 from __future__ import annotations
 
@@ -33,13 +34,13 @@ _PRODUCT = re.compile(r" (?:dot|custom-call)\(%([\w.\-]+)")
 def parts_ran(hlo: str) -> dict[str, str]:
   """{part: what ran} over a compiled program's HLO text (one instruction a line)."""
   ours = (INDEX_SCORES_MGPU_KERNEL, FP8_MGPU_KERNEL, SPARSE_MLA_MGPU_KERNEL)
-  # Mosaic GPU calls that are none of ours (tokamax's); not the text's file names (the kernels' modules)
-  others = "\n".join(line for line in hlo.splitlines()
-                     if "custom-call" in line and not any(name in line for name in ours))
+  # a Mosaic GPU call that is none of ours (tokamax's); not the text's file names (the kernels' modules)
+  tokamax = any("custom-call" in line and "mosaic" in line.lower() and not any(name in line for name in ours)
+                for line in hlo.splitlines())
   xla = lambda scope: "XLA" if scope + "/" in hlo else NOT_IN_PROGRAM  # noqa: E731
   traced = [EXPERT_FORMS.get(impl, impl) for impl in dict.fromkeys(_EXPERTS_SCOPE.findall(hlo))]
   experts = ("FP8 grouped matmul (Pallas Mosaic GPU)" if FP8_MGPU_KERNEL in hlo else
-             "tokamax (Mosaic GPU)" if "mosaic" in others.lower() else " + ".join(traced) or NOT_IN_PROGRAM)
+             EXPERT_FORMS["tokamax_gpu"] if tokamax else " + ".join(traced) or NOT_IN_PROGRAM)
   forms = [form for form, suffix in SPARSE_MLA_FORMS.items()
            if SPARSE_MLA_MGPU_KERNEL + suffix in hlo]  # a round holds two: one query a draft step, B · 4 verifying
   sparse = (f"Pallas Mosaic GPU kernel ({' + '.join(forms)})" if SPARSE_MLA_MGPU_KERNEL in hlo
