@@ -93,6 +93,7 @@
 #   heads    (22:38 2026-12-05, an H100; exits 2 since) the sparse-MLA kernel's heads-major q~ / output: no faster,
 #            removed the same evening
 #   crossover (not run yet) the crossover probe's exchange compiled
+#   xover    (not run yet) the probe, then Config.crossover's compiled tests and its speed beside the double-buffered form
 #   gemms2   (22:43 2026-12-05, an H100: XLA fastest or within a few µs nearly everywhere) V3.2's dense linears at M = 256 (and 64, 1,024) on XLA's GEMM beside jax's Hopper matmul
 #            rasterised over M and tokamax's grouped matmul over one group (benchmarks.dense_gemms)
 #   fp8      benchmarks.e2e with FP8 weights kept as codes: 1K and 32K prompts at B = 1, 1K at B = 64
@@ -132,9 +133,15 @@ case "${1:?stage}" in
     run 170 verify_4k_b256.md python3 -m benchmarks.verify_forward --layers "$layers" -k 3 --forms absorbed \
       --batch 256 --capacity 4096 --profile --iters 5
     ;;
-  verify32k)
-    run 300 verify_32k.md python3 -m benchmarks.verify_forward --layers 4 -k 3 --forms absorbed --batch 64 256 \
-      --capacity 32768 --profile --iters 5
+  verify32k)  # 4 layers on an H200 (B = 64 and 256); 3 on an H100, B = 64 only (B = 256's 35 GB of caches beside 55 GB
+              # of weights do not fit 80 GB)
+    if nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | awk '{exit !($1 > 120000)}'; then
+      layers=4 batches=(64 256)
+    else
+      layers=3 batches=(64)
+    fi
+    run 300 verify_32k.md python3 -m benchmarks.verify_forward --layers "$layers" -k 3 --forms absorbed \
+      --batch "${batches[@]}" --capacity 32768 --profile --iters 5
     ;;
   fp8)
     run 280 e2e_fp8.md python3 -m benchmarks.e2e --weights fp8 --prompt 1024 32768 --batch 1 --iters 5 \
@@ -522,6 +529,15 @@ case "${1:?stage}" in
           # failed; removed with its tests and flags the same evening) the sparse-MLA kernel's q~ / output as [N, B, T, C]
     echo "stage $1: the heads-major form was removed on 2026-12-05 (no faster); see RESULTS.md" >&2
     exit 2
+    ;;
+  xover)  # (not run yet) the crossover probe's exchange, then Config.crossover (a query's two head blocks as a 2-CTA
+          # cluster, each gathering half a step's rows into both CTAs' operands): its compiled tests (bit-equal to the
+          # double-buffered form), then timed beside it at auto's splits, bf16 and fp8 caches
+    run 100 gpu_tests_crossover.txt python3 -m pytest -v --tb=short -p no:cacheprovider tests/test_crossover_probe.py
+    run 200 gpu_tests_xover.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 90 \
+      tests/test_sparse_mla_mgpu.py -k "crossover"
+    run 240 sparse_mla_crossover.md python3 -m benchmarks.sparse_mla_splits --batch 64 8 1 --tokens 4 1 --crossover \
+      --only-auto --iters 20
     ;;
   crossover)  # (not run yet) the crossover probe's exchange compiled (tools/crossover_probe.py): both CTAs' operands
     run 120 gpu_tests_crossover.txt python3 -m pytest -v --tb=short -p no:cacheprovider tests/test_crossover_probe.py

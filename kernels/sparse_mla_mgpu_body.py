@@ -100,12 +100,14 @@ def _fetch_ids(plan: Plan, r: Refs, step):
 
 
 def _issue_rows(plan: Plan, r: Refs, ids, first, stride, lat_to, pe_to, landed):
-  """TMA copies of rows first, first + stride, ... of a step (an invalid slot, −1, reads row 0: the scores mask it)."""
+  """TMA copies of this CTA's rows first, first + stride, ... of a step (under the crossover its head block's half of
+  the step's entries; an invalid slot, −1, reads row 0: the scores mask it)."""
   plgpu, pieces, width = plan.plgpu, plan.pieces, plan.width
+  base = r.hi * plan.rows if plan.config.crossover else 0
 
-  @pl.loop(first, plan.e, step=stride)
+  @pl.loop(first, plan.rows, step=stride)
   def _(i):
-    slot = jnp.maximum(ids[i], 0)
+    slot = jnp.maximum(ids[base + i], 0)
     if plan.config.whole_rows:  # one [1, pieces, width] box: each dimension within TMA's 256
       plgpu.copy_gmem_to_smem(r.lat_gmem.at[r.row, pl.ds(slot, 1)], lat_to.at[pl.ds(i, 1)], landed)
     else:  # one copy a piece: a TMA box is at most 256 wide
@@ -139,6 +141,9 @@ def _relayout(plan: Plan, r: Refs, slot):
                                                     plan.rows_layout)
   lat_stage_s, pe_stage_s, lat_op_s, pe_op_s = (plan.at(ref, slot) for ref in (r.lat_stage, r.pe_stage, r.lat_op,
                                                                                 r.pe_op))
+  if plan.config.crossover:
+    _relayout_crossover(plan, r, lat_stage_s, pe_stage_s, lat_op_s, pe_op_s, slot)
+    return
   if plan.sets == 2:  # rows_layout: a warp 8 rows × 4 lanes' 16-B pieces (see sparse_mla_mgpu)
     group_width = c // plan.groups if plan.scaled else width
     for col in range(0, c, group_width):
@@ -168,6 +173,30 @@ def _relayout(plan: Plan, r: Refs, slot):
         piece = (piece.astype(jnp.float32) * lax.broadcast_in_dim(group_scale, piece.shape, [0])).astype(dtype)
       lat_op_s[:, pl.ds(col, 64)] = piece
   pe_op_s[...] = plgpu.load(pe_stage_s, layout=plgpu.Layout.WGMMA, optimized=False)
+
+
+def _relayout_crossover(plan: Plan, r: Refs, lat_stage_s, pe_stage_s, lat_op_s, pe_op_s, slot):
+  """This CTA's half of a step's rows (its head block's: rows hi · rows ..) into its operand set and the peer's: each
+  piece stored here and by `async_store_smem` there, completing its bytes on the peer's operand-ready barrier (a
+  latent piece a store, an fp8 cache's a scale group, dequantised first)."""
+  plgpu, c, width, rows_layout = plan.plgpu, plan.c, plan.width, plan.rows_layout
+  mine, ready = pl.ds(r.hi * plan.rows, plan.rows), plan.at(r.op_ready, slot)
+
+  def put(dst, x):
+    dst[...] = x
+    plgpu.async_store_smem(x, dst, ready, cluster_idx=1 - r.hi, cluster_dim="h")
+
+  group_width = c // plan.groups if plan.scaled else width
+  for col in range(0, c, group_width):
+    x = plgpu.load(lat_stage_s.at[:, col // width, pl.ds(col % width, group_width)], layout=rows_layout,
+                   optimized=False)
+    if plan.scaled:  # codes times their rows' group scale in fp32 (exact for e4m3), rounded once
+      group_scale = plgpu.load(plan.at(r.scale_stage, slot).at[col // group_width, mine],
+                               layout=rows_layout.reduce(1), optimized=False)
+      x = (x.astype(jnp.float32) * plgpu.layout_cast(lax.broadcast_in_dim(group_scale, x.shape, [0]), rows_layout)
+           ).astype(plan.dtype)
+    put(lat_op_s.at[mine, pl.ds(col, group_width)], x)
+  put(pe_op_s.at[mine], plgpu.load(pe_stage_s, layout=rows_layout, optimized=False))
 
 
 def _gather(plan: Plan, r: Refs):

@@ -19,6 +19,7 @@ class Plan:
   config: Any  # sparse_mla_mgpu.Config, completed by config_for
   t: int  # tokens a row: a query's batch row is its index // t
   e: int  # entries a step
+  rows: int  # a step's rows this CTA copies and re-lays: e, or half of them under the crossover
   c: int  # latent width
   steps: int  # steps a split
   sets: int  # staging / operand / P buffer sets
@@ -41,6 +42,14 @@ class Plan:
   @property
   def scaled(self) -> bool:
     return self.groups > 0
+
+  @property
+  def peer_stores(self) -> int:
+    """`async_store_smem` calls a step's re-layout makes into the peer CTA under the crossover (a latent piece, or an
+    fp8 cache's scale group, each, and the rope key); 0 without it."""
+    if not self.config.crossover:
+      return 0
+    return (self.groups if self.scaled else self.pieces) + 1
 
   def at(self, ref, slot):
     """A step's set of a buffer or barrier (one set: the ref itself)."""
