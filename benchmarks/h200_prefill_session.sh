@@ -93,7 +93,9 @@
 #   heads    (22:38 2026-12-05, an H100; exits 2 since) the sparse-MLA kernel's heads-major q~ / output: no faster,
 #            removed the same evening
 #   crossover (not run yet) the crossover probe's exchange compiled
-#   xover    (not run yet) the probe, then Config.crossover's compiled tests and its speed beside the double-buffered form
+#   xover    (00:25 2026-12-06, an H100: the probe hung, the kernel crashed) the probe, then Config.crossover's compiled
+#            tests and its speed beside the double-buffered form
+#   xover2   (not run yet) which cross-CTA exchange works (tools/crossover_variants.py), then the dsmem-stores form
 #   gemms2   (22:43 2026-12-05, an H100: XLA fastest or within a few µs nearly everywhere) V3.2's dense linears at M = 256 (and 64, 1,024) on XLA's GEMM beside jax's Hopper matmul
 #            rasterised over M and tokamax's grouped matmul over one group (benchmarks.dense_gemms)
 #   fp8      benchmarks.e2e with FP8 weights kept as codes: 1K and 32K prompts at B = 1, 1K at B = 64
@@ -538,6 +540,15 @@ case "${1:?stage}" in
       tests/test_sparse_mla_mgpu.py -k "crossover"
     run 240 sparse_mla_crossover.md python3 -m benchmarks.sparse_mla_splits --batch 64 8 1 --tokens 4 1 --crossover \
       --only-auto --iters 20
+    ;;
+  xover2)  # (not run yet) after xover (00:25 2026-12-06, an H100: the probe hung, the crossover kernel crashed with
+           # "unspecified launch failure"): which exchange works (tools/crossover_variants.py, each in its own process,
+           # the PTX's barrier lines), then the dsmem-stores crossover's compiled tests and its speed
+    (export MOSAIC_GPU_DUMP_PTX=1; run 200 crossover_variants.txt python3 tools/crossover_variants.py)
+    run 170 gpu_tests_xover2.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 60 \
+      tests/test_sparse_mla_mgpu.py -k "crossover and dsmem and not lowers"
+    run 150 sparse_mla_crossover2.md python3 -m benchmarks.sparse_mla_splits --batch 64 8 --tokens 4 1 \
+      --crossover dsmem --only-auto --iters 20
     ;;
   crossover)  # (not run yet) the crossover probe's exchange compiled (tools/crossover_probe.py): both CTAs' operands
     run 120 gpu_tests_crossover.txt python3 -m pytest -v --tb=short -p no:cacheprovider tests/test_crossover_probe.py

@@ -105,6 +105,11 @@ class Config:
   # double-buffered form at 128 heads (two head blocks) only; compiled only (Pallas's GPU interpreter refuses
   # clusters). Off: not yet timed against the double-buffered form (benchmarks.sparse_mla_crossover).
   crossover: bool = False
+  # How the crossover's rows reach the peer: "async" (`async_store_smem`, completing bytes on the peer's barrier; hung
+  # in tools/crossover_probe.py and crashed in this kernel on an H100 with jax 0.11.2, 2026-12-06 00:25) or "dsmem"
+  # (plain stores through `plgpu.cluster_ref`, then the operand-ready barrier a cluster barrier: each gather's arrival
+  # lands in both CTAs)
+  crossover_stores: str = "async"
 
 
 def buffer_sets(config: Config) -> int:
@@ -170,6 +175,8 @@ def check_operands(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, confi
   if config.double_buffered and (e != DOUBLE_BUFFERED_ENTRIES or c != 2 * TMA_BOX):
     raise ValueError(f"double_buffered takes block_entries={DOUBLE_BUFFERED_ENTRIES} and a {2 * TMA_BOX}-wide "
                      f"latent; got block_entries={e}, a latent of width {c}")
+  if config.crossover_stores not in ("async", "dsmem"):
+    raise ValueError(f"crossover_stores={config.crossover_stores!r} is not 'async' or 'dsmem'")
   if config.crossover and (not config.double_buffered or -(-n // BLOCK_HEADS) != 2):
     raise ValueError(f"crossover pairs a query's two {BLOCK_HEADS}-head blocks in the double-buffered form; got "
                      f"{n} heads, double_buffered={config.double_buffered}")
@@ -315,7 +322,8 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
           # op_ready (the gather's arrival; under the crossover also each of the peer's stores into this CTA's half,
           # one arrival a thread of its warpgroup), op_free (both halves; both CTAs' under the crossover), p_ready: a
           # set each; done, written
-          plgpu.Barrier(num_arrivals=1 + plan.peer_stores * 128, num_barriers=sets),
+          plgpu.ClusterBarrier(collective_axes=("h",), num_arrivals=1, num_barriers=sets) if plan.dsmem
+          else plgpu.Barrier(num_arrivals=1 + plan.peer_stores * 128, num_barriers=sets),
           plgpu.ClusterBarrier(collective_axes=("h",), num_arrivals=2, num_barriers=sets) if config.crossover
           else plgpu.Barrier(num_arrivals=2, num_barriers=sets),
           plgpu.Barrier(num_arrivals=1, num_barriers=sets), plgpu.Barrier(num_arrivals=1), plgpu.Barrier(num_arrivals=1),

@@ -184,7 +184,10 @@ def _relayout_crossover(plan: Plan, r: Refs, lat_stage_s, pe_stage_s, lat_op_s, 
 
   def put(dst, x):
     dst[...] = x
-    plgpu.async_store_smem(x, dst, ready, cluster_idx=1 - r.hi, cluster_dim="h")
+    if plan.dsmem:  # the operand-ready barrier is the cluster's: the gather's arrival after these lands in both CTAs
+      plgpu.cluster_ref(dst, {"h": 1 - r.hi})[...] = x
+    else:
+      plgpu.async_store_smem(x, dst, ready, cluster_idx=1 - r.hi, cluster_dim="h")
 
   group_width = c // plan.groups if plan.scaled else width
   for col in range(0, c, group_width):

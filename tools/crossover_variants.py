@@ -1,0 +1,108 @@
+"""Which cross-CTA exchange works on this GPU's jax (the sparse MLA's `Config.crossover` crashed with "unspecified
+launch failure" and `tools/crossover_probe.py` hung on an H100 with jax 0.11.2, 2026-12-06 00:25): each variant runs
+in its own process under a time bound and reports equal / differs / hung / crashed.
+
+    python tools/crossover_variants.py            # on a Hopper GPU; MOSAIC_GPU_DUMP_PTX=1 for the PTX's barrier lines
+
+  async    the probe: `async_store_smem` into the peer's operand, 128 arrivals a store on the peer's barrier
+  dsmem    plain stores into the peer's operand through `plgpu.cluster_ref`, then a `ClusterBarrier` arrival
+  handshake a `ClusterBarrier` arrival and wait alone, no data: whether remote arrivals complete a phase
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+import crossover_probe as probe
+
+VARIANTS = ("handshake", "dsmem", "async")  # the one that hung last
+
+
+def _kernel(body, x, scratch):
+  swizzled = (plgpu.TilingTransform((8, probe.PIECE)), plgpu.SwizzleTransform(64))
+  return plgpu.kernel(
+      body, out_type=jax.ShapeDtypeStruct((2, probe.ROWS, probe.WIDTH), x.dtype),
+      scratch_types=[plgpu.SMEM((probe.HALF, probe.WIDTH), x.dtype),
+                     plgpu.SMEM((probe.ROWS, probe.WIDTH), x.dtype, transforms=swizzled),
+                     plgpu.Barrier(num_arrivals=1), *scratch],
+      grid=(1,), grid_names=("g",), cluster=(2,), cluster_names=("c",), num_threads=1, thread_name="wg",
+      compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane))(x)
+
+
+def _rows_layout():
+  from jax.experimental.mosaic.gpu import fragmented_array as mgpu_fa  # noqa: PLC0415
+  return plgpu.Layout.TILED(mgpu_fa.Tiling(((probe.HALF, probe.PIECE), (4, probe.PIECE), (4,))), warp_dims=(-5,),
+                            lane_dims=(-3, -2), vector_dim=-1)
+
+
+def dsmem(x):
+  def body(x_gmem, out_gmem, stage, operand, loaded, landed):
+    me = jax.lax.axis_index("c")
+    plgpu.copy_gmem_to_smem(x_gmem.at[pl.ds(me * probe.HALF, probe.HALF)], stage, loaded)
+    plgpu.barrier_wait(loaded)
+    for col in range(0, probe.WIDTH, probe.PIECE):
+      piece = plgpu.load(stage.at[:, pl.ds(col, probe.PIECE)], layout=_rows_layout(), optimized=False)
+      mine = operand.at[pl.ds(me * probe.HALF, probe.HALF), pl.ds(col, probe.PIECE)]
+      mine[...] = piece
+      plgpu.cluster_ref(mine, {"c": 1 - me})[...] = piece
+    plgpu.commit_smem()
+    plgpu.barrier_arrive(landed)  # in both CTAs: 2 arrivals a phase
+    plgpu.barrier_wait(landed)
+    plgpu.copy_smem_to_gmem(operand, out_gmem.at[me])
+    plgpu.wait_smem_to_gmem(0)
+
+  return _kernel(body, x, [plgpu.ClusterBarrier(collective_axes=("c",), num_arrivals=1)])
+
+
+def handshake(x):
+  def body(x_gmem, out_gmem, stage, operand, loaded, met):
+    me = jax.lax.axis_index("c")
+    plgpu.barrier_arrive(met)
+    plgpu.barrier_wait(met)
+    plgpu.copy_gmem_to_smem(x_gmem, operand, loaded)
+    plgpu.barrier_wait(loaded)
+    plgpu.copy_smem_to_gmem(operand, out_gmem.at[me])
+    plgpu.wait_smem_to_gmem(0)
+
+  return _kernel(body, x, [plgpu.ClusterBarrier(collective_axes=("c",), num_arrivals=1)])
+
+
+def run(name: str) -> int:
+  x = jnp.asarray(np.arange(probe.ROWS * probe.WIDTH).reshape(probe.ROWS, -1) % 251, jnp.bfloat16)
+  fn = {"async": probe.crossover, "dsmem": dsmem, "handshake": handshake}[name]
+  out = np.asarray(jax.jit(fn)(x))
+  ok = all(np.array_equal(out[i], np.asarray(x)) for i in (0, 1))
+  bad = [int((out[i] != np.asarray(x)).any(axis=1).sum()) for i in (0, 1)]
+  print(f"RESULT {name}: {'equal' if ok else f'differs (rows wrong in each CTA: {bad})'}", flush=True)
+  return 0 if ok else 1
+
+
+def main() -> int:
+  if len(sys.argv) > 1:
+    return run(sys.argv[1])
+  for name in VARIANTS:
+    try:
+      done = subprocess.run([sys.executable, __file__, name], capture_output=True, text=True, timeout=60)
+      text = done.stdout + done.stderr
+      verdict = next((line for line in text.splitlines() if line.startswith("RESULT")), None)
+      print(verdict or f"RESULT {name}: crashed (rc {done.returncode}): "
+            + " / ".join(line for line in text.splitlines() if "rror" in line)[-600:])
+    except subprocess.TimeoutExpired as e:
+      text = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+      print(f"RESULT {name}: hung (killed after 60 s)")
+    barrier_lines = [line.strip() for line in text.splitlines() if "mbarrier" in line or "st.async" in line
+                     or "mapa" in line or "barrier.cluster" in line]
+    for line in dict.fromkeys(barrier_lines):  # the PTX's distinct barrier instructions (MOSAIC_GPU_DUMP_PTX=1)
+      print("  ptx:", line[:200])
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
