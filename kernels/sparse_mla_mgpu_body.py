@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from jax_mtp.kernels.mosaic_gpu_common import cluster_fences
 from jax_mtp.kernels.sparse_mla_mgpu_plan import GATHER_REGISTERS, Plan, Refs
 
 _NEG_INIT = -1e30  # the running max starts finite: exp(−∞ − (−∞)) would be NaN
@@ -226,6 +227,8 @@ def _gather(plan: Plan, r: Refs):
     with jax.named_scope("relayout"):
       _relayout(plan, r, slot)
       plgpu.commit_smem()
+      if plan.dsmem:  # this CTA's stores into the peer's operand, ordered before the peer's wgmma reads them
+        cluster_fences(plgpu)
     plgpu.barrier_arrive(plan.at(r.op_ready, slot))
     if sets == 2:  # this staging set is free again: step + 2's copies into it
       pl.when(step + 2 < steps)(lambda: _issue(plan, r, step + 2))

@@ -6,6 +6,8 @@ in its own process under a time bound and reports equal / differs / hung / crash
 
   async    the probe: `async_store_smem` into the peer's operand, 128 arrivals a store on the peer's barrier
   dsmem    plain stores into the peer's operand through `plgpu.cluster_ref`, then a `ClusterBarrier` arrival
+  fenced   the same with `fence.proxy.async.shared::cluster` and `fence.acq_rel.cluster` before the arrival
+           (`commit_smem`'s proxy fence names shared::cta; the peer's TMA / wgmma read through the async proxy)
   handshake a `ClusterBarrier` arrival and wait alone, no data: whether remote arrivals complete a phase
 """
 
@@ -13,6 +15,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # jax_mtp from this checkout (the device runs it there)
 
 import jax
 import jax.numpy as jnp
@@ -20,9 +25,11 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-import crossover_probe as probe
+import crossover_probe as probe  # noqa: E402
+import jax_mtp  # noqa: E402, F401 (maps kernels/ as jax_mtp.kernels)
+from jax_mtp.kernels.mosaic_gpu_common import cluster_fences  # noqa: E402
 
-VARIANTS = ("handshake", "dsmem", "async")  # the one that hung last
+VARIANTS = ("handshake", "dsmem", "fenced", "async")  # the one that hung last
 
 
 def _kernel(body, x, scratch):
@@ -42,7 +49,7 @@ def _rows_layout():
                             lane_dims=(-3, -2), vector_dim=-1)
 
 
-def dsmem(x):
+def dsmem(x, fenced=False):
   def body(x_gmem, out_gmem, stage, operand, loaded, landed):
     me = jax.lax.axis_index("c")
     plgpu.copy_gmem_to_smem(x_gmem.at[pl.ds(me * probe.HALF, probe.HALF)], stage, loaded)
@@ -53,6 +60,8 @@ def dsmem(x):
       mine[...] = piece
       plgpu.cluster_ref(mine, {"c": 1 - me})[...] = piece
     plgpu.commit_smem()
+    if fenced:
+      cluster_fences(plgpu)
     plgpu.barrier_arrive(landed)  # in both CTAs: 2 arrivals a phase
     plgpu.barrier_wait(landed)
     plgpu.copy_smem_to_gmem(operand, out_gmem.at[me])
@@ -76,7 +85,8 @@ def handshake(x):
 
 def run(name: str) -> int:
   x = jnp.asarray(np.arange(probe.ROWS * probe.WIDTH).reshape(probe.ROWS, -1) % 251, jnp.bfloat16)
-  fn = {"async": probe.crossover, "dsmem": dsmem, "handshake": handshake}[name]
+  fn = {"async": probe.crossover, "dsmem": dsmem, "fenced": lambda x: dsmem(x, fenced=True),
+        "handshake": handshake}[name]
   out = np.asarray(jax.jit(fn)(x))
   ok = all(np.array_equal(out[i], np.asarray(x)) for i in (0, 1))
   bad = [int((out[i] != np.asarray(x)).any(axis=1).sum()) for i in (0, 1)]
