@@ -99,14 +99,14 @@ def main() -> int:
     return run(sys.argv[1])
   for name in VARIANTS:
     try:
-      done = subprocess.run([sys.executable, __file__, name], capture_output=True, text=True, timeout=60)
+      done = subprocess.run([sys.executable, __file__, name], capture_output=True, text=True, timeout=40)
       text = done.stdout + done.stderr
       verdict = next((line for line in text.splitlines() if line.startswith("RESULT")), None)
       print(verdict or f"RESULT {name}: crashed (rc {done.returncode}): "
             + " / ".join(line for line in text.splitlines() if "rror" in line)[-600:])
     except subprocess.TimeoutExpired as e:
       text = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-      print(f"RESULT {name}: hung (killed after 60 s)")
+      print(f"RESULT {name}: hung (killed after 40 s)")
     barrier_lines = [line.strip() for line in text.splitlines() if "mbarrier" in line or "st.async" in line
                      or "mapa" in line or "barrier.cluster" in line]
     for line in dict.fromkeys(barrier_lines):  # the PTX's distinct barrier instructions (MOSAIC_GPU_DUMP_PTX=1)
