@@ -544,11 +544,13 @@ case "${1:?stage}" in
   xover2)  # (not run yet) after xover (00:25 2026-12-06, an H100: the probe hung, the crossover kernel crashed with
            # "unspecified launch failure"): which exchange works (tools/crossover_variants.py, each in its own process,
            # the PTX's barrier lines), then the dsmem-stores crossover's compiled tests and its speed
-    (export MOSAIC_GPU_DUMP_PTX=1; run 170 crossover_variants.txt python3 tools/crossover_variants.py)
-    run 130 gpu_tests_xover2.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 60 \
-      tests/test_sparse_mla_mgpu.py -k "crossover and dsmem and not lowers"
-    run 130 sparse_mla_crossover2.md python3 -m benchmarks.sparse_mla_splits --batch 64 8 --tokens 4 \
+    # ordered for a short lease (the device's last minutes): the exchanges, the kernel's speed and error at B = 64,
+    # then its bit-equality tests
+    (export MOSAIC_GPU_DUMP_PTX=1; run 150 crossover_variants.txt python3 tools/crossover_variants.py)
+    run 110 sparse_mla_crossover2.md python3 -m benchmarks.sparse_mla_splits --batch 64 --tokens 4 \
       --crossover dsmem --only-auto --iters 20
+    run 120 gpu_tests_xover2.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 60 \
+      tests/test_sparse_mla_mgpu.py -k "crossover and dsmem and not lowers"
     ;;
   crossover)  # (not run yet) the crossover probe's exchange compiled (tools/crossover_probe.py): both CTAs' operands
     run 120 gpu_tests_crossover.txt python3 -m pytest -v --tb=short -p no:cacheprovider tests/test_crossover_probe.py
