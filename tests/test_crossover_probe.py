@@ -32,3 +32,16 @@ def test_both_ctas_hold_every_row_after_the_exchange():
   out = np.asarray(jax.jit(crossover_probe.crossover)(x))
   np.testing.assert_array_equal(out[0], np.asarray(x))
   np.testing.assert_array_equal(out[1], np.asarray(x))
+
+
+@pytest.mark.parametrize("variant", ["dsmem", "fenced", "handshake"])
+def test_the_exchange_variants_lower_for_cuda(variant):
+  """tools/crossover_variants.py's other exchanges (plain stores into the peer through `plgpu.cluster_ref`, with and
+  without the cluster-scope fences, and a cluster barrier alone) lower for CUDA: what its GPU run compares."""
+  import crossover_variants  # noqa: PLC0415
+  fn = {"dsmem": crossover_variants.dsmem, "fenced": lambda x: crossover_variants.dsmem(x, fenced=True),
+        "handshake": crossover_variants.handshake}[variant]
+  x = jax.ShapeDtypeStruct((crossover_probe.ROWS, crossover_probe.WIDTH), jnp.bfloat16)
+  with jax.sharding.use_abstract_mesh(AbstractMesh((1,), ("tp",), axis_types=(AxisType.Auto,), abstract_device=H200)):
+    lowered = jax.jit(fn).trace(x).lower(lowering_platforms=("cuda",))
+  assert "mosaic_gpu" in lowered.as_text()
