@@ -103,7 +103,7 @@ class Config:
   # (both CTAs' consumers done with a set before either gather overwrites its half in both). The re-layout, its
   # dequantisation over an fp8 cache and the copies are halved per CTA; the two CTAs then step together. The
   # double-buffered form at 128 heads (two head blocks) only; compiled only (Pallas's GPU interpreter refuses
-  # clusters). Off: not yet timed against the double-buffered form (benchmarks.sparse_mla_crossover).
+  # clusters). Off: not yet timed against the double-buffered form (`benchmarks.sparse_mla_splits --crossover`).
   crossover: bool = False
   # How the crossover's rows reach the peer: "async" (`async_store_smem`, completing bytes on the peer's barrier; hung
   # in tools/crossover_probe.py and crashed in this kernel on an H100 with jax 0.11.2, 2026-12-06 00:25) or "dsmem"
