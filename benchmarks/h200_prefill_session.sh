@@ -93,9 +93,10 @@
 #   heads    (22:38 2026-12-05, an H100; exits 2 since) the sparse-MLA kernel's heads-major q~ / output: no faster,
 #            removed the same evening
 #   crossover (not run yet) the crossover probe's exchange compiled
-#   xover    (00:25 2026-12-06, an H100: the probe hung, the kernel crashed) the probe, then Config.crossover's compiled
-#            tests and its speed beside the double-buffered form
-#   xover2   (not run yet) which cross-CTA exchange works (tools/crossover_variants.py), then the dsmem-stores form
+#   xover    (00:25 2026-12-06, an H100: the probe hung, the kernel crashed; exits 2 since) the probe, then the
+#            crossover by async_store_smem: compiled tests, its speed beside the double-buffered form
+#   xover2   (not run yet: no device for the rest of 2026-12-06's session) which cross-CTA exchange works
+#            (tools/crossover_variants.py), then the crossover by plain stores into the peer: timed, compiled tests
 #   gemms2   (22:43 2026-12-05, an H100: XLA fastest or within a few µs nearly everywhere) V3.2's dense linears at M = 256 (and 64, 1,024) on XLA's GEMM beside jax's Hopper matmul
 #            rasterised over M and tokamax's grouped matmul over one group (benchmarks.dense_gemms)
 #   fp8      benchmarks.e2e with FP8 weights kept as codes: 1K and 32K prompts at B = 1, 1K at B = 64
@@ -532,25 +533,22 @@ case "${1:?stage}" in
     echo "stage $1: the heads-major form was removed on 2026-12-05 (no faster); see RESULTS.md" >&2
     exit 2
     ;;
-  xover)  # (not run yet) the crossover probe's exchange, then Config.crossover (a query's two head blocks as a 2-CTA
-          # cluster, each gathering half a step's rows into both CTAs' operands): its compiled tests (bit-equal to the
-          # double-buffered form), then timed beside it at auto's splits, bf16 and fp8 caches
-    run 100 gpu_tests_crossover.txt python3 -m pytest -v --tb=short -p no:cacheprovider tests/test_crossover_probe.py
-    run 200 gpu_tests_xover.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 90 \
-      tests/test_sparse_mla_mgpu.py -k "crossover"
-    run 240 sparse_mla_crossover.md python3 -m benchmarks.sparse_mla_splits --batch 64 8 1 --tokens 4 1 --crossover \
-      --only-auto --iters 20
+  xover)  # (00:25 2026-12-06, an H100: the probe hung, the kernel crashed) the crossover probe, then Config.crossover
+          # with async_store_smem stores: its compiled tests, then timed beside the double-buffered form
+    echo "stage $1: the crossover's async_store_smem stores were replaced on 2026-12-06 (they hung and crashed on jax" \
+      "0.11.2; RESULTS.md); stage xover2 runs the crossover as it stands" >&2
+    exit 2
     ;;
   xover2)  # (not run yet) after xover (00:25 2026-12-06, an H100: the probe hung, the crossover kernel crashed with
            # "unspecified launch failure"): which exchange works (tools/crossover_variants.py, each in its own process,
-           # the PTX's barrier lines), then the dsmem-stores crossover's compiled tests and its speed
-    # ordered for a short lease (the device's last minutes): the exchanges, the kernel's speed and error at B = 64,
-    # then its bit-equality tests
+           # the PTX's barrier lines), then the crossover by plain stores into the peer (cluster_ref, cluster fences, a
+           # cluster barrier): its speed and its compiled tests
+    # the exchanges, the kernel's speed and error (B = 64 first: the row issue 28 names), then its bit-equality tests
     (export MOSAIC_GPU_DUMP_PTX=1; run 150 crossover_variants.txt python3 tools/crossover_variants.py)
-    run 110 sparse_mla_crossover2.md python3 -m benchmarks.sparse_mla_splits --batch 64 --tokens 4 \
-      --crossover dsmem --only-auto --iters 20
+    run 200 sparse_mla_crossover2.md python3 -m benchmarks.sparse_mla_splits --batch 64 8 --tokens 4 1 \
+      --crossover --only-auto --iters 20
     run 120 gpu_tests_xover2.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 60 \
-      tests/test_sparse_mla_mgpu.py -k "crossover and dsmem and not lowers"
+      tests/test_sparse_mla_mgpu.py -k "crossover and not lowers"
     ;;
   crossover)  # (not run yet) the crossover probe's exchange compiled (tools/crossover_probe.py): both CTAs' operands
     run 120 gpu_tests_crossover.txt python3 -m pytest -v --tb=short -p no:cacheprovider tests/test_crossover_probe.py

@@ -2,7 +2,7 @@
 and fp8 caches, with the fp8 rows also timed with `ids_before_dots`: the data behind `config_for`'s split rule.
 
     python -m benchmarks.sparse_mla_splits --batch 64 8 1 --tokens 4 1
-    python -m benchmarks.sparse_mla_splits --batch 64 8 --tokens 4 1 --crossover dsmem --only-auto   # the crossover
+    python -m benchmarks.sparse_mla_splits --batch 64 8 --tokens 4 1 --crossover --only-auto   # the crossover
 
 `--crossover` times each double-buffered row again with `Config.crossover` (a query's two head blocks as a 2-CTA
 cluster, each gathering half of a step's rows into both CTAs' operands); `--only-auto` keeps auto's splits.
@@ -39,12 +39,10 @@ def candidate_splits(auto: mgpu.Config) -> list[int]:
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   add_sweep_arguments(parser, batch=[64, 8, 1], tokens=[4, 1])
-  parser.add_argument("--crossover", nargs="*", choices=["async", "dsmem"], default=None,
-                      help="each double-buffered row again with the crossover, its rows stored into the peer this way "
-                           "(each listed; none listed: async)")
+  parser.add_argument("--crossover", action="store_true", help="each double-buffered row again with the crossover")
   parser.add_argument("--only-auto", action="store_true", help="auto's splits only")
   args = parser.parse_args(argv)
-  if args.crossover is not None and args.backend == "interpret":
+  if args.crossover and args.backend == "interpret":
     parser.error("--crossover runs compiled only: Pallas's GPU interpreter refuses a cluster's CTAs")
   bandwidth, flops = measured_ceilings(f"sparse MLA splits, S = {args.capacity},")
   print("| B | T | cache | form | splits | CTAs | ids before dots | µs | floor µs | floor / time | rel err vs XLA |")
@@ -67,13 +65,12 @@ def main(argv=None) -> int:
         for splits in [auto.splits] if args.only_auto else candidate_splits(auto):
           for ids in early:
             config = dataclasses.replace(auto, splits=splits, ids_before_dots=ids)
-            stores = (args.crossover or ["async"]) if args.crossover is not None and config.double_buffered else []
-            for config in [config] + [dataclasses.replace(config, crossover=True, crossover_stores=x) for x in stores]:
+            crossover = [False, True] if args.crossover and config.double_buffered else [False]
+            for config in [dataclasses.replace(config, crossover=x) for x in crossover]:
               timed = _time_mosaic(operands, base, config, args.iters, args.backend, latent_scale_BSG=latent_scale)
               ctas = b * t * -(-N // mgpu.BLOCK_HEADS) * splits
               mark = " (auto)" if config == auto else ""
-              form = mgpu.form_of(config) + (f" ({config.crossover_stores})" if config.crossover else "")
-              print(f"| {b} | {t} | {cache} | {form} | {splits}{mark} | {ctas} | {ids} | "
+              print(f"| {b} | {t} | {cache} | {mgpu.form_of(config)} | {splits}{mark} | {ctas} | {ids} | "
                     f"{_cells(timed, floor)} |", flush=True)
   return 0
 

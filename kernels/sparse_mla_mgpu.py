@@ -99,17 +99,15 @@ class Config:
   ids_before_dots: bool = False
   # FlashMLA's crossover (docs/mosaic_gpu_notes.md, "The Mosaic sparse MLA's remaining gap", (3)): a query's two
   # 64-head blocks run as a 2-CTA cluster, and each CTA's gather copies and re-lays only half of a step's rows, into
-  # its own operand set and, by `plgpu.async_store_smem`, into its peer's; the operand-free barrier is the cluster's
-  # (both CTAs' consumers done with a set before either gather overwrites its half in both). The re-layout, its
+  # its own operand set and, by plain stores through `plgpu.cluster_ref`, into its peer's, then fences at the
+  # cluster's scope (`cluster_fences`) and arrives on the operand-ready cluster barrier (its arrival lands in both
+  # CTAs: a set is ready when both halves are written); the operand-free barrier is the cluster's too (both CTAs'
+  # consumers done with a set before either gather overwrites its half in both). `async_store_smem` instead hung and
+  # crashed on an H100 with jax 0.11.2 (2026-12-06 00:25, benchmarks/RESULTS.md). The re-layout, its
   # dequantisation over an fp8 cache and the copies are halved per CTA; the two CTAs then step together. The
   # double-buffered form at 128 heads (two head blocks) only; compiled only (Pallas's GPU interpreter refuses
   # clusters). Off: not yet timed against the double-buffered form (`benchmarks.sparse_mla_splits --crossover`).
   crossover: bool = False
-  # How the crossover's rows reach the peer: "async" (`async_store_smem`, completing bytes on the peer's barrier; hung
-  # in tools/crossover_probe.py and crashed in this kernel on an H100 with jax 0.11.2, 2026-12-06 00:25) or "dsmem"
-  # (plain stores through `plgpu.cluster_ref`, then the operand-ready barrier a cluster barrier: each gather's arrival
-  # lands in both CTAs)
-  crossover_stores: str = "async"
 
 
 def buffer_sets(config: Config) -> int:
@@ -175,8 +173,6 @@ def check_operands(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, confi
   if config.double_buffered and (e != DOUBLE_BUFFERED_ENTRIES or c != 2 * TMA_BOX):
     raise ValueError(f"double_buffered takes block_entries={DOUBLE_BUFFERED_ENTRIES} and a {2 * TMA_BOX}-wide "
                      f"latent; got block_entries={e}, a latent of width {c}")
-  if config.crossover_stores not in ("async", "dsmem"):
-    raise ValueError(f"crossover_stores={config.crossover_stores!r} is not 'async' or 'dsmem'")
   if config.crossover and (not config.double_buffered or -(-n // BLOCK_HEADS) != 2):
     raise ValueError(f"crossover pairs a query's two {BLOCK_HEADS}-head blocks in the double-buffered form; got "
                      f"{n} heads, double_buffered={config.double_buffered}")
@@ -284,7 +280,7 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
     p_t = operand_transforms(plgpu, dtype, e)
   rows_layout = None
   if config.crossover:  # [16 rows, ·]: a warp 4 rows, its lanes 4 rows × 8 pieces of 8 B (tools/crossover_probe.py's
-    # layout, which async_store_smem lowers into a 64-B-swizzled operand)
+    # layout, stored into a 64-B-swizzled operand here and in the peer)
     rows_layout = plgpu.Layout.TILED(mgpu_fa.Tiling(((staged, 32), (4, 32), (4,))), warp_dims=(-5,),
                                      lane_dims=(-3, -2), vector_dim=-1)
   elif config.double_buffered:  # [32 rows, ·]: a warp 8 rows, its lanes 8 rows × 4 pieces of 16 B: a 64-B-swizzled
@@ -319,11 +315,10 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
           plgpu.Barrier(num_arrivals=1, num_barriers=2),  # a step's slot ids
           # a step's one-row copies (and its scales), a set each
           plgpu.Barrier(num_arrivals=(row_copies + 1) * staged + scaled, num_barriers=sets),
-          # op_ready (the gather's arrival; under the crossover also each of the peer's stores into this CTA's half,
-          # one arrival a thread of its warpgroup), op_free (both halves; both CTAs' under the crossover), p_ready: a
-          # set each; done, written
-          plgpu.ClusterBarrier(collective_axes=("h",), num_arrivals=1, num_barriers=sets) if plan.dsmem
-          else plgpu.Barrier(num_arrivals=1 + plan.peer_stores * 128, num_barriers=sets),
+          # op_ready (the gather's arrival; both CTAs' under the crossover), op_free (both halves; both CTAs' under
+          # the crossover), p_ready: a set each; done, written
+          plgpu.ClusterBarrier(collective_axes=("h",), num_arrivals=1, num_barriers=sets) if config.crossover
+          else plgpu.Barrier(num_arrivals=1, num_barriers=sets),
           plgpu.ClusterBarrier(collective_axes=("h",), num_arrivals=2, num_barriers=sets) if config.crossover
           else plgpu.Barrier(num_arrivals=2, num_barriers=sets),
           plgpu.Barrier(num_arrivals=1, num_barriers=sets), plgpu.Barrier(num_arrivals=1), plgpu.Barrier(num_arrivals=1),

@@ -104,11 +104,9 @@ def _issue_rows(plan: Plan, r: Refs, ids, first, stride, lat_to, pe_to, landed):
   """TMA copies of this CTA's rows first, first + stride, ... of a step (under the crossover its head block's half of
   the step's entries; an invalid slot, −1, reads row 0: the scores mask it)."""
   plgpu, pieces, width = plan.plgpu, plan.pieces, plan.width
-  base = r.hi * plan.rows if plan.config.crossover else 0
-
   @pl.loop(first, plan.rows, step=stride)
   def _(i):
-    slot = jnp.maximum(ids[base + i], 0)
+    slot = jnp.maximum(ids[r.hi * plan.rows + i] if plan.config.crossover else ids[i], 0)
     if plan.config.whole_rows:  # one [1, pieces, width] box: each dimension within TMA's 256
       plgpu.copy_gmem_to_smem(r.lat_gmem.at[r.row, pl.ds(slot, 1)], lat_to.at[pl.ds(i, 1)], landed)
     else:  # one copy a piece: a TMA box is at most 256 wide
@@ -178,17 +176,14 @@ def _relayout(plan: Plan, r: Refs, slot):
 
 def _relayout_crossover(plan: Plan, r: Refs, lat_stage_s, pe_stage_s, lat_op_s, pe_op_s, slot):
   """This CTA's half of a step's rows (its head block's: rows hi · rows ..) into its operand set and the peer's: each
-  piece stored here and by `async_store_smem` there, completing its bytes on the peer's operand-ready barrier (a
-  latent piece a store, an fp8 cache's a scale group, dequantised first)."""
+  piece (a latent piece, an fp8 cache's scale group dequantised first, the rope key) stored here and through
+  `plgpu.cluster_ref` there; the gather's fences and its arrival on the operand-ready cluster barrier follow."""
   plgpu, c, width, rows_layout = plan.plgpu, plan.c, plan.width, plan.rows_layout
-  mine, ready = pl.ds(r.hi * plan.rows, plan.rows), plan.at(r.op_ready, slot)
+  mine = pl.ds(r.hi * plan.rows, plan.rows)
 
   def put(dst, x):
     dst[...] = x
-    if plan.dsmem:  # the operand-ready barrier is the cluster's: the gather's arrival after these lands in both CTAs
-      plgpu.cluster_ref(dst, {"h": 1 - r.hi})[...] = x
-    else:
-      plgpu.async_store_smem(x, dst, ready, cluster_idx=1 - r.hi, cluster_dim="h")
+    plgpu.cluster_ref(dst, {"h": 1 - r.hi})[...] = x
 
   group_width = c // plan.groups if plan.scaled else width
   for col in range(0, c, group_width):
@@ -227,7 +222,7 @@ def _gather(plan: Plan, r: Refs):
     with jax.named_scope("relayout"):
       _relayout(plan, r, slot)
       plgpu.commit_smem()
-      if plan.dsmem:  # this CTA's stores into the peer's operand, ordered before the peer's wgmma reads them
+      if plan.config.crossover:  # this CTA's stores into the peer's operand, ordered before the peer's wgmma reads
         cluster_fences(plgpu)
     plgpu.barrier_arrive(plan.at(r.op_ready, slot))
     if sets == 2:  # this staging set is free again: step + 2's copies into it

@@ -43,19 +43,6 @@ class Plan:
   def scaled(self) -> bool:
     return self.groups > 0
 
-  @property
-  def peer_stores(self) -> int:
-    """`async_store_smem` calls a step's re-layout makes into the peer CTA under the crossover (a latent piece, or an
-    fp8 cache's scale group, each, and the rope key); 0 without it."""
-    if not self.config.crossover or self.dsmem:
-      return 0
-    return (self.groups if self.scaled else self.pieces) + 1
-
-  @property
-  def dsmem(self) -> bool:
-    """The crossover's rows stored into the peer by plain stores (`Config.crossover_stores="dsmem"`)."""
-    return bool(self.config.crossover) and self.config.crossover_stores == "dsmem"
-
   def at(self, ref, slot):
     """A step's set of a buffer or barrier (one set: the ref itself)."""
     return ref if self.sets == 1 else ref.at[slot]

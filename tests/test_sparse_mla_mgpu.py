@@ -178,11 +178,7 @@ LOWERED_CONFIGS = {"bfloat16 (double-buffered)": Config(), "fp8 (double-buffered
                    "bfloat16, ids before the dots": Config(ids_before_dots=True),
                    "fp8, one set, ids before the dots": Config(double_buffered=False, ids_before_dots=True),
                    "bfloat16, crossover": Config(double_buffered=True, crossover=True),
-                   "fp8, crossover": Config(double_buffered=True, crossover=True),
-                   "bfloat16, crossover by dsmem stores": Config(double_buffered=True, crossover=True,
-                                                                 crossover_stores="dsmem"),
-                   "fp8, crossover by dsmem stores": Config(double_buffered=True, crossover=True,
-                                                            crossover_stores="dsmem")}
+                   "fp8, crossover": Config(double_buffered=True, crossover=True)}
 
 
 @pytest.mark.parametrize("b,t", [(1, 1), (2, 4), (64, 4)])
@@ -258,8 +254,6 @@ def test_kernel_refuses_what_it_cannot_run():
     call(*v32, config=Config(double_buffered=False, crossover=True))
   with pytest.raises(ValueError, match="crossover runs compiled only"):
     call(*v32, config=Config(crossover=True))
-  with pytest.raises(ValueError, match="crossover_stores='tma' is not 'async' or 'dsmem'"):
-    call(*v32, config=Config(crossover=True, crossover_stores="tma"))
   # 128 entries a step at a 256-wide latent and a 128-wide rope: 264,264 bytes (the H200's lowering refused it)
   q_lat, q_pe, latent, k_pe, slots, _ = problem(1, 1, 64, 256, 128, 128, 128, "bfloat16")
   with pytest.raises(ValueError, match="block_entries=128 at latent width 256 and rope width 128 needs 264,264"):
@@ -359,7 +353,7 @@ def test_the_models_attention_output_equals_xlas(t, cache):
 
 GPU_CONFIGS = {"one buffer set": Config(double_buffered=False), "double-buffered": Config(double_buffered=True),
                "ids before the dots": Config(ids_before_dots=True),
-               "crossover (dsmem)": Config(double_buffered=True, crossover=True, crossover_stores="dsmem")}
+               "crossover": Config(double_buffered=True, crossover=True)}
 
 
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
@@ -376,10 +370,9 @@ def test_kernel_at_v32_widths_on_the_gpu(b, t, form):
 
 
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU (Pallas's GPU interpreter refuses clusters)")
-@pytest.mark.parametrize("stores", ["dsmem", "async"])
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16 cache", "fp8 cache"])
 @pytest.mark.parametrize("b,t,splits", [(1, 1, 0), (8, 1, 0), (2, 4, 1), (64, 4, 0)])
-def test_the_crossover_equals_the_double_buffered_kernel_bit_for_bit(b, t, splits, fp8, stores):
+def test_the_crossover_equals_the_double_buffered_kernel_bit_for_bit(b, t, splits, fp8):
   """Each CTA of a query's pair re-lays half of a step's rows into both operand sets: the operands, hence every
   product and the output, are the double-buffered form's exactly (V3.2's widths, bf16 and fp8 caches, one and
   several splits, B · T up to a wave's several times over); and its launch is the one in the compiled program."""
@@ -388,7 +381,7 @@ def test_the_crossover_equals_the_double_buffered_kernel_bit_for_bit(b, t, split
   args = (q_lat, q_pe, cache, k_pe, jnp.where(valid, slots, -1), scales)
 
   def run(crossover):
-    config = Config(double_buffered=True, splits=splits, crossover=crossover, crossover_stores=stores)
+    config = Config(double_buffered=True, splits=splits, crossover=crossover)
     fn = jax.jit(lambda *a: sparse_mla_mgpu(*a[:5], 512**-0.5, latent_scale_BSG=a[5], config=config))
     return fn(*args), fn.lower(*args).compile().as_text()
 
