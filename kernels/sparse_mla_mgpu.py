@@ -262,6 +262,11 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
   def buf(shape):  # a buffer of `sets` sets (one set: the shape itself)
     return shape if sets == 1 else (sets, *shape)
 
+  def set_barriers(arrivals):  # a barrier a set, the cluster's under the crossover (an arrival lands in both CTAs)
+    if config.crossover:
+      return plgpu.ClusterBarrier(collective_axes=("h",), num_arrivals=arrivals, num_barriers=sets)
+    return plgpu.Barrier(num_arrivals=arrivals, num_barriers=sets)
+
   scaled = latent_scale_BSG is not None
   scale_inputs, scale_scratch = [], []
   if scaled:  # the selected rows' scales, [B·T, splits, G, K / splits]: a step's are one [G, E] TMA box
@@ -317,10 +322,7 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
           plgpu.Barrier(num_arrivals=(row_copies + 1) * staged + scaled, num_barriers=sets),
           # op_ready (the gather's arrival; both CTAs' under the crossover), op_free (both halves; both CTAs' under
           # the crossover), p_ready: a set each; done, written
-          plgpu.ClusterBarrier(collective_axes=("h",), num_arrivals=1, num_barriers=sets) if config.crossover
-          else plgpu.Barrier(num_arrivals=1, num_barriers=sets),
-          plgpu.ClusterBarrier(collective_axes=("h",), num_arrivals=2, num_barriers=sets) if config.crossover
-          else plgpu.Barrier(num_arrivals=2, num_barriers=sets),
+          set_barriers(1), set_barriers(2),
           plgpu.Barrier(num_arrivals=1, num_barriers=sets), plgpu.Barrier(num_arrivals=1), plgpu.Barrier(num_arrivals=1),
       ],
       # head blocks fastest: a query's CTAs read its rows through L2 once; under the crossover they are a cluster

@@ -28,16 +28,33 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 ROWS, WIDTH, HALF, PIECE = 32, 256, 16, 32  # a step's entries, a TMA box's width, a CTA's share, a store's columns
 
 
+def rows_layout():
+  """[16 rows, 32 columns]: a warp 4 rows, its lanes 4 rows x 8 pieces of 4 values."""
+  from jax.experimental.mosaic.gpu import fragmented_array as mgpu_fa  # noqa: PLC0415
+  return plgpu.Layout.TILED(mgpu_fa.Tiling(((HALF, PIECE), (4, PIECE), (4,))), warp_dims=(-5,), lane_dims=(-3, -2),
+                            vector_dim=-1)
+
+
+def cluster_kernel(body, x, barrier, interpret=False):
+  """A 2-CTA cluster's kernel over `x` [ROWS, WIDTH]: `body(x_gmem, out_gmem, stage, operand, loaded, barrier)` with
+  a [HALF, WIDTH] staging buffer, a swizzled [ROWS, WIDTH] operand (the double-buffered kernel's transforms), a TMA
+  barrier and `barrier` (the exchange's); out [2, ROWS, WIDTH], each CTA's operand."""
+  swizzled = (plgpu.TilingTransform((8, PIECE)), plgpu.SwizzleTransform(64))
+  return plgpu.kernel(
+      body, out_type=jax.ShapeDtypeStruct((2, ROWS, WIDTH), x.dtype),
+      scratch_types=[plgpu.SMEM((HALF, WIDTH), x.dtype), plgpu.SMEM((ROWS, WIDTH), x.dtype, transforms=swizzled),
+                     plgpu.Barrier(num_arrivals=1), barrier],
+      grid=(1,), grid_names=("g",), cluster=(2,), cluster_names=("c",), num_threads=1, thread_name="wg",
+      compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane),
+      **({"interpret": True} if interpret else {}))(x)
+
+
 def _body(x_gmem, out_gmem, stage, operand, loaded, landed):
   me = jax.lax.axis_index("c")
   plgpu.copy_gmem_to_smem(x_gmem.at[pl.ds(me * HALF, HALF)], stage, loaded)  # this CTA's half of the rows
   plgpu.barrier_wait(loaded)
-  from jax.experimental.mosaic.gpu import fragmented_array as mgpu_fa  # noqa: PLC0415
-  # [16 rows, 32 columns]: a warp 4 rows, its lanes 4 rows x 8 pieces of 4 values
-  rows = plgpu.Layout.TILED(mgpu_fa.Tiling(((HALF, PIECE), (4, PIECE), (4,))), warp_dims=(-5,), lane_dims=(-3, -2),
-                            vector_dim=-1)
   for col in range(0, WIDTH, PIECE):
-    piece = plgpu.load(stage.at[:, pl.ds(col, PIECE)], layout=rows, optimized=False)
+    piece = plgpu.load(stage.at[:, pl.ds(col, PIECE)], layout=rows_layout(), optimized=False)
     mine = operand.at[pl.ds(me * HALF, HALF), pl.ds(col, PIECE)]
     mine[...] = piece
     plgpu.async_store_smem(piece, mine, landed, cluster_idx=1 - me, cluster_dim="c")  # the same rows, in the peer
@@ -49,15 +66,7 @@ def _body(x_gmem, out_gmem, stage, operand, loaded, landed):
 
 def crossover(x, interpret=False):
   """[2, ROWS, WIDTH]: each CTA's operand after the exchange."""
-  swizzled = (plgpu.TilingTransform((8, PIECE)), plgpu.SwizzleTransform(64))  # the double-buffered kernel's operands
-  kernel = plgpu.kernel(
-      _body, out_type=jax.ShapeDtypeStruct((2, ROWS, WIDTH), x.dtype),
-      scratch_types=[plgpu.SMEM((HALF, WIDTH), x.dtype), plgpu.SMEM((ROWS, WIDTH), x.dtype, transforms=swizzled),
-                     plgpu.Barrier(num_arrivals=1), plgpu.Barrier(num_arrivals=128 * (WIDTH // PIECE))],
-      grid=(1,), grid_names=("g",), cluster=(2,), cluster_names=("c",), num_threads=1, thread_name="wg",
-      compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane),
-      **({"interpret": True} if interpret else {}))
-  return kernel(x)
+  return cluster_kernel(_body, x, plgpu.Barrier(num_arrivals=128 * (WIDTH // PIECE)), interpret)
 
 
 def main() -> int:

@@ -32,30 +32,13 @@ from jax_mtp.kernels.mosaic_gpu_common import cluster_fences  # noqa: E402
 VARIANTS = ("handshake", "dsmem", "fenced", "async")  # the one that hung last
 
 
-def _kernel(body, x, scratch):
-  swizzled = (plgpu.TilingTransform((8, probe.PIECE)), plgpu.SwizzleTransform(64))
-  return plgpu.kernel(
-      body, out_type=jax.ShapeDtypeStruct((2, probe.ROWS, probe.WIDTH), x.dtype),
-      scratch_types=[plgpu.SMEM((probe.HALF, probe.WIDTH), x.dtype),
-                     plgpu.SMEM((probe.ROWS, probe.WIDTH), x.dtype, transforms=swizzled),
-                     plgpu.Barrier(num_arrivals=1), *scratch],
-      grid=(1,), grid_names=("g",), cluster=(2,), cluster_names=("c",), num_threads=1, thread_name="wg",
-      compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane))(x)
-
-
-def _rows_layout():
-  from jax.experimental.mosaic.gpu import fragmented_array as mgpu_fa  # noqa: PLC0415
-  return plgpu.Layout.TILED(mgpu_fa.Tiling(((probe.HALF, probe.PIECE), (4, probe.PIECE), (4,))), warp_dims=(-5,),
-                            lane_dims=(-3, -2), vector_dim=-1)
-
-
 def dsmem(x, fenced=False):
   def body(x_gmem, out_gmem, stage, operand, loaded, landed):
     me = jax.lax.axis_index("c")
     plgpu.copy_gmem_to_smem(x_gmem.at[pl.ds(me * probe.HALF, probe.HALF)], stage, loaded)
     plgpu.barrier_wait(loaded)
     for col in range(0, probe.WIDTH, probe.PIECE):
-      piece = plgpu.load(stage.at[:, pl.ds(col, probe.PIECE)], layout=_rows_layout(), optimized=False)
+      piece = plgpu.load(stage.at[:, pl.ds(col, probe.PIECE)], layout=probe.rows_layout(), optimized=False)
       mine = operand.at[pl.ds(me * probe.HALF, probe.HALF), pl.ds(col, probe.PIECE)]
       mine[...] = piece
       plgpu.cluster_ref(mine, {"c": 1 - me})[...] = piece
@@ -67,7 +50,7 @@ def dsmem(x, fenced=False):
     plgpu.copy_smem_to_gmem(operand, out_gmem.at[me])
     plgpu.wait_smem_to_gmem(0)
 
-  return _kernel(body, x, [plgpu.ClusterBarrier(collective_axes=("c",), num_arrivals=1)])
+  return probe.cluster_kernel(body, x, plgpu.ClusterBarrier(collective_axes=("c",), num_arrivals=1))
 
 
 def handshake(x):
@@ -80,7 +63,7 @@ def handshake(x):
     plgpu.copy_smem_to_gmem(operand, out_gmem.at[me])
     plgpu.wait_smem_to_gmem(0)
 
-  return _kernel(body, x, [plgpu.ClusterBarrier(collective_axes=("c",), num_arrivals=1)])
+  return probe.cluster_kernel(body, x, plgpu.ClusterBarrier(collective_axes=("c",), num_arrivals=1))
 
 
 def run(name: str) -> int:
