@@ -92,6 +92,8 @@
 #   router   (15:44 2026-12-05) the router's logits, fp32 dot vs three bf16 dots, by token count
 #   heads    (22:38 2026-12-05, an H100; exits 2 since) the sparse-MLA kernel's heads-major q~ / output: no faster,
 #            removed the same evening
+#   xover3   (not run yet) xover2 bounded to one call, then the verification forward at B = 64 with the crossover
+#            forced (its compiled tests passing first)
 #   crossover (not run yet) the crossover probe's exchange compiled
 #   xover    (00:25 2026-12-06, an H100: the probe hung, the kernel crashed; exits 2 since) the probe, then the
 #            crossover by async_store_smem: compiled tests, its speed beside the double-buffered form
@@ -549,6 +551,25 @@ case "${1:?stage}" in
       --crossover --only-auto --iters 20
     run 120 gpu_tests_xover2.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 60 \
       tests/test_sparse_mla_mgpu.py -k "crossover and not lowers"
+    ;;
+  xover3)  # xover2 within one call's bound, then, where the crossover's compiled tests passed, the verification
+           # forward at B = 64 with the crossover forced: `Config`'s default patched in that process only (the rows'
+           # kernels, read from the compiled programs, say which form ran); the default path's rows to compare are
+           # RESULTS' (H100, 3 layers: 20.42 ms, median of 3, 2026-12-05 22:38; H200, 4 layers: 21.84 ms)
+    (export MOSAIC_GPU_DUMP_PTX=1; run 100 crossover_variants.txt python3 tools/crossover_variants.py)
+    run 120 sparse_mla_crossover.md python3 -m benchmarks.sparse_mla_splits --batch 64 --tokens 4 --crossover \
+      --only-auto --iters 20
+    run 110 gpu_tests_xover.txt python3 -m pytest -q -rfE --tb=short -p no:cacheprovider --timeout 60 \
+      tests/test_sparse_mla_mgpu.py -k "crossover and not lowers"
+    if grep -q " passed" "$OUT/gpu_tests_xover.txt" && ! grep -qE "failed|error" "$OUT/gpu_tests_xover.txt"; then
+      layers=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | awk '{print ($1 > 120000) ? 4 : 3}')
+      run 170 verify_b64_crossover.md python3 -c "import functools, runpy; \
+from jax_mtp.kernels import sparse_mla_mgpu as m; m.Config = functools.partial(m.Config, crossover=True); \
+runpy.run_module('benchmarks.verify_forward', run_name='__main__')" --layers "$layers" -k 3 --forms absorbed \
+        --batch 64 --capacity 4096 --iters 5 --repeats 3
+    else
+      echo "the crossover's compiled tests did not all pass: no verification forward with it" | tee "$OUT/verify_skipped.txt"
+    fi
     ;;
   crossover)  # (not run yet) the crossover probe's exchange compiled (tools/crossover_probe.py): both CTAs' operands
     run 120 gpu_tests_crossover.txt python3 -m pytest -v --tb=short -p no:cacheprovider tests/test_crossover_probe.py
