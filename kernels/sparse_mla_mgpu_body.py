@@ -135,28 +135,41 @@ def _issue(plan: Plan, r: Refs, step):
 def _relayout(plan: Plan, r: Refs, slot):
   """A landed staging set → registers → its operand set (tiled, swizzled), an fp8 cache's codes dequantised.
 
-  With two sets: a TMA piece's columns a load, or a scale group's over an fp8 cache."""
+  With two sets: a TMA piece's columns a load, or a scale group's over an fp8 cache; under the crossover this CTA's
+  half of the step's rows (its head block's: rows hi · rows ..), each piece stored here and, through
+  `plgpu.cluster_ref`, at the same rows of the peer's operand set (the gather's fences and its arrival on the
+  operand-ready cluster barrier follow)."""
   plgpu, c, e, width, pieces, dtype, rows_layout = (plan.plgpu, plan.c, plan.e, plan.width, plan.pieces, plan.dtype,
                                                     plan.rows_layout)
   lat_stage_s, pe_stage_s, lat_op_s, pe_op_s = (plan.at(ref, slot) for ref in (r.lat_stage, r.pe_stage, r.lat_op,
                                                                                 r.pe_op))
-  if plan.config.crossover:
-    _relayout_crossover(plan, r, lat_stage_s, pe_stage_s, lat_op_s, pe_op_s, slot)
-    return
-  if plan.sets == 2:  # rows_layout: a warp 8 rows × 4 lanes' 16-B pieces (see sparse_mla_mgpu)
+  if plan.sets == 2:  # rows_layout: a warp 8 rows × 4 lanes' 16-B pieces, or 4 rows under the crossover
+    crossover = plan.config.crossover
+    mine = pl.ds(r.hi * plan.rows, plan.rows) if crossover else None  # (no index arithmetic in the two-set trace)
+
+    def put(ref, index, x):  # into this CTA's operand set, and under the crossover the peer's at the same index
+      if crossover:
+        dst = ref.at[index]
+        dst[...] = x
+        plgpu.cluster_ref(dst, {"h": 1 - r.hi})[...] = x
+      else:
+        ref[index] = x
+
     group_width = c // plan.groups if plan.scaled else width
     for col in range(0, c, group_width):
       src = lat_stage_s.at[:, col // width, pl.ds(col % width, group_width)]
       if plan.scaled:  # codes times their rows' group scale, in fp32 (exact for e4m3), rounded once to the operand's
         codes = plgpu.load(src, layout=rows_layout, optimized=False)  # dtype; 8 B a lane from rows 512 B apart:
         # conflicts no plan avoids
-        group_scale = plgpu.load(plan.at(r.scale_stage, slot).at[col // group_width], layout=rows_layout.reduce(1),
-                                 optimized=False)
+        scales = plan.at(r.scale_stage, slot)
+        group_scale = plgpu.load(scales.at[col // group_width, mine] if crossover else scales.at[col // group_width],
+                                 layout=rows_layout.reduce(1), optimized=False)
         row_scale = plgpu.layout_cast(lax.broadcast_in_dim(group_scale, codes.shape, [0]), rows_layout)
-        lat_op_s[:, pl.ds(col, group_width)] = (codes.astype(jnp.float32) * row_scale).astype(dtype)
-      else:  # each warp reads 512 contiguous bytes of one row's piece: no conflicts
-        lat_op_s[:, pl.ds(col, group_width)] = plgpu.load(src, layout=rows_layout)
-    pe_op_s[...] = plgpu.load(pe_stage_s, layout=rows_layout, optimized=False)
+        x = (codes.astype(jnp.float32) * row_scale).astype(dtype)
+      else:  # each warp reads 512 contiguous bytes of one row's piece: no conflicts (the crossover's 16-row layout
+        x = plgpu.load(src, layout=rows_layout, optimized=not crossover)  # has no conflict-free plan: 4 rows a warp)
+      put(lat_op_s, (mine if crossover else slice(None), pl.ds(col, group_width)), x)
+    put(pe_op_s, mine if crossover else ..., plgpu.load(pe_stage_s, layout=rows_layout, optimized=False))
     return
   if rows_layout is not None and not plan.scaled:  # each warp reads 512 contiguous bytes of one row: no conflicts
     for rb in range(0, e, 32):
@@ -172,30 +185,6 @@ def _relayout(plan: Plan, r: Refs, slot):
         piece = (piece.astype(jnp.float32) * lax.broadcast_in_dim(group_scale, piece.shape, [0])).astype(dtype)
       lat_op_s[:, pl.ds(col, 64)] = piece
   pe_op_s[...] = plgpu.load(pe_stage_s, layout=plgpu.Layout.WGMMA, optimized=False)
-
-
-def _relayout_crossover(plan: Plan, r: Refs, lat_stage_s, pe_stage_s, lat_op_s, pe_op_s, slot):
-  """This CTA's half of a step's rows (its head block's: rows hi · rows ..) into its operand set and the peer's: each
-  piece (a latent piece, an fp8 cache's scale group dequantised first, the rope key) stored here and through
-  `plgpu.cluster_ref` there; the gather's fences and its arrival on the operand-ready cluster barrier follow."""
-  plgpu, c, width, rows_layout = plan.plgpu, plan.c, plan.width, plan.rows_layout
-  mine = pl.ds(r.hi * plan.rows, plan.rows)
-
-  def put(dst, x):
-    dst[...] = x
-    plgpu.cluster_ref(dst, {"h": 1 - r.hi})[...] = x
-
-  group_width = c // plan.groups if plan.scaled else width
-  for col in range(0, c, group_width):
-    x = plgpu.load(lat_stage_s.at[:, col // width, pl.ds(col % width, group_width)], layout=rows_layout,
-                   optimized=False)
-    if plan.scaled:  # codes times their rows' group scale in fp32 (exact for e4m3), rounded once
-      group_scale = plgpu.load(plan.at(r.scale_stage, slot).at[col // group_width, mine],
-                               layout=rows_layout.reduce(1), optimized=False)
-      x = (x.astype(jnp.float32) * plgpu.layout_cast(lax.broadcast_in_dim(group_scale, x.shape, [0]), rows_layout)
-           ).astype(plan.dtype)
-    put(lat_op_s.at[mine, pl.ds(col, group_width)], x)
-  put(pe_op_s.at[mine], plgpu.load(pe_stage_s, layout=rows_layout, optimized=False))
 
 
 def _gather(plan: Plan, r: Refs):
