@@ -25,7 +25,8 @@ def cluster_fences(plgpu):
   generic-proxy stores into any CTA of the cluster's shared memory (`plgpu.cluster_ref`) ordered before the
   async-proxy reads there (wgmma, TMA) that a later cluster-barrier arrival releases, at the cluster's scope.
   `plgpu.commit_smem`'s proxy fence names shared::cta only, and a `ClusterBarrier` arrival releases at the CTA's
-  scope."""
+  scope. Call it before `commit_smem`: a `ClusterBarrier` arrival comes from one or two threads of the warpgroup, so
+  every storing thread's fences must precede the warpgroup barrier those threads pass (`commit_smem` ends with it)."""
   from jax._src.lib.mlir import ir  # noqa: PLC0415 (Mosaic GPU's MLIR, as inline_mgpu bodies use it)
   from jax._src.lib.mlir.dialects import llvm  # noqa: PLC0415
 

@@ -210,9 +210,9 @@ def _gather(plan: Plan, r: Refs):
       pl.when(step >= sets)(lambda: plgpu.barrier_wait(plan.at(r.op_free, slot)))
     with jax.named_scope("relayout"):
       _relayout(plan, r, slot)
-      plgpu.commit_smem()
-      if plan.config.crossover:  # this CTA's stores into the peer's operand, ordered before the peer's wgmma reads
-        cluster_fences(plgpu)
+      if plan.config.crossover:  # this CTA's stores into the peer's operand, ordered before the peer's wgmma reads:
+        cluster_fences(plgpu)  # each storing thread's fences ahead of commit_smem's warpgroup barrier, which the
+      plgpu.commit_smem()  # arriving threads pass after them
     plgpu.barrier_arrive(plan.at(r.op_ready, slot))
     if sets == 2:  # this staging set is free again: step + 2's copies into it
       pl.when(step + 2 < steps)(lambda: _issue(plan, r, step + 2))

@@ -6,8 +6,9 @@ in its own process under a time bound and reports equal / differs / hung / crash
 
   async    the probe: `async_store_smem` into the peer's operand, 128 arrivals a store on the peer's barrier
   dsmem    plain stores into the peer's operand through `plgpu.cluster_ref`, then a `ClusterBarrier` arrival
-  fenced   the same with `fence.proxy.async.shared::cluster` and `fence.acq_rel.cluster` before the arrival
-           (`commit_smem`'s proxy fence names shared::cta; the peer's TMA / wgmma read through the async proxy)
+  fenced   the same with `fence.proxy.async.shared::cluster` and `fence.acq_rel.cluster` from every storing thread
+           before `commit_smem`'s warpgroup barrier and the arrival (`commit_smem`'s proxy fence names shared::cta;
+           the peer's TMA / wgmma read through the async proxy)
   handshake a `ClusterBarrier` arrival and wait alone, no data: whether remote arrivals complete a phase
 """
 
@@ -42,9 +43,9 @@ def dsmem(x, fenced=False):
       mine = operand.at[pl.ds(me * probe.HALF, probe.HALF), pl.ds(col, probe.PIECE)]
       mine[...] = piece
       plgpu.cluster_ref(mine, {"c": 1 - me})[...] = piece
-    plgpu.commit_smem()
-    if fenced:
+    if fenced:  # every storing thread's fences before commit_smem's warpgroup barrier, then the arrivals
       cluster_fences(plgpu)
+    plgpu.commit_smem()
     plgpu.barrier_arrive(landed)  # in both CTAs: 2 arrivals a phase
     plgpu.barrier_wait(landed)
     plgpu.copy_smem_to_gmem(operand, out_gmem.at[me])
