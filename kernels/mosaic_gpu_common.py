@@ -20,6 +20,9 @@ def interpret_params(plgpu, interpret):
   return (plgpu.InterpretGPUParams() if interpret is True else interpret) or None
 
 
+CLUSTER_FENCES_PTX = "fence.proxy.async.shared::cluster;\n\tfence.acq_rel.cluster;"
+
+
 def cluster_fences(plgpu):
   """`fence.proxy.async.shared::cluster` then `fence.acq_rel.cluster`, from every thread that calls it: its
   generic-proxy stores into any CTA of the cluster's shared memory (`plgpu.cluster_ref`) ordered before the
@@ -31,7 +34,8 @@ def cluster_fences(plgpu):
   from jax._src.lib.mlir.dialects import llvm  # noqa: PLC0415
 
   @plgpu.inline_mgpu()
-  def _(ctx):
+  def fences(ctx):
     del ctx
-    llvm.inline_asm(ir.Type.parse("!llvm.void"), [], "fence.proxy.async.shared::cluster;\n\tfence.acq_rel.cluster;",
-                    "", has_side_effects=True)
+    llvm.inline_asm(ir.Type.parse("!llvm.void"), [], CLUSTER_FENCES_PTX, "", has_side_effects=True)
+
+  fences()  # (the decorator returns the wrapper: only a call binds it into the kernel)

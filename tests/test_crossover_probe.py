@@ -44,4 +44,6 @@ def test_the_exchange_variants_lower_for_cuda(variant):
   x = jax.ShapeDtypeStruct((crossover_probe.ROWS, crossover_probe.WIDTH), jnp.bfloat16)
   with jax.sharding.use_abstract_mesh(AbstractMesh((1,), ("tp",), axis_types=(AxisType.Auto,), abstract_device=H200)):
     lowered = jax.jit(fn).trace(x).lower(lowering_platforms=("cuda",))
-  assert "mosaic_gpu" in lowered.as_text()
+  text = lowered.as_text()
+  assert "mosaic_gpu" in text
+  assert ("fence.acq_rel.cluster" in text) == (variant == "fenced")  # the fences are in the fenced kernel alone

@@ -16,6 +16,7 @@ import pytest
 
 import jax_mtp
 from jax_mtp.kernels.sparse_mla import combine_splits, dequantize_latent, reference
+from jax_mtp.kernels.mosaic_gpu_common import CLUSTER_FENCES_PTX
 from jax_mtp.kernels.sparse_mla_mgpu import FORM_SUFFIXES, KERNEL_NAME, Config, config_for, form_of, sparse_mla_mgpu
 from jax_mtp.mla import quantize_latent, resolve_sparse_attention_impl
 from tests.conftest import FULL_ONLY, FULL_TESTS
@@ -197,6 +198,8 @@ def test_kernel_lowers_for_cuda_at_v32_widths(b, t, cache):
   form = form_of(config_for(b * t, 128, 2048, 512, config))
   assert "mosaic_gpu" in text and KERNEL_NAME + FORM_SUFFIXES[form] in text  # its name says which form runs
   assert not any(KERNEL_NAME + suffix in text for other, suffix in FORM_SUFFIXES.items() if other != form)
+  # the crossover's cluster-scope fences are in its kernel (an inline_mgpu body bound by a call), in no other form's
+  assert all((piece in text) == (form == "crossover") for piece in CLUSTER_FENCES_PTX.split("\n\t"))
 
 
 def test_config_fills_one_wave():
