@@ -556,10 +556,10 @@ case "${1:?stage}" in
            # forward at B = 64 with the crossover forced: `Config`'s default patched in that process only (the rows'
            # kernels, read from the compiled programs, say which form ran); the default path's rows to compare are
            # RESULTS' (H100, 3 layers: 20.42 ms, median of 3, 2026-12-05 22:38; H200, 4 layers: 21.84 ms)
-    (export MOSAIC_GPU_DUMP_PTX=1; run 100 crossover_variants.txt python3 tools/crossover_variants.py)
+    (export MOSAIC_GPU_DUMP_PTX=1; run 90 crossover_variants.txt python3 tools/crossover_variants.py)
     run 120 sparse_mla_crossover.md python3 -m benchmarks.sparse_mla_splits --batch 64 --tokens 4 --crossover \
       --only-auto --iters 20
-    run 110 gpu_tests_xover.txt python3 -m pytest -q -rfE --tb=short -p no:cacheprovider --timeout 60 \
+    run 130 gpu_tests_xover.txt python3 -m pytest -q -rfE --tb=short -p no:cacheprovider --timeout 60 \
       tests/test_sparse_mla_mgpu.py -k "crossover and not lowers"
     if grep -q " passed" "$OUT/gpu_tests_xover.txt" && ! grep -qE "failed|error" "$OUT/gpu_tests_xover.txt"; then
       layers=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | awk '{print ($1 > 120000) ? 4 : 3}')
