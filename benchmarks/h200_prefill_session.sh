@@ -92,12 +92,13 @@
 #   router   (15:44 2026-12-05) the router's logits, fp32 dot vs three bf16 dots, by token count
 #   heads    (22:38 2026-12-05, an H100; exits 2 since) the sparse-MLA kernel's heads-major q~ / output: no faster,
 #            removed the same evening
-#   xover3   (not run yet) xover2 bounded to one call, then the verification forward at B = 64 with the crossover
-#            forced (its compiled tests passing first)
+#   xover3   (04:41 2026-12-06, an H100: the plain-store exchanges equal, async_store_smem hung; the crossover correct,
+#            1.19-1.20x slower; the forward with it forced no faster) xover2 bounded to one call, then the
+#            verification forward at B = 64 with the crossover forced (its compiled tests passing first)
 #   crossover (not run yet) the crossover probe's exchange compiled
 #   xover    (00:25 2026-12-06, an H100: the probe hung, the kernel crashed; exits 2 since) the probe, then the
 #            crossover by async_store_smem: compiled tests, its speed beside the double-buffered form
-#   xover2   (not run yet: no device for the rest of 2026-12-06's session) which cross-CTA exchange works
+#   xover2   (superseded by xover3, which ran it) which cross-CTA exchange works
 #            (tools/crossover_variants.py), then the crossover by plain stores into the peer: timed, compiled tests
 #   gemms2   (22:43 2026-12-05, an H100: XLA fastest or within a few µs nearly everywhere) V3.2's dense linears at M = 256 (and 64, 1,024) on XLA's GEMM beside jax's Hopper matmul
 #            rasterised over M and tokamax's grouped matmul over one group (benchmarks.dense_gemms)

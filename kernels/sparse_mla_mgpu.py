@@ -106,7 +106,9 @@ class Config:
   # crashed on an H100 with jax 0.11.2 (2026-12-06 00:25, benchmarks/RESULTS.md). The re-layout, its
   # dequantisation over an fp8 cache and the copies are halved per CTA; the two CTAs then step together. The
   # double-buffered form at 128 heads (two head blocks) only; compiled only (Pallas's GPU interpreter refuses
-  # clusters). Off: not yet timed against the double-buffered form (`benchmarks.sparse_mla_splits --crossover`).
+  # clusters). Off: correct on an H100 (2026-12-06 04:41, its 11 compiled tests: bit-equal to the double-buffered
+  # kernel), and slower there at B = 64, T = 4: 590.2 against 494.6 µs over a bf16 cache, 747.5 against 622.9 over
+  # an fp8 one (benchmarks/RESULTS.md, "FlashMLA's crossover by plain stores")
   crossover: bool = False
 
 
