@@ -62,6 +62,7 @@
 #   kregs    (21:20 2026-12-04) the index scores' Config.keys_in_registers: compiled tests, then timed
 #   handoff  (21:20, 21:33 2026-12-04) one hand-off and one wgmma of the sparse MLA's step, each alone (mgpu_handoff)
 #   topk     (not run yet) the top-k forms at verification's 256 queries, 4K and 32K caches
+#   v32topk  (2026-12-06) topk, then verify32k, in one call
 #   fp8gpu   (21:28 2026-12-04) the FP8 paths' GPU tests (the prefill rule and the bounded bytes layout)
 #   fp8q     (not run yet) the index scores' float8 × float8 form timed and tested; the user path's GPU tests
 #   fp8round (not run yet) the draft step per part with FP8 and bf16 weights at B = 64 (the FP8 round's 0.58)
@@ -520,6 +521,17 @@ case "${1:?stage}" in
             # between warpgroups and one wgmma of the sparse MLA's step cost alone (benchmarks.mgpu_handoff): whether
             # its ~0.8 µs a step is hand-offs or the products' latency; the products at the kernel's 64 B swizzle
     run 90 handoff.md python3 -m benchmarks.mgpu_handoff --reps 2000 --entries 32 48 64 --forms qk pv --swizzle 32 64 128
+    ;;
+  v32topk)  # (2026-12-06) topk's rows, then verify32k's (4 layers, B = 64 and 256 on an H200; 3 layers, B = 64 on an
+            # H100): what the top-k forms cost at verification's 256 queries, then the forward at 32K since 2026-12-03
+    run 170 topk_verify.md python3 -m benchmarks.dsa_parts --capacity 4608 32768 --batch 64 --tokens 4 --parts top-k
+    if nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | awk '{exit !($1 > 120000)}'; then
+      layers=4 batches=(64 256)
+    else
+      layers=3 batches=(64)
+    fi
+    run 330 verify_32k.md python3 -m benchmarks.verify_forward --layers "$layers" -k 3 --forms absorbed \
+      --batch "${batches[@]}" --capacity 32768 --profile --iters 5
     ;;
   topk)  # (not run yet) the top-k forms at verification's 256 queries (B = 64, T = 4) over a 4K and a 32K cache: the
          # library's radix select against lax.top_k (at 33K and 256 queries 381 against 701 µs; 4K not timed) and the
