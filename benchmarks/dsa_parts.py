@@ -20,7 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.prefill_parts import radix_histograms, radix_one_reduction, radix_siblings
+from benchmarks.prefill_parts import (kernels_of, kth_key_halves, radix_histograms, radix_one_reduction, radix_select,
+                                      radix_siblings)
 from benchmarks.timing import copy_bandwidth, time_in_loop
 from jax_mtp.cache import causal_mask
 from jax_mtp.indexer import (SCORE_BLOCK_SLOTS, Selection, quantize_keys, score_chunk, topk_selection,
@@ -107,13 +108,15 @@ def _rows(s: int, b: int, t: int, iters: int, bandwidth: float, parts=PARTS):
                        ("radix 4-bit, one reduction a pass", radix_one_reduction),
                        ("radix 2-bit, sibling reductions", radix_siblings(2)),
                        ("radix 16-bit, a histogram a pass", radix_histograms(16)),
-                       ("radix 8-bit, a histogram a pass", radix_histograms(8))]:
+                       ("radix 8-bit, a histogram a pass", radix_histograms(8)),
+                       ("radix 2-bit siblings over 16-bit halves", radix_select(kth_key_halves))]:
     fn = jax.jit(lambda x, v, select=select: select(x, v, K_TOP))
     seconds = time_in_loop(fn, (scores, visible), iters)
     chosen = np.sort(np.asarray(fn(scores, visible).slots_BTK), axis=-1)
     first = chosen if first is None else first
+    kernels = f"; kernels: {kernels_of(fn, (scores, visible), top=10)}" if name == "radix select (library)" else ""
     yield ("top-k", name, f"{seconds * 1e6:,.0f}", f"{floor_us(scores.nbytes):,.1f}",
-           f"{floor_us(scores.nbytes) / seconds / 1e6:.2f}", f"same set: {bool((chosen == first).all())}")
+           f"{floor_us(scores.nbytes) / seconds / 1e6:.2f}", f"same set: {bool((chosen == first).all())}{kernels}")
 
   if "attention" not in parts:
     return
