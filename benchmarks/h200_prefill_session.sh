@@ -96,11 +96,13 @@
 #   xover3   (04:41 2026-12-06, an H100: the plain-store exchanges equal, async_store_smem hung; the crossover correct,
 #            1.19-1.20x slower; the forward with it forced no faster) xover2 bounded to one call, then the
 #            verification forward at B = 64 with the crossover forced (its compiled tests passing first)
-#   crossover (not run yet) the crossover probe's exchange compiled
-#   xover    (00:25 2026-12-06, an H100: the probe hung, the kernel crashed; exits 2 since) the probe, then the
+#   crossover (never run) the crossover probe's exchange compiled
+#   xover    (00:25 2026-12-06, an H100: the probe hung, the kernel crashed) the probe, then the
 #            crossover by async_store_smem: compiled tests, its speed beside the double-buffered form
 #   xover2   (superseded by xover3, which ran it) which cross-CTA exchange works
-#            (tools/crossover_variants.py), then the crossover by plain stores into the peer: timed, compiled tests
+#            (tools/crossover_variants.py), then the crossover by plain stores into the peer: timed, compiled tests.
+#            xover–xover3 and crossover now exit 2: the crossover, its probes and tests were removed on 2026-12-06
+#            (last at 03b5fef)
 #   gemms2   (22:43 2026-12-05, an H100: XLA fastest or within a few µs nearly everywhere) V3.2's dense linears at M = 256 (and 64, 1,024) on XLA's GEMM beside jax's Hopper matmul
 #            rasterised over M and tokamax's grouped matmul over one group (benchmarks.dense_gemms)
 #   fp8      benchmarks.e2e with FP8 weights kept as codes: 1K and 32K prompts at B = 1, 1K at B = 64
@@ -548,44 +550,15 @@ case "${1:?stage}" in
     echo "stage $1: the heads-major form was removed on 2026-12-05 (no faster); see RESULTS.md" >&2
     exit 2
     ;;
-  xover)  # (00:25 2026-12-06, an H100: the probe hung, the kernel crashed) the crossover probe, then Config.crossover
-          # with async_store_smem stores: its compiled tests, then timed beside the double-buffered form
-    echo "stage $1: the crossover's async_store_smem stores were replaced on 2026-12-06 (they hung and crashed on jax" \
-      "0.11.2; RESULTS.md); stage xover2 runs the crossover as it stands" >&2
+  xover|xover2|xover3|crossover)  # (2026-12-06 00:25–04:41, an H100) FlashMLA's crossover (Config.crossover: a
+    # query's two head blocks as a 2-CTA cluster, each gathering half of a step's rows into both CTAs' operands).
+    # xover: the probe hung and the async_store_smem kernel crashed on jax 0.11.2; xover3 ran xover2 (the plain-store
+    # exchanges, the kernel timed, its compiled tests, the verification forward with it forced): correct, 1.19-1.20x
+    # slower, no faster forward; crossover never ran. Then removed with tools/crossover_probe.py,
+    # tools/crossover_variants.py, their tests and sparse_mla_splits --crossover; the form is at 03b5fef. What each
+    # stage found is in RESULTS.md's 2026-12-06 sections and h200_runs/xover*_*/
+    echo "stage $1: the crossover was removed on 2026-12-06 (1.19-1.20x slower; last at 03b5fef); see RESULTS.md" >&2
     exit 2
-    ;;
-  xover2)  # (not run yet) after xover (00:25 2026-12-06, an H100: the probe hung, the crossover kernel crashed with
-           # "unspecified launch failure"): which exchange works (tools/crossover_variants.py, each in its own process,
-           # the PTX's barrier lines), then the crossover by plain stores into the peer (cluster_ref, cluster fences, a
-           # cluster barrier): its speed and its compiled tests
-    # the exchanges, the kernel's speed and error (B = 64 first: the row issue 28 names), then its bit-equality tests
-    (export MOSAIC_GPU_DUMP_PTX=1; run 150 crossover_variants.txt python3 tools/crossover_variants.py)
-    run 200 sparse_mla_crossover2.md python3 -m benchmarks.sparse_mla_splits --batch 64 8 --tokens 4 1 \
-      --crossover --only-auto --iters 20
-    run 120 gpu_tests_xover2.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 60 \
-      tests/test_sparse_mla_mgpu.py -k "crossover and not lowers"
-    ;;
-  xover3)  # xover2 within one call's bound, then, where the crossover's compiled tests passed, the verification
-           # forward at B = 64 with the crossover forced: `Config`'s default patched in that process only (the rows'
-           # kernels, read from the compiled programs, say which form ran); the default path's rows to compare are
-           # RESULTS' (H100, 3 layers: 20.42 ms, median of 3, 2026-12-05 22:38; H200, 4 layers: 21.84 ms)
-    (export MOSAIC_GPU_DUMP_PTX=1; run 90 crossover_variants.txt python3 tools/crossover_variants.py)
-    run 120 sparse_mla_crossover.md python3 -m benchmarks.sparse_mla_splits --batch 64 --tokens 4 --crossover \
-      --only-auto --iters 20
-    run 130 gpu_tests_xover.txt python3 -m pytest -q -rfE --tb=short -p no:cacheprovider --timeout 60 \
-      tests/test_sparse_mla_mgpu.py -k "crossover and not lowers"
-    if grep -q " passed" "$OUT/gpu_tests_xover.txt" && ! grep -qE "failed|error" "$OUT/gpu_tests_xover.txt"; then
-      layers=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | awk '{print ($1 > 120000) ? 4 : 3}')
-      run 170 verify_b64_crossover.md python3 -c "import functools, runpy; \
-from jax_mtp.kernels import sparse_mla_mgpu as m; m.Config = functools.partial(m.Config, crossover=True); \
-runpy.run_module('benchmarks.verify_forward', run_name='__main__')" --layers "$layers" -k 3 --forms absorbed \
-        --batch 64 --capacity 4096 --iters 5 --repeats 3
-    else
-      echo "the crossover's compiled tests did not all pass: no verification forward with it" | tee "$OUT/verify_skipped.txt"
-    fi
-    ;;
-  crossover)  # (not run yet) the crossover probe's exchange compiled (tools/crossover_probe.py): both CTAs' operands
-    run 120 gpu_tests_crossover.txt python3 -m pytest -v --tb=short -p no:cacheprovider tests/test_crossover_probe.py
     ;;
   gemms2)  # (22:43 2026-12-05, an H100: no kernel path built) whether a Mosaic GPU matmul streams V3.2's dense weights faster than XLA's GEMM at
            # verification's rows (q_b_proj: 80 µs on XLA's Triton fusion, 44 on cuBLAS, ~24 roofline at 256 rows)

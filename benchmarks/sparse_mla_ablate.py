@@ -38,7 +38,7 @@ def _arrive_without_copies(plan, r, ids, first, stride, lat_to, pe_to, landed):
   del r, ids, lat_to, pe_to
   copies = 1 if plan.config.whole_rows else plan.pieces  # a row's latent copies, then its rope key's
 
-  @pl.loop(first, plan.rows, step=stride)  # this CTA's rows of a step, as `_issue_rows` copies them
+  @pl.loop(first, plan.e, step=stride)
   def _(i):
     del i
     for _ in range(copies + 1):

@@ -2,10 +2,7 @@
 and fp8 caches, with the fp8 rows also timed with `ids_before_dots`: the data behind `config_for`'s split rule.
 
     python -m benchmarks.sparse_mla_splits --batch 64 8 1 --tokens 4 1
-    python -m benchmarks.sparse_mla_splits --batch 64 8 --tokens 4 1 --crossover --only-auto   # the crossover
-
-`--crossover` times each double-buffered row again with `Config.crossover` (a query's two head blocks as a 2-CTA
-cluster, each gathering half of a step's rows into both CTAs' operands); `--only-auto` keeps auto's splits.
+    python -m benchmarks.sparse_mla_splits --batch 64 --tokens 4 --only-auto   # auto's splits only
 
 Why: on the H200 (2026-12-04 18:10, RESULTS) half of auto's splits was faster at every shape with more than one
 split (B = 8, T = 1: 42.6 against 60.9 µs), which fits one CTA a core (a two-set CTA takes nearly all of a core's
@@ -39,11 +36,8 @@ def candidate_splits(auto: mgpu.Config) -> list[int]:
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   add_sweep_arguments(parser, batch=[64, 8, 1], tokens=[4, 1])
-  parser.add_argument("--crossover", action="store_true", help="each double-buffered row again with the crossover")
   parser.add_argument("--only-auto", action="store_true", help="auto's splits only")
   args = parser.parse_args(argv)
-  if args.crossover and args.backend == "interpret":
-    parser.error("--crossover runs compiled only: Pallas's GPU interpreter refuses a cluster's CTAs")
   bandwidth, flops = measured_ceilings(f"sparse MLA splits, S = {args.capacity},")
   print("| B | T | cache | form | splits | CTAs | ids before dots | µs | floor µs | floor / time | rel err vs XLA |")
   print("|---:|---:|---|---|---:|---:|---|---:|---:|---:|---:|")
@@ -65,13 +59,11 @@ def main(argv=None) -> int:
         for splits in [auto.splits] if args.only_auto else candidate_splits(auto):
           for ids in early:
             config = dataclasses.replace(auto, splits=splits, ids_before_dots=ids)
-            crossover = [False, True] if args.crossover and config.double_buffered else [False]
-            for config in [dataclasses.replace(config, crossover=x) for x in crossover]:
-              timed = _time_mosaic(operands, base, config, args.iters, args.backend, latent_scale_BSG=latent_scale)
-              ctas = b * t * -(-N // mgpu.BLOCK_HEADS) * splits
-              mark = " (auto)" if config == auto else ""
-              print(f"| {b} | {t} | {cache} | {mgpu.form_of(config)} | {splits}{mark} | {ctas} | {ids} | "
-                    f"{_cells(timed, floor)} |", flush=True)
+            timed = _time_mosaic(operands, base, config, args.iters, args.backend, latent_scale_BSG=latent_scale)
+            ctas = b * t * -(-N // mgpu.BLOCK_HEADS) * splits
+            mark = " (auto)" if config == auto else ""
+            print(f"| {b} | {t} | {cache} | {mgpu.form_of(config)} | {splits}{mark} | {ctas} | {ids} | "
+                  f"{_cells(timed, floor)} |", flush=True)
   return 0
 
 

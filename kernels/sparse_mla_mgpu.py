@@ -40,7 +40,7 @@ from jax_mtp.kernels.sparse_mla_mgpu_plan import Plan
 
 KERNEL_NAME = "dsa_sparse_mla_mgpu"  # what tests and benchmarks look for in a compiled program
 # a launch's name: KERNEL_NAME + its form's suffix (`form_of`)
-FORM_SUFFIXES = {"one set": "_one_set", "two sets": "_two_sets", "crossover": "_crossover"}
+FORM_SUFFIXES = {"one set": "_one_set", "two sets": "_two_sets"}
 BLOCK_HEADS = 64  # wgmma's M
 # An H200's (and H100 SXM's) cores: a CTA of either form takes most of a core's 227 KiB of shared memory, so one runs
 # a core, and `config_for` splits a query's slots until one wave of this many CTAs is as full as it gets
@@ -97,19 +97,6 @@ class Config:
   # the Mosaic sparse MLA's step goes") 517.9 against 504.5 µs at B = 64, T = 4 (fp8 cache 663 against 648), and
   # 480 against 485 in the profile run: within the rows' spread, not faster.
   ids_before_dots: bool = False
-  # FlashMLA's crossover (docs/mosaic_gpu_notes.md, "The Mosaic sparse MLA's remaining gap", (3)): a query's two
-  # 64-head blocks run as a 2-CTA cluster, and each CTA's gather copies and re-lays only half of a step's rows, into
-  # its own operand set and, by plain stores through `plgpu.cluster_ref`, into its peer's, then fences at the
-  # cluster's scope (`cluster_fences`) and arrives on the operand-ready cluster barrier (its arrival lands in both
-  # CTAs: a set is ready when both halves are written); the operand-free barrier is the cluster's too (both CTAs'
-  # consumers done with a set before either gather overwrites its half in both). `async_store_smem` instead hung and
-  # crashed on an H100 with jax 0.11.2 (2026-12-06 00:25, benchmarks/RESULTS.md). The re-layout, its
-  # dequantisation over an fp8 cache and the copies are halved per CTA; the two CTAs then step together. The
-  # double-buffered form at 128 heads (two head blocks) only; compiled only (Pallas's GPU interpreter refuses
-  # clusters). Off: correct on an H100 (2026-12-06 04:41, its 11 compiled tests: bit-equal to the double-buffered
-  # kernel), and slower there at B = 64, T = 4: 590.2 against 494.6 µs over a bf16 cache, 747.5 against 622.9 over
-  # an fp8 one (benchmarks/RESULTS.md, "FlashMLA's crossover by plain stores")
-  crossover: bool = False
 
 
 def buffer_sets(config: Config) -> int:
@@ -119,14 +106,7 @@ def buffer_sets(config: Config) -> int:
 
 def form_of(config: Config) -> str:
   """A completed config's form, as FORM_SUFFIXES names it."""
-  if config.crossover:
-    return "crossover"
   return "two sets" if config.double_buffered else "one set"
-
-
-def gathered_rows(config: Config) -> int:
-  """The rows of a step one CTA copies and re-lays: half of them under the crossover, else all."""
-  return config.block_entries // 2 if config.crossover else config.block_entries
 
 
 def config_for(queries: int, heads: int, entries: int, latent_width: int, config: Config | None = None,
@@ -175,9 +155,6 @@ def check_operands(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, confi
   if config.double_buffered and (e != DOUBLE_BUFFERED_ENTRIES or c != 2 * TMA_BOX):
     raise ValueError(f"double_buffered takes block_entries={DOUBLE_BUFFERED_ENTRIES} and a {2 * TMA_BOX}-wide "
                      f"latent; got block_entries={e}, a latent of width {c}")
-  if config.crossover and (not config.double_buffered or -(-n // BLOCK_HEADS) != 2):
-    raise ValueError(f"crossover pairs a query's two {BLOCK_HEADS}-head blocks in the double-buffered form; got "
-                     f"{n} heads, double_buffered={config.double_buffered}")
   if (e % 64 and not config.double_buffered) or e > 256 or splits < 1 or k % (splits * e):
     raise ValueError(f"{k} selected slots are not a multiple of splits={splits} × block_entries={e} "
                      f"(block_entries a multiple of 64, at most 256)")
@@ -191,7 +168,7 @@ def launch_smem_bytes(config: Config, latent_BSC, k_pe_BSR, latent_scale_BSG=Non
   """`smem_bytes` of a completed `config`'s launch over these cache operands."""
   scales = 0 if latent_scale_BSG is None else latent_scale_BSG.shape[-1]
   return smem_bytes(latent_BSC.shape[-1], k_pe_BSR.shape[-1], config.block_entries,
-                    jnp.dtype(latent_BSC.dtype).itemsize, scales, buffer_sets(config), gathered_rows(config))
+                    jnp.dtype(latent_BSC.dtype).itemsize, scales, buffer_sets(config))
 
 
 def profile_ranges(used_smem: int) -> int:
@@ -205,14 +182,12 @@ def profile_ranges(used_smem: int) -> int:
   return ranges
 
 
-def smem_bytes(c: int, r: int, e: int, latent_itemsize: int, scale_groups: int = 0, sets: int = 1,
-               staged: int | None = None) -> int:
+def smem_bytes(c: int, r: int, e: int, latent_itemsize: int, scale_groups: int = 0, sets: int = 1) -> int:
   """The kernel's shared memory (its scratch buffers, each from a 1 KiB boundary, and its barriers): q~, q_pe, the
-  untiled staging (`staged` rows a step: e, or half of them under the crossover), the operands and P (`sets` of
-  each), the packed ids buffer, an fp8 cache's scales."""
+  untiled staging, the operands and P (`sets` of each), the
+  packed ids buffer, an fp8 cache's scales."""
   kib = lambda n: -(-n // 1024) * 1024  # noqa: E731
-  staged = e if staged is None else staged
-  buffers = [BLOCK_HEADS * c * 2, BLOCK_HEADS * r * 2, sets * staged * c * latent_itemsize, sets * staged * r * 2,
+  buffers = [BLOCK_HEADS * c * 2, BLOCK_HEADS * r * 2, sets * e * c * latent_itemsize, sets * e * r * 2,
              sets * e * c * 2, sets * e * r * 2, sets * BLOCK_HEADS * e * 2, (3 + sets) * max(e, BLOCK_HEADS) * 4] + (
                  [sets * scale_groups * e * 4] if scale_groups else [])
   return sum(map(kib, buffers)) + 8 * (5 + 4 * sets)  # barriers of 8 bytes
@@ -239,8 +214,6 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
   check_operands(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, config, latent_scale_BSG)
   e, splits = config.block_entries, config.splits
   profile = {}
-  if config.crossover and interpret:
-    raise ValueError("crossover runs compiled only: Pallas's GPU interpreter refuses a cluster's CTAs")
   if profile_dir is not None:
     if interpret:
       raise ValueError("profile_dir: Mosaic GPU's profiler runs compiled only, not in the interpreter")
@@ -259,15 +232,9 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
                   [(0, 0), (0, 0), (0, ids_width - e)], constant_values=-1)
   steps = k // splits // e
   sets = buffer_sets(config)
-  staged = gathered_rows(config)
 
   def buf(shape):  # a buffer of `sets` sets (one set: the shape itself)
     return shape if sets == 1 else (sets, *shape)
-
-  def set_barriers(arrivals):  # a barrier a set, the cluster's under the crossover (an arrival lands in both CTAs)
-    if config.crossover:
-      return plgpu.ClusterBarrier(collective_axes=("h",), num_arrivals=arrivals, num_barriers=sets)
-    return plgpu.Barrier(num_arrivals=arrivals, num_barriers=sets)
 
   scaled = latent_scale_BSG is not None
   scale_inputs, scale_scratch = [], []
@@ -286,19 +253,14 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
     lat_t, pe_t = operand_transforms(plgpu, dtype, c), operand_transforms(plgpu, dtype, r)
     p_t = operand_transforms(plgpu, dtype, e)
   rows_layout = None
-  if config.crossover:  # [16 rows, ·]: a warp 4 rows, its lanes 4 rows × 8 pieces of 8 B (tools/crossover_probe.py's
-    # layout, stored into a 64-B-swizzled operand here and in the peer)
-    rows_layout = plgpu.Layout.TILED(mgpu_fa.Tiling(((staged, 32), (4, 32), (4,))), warp_dims=(-5,),
-                                     lane_dims=(-3, -2), vector_dim=-1)
-  elif config.double_buffered:  # [32 rows, ·]: a warp 8 rows, its lanes 8 rows × 4 pieces of 16 B: a 64-B-swizzled
+  if config.double_buffered:  # [32 rows, ·]: a warp 8 rows, its lanes 8 rows × 4 pieces of 16 B: a 64-B-swizzled
     # tile's 512 B written conflict-free by one warp (a warp a row, as below, is refused at this swizzle)
     rows_layout = plgpu.Layout.TILED(mgpu_fa.Tiling(((e, 32), (8, 32), (8,))), warp_dims=(-5,), lane_dims=(-3, -2),
                                      vector_dim=-1)
   elif config.contiguous_relayout and width == 256:  # [rows, 256]: a warp a row, a lane 8 contiguous values (16 B)
     rows_layout = plgpu.Layout.TILED(mgpu_fa.Tiling(((4, 256), (8,))), warp_dims=(-3,), lane_dims=(-2,),
                                      vector_dim=-1)
-  plan = Plan(plgpu=plgpu, config=config, t=t, e=e, rows=staged, c=c, steps=steps, sets=sets, pieces=pieces,
-              width=width, hb=hb,
+  plan = Plan(plgpu=plgpu, config=config, t=t, e=e, c=c, steps=steps, sets=sets, pieces=pieces, width=width, hb=hb,
               groups=g if scaled else 0, dtype=dtype, scale=scale, interpret=bool(interpret), rows_layout=rows_layout,
               wgmma_rows=plgpu.Layout.WGMMA.reduce(1), wgmma_cols=plgpu.Layout.WGMMA.reduce(0), ids_width=ids_width)
   out_dt = out_dtype if splits == 1 else jnp.float32
@@ -310,7 +272,7 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
           plgpu.SMEM((hb, c), dtype, transforms=lat_t), plgpu.SMEM((hb, r), dtype, transforms=pe_t),
           # untiled, rows 128-byte aligned as a TMA destination must be (so a warp's re-layout load meets 8-way bank
           # conflicts: padding the rows apart misaligned the copies on the H200, 2026-12-03)
-          plgpu.SMEM(buf((staged, pieces, width)), latent_BSC.dtype), plgpu.SMEM(buf((staged, r)), dtype),
+          plgpu.SMEM(buf((e, pieces, width)), latent_BSC.dtype), plgpu.SMEM(buf((e, r)), dtype),
           # destinations
           plgpu.SMEM(buf((e, c)), dtype, transforms=lat_t), plgpu.SMEM(buf((e, r)), dtype, transforms=pe_t),
           plgpu.SMEM(buf((hb, e)), dtype, transforms=p_t),
@@ -321,15 +283,14 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
           plgpu.Barrier(num_arrivals=2),  # q~ and q_pe
           plgpu.Barrier(num_arrivals=1, num_barriers=2),  # a step's slot ids
           # a step's one-row copies (and its scales), a set each
-          plgpu.Barrier(num_arrivals=(row_copies + 1) * staged + scaled, num_barriers=sets),
-          # op_ready (the gather's arrival; both CTAs' under the crossover), op_free (both halves; both CTAs' under
-          # the crossover), p_ready: a set each; done, written
-          set_barriers(1), set_barriers(2),
+          plgpu.Barrier(num_arrivals=(row_copies + 1) * e + scaled, num_barriers=sets),
+          # op_ready, op_free (both halves), p_ready: a set each; done, written
+          plgpu.Barrier(num_arrivals=1, num_barriers=sets),
+          plgpu.Barrier(num_arrivals=2, num_barriers=sets),
           plgpu.Barrier(num_arrivals=1, num_barriers=sets), plgpu.Barrier(num_arrivals=1), plgpu.Barrier(num_arrivals=1),
       ],
-      # head blocks fastest: a query's CTAs read its rows through L2 once; under the crossover they are a cluster
-      **(dict(grid=(splits, b * t), grid_names=("p", "q"), cluster=(2,), cluster_names=("h",)) if config.crossover
-         else dict(grid=(padded // hb, splits, b * t), grid_names=("h", "p", "q"))),
+      grid=(padded // hb, splits, b * t),  # head blocks fastest: a query's CTAs read its rows through L2 once
+      grid_names=("h", "p", "q"),
       num_threads=3,
       thread_name="wg",
       # no cross-warp reduction scratch: the row max / sum stay within a quad, and V3.2 widths need all but 3 KiB

@@ -23,7 +23,6 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from jax_mtp.kernels.mosaic_gpu_common import cluster_fences
 from jax_mtp.kernels.sparse_mla_mgpu_plan import GATHER_REGISTERS, Plan, Refs
 
 _NEG_INIT = -1e30  # the running max starts finite: exp(−∞ − (−∞)) would be NaN
@@ -101,12 +100,12 @@ def _fetch_ids(plan: Plan, r: Refs, step):
 
 
 def _issue_rows(plan: Plan, r: Refs, ids, first, stride, lat_to, pe_to, landed):
-  """TMA copies of this CTA's rows first, first + stride, ... of a step (under the crossover its head block's half of
-  the step's entries; an invalid slot, −1, reads row 0: the scores mask it)."""
+  """TMA copies of rows first, first + stride, ... of a step (an invalid slot, −1, reads row 0: the scores mask it)."""
   plgpu, pieces, width = plan.plgpu, plan.pieces, plan.width
-  @pl.loop(first, plan.rows, step=stride)
+
+  @pl.loop(first, plan.e, step=stride)
   def _(i):
-    slot = jnp.maximum(ids[r.hi * plan.rows + i] if plan.config.crossover else ids[i], 0)
+    slot = jnp.maximum(ids[i], 0)
     if plan.config.whole_rows:  # one [1, pieces, width] box: each dimension within TMA's 256
       plgpu.copy_gmem_to_smem(r.lat_gmem.at[r.row, pl.ds(slot, 1)], lat_to.at[pl.ds(i, 1)], landed)
     else:  # one copy a piece: a TMA box is at most 256 wide
@@ -135,41 +134,25 @@ def _issue(plan: Plan, r: Refs, step):
 def _relayout(plan: Plan, r: Refs, slot):
   """A landed staging set → registers → its operand set (tiled, swizzled), an fp8 cache's codes dequantised.
 
-  With two sets: a TMA piece's columns a load, or a scale group's over an fp8 cache; under the crossover this CTA's
-  half of the step's rows (its head block's: rows hi · rows ..), each piece stored here and, through
-  `plgpu.cluster_ref`, at the same rows of the peer's operand set (the gather's fences and its arrival on the
-  operand-ready cluster barrier follow)."""
+  With two sets: a TMA piece's columns a load, or a scale group's over an fp8 cache."""
   plgpu, c, e, width, pieces, dtype, rows_layout = (plan.plgpu, plan.c, plan.e, plan.width, plan.pieces, plan.dtype,
                                                     plan.rows_layout)
   lat_stage_s, pe_stage_s, lat_op_s, pe_op_s = (plan.at(ref, slot) for ref in (r.lat_stage, r.pe_stage, r.lat_op,
                                                                                 r.pe_op))
-  if plan.sets == 2:  # rows_layout: a warp 8 rows × 4 lanes' 16-B pieces, or 4 rows under the crossover
-    crossover = plan.config.crossover
-    mine = pl.ds(r.hi * plan.rows, plan.rows) if crossover else None  # (no index arithmetic in the two-set trace)
-
-    def put(ref, index, x):  # into this CTA's operand set, and under the crossover the peer's at the same index
-      if crossover:
-        dst = ref.at[index]
-        dst[...] = x
-        plgpu.cluster_ref(dst, {"h": 1 - r.hi})[...] = x
-      else:
-        ref[index] = x
-
+  if plan.sets == 2:  # rows_layout: a warp 8 rows × 4 lanes' 16-B pieces (see sparse_mla_mgpu)
     group_width = c // plan.groups if plan.scaled else width
     for col in range(0, c, group_width):
       src = lat_stage_s.at[:, col // width, pl.ds(col % width, group_width)]
       if plan.scaled:  # codes times their rows' group scale, in fp32 (exact for e4m3), rounded once to the operand's
         codes = plgpu.load(src, layout=rows_layout, optimized=False)  # dtype; 8 B a lane from rows 512 B apart:
         # conflicts no plan avoids
-        scales = plan.at(r.scale_stage, slot)
-        group_scale = plgpu.load(scales.at[col // group_width, mine] if crossover else scales.at[col // group_width],
-                                 layout=rows_layout.reduce(1), optimized=False)
+        group_scale = plgpu.load(plan.at(r.scale_stage, slot).at[col // group_width], layout=rows_layout.reduce(1),
+                                 optimized=False)
         row_scale = plgpu.layout_cast(lax.broadcast_in_dim(group_scale, codes.shape, [0]), rows_layout)
-        x = (codes.astype(jnp.float32) * row_scale).astype(dtype)
-      else:  # each warp reads 512 contiguous bytes of one row's piece: no conflicts (the crossover's 16-row layout
-        x = plgpu.load(src, layout=rows_layout, optimized=not crossover)  # has no conflict-free plan: 4 rows a warp)
-      put(lat_op_s, (mine if crossover else slice(None), pl.ds(col, group_width)), x)
-    put(pe_op_s, mine if crossover else ..., plgpu.load(pe_stage_s, layout=rows_layout, optimized=False))
+        lat_op_s[:, pl.ds(col, group_width)] = (codes.astype(jnp.float32) * row_scale).astype(dtype)
+      else:  # each warp reads 512 contiguous bytes of one row's piece: no conflicts
+        lat_op_s[:, pl.ds(col, group_width)] = plgpu.load(src, layout=rows_layout)
+    pe_op_s[...] = plgpu.load(pe_stage_s, layout=rows_layout, optimized=False)
     return
   if rows_layout is not None and not plan.scaled:  # each warp reads 512 contiguous bytes of one row: no conflicts
     for rb in range(0, e, 32):
@@ -210,9 +193,7 @@ def _gather(plan: Plan, r: Refs):
       pl.when(step >= sets)(lambda: plgpu.barrier_wait(plan.at(r.op_free, slot)))
     with jax.named_scope("relayout"):
       _relayout(plan, r, slot)
-      if plan.config.crossover:  # this CTA's stores into the peer's operand, ordered before the peer's wgmma reads:
-        cluster_fences(plgpu)  # each storing thread's fences ahead of commit_smem's warpgroup barrier, which the
-      plgpu.commit_smem()  # arriving threads pass after them
+      plgpu.commit_smem()
     plgpu.barrier_arrive(plan.at(r.op_ready, slot))
     if sets == 2:  # this staging set is free again: step + 2's copies into it
       pl.when(step + 2 < steps)(lambda: _issue(plan, r, step + 2))

@@ -19,7 +19,6 @@ class Plan:
   config: Any  # sparse_mla_mgpu.Config, completed by config_for
   t: int  # tokens a row: a query's batch row is its index // t
   e: int  # entries a step
-  rows: int  # a step's rows this CTA copies and re-lays: e, or half of them under the crossover
   c: int  # latent width
   steps: int  # steps a split
   sets: int  # staging / operand / P buffer sets

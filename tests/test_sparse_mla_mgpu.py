@@ -16,7 +16,6 @@ import pytest
 
 import jax_mtp
 from jax_mtp.kernels.sparse_mla import combine_splits, dequantize_latent, reference
-from jax_mtp.kernels.mosaic_gpu_common import CLUSTER_FENCES_PTX
 from jax_mtp.kernels.sparse_mla_mgpu import FORM_SUFFIXES, KERNEL_NAME, Config, config_for, form_of, sparse_mla_mgpu
 from jax_mtp.mla import quantize_latent, resolve_sparse_attention_impl
 from tests.conftest import FULL_ONLY, FULL_TESTS
@@ -177,9 +176,7 @@ LOWERED_CONFIGS = {"bfloat16 (double-buffered)": Config(), "fp8 (double-buffered
                    "fp8, one set, a copy a piece from one thread":
                        Config(double_buffered=False, whole_rows=False, issue_warps=1),
                    "bfloat16, ids before the dots": Config(ids_before_dots=True),
-                   "fp8, one set, ids before the dots": Config(double_buffered=False, ids_before_dots=True),
-                   "bfloat16, crossover": Config(double_buffered=True, crossover=True),
-                   "fp8, crossover": Config(double_buffered=True, crossover=True)}
+                   "fp8, one set, ids before the dots": Config(double_buffered=False, ids_before_dots=True)}
 
 
 @pytest.mark.parametrize("b,t", [(1, 1), (2, 4), (64, 4)])
@@ -198,8 +195,6 @@ def test_kernel_lowers_for_cuda_at_v32_widths(b, t, cache):
   form = form_of(config_for(b * t, 128, 2048, 512, config))
   assert "mosaic_gpu" in text and KERNEL_NAME + FORM_SUFFIXES[form] in text  # its name says which form runs
   assert not any(KERNEL_NAME + suffix in text for other, suffix in FORM_SUFFIXES.items() if other != form)
-  # the crossover's cluster-scope fences are in its kernel (an inline_mgpu body bound by a call), in no other form's
-  assert all((piece in text) == (form == "crossover") for piece in CLUSTER_FENCES_PTX.split("\n\t"))
 
 
 def test_config_fills_one_wave():
@@ -249,14 +244,6 @@ def test_kernel_refuses_what_it_cannot_run():
     call(q_lat, q_pe, latent, k_pe, slots, config=Config(splits=3))
   with pytest.raises(ValueError, match="issue_warps=3: the gather warpgroup's 1, 2 or 4 warps"):
     call(q_lat, q_pe, latent, k_pe, slots, config=Config(issue_warps=3))
-  # the crossover pairs two head blocks of the double-buffered form, compiled
-  with pytest.raises(ValueError, match="crossover pairs a query's two 64-head blocks.*got 64 heads"):
-    call(q_lat, q_pe, latent, k_pe, slots, config=Config(crossover=True))
-  v32 = problem(1, 2, 128, 512, 64, 128, 128, "bfloat16")[:5]
-  with pytest.raises(ValueError, match="got 128 heads, double_buffered=False"):
-    call(*v32, config=Config(double_buffered=False, crossover=True))
-  with pytest.raises(ValueError, match="crossover runs compiled only"):
-    call(*v32, config=Config(crossover=True))
   # 128 entries a step at a 256-wide latent and a 128-wide rope: 264,264 bytes (the H200's lowering refused it)
   q_lat, q_pe, latent, k_pe, slots, _ = problem(1, 1, 64, 256, 128, 128, 128, "bfloat16")
   with pytest.raises(ValueError, match="block_entries=128 at latent width 256 and rope width 128 needs 264,264"):
@@ -355,8 +342,7 @@ def test_the_models_attention_output_equals_xlas(t, cache):
 
 
 GPU_CONFIGS = {"one buffer set": Config(double_buffered=False), "double-buffered": Config(double_buffered=True),
-               "ids before the dots": Config(ids_before_dots=True),
-               "crossover": Config(double_buffered=True, crossover=True)}
+               "ids before the dots": Config(ids_before_dots=True)}
 
 
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
@@ -370,24 +356,3 @@ def test_kernel_at_v32_widths_on_the_gpu(b, t, form):
   xla = reference(q_lat, q_pe, latent, k_pe, slots, valid, 512**-0.5, dot_dtype="bfloat16")
   assert_close(got, xla, "bfloat16", what="Mosaic GPU kernel vs XLA")
   assert KERNEL_NAME in fn.lower(q_lat, q_pe, latent, k_pe, slots).compile().as_text()
-
-
-@pytest.mark.skipif(not ON_GPU, reason="needs a GPU (Pallas's GPU interpreter refuses clusters)")
-@pytest.mark.parametrize("fp8", [False, True], ids=["bf16 cache", "fp8 cache"])
-@pytest.mark.parametrize("b,t,splits", [(1, 1, 0), (8, 1, 0), (2, 4, 1), (64, 4, 0)])
-def test_the_crossover_equals_the_double_buffered_kernel_bit_for_bit(b, t, splits, fp8):
-  """Each CTA of a query's pair re-lays half of a step's rows into both operand sets: the operands, hence every
-  product and the output, are the double-buffered form's exactly (V3.2's widths, bf16 and fp8 caches, one and
-  several splits, B · T up to a wave's several times over); and its launch is the one in the compiled program."""
-  q_lat, q_pe, latent, k_pe, slots, valid = problem(b, t, 128, 512, 64, 4096, 2048, "bfloat16", seed=b + t)
-  cache, scales = quantize_latent(latent, 128) if fp8 else (latent, None)
-  args = (q_lat, q_pe, cache, k_pe, jnp.where(valid, slots, -1), scales)
-
-  def run(crossover):
-    config = Config(double_buffered=True, splits=splits, crossover=crossover)
-    fn = jax.jit(lambda *a: sparse_mla_mgpu(*a[:5], 512**-0.5, latent_scale_BSG=a[5], config=config))
-    return fn(*args), fn.lower(*args).compile().as_text()
-
-  (got, text), (want, _) = run(True), run(False)
-  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
-  assert KERNEL_NAME + FORM_SUFFIXES["crossover"] in text
