@@ -24,8 +24,9 @@ from benchmarks.prefill_parts import (kernels_of, kth_key_halves, radix_histogra
                                       radix_siblings)
 from benchmarks.timing import copy_bandwidth, time_in_loop
 from jax_mtp.cache import causal_mask
-from jax_mtp.indexer import (SCORE_BLOCK_SLOTS, Selection, quantize_keys, score_chunk, topk_selection,
-                              topk_selection_radix)
+from jax_mtp.indexer import SCORE_BLOCK_SLOTS, Selection, quantize_keys, score_chunk
+from jax_mtp.kernels.topk_mgpu import kth_key_mgpu
+from jax_mtp.topk import order_keys, select_from_kth, topk_selection, topk_selection_radix
 from jax_mtp.kernels.index_scores import index_scores_pallas
 from jax_mtp.kernels.index_scores import reference as index_scores
 from jax_mtp.kernels.index_scores_mgpu import index_scores_mgpu
@@ -109,7 +110,9 @@ def _rows(s: int, b: int, t: int, iters: int, bandwidth: float, parts=PARTS):
                        ("radix 2-bit, sibling reductions", radix_siblings(2)),
                        ("radix 16-bit, a histogram a pass", radix_histograms(16)),
                        ("radix 8-bit, a histogram a pass", radix_histograms(8)),
-                       ("radix 2-bit siblings over 16-bit halves", radix_select(kth_key_halves))]:
+                       ("radix 2-bit siblings over 16-bit halves", radix_select(kth_key_halves)),
+                       *([("k-th key: Mosaic GPU kernel; compaction: XLA", _kernel_select(positions))]
+                         if jax.devices()[0].platform == "gpu" else [])]:
     fn = jax.jit(lambda x, v, select=select: select(x, v, K_TOP))
     seconds = time_in_loop(fn, (scores, visible), iters)
     chosen = np.sort(np.asarray(fn(scores, visible).slots_BTK), axis=-1)
@@ -117,6 +120,12 @@ def _rows(s: int, b: int, t: int, iters: int, bandwidth: float, parts=PARTS):
     kernels = f"; kernels: {kernels_of(fn, (scores, visible), top=10)}" if name == "radix select (library)" else ""
     yield ("top-k", name, f"{seconds * 1e6:,.0f}", f"{floor_us(scores.nbytes):,.1f}",
            f"{floor_us(scores.nbytes) / seconds / 1e6:.2f}", f"same set: {bool((chosen == first).all())}{kernels}")
+
+  if "top-k" in parts and jax.devices()[0].platform == "gpu":  # the kernel's k-th key alone
+    fn = jax.jit(lambda x, p: kth_key_mgpu(x, p, K_TOP))
+    seconds = time_in_loop(fn, (scores, positions), iters)
+    yield ("top-k", "k-th key alone: Mosaic GPU kernel", f"{seconds * 1e6:,.0f}", f"{floor_us(scores.nbytes):,.1f}",
+           f"{floor_us(scores.nbytes) / seconds / 1e6:.2f}", f"kernels: {kernels_of(fn, (scores, positions))}")
 
   if "attention" not in parts:
     return
@@ -135,6 +144,14 @@ def _rows(s: int, b: int, t: int, iters: int, bandwidth: float, parts=PARTS):
     err = float(jnp.max(jnp.abs(out - base)) / jnp.max(jnp.abs(base)))
     yield ("sparse attention", f"{jnp.dtype(dot).name} dot", f"{seconds * 1e6:,.0f}", f"{floor_us(nbytes):,.1f}",
            f"{floor_us(nbytes) / seconds / 1e6:.2f}", f"rel err {err:.1e}")
+
+
+def _kernel_select(positions):
+  """The model's top-k with `topk_impl="mosaic_gpu"`: the kernel's k-th key, then XLA's compaction."""
+  def select(scores, visible, k):
+    k = min(k, scores.shape[-1])
+    return select_from_kth(order_keys(scores, visible), visible, kth_key_mgpu(scores, positions, k), k)
+  return select
 
 
 def _normal_on_device(keys):

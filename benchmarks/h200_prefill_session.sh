@@ -62,7 +62,8 @@
 #   kregs    (21:20 2026-12-04) the index scores' Config.keys_in_registers: compiled tests, then timed
 #   handoff  (21:20, 21:33 2026-12-04) one hand-off and one wgmma of the sparse MLA's step, each alone (mgpu_handoff)
 #   topk     (not run yet) the top-k forms at verification's 256 queries, 4K and 32K caches
-#   v32topk  (2026-12-06) topk, then verify32k, in one call
+#   v32topk  (2026-12-06 05:49, an H100) topk, then verify32k, in one call
+#   topk1    (2026-12-06) the top-k's k-th key kernel: GPU tests, its rows beside XLA's, verification at 32K with it
 #   fp8gpu   (21:28 2026-12-04) the FP8 paths' GPU tests (the prefill rule and the bounded bytes layout)
 #   fp8q     (not run yet) the index scores' float8 × float8 form timed and tested; the user path's GPU tests
 #   fp8round (not run yet) the draft step per part with FP8 and bf16 weights at B = 64 (the FP8 round's 0.58)
@@ -523,6 +524,15 @@ case "${1:?stage}" in
             # between warpgroups and one wgmma of the sparse MLA's step cost alone (benchmarks.mgpu_handoff): whether
             # its ~0.8 µs a step is hand-offs or the products' latency; the products at the kernel's 64 B swizzle
     run 90 handoff.md python3 -m benchmarks.mgpu_handoff --reps 2000 --entries 32 48 64 --forms qk pv --swizzle 32 64 128
+    ;;
+  topk1)  # (2026-12-06) the top-k's k-th key on Mosaic GPU (kernels/topk_mgpu.py): its tests compiled, its rows beside
+          # XLA's forms (B = 1, 64 at T = 4; 4.5K and 32K slots), then the verification forward at 32K, B = 64, with
+          # XLA's top-k and with the kernel (each row's kernels per part)
+    run 150 gpu_tests_topk.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider tests/test_topk_mgpu.py
+    run 150 topk_kernel.md python3 -m benchmarks.dsa_parts --capacity 4608 32768 --batch 1 64 --tokens 4 --parts top-k
+    layers=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | awk '{print ($1 > 120000) ? 4 : 3}')
+    run 270 verify_32k_topk.md python3 -m benchmarks.verify_forward --layers "$layers" -k 3 --forms absorbed \
+      --batch 64 --capacity 32768 --topk-impls xla mosaic_gpu --profile --iters 5
     ;;
   v32topk)  # (2026-12-06) topk's rows, then verify32k's (4 layers, B = 64 and 256 on an H200; 3 layers, B = 64 on an
             # H100): what the top-k forms cost at verification's 256 queries, then the forward at 32K since 2026-12-03

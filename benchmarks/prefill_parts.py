@@ -23,8 +23,8 @@ import numpy as np
 from benchmarks.step_profile import UNGRAPHED, device_events, op_names
 from benchmarks.timing import copy_bandwidth, time_in_loop
 from jax_mtp.cache import causal_mask
-from jax_mtp.indexer import (kth_key_histograms, kth_key_one_reduction, kth_key_sibling_reductions, order_keys,
-                             select_from_kth, topk_selection, topk_selection_radix)
+from jax_mtp.topk import (kth_key_histograms, kth_key_one_reduction, kth_key_sibling_reductions, order_keys,
+                          select_from_kth, topk_selection, topk_selection_radix)
 from jax_mtp.kernels.index_scores import reference
 from jax_mtp.kernels.index_scores_mgpu import Config as MgpuConfig
 from jax_mtp.kernels.index_scores_mgpu import index_scores_mgpu
@@ -50,7 +50,7 @@ def radix_siblings(digit_bits: int):
 
 def radix_histograms(digit_bits: int):
   """A radix select with `digit_bits` per pass counted by one histogram (scatter-add) a pass
-  (jax_mtp.indexer.kth_key_histograms): 2 passes at 16 bits."""
+  (jax_mtp.topk.kth_key_histograms): 2 passes at 16 bits."""
   return radix_select(kth_key_histograms, digit_bits=digit_bits)
 
 

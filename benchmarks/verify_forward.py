@@ -98,6 +98,8 @@ def main(argv=None) -> int:
   parser.add_argument("-k", type=int, default=3, help="draft tokens per row: T = B·(k + 1)")
   parser.add_argument("--capacity", type=int, nargs="+", default=[1024], help="cache capacities (rows at S/2)")
   parser.add_argument("--moe-impls", nargs="+", default=["auto"], choices=jax_mtp.config.MOE_IMPLS)
+  parser.add_argument("--topk-impls", nargs="+", default=["auto"], choices=jax_mtp.config.TOPK_IMPLS,
+                      help="the indexer's top-k (each a row, after each --moe-impls)")
   parser.add_argument("--forms", nargs="+", default=["naive", "absorbed"], choices=["naive", "absorbed"])
   parser.add_argument("--iters", type=int, default=10, help="calls a timed run")
   parser.add_argument("--repeats", type=int, default=3, help="timed runs a row (one compile): its median and spread")
@@ -131,8 +133,9 @@ def main(argv=None) -> int:
     roofline = roofline_seconds(params, cfg, batch, w, capacity // 2 + w, touched, bandwidth, peak)
     for form in args.forms:
       reference = None
-      for moe_impl in args.moe_impls:
-        model = TargetModel(cfg.replace(moe_impl=moe_impl))
+      for moe_impl, topk_impl in [(m, t) for m in args.moe_impls for t in args.topk_impls]:
+        model = TargetModel(cfg.replace(moe_impl=moe_impl, topk_impl=topk_impl))
+        impls = moe_impl + (f", top-k {topk_impl}" if topk_impl != "auto" else "")
 
         def verify(p, i, pos, c, model=model, absorb=form == "absorbed"):
           out = model.apply({"params": p}, i, pos, c, absorb=absorb)
@@ -143,17 +146,17 @@ def main(argv=None) -> int:
                                                          init_target_caches(cfg, batch, capacity)),
                                                 args.iters, args.repeats, copy_state=False)
         except Exception as e:  # e.g. out of memory for the naive form at large B: a row, not the end
-          print(f"| {capacity} | {batch} | {batch * w} | {form} | {moe_impl} | {touched} | failed: {type(e).__name__} | "
+          print(f"| {capacity} | {batch} | {batch * w} | {form} | {impls} | {touched} | failed: {type(e).__name__} | "
                 "| | | | | |")
           continue
         tokens = np.asarray(tokens)
         reference = tokens if reference is None else reference
-        print(f"| {capacity} | {batch} | {batch * w} | {form} | {moe_impl} | {touched}{" (assumed)" * args.all_experts_touched} | {seconds * 1e3:,.2f} | {spread_ms(runs)} | "
+        print(f"| {capacity} | {batch} | {batch * w} | {form} | {impls} | {touched}{" (assumed)" * args.all_experts_touched} | {seconds * 1e3:,.2f} | {spread_ms(runs)} | "
               f"{floor * 1e3:,.2f} | {floor / seconds:.2f} | {roofline * 1e3:,.2f} | {roofline / seconds:.2f} | "
               f"{bool(np.all(tokens == reference))} |")
         if args.profile:
           profile_row(verify, (params, ids, positions, init_target_caches(cfg, batch, capacity)),
-                      f"S = {capacity}, B = {batch}, {form}, {moe_impl}")
+                      f"S = {capacity}, B = {batch}, {form}, {impls}")
   return 0
 
 

@@ -25,6 +25,7 @@ DTYPES = ("float32", "bfloat16", "float16")  # compute (`dtype`) and parameter (
 INDEX_CACHE_DTYPES = ("auto", *DTYPES, "fp8")  # fp8: e4m3 keys + one fp32 scale a token, as kv_cache_dtype names it
 INDEX_SCORES_IMPLS = ("auto", "xla", "mosaic_gpu", "pallas_tpu")
 SPARSE_ATTENTION_IMPLS = ("auto", "xla", "mosaic_gpu")
+TOPK_IMPLS = ("auto", "xla", "mosaic_gpu")  # the DSA indexer's top-k: its k-th key (jax_mtp.indexer.resolve_topk_impl)
 # Removed impls, and what to ask for instead: a config or command line that names one gets that in its error
 REMOVED_SPARSE_ATTENTION_IMPLS = {"pallas_gpu": "the Pallas Triton sparse-MLA kernel was removed on 2026-12-04 "
                                                 "(Pallas's Triton backend is deprecated); use 'mosaic_gpu' or 'auto'"}
@@ -125,6 +126,9 @@ class MtpConfig:
   # DSA's sparse MLA attention over the selected slots (decode, verification, sparse prefill): XLA, or
   # the fused Pallas Mosaic GPU kernel (kernels/sparse_mla_mgpu.py); see jax_mtp.mla.resolve_sparse_attention_impl.
   sparse_attention_impl: str = "auto"
+  # The DSA indexer's top-k: XLA's radix select, or its k-th key in the Pallas Mosaic GPU kernel
+  # (kernels/topk_mgpu.py) and XLA's compaction; see jax_mtp.indexer.resolve_topk_impl.
+  topk_impl: str = "auto"
   # The MLA cache: "auto" = `dtype`; "bfloat16"; "fp8" = float8_e4m3fn latent codes with one fp32 scale per
   # `kv_scale_group` values and the rope key in `dtype` (vLLM's fp8_ds_mla: 656 bytes a token at V3.2's widths
   # against 1,152 in bf16). No checkpoint config names it (a serving flag, as vLLM's --kv-cache-dtype).
@@ -136,7 +140,7 @@ class MtpConfig:
   # checkpoint's config.json may differ from the running config in these only.
 
   RUN_SETTINGS = ("dtype", "param_dtype", "moe_impl", "index_cache_dtype", "prefill_chunk", "index_scores_impl",
-                  "sparse_attention_impl", "kv_cache_dtype", "fp8_matmul_impl")
+                  "sparse_attention_impl", "topk_impl", "kv_cache_dtype", "fp8_matmul_impl")
 
   def __post_init__(self):
     _validate(self)
@@ -263,6 +267,8 @@ def _validate(cfg: MtpConfig) -> None:
                       f"{REMOVED_SPARSE_ATTENTION_IMPLS[cfg.sparse_attention_impl]}")
   if cfg.sparse_attention_impl not in SPARSE_ATTENTION_IMPLS:
     raise ConfigError(f"sparse_attention_impl={cfg.sparse_attention_impl!r} is not one of {SPARSE_ATTENTION_IMPLS}")
+  if cfg.topk_impl not in TOPK_IMPLS:
+    raise ConfigError(f"topk_impl={cfg.topk_impl!r} is not one of {TOPK_IMPLS}")
   if not isinstance(cfg.prefill_chunk, int) or isinstance(cfg.prefill_chunk, bool) or cfg.prefill_chunk < 0:
     raise ConfigError(f"prefill_chunk={cfg.prefill_chunk!r} must be a whole number of tokens ≥ 1 (0 = auto)")
   for name in ("dtype", "param_dtype"):

@@ -257,14 +257,16 @@ def _check_run_flags(settings: Settings) -> None:
 
 def with_flags(cfg: jax_mtp.MtpConfig, args: argparse.Namespace) -> jax_mtp.MtpConfig:
   """The model's config with what --dtype (auto: the config's own), --moe-impl, --index-scores-impl,
-  --sparse-attention-impl, --kv-cache-dtype, --index-cache-dtype, --prefill-chunk and --fp8-matmul-impl set."""
+  --sparse-attention-impl, --topk-impl, --kv-cache-dtype, --index-cache-dtype, --prefill-chunk and --fp8-matmul-impl
+  set."""
   if args.dtype != "auto":
     cfg = cfg.replace(dtype=args.dtype, param_dtype=args.dtype)
   if args.index_cache_dtype != "auto" and not cfg.has_indexer:
     raise BadInput(f"--index-cache-dtype={args.index_cache_dtype} is for DSA models (DeepSeek-V3.2, GLM-5); this "
                     f"model ({cfg.model_type}) has no indexer")
   return cfg.replace(moe_impl=args.moe_impl, index_scores_impl=args.index_scores_impl,
-                     sparse_attention_impl=args.sparse_attention_impl, kv_cache_dtype=args.kv_cache_dtype,
+                     sparse_attention_impl=args.sparse_attention_impl, topk_impl=args.topk_impl,
+                     kv_cache_dtype=args.kv_cache_dtype,
                      index_cache_dtype=args.index_cache_dtype, prefill_chunk=args.prefill_chunk,
                      fp8_matmul_impl=args.fp8_matmul_impl)
 

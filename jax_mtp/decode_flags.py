@@ -8,7 +8,7 @@ import argparse
 
 from jax_mtp import distributed, generation_defaults, loader
 from jax_mtp.config import (DTYPES, FP8_MATMUL_IMPLS, INDEX_SCORES_IMPLS, KV_CACHE_DTYPES, MOE_IMPLS,
-                            SPARSE_ATTENTION_IMPLS)
+                            SPARSE_ATTENTION_IMPLS, TOPK_IMPLS)
 from jax_mtp.kernels.fused_allreduce_rmsnorm import IMPLS
 from jax_mtp.prefill import PREFILL_CHUNK_BYTES
 
@@ -77,6 +77,10 @@ def parser() -> argparse.ArgumentParser:
                  help="DSA's sparse MLA attention: xla, or the fused Pallas kernel (mosaic_gpu: Mosaic GPU, Hopper "
                       "only; it also reads an fp8 cache); auto: mosaic_gpu on Hopper GPUs where it takes the model, "
                       "else xla")
+  p.add_argument("--topk-impl", choices=TOPK_IMPLS, default="auto",
+                 help="the DSA indexer's top-k: xla (a radix select), or mosaic_gpu (its k-th key in a Pallas Mosaic "
+                      "GPU kernel, Hopper only, caches up to 48K slots; the compaction in XLA); auto: see "
+                      "jax_mtp.indexer.resolve_topk_impl")
   p.add_argument("--fp8-matmul-impl", choices=FP8_MATMUL_IMPLS, default="auto",
                  help="with FP8 weights on GPUs, the kernel multiplying the codes: mosaic_gpu (Pallas Mosaic GPU, "
                       "Hopper only); auto: mosaic_gpu on Hopper GPUs, the codes dequantised in the program elsewhere")

@@ -22,12 +22,14 @@ def check_kernel_impls(cfg: jax_mtp.MtpConfig, capacity: int) -> None:
   """Explicit kernels (the experts' tokamax ones, the DSA index scores and sparse attention) must suit the model,
   the cache and this machine."""
   from jax_mtp.indexer import resolve_index_scores_impl, selects_all  # noqa: PLC0415
+  from jax_mtp.topk import resolve_topk_impl  # noqa: PLC0415
   from jax_mtp.mla import resolve_sparse_attention_impl  # noqa: PLC0415
   platform, hopper = jax.default_backend(), lowering_gpu_is_hopper()
   checks = (("--index-scores-impl", cfg.index_scores_impl,
              lambda: resolve_index_scores_impl(cfg, platform, capacity, hopper=hopper)),
             ("--sparse-attention-impl", cfg.sparse_attention_impl,
-             lambda: resolve_sparse_attention_impl(cfg, platform, hopper=hopper)))
+             lambda: resolve_sparse_attention_impl(cfg, platform, hopper=hopper)),
+            ("--topk-impl", cfg.topk_impl, lambda: resolve_topk_impl(cfg, platform, capacity, hopper=hopper)))
   if cfg.fp8_matmul_impl != "auto" and platform != "gpu" and cfg.moe_impl != "fp8_grouped_gpu":
     raise BadInput(f"--fp8-matmul-impl={cfg.fp8_matmul_impl} picks the GPU kernel that multiplies FP8 weights' codes; "
                    f"this machine's JAX platform is {platform}, where only --moe-impl fp8_grouped_gpu runs it (in "

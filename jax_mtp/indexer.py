@@ -5,7 +5,7 @@
     w[t, i]  = weights_proj(x[t]) · I^-0.5            (fp32)
     I[t, s]  = Σ_i w[t, i] · ReLU(q[t, i] · k[s]) · J^-0.5        for s ≤ pos(t)
     keep     = top-min(index_topk, S)(I[t, :])                    one selection shared by all MLA heads
-             (a radix select of the k-th score, `topk_selection_radix`, not a sort)
+             (a radix select of the k-th score, `jax_mtp.topk`, not a sort)
 
 Math is fp32 with the compute dtype's keys (the Hugging Face `DeepseekV32Indexer` numerics). With an fp8 key
 cache (`index_cache_dtype="fp8"`, vLLM's storage) q is rounded to the keys' float8 as well, one scale per
@@ -27,14 +27,13 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from typing import NamedTuple
-
-from jax_mtp.cache import LayerCache, causal_mask, write_at_positions
+from jax_mtp.cache import LayerCache, write_at_positions
 from jax_mtp.config import MtpConfig
 from jax_mtp.kernels import index_scores as scores_kernel
 from jax_mtp.kernels import index_scores_mgpu as scores_mgpu
 from jax_mtp.layers import LayerNorm, Rotary, apply_rope, linear
 from jax_mtp.platform import NOT_HOPPER, lowering_gpu_is_hopper, lowering_platform
+from jax_mtp.topk import Selection, select_topk
 
 
 # A mutable collection that only training asks for (jax_mtp.training): the naive MLA form then sows
@@ -45,20 +44,6 @@ INDEXER_TRAINING = "indexer_training"
 # Elements of one chunk's fp32 logits [B, T, I, chunk] (256 MiB): decode-sized calls take the whole
 # cache in a few chunks; a long prefill's T shrinks its chunks to whole multiples of 128 slots.
 SCORE_CHUNK_ELEMENTS = 2**26
-
-
-class Selection(NamedTuple):
-  """The indexer's choice per query: slot ids int32 [B, T, K] and whether each is visible."""
-
-  slots_BTK: jax.Array
-  valid_BTK: jax.Array
-
-  def mask(self, capacity: int) -> jax.Array:
-    """bool [B, T, S]: the selected visible slots."""
-    b, t, _ = self.slots_BTK.shape
-    chosen = jnp.zeros((b, t, capacity), bool)
-    bi, ti = jnp.indices((b, t))
-    return chosen.at[bi[..., None], ti[..., None], self.slots_BTK].set(self.valid_BTK)  # slots are distinct
 
 
 def selects_all(cfg: MtpConfig, capacity: int) -> bool:
@@ -105,7 +90,7 @@ class Indexer(nn.Module):
     if self.is_mutable_collection(INDEXER_TRAINING):
       self.sow(INDEXER_TRAINING, "scores_BTS", scores_BTS)
     with jax.named_scope("topk"):
-      return topk_selection_radix(scores_BTS, causal_mask(positions_BT, cache.capacity), cfg.index_topk), cache
+      return select_topk(cfg, scores_BTS, positions_BT), cache
 
   def _scores(self, q_BTIJ, w_BTI, positions_BT, cache: LayerCache, impl: str) -> jax.Array:
     cfg = self.cfg
@@ -240,104 +225,3 @@ def quantize_queries(q_BTIJ: jax.Array, w_BTI: jax.Array, dtype) -> tuple[jax.Ar
   positive and commutes with the ReLU: Σ_i w_i · ReLU(q_i · k) = Σ_i (w_i · s_i) · ReLU(q8_i · k)."""
   q8_BTIJ, scale_BTI = quantize_keys(q_BTIJ, dtype)
   return q8_BTIJ, w_BTI * scale_BTI
-
-
-def topk_selection(scores_BTS: jax.Array, visible_BTS: jax.Array, topk: int) -> Selection:
-  """The `topk` highest-scoring visible slots (all visible ones, and invalid fillers, if fewer), by
-  `lax.top_k` (a sort): the reference `topk_selection_radix` is tested against and timed beside
-  (benchmarks.dsa_parts, benchmarks.prefill_parts; RESULTS.md)."""
-  k = min(topk, scores_BTS.shape[-1])
-  masked = jnp.where(visible_BTS, scores_BTS, -jnp.inf)
-  _, slots_BTK = jax.lax.top_k(masked, k)
-  return Selection(slots_BTK.astype(jnp.int32), jnp.take_along_axis(visible_BTS, slots_BTK, axis=-1))
-
-
-# Queries (B·T) up to which a radix pass counts its candidates as one reduction (benchmarks/RESULTS.md, issue 27's
-# prefill): few queries leave sibling reductions too few rows to fill a GPU; many re-read the keys per candidate.
-RADIX_ONE_REDUCTION_QUERIES = 32
-
-
-def topk_selection_radix(scores_BTS: jax.Array, visible_BTS: jax.Array, topk: int) -> Selection:
-  """The slots `topk_selection` picks (ties → the lowest slots), listed in slot order, without a sort:
-  a radix select finds each query's k-th largest score over order-preserving integer keys, a digit a pass (the
-  largest digit whose prefix still has ≥ k keys at or above it), then the slots above it (and enough of those
-  equal to it) are compacted in order.
-
-  How a pass counts its candidates depends on the number of queries, never the result: up to
-  RADIX_ONE_REDUCTION_QUERIES, 4-bit digits whose 15 counts are one reduction over a [B, T, 15, S] comparison
-  (15 rows per query keep the device busy; each re-reads the keys); beyond, 2-bit digits whose 3 counts are
-  separate reductions of the same keys, which XLA fuses into one read of them per pass."""
-  k = min(topk, scores_BTS.shape[-1])
-  keys_BTS = order_keys(scores_BTS, visible_BTS)
-  b, t, _ = keys_BTS.shape
-  count = kth_key_one_reduction if b * t <= RADIX_ONE_REDUCTION_QUERIES else kth_key_sibling_reductions
-  return select_from_kth(keys_BTS, visible_BTS, count(keys_BTS, k), k)
-
-
-def kth_key_one_reduction(keys_BTS: jax.Array, k: int) -> jax.Array:
-  """Each query's k-th largest key, 4 bits a pass, the 15 candidates counted by one reduction."""
-  kth_BT = jnp.zeros(keys_BTS.shape[:2], jnp.uint32)
-  digits = jnp.arange(1, 16, dtype=jnp.uint32)
-  for shift in range(28, -1, -4):
-    candidates_BTD = kth_BT[..., None] | (digits << shift)
-    at_least_BTD = jnp.sum(keys_BTS[:, :, None, :] >= candidates_BTD[..., None], axis=-1, dtype=jnp.int32)
-    kth_BT = kth_BT | (jnp.sum(at_least_BTD >= k, axis=-1, dtype=jnp.uint32) << shift)
-  return kth_BT
-
-
-def kth_key_sibling_reductions(keys_BTS: jax.Array, k: int, digit_bits: int = 2) -> jax.Array:
-  """Each query's k-th largest key, `digit_bits` a pass (a divisor of 32), the 2^bits − 1 candidates counted by
-  separate reductions of the same keys."""
-  kth_BT = jnp.zeros(keys_BTS.shape[:2], jnp.uint32)
-  for shift in range(32 - digit_bits, -1, -digit_bits):
-    digit_BT = jnp.zeros_like(kth_BT)
-    for d in range(1, 2**digit_bits):
-      at_least_BT = jnp.sum(keys_BTS >= (kth_BT | jnp.uint32(d << shift))[..., None], axis=-1, dtype=jnp.int32)
-      digit_BT = digit_BT + (at_least_BT >= k).astype(jnp.uint32)
-    kth_BT = kth_BT | (digit_BT << shift)
-  return kth_BT
-
-
-def kth_key_histograms(keys_BTS: jax.Array, k: int, digit_bits: int = 16) -> jax.Array:
-  """Each query's k-th largest key, `digit_bits` a pass (a divisor of 32) counted by one histogram a pass (a
-  scatter-add of the keys whose higher digits match the k-th key's so far into 2^bits bins a query), instead of
-  2^bits − 1 comparisons: 2 passes at 16 bits where the sibling form takes 16. Memory: a [B·T, 2^bits] int32
-  histogram a pass. Not the library's form yet (benchmarks.dsa_parts times it beside the others)."""
-  b, t, s = keys_BTS.shape
-  keys_QS = keys_BTS.reshape(b * t, s)
-  rows_Q1 = jnp.arange(b * t)[:, None]
-  kth_Q = jnp.zeros((b * t,), jnp.uint32)
-  for shift in range(32 - digit_bits, -1, -digit_bits):
-    high = shift + digit_bits  # the bits settled before this pass: keys >> high against the k-th key's
-    if high == 32:
-      in_prefix_QS, above_Q = jnp.ones_like(keys_QS, jnp.int32), jnp.zeros((b * t,), jnp.int32)
-    else:
-      prefix_QS, settled_Q1 = keys_QS >> high, (kth_Q >> high)[:, None]
-      in_prefix_QS = (prefix_QS == settled_Q1).astype(jnp.int32)
-      above_Q = jnp.sum(prefix_QS > settled_Q1, axis=-1, dtype=jnp.int32)
-    digit_QS = ((keys_QS >> shift) & jnp.uint32(2**digit_bits - 1)).astype(jnp.int32)
-    hist_QD = jnp.zeros((b * t, 2**digit_bits), jnp.int32).at[rows_Q1, digit_QS].add(in_prefix_QS)
-    at_least_QD = jnp.cumsum(hist_QD[:, ::-1], axis=-1)[:, ::-1]  # keys in the prefix with this digit or more
-    digit_Q = jnp.sum(above_Q[:, None] + at_least_QD >= k, axis=-1, dtype=jnp.int32) - 1  # the largest such digit
-    kth_Q = kth_Q | (digit_Q.astype(jnp.uint32) << shift)
-  return kth_Q.reshape(b, t)
-
-
-def order_keys(scores_BTS: jax.Array, visible_BTS: jax.Array) -> jax.Array:
-  """uint32 keys whose unsigned order is the scores' float order; invisible slots get −inf's key."""
-  bits = jax.lax.bitcast_convert_type(jnp.where(visible_BTS, scores_BTS, -jnp.inf).astype(jnp.float32), jnp.uint32)
-  return jnp.where(bits >> 31 == 1, ~bits, bits | jnp.uint32(0x80000000))
-
-
-def select_from_kth(keys_BTS: jax.Array, visible_BTS: jax.Array, kth_BT: jax.Array, k: int) -> Selection:
-  """The k slots whose keys are above each query's k-th largest key `kth_BT`, and enough of those equal to it
-  (the lowest), compacted in slot order."""
-  b, t, s = keys_BTS.shape
-  above_BTS, tied_BTS = keys_BTS > kth_BT[..., None], keys_BTS == kth_BT[..., None]
-  ties_wanted_BT = k - jnp.sum(above_BTS, axis=-1, dtype=jnp.int32)
-  chosen_BTS = above_BTS | (tied_BTS & (jnp.cumsum(tied_BTS, axis=-1, dtype=jnp.int32) <= ties_wanted_BT[..., None]))
-  rank_BTS = jnp.where(chosen_BTS, jnp.cumsum(chosen_BTS, axis=-1, dtype=jnp.int32) - 1, k)  # k: dropped
-  bi, ti = jnp.indices((b, t))
-  slots_BTK = jnp.zeros((b, t, k), jnp.int32).at[bi[..., None], ti[..., None], rank_BTS].set(
-      jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, t, s)), mode="drop")
-  return Selection(slots_BTK, jnp.take_along_axis(visible_BTS, slots_BTK, axis=-1))

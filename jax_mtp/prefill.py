@@ -28,7 +28,7 @@ from jax_mtp.platform import lowering_gpu_is_hopper, lowering_platform
 # One chunk's per-query intermediates per device: larger chunks keep the experts' and attention's matmuls on the
 # tensor cores (benchmarks/RESULTS.md, issue 27: the 32K prompt's chunks of 2,048 / 4,096 / 8,192 tokens)
 PREFILL_CHUNK_BYTES = 8 * 2**30
-# The radix top-k's per-slot words (jax_mtp.indexer.topk_selection_radix): scores, visibility, keys, the
+# The radix top-k's per-slot words (jax_mtp.topk.topk_selection_radix): scores, visibility, keys, the
 # above / tied masks and their two prefix sums, the ranks, the slot ids it scatters
 TOPK_WORDS_PER_SLOT = 9
 _MIN_CHUNK, _MAX_CHUNK = 16, 8192

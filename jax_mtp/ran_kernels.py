@@ -1,5 +1,5 @@
 """What a compiled program ran for each part the kernel flags name (the routed experts, the DSA index scores, the
-sparse attention, the dense absorbed attention), read from its HLO text, not from the config: `auto` resolves per
+top-k, the sparse attention, the dense absorbed attention), read from its HLO text, not from the config: `auto` resolves per
 platform and call shape, and this is what the programs hold.
 
 Our Mosaic GPU kernels are found by their launch names (`KERNEL_NAME`s, the sparse MLA's with its form's suffix),
@@ -7,7 +7,7 @@ tokamax's by a Mosaic GPU custom call that is none of ours, the dense attention'
 element type (16-bit dots on the matrix units, or fp32 ones, which a GPU runs on its CUDA cores), the routed
 experts' XLA forms by the impl their scope names (`routed_experts_<impl>`: XLA decomposes `lax.ragged_dot` on a CPU
 into ops that do not say so). A part whose kernel is not there ran in XLA if the program holds the part at all (its
-named scope, `index_scores`, `sparse_attention` or `dense_attention`, kept in the instructions' op_name metadata),
+named scope, `index_scores`, `topk`, `sparse_attention` or `dense_attention`, kept in the instructions' op_name metadata),
 else it is not in the program (`NOT_IN_PROGRAM`: a short request's dense cache runs no indexer).
 `python -m jax_mtp.decode` prints it (`Speculator.kernels_ran`), and so does `benchmarks.e2e`."""
 
@@ -20,8 +20,9 @@ from jax_mtp.kernels.fp8_grouped_matmul_mgpu import KERNEL_NAME as FP8_MGPU_KERN
 from jax_mtp.kernels.index_scores_mgpu import FLOAT8_DOT_SUFFIX, KERNEL_NAME as INDEX_SCORES_MGPU_KERNEL
 from jax_mtp.kernels.sparse_mla_mgpu import FORM_SUFFIXES as SPARSE_MLA_FORMS
 from jax_mtp.kernels.sparse_mla_mgpu import KERNEL_NAME as SPARSE_MLA_MGPU_KERNEL
+from jax_mtp.kernels.topk_mgpu import KERNEL_NAME as TOPK_MGPU_KERNEL
 
-PARTS = ("index scores", "sparse attention", "dense attention", "experts")
+PARTS = ("index scores", "top-k", "sparse attention", "dense attention", "experts")
 NOT_IN_PROGRAM = "—"  # a part the program does not hold (no dense cache, say)
 # The routed experts' impls (jax_mtp.experts) as the summary names them where no kernel name is found
 EXPERT_FORMS = {"gather": "gather (XLA)", "ragged_dot": "lax.ragged_dot", "tokamax_tpu": "tokamax (Mosaic TPU)",
@@ -33,7 +34,7 @@ _PRODUCT = re.compile(r" (?:dot|custom-call)\(%([\w.\-]+)")
 
 def parts_ran(hlo: str) -> dict[str, str]:
   """{part: what ran} over a compiled program's HLO text (one instruction a line)."""
-  ours = (INDEX_SCORES_MGPU_KERNEL, FP8_MGPU_KERNEL, SPARSE_MLA_MGPU_KERNEL)
+  ours = (INDEX_SCORES_MGPU_KERNEL, FP8_MGPU_KERNEL, SPARSE_MLA_MGPU_KERNEL, TOPK_MGPU_KERNEL)
   # a Mosaic GPU call that is none of ours (tokamax's); not the text's file names (the kernels' modules)
   tokamax = any("custom-call" in line and "mosaic" in line.lower() and not any(name in line for name in ours)
                 for line in hlo.splitlines())
@@ -47,10 +48,12 @@ def parts_ran(hlo: str) -> dict[str, str]:
             else xla("sparse_attention"))
   scores = ("Pallas Mosaic GPU kernel (float8 × float8)" if INDEX_SCORES_MGPU_KERNEL + FLOAT8_DOT_SUFFIX in hlo
             else "Pallas Mosaic GPU kernel" if INDEX_SCORES_MGPU_KERNEL in hlo else xla("index_scores"))
+  topk = "Pallas Mosaic GPU kernel (k-th key)" if TOPK_MGPU_KERNEL in hlo else xla("topk")
   dense = dot_operand_types(hlo, "dense_attention")  # mla.dense_latent_attention's named scope
   dense_form = (NOT_IN_PROGRAM if not dense else "XLA, 16-bit dots" if set(dense) <= {"bf16", "f16"} else
                 "XLA, fp32 dots" if "f32" in dense else f"XLA, {describe(dense)}")
-  return {"index scores": scores, "sparse attention": sparse, "dense attention": dense_form, "experts": experts}
+  return {"index scores": scores, "top-k": topk, "sparse attention": sparse, "dense attention": dense_form,
+          "experts": experts}
 
 
 def summary(programs: dict[str, dict[str, str]]) -> str:

@@ -295,11 +295,12 @@ def test_the_output_says_what_the_compiled_programs_ran(capsys, moe_impl, expert
   """JSON's "kernels" and the text's "ran" line: each program's parts as its compiled HLO holds them (the tiny model's
   8-token prompt past its top-k: the indexer and the sparse attention in both programs, XLA's on a CPU)."""
   out = _json_run(capsys, ["--moe-impl", moe_impl, "--max-new-tokens", "4"])
-  parts = {"index scores": "XLA", "sparse attention": "XLA", "dense attention": "—", "experts": experts}
+  parts = {"index scores": "XLA", "top-k": "XLA", "sparse attention": "XLA", "dense attention": "—",
+           "experts": experts}
   assert out["kernels"] == {"prefill": parts, "round": parts}
   assert decode.main(["--random-tiny", "--moe-impl", moe_impl, "--max-new-tokens", "4"]) == 0
-  line = (f"ran (read from the compiled programs): prefill and round: index scores XLA, sparse attention XLA, "
-          f"experts {experts}")
+  line = (f"ran (read from the compiled programs): prefill and round: index scores XLA, top-k XLA, sparse attention "
+          f"XLA, experts {experts}")
   assert line in capsys.readouterr().out.splitlines()
 
 

@@ -10,6 +10,7 @@ from jax_mtp.ran_kernels import NOT_IN_PROGRAM, parts_ran, summary
 from jax_mtp.mla import dense_latent_attention
 from jax_mtp.kernels.index_scores_mgpu import FLOAT8_DOT_SUFFIX, KERNEL_NAME as SCORES
 from jax_mtp.kernels.sparse_mla_mgpu import FORM_SUFFIXES, KERNEL_NAME as SPARSE
+from jax_mtp.kernels.topk_mgpu import KERNEL_NAME as TOPK
 
 
 def _call(name):
@@ -29,11 +30,13 @@ def _scoped(scope):
 
 
 def test_xla_where_the_part_is_held_and_no_kernel_is_named():
-  held = "\n".join(map(_scoped, ("index_scores", "sparse_attention", "routed_experts_gather")))
+  held = "\n".join(map(_scoped, ("index_scores", "topk", "sparse_attention", "routed_experts_gather")))
   got = parts_ran(held)
-  assert got == {"index scores": "XLA", "sparse attention": "XLA", "dense attention": "—", "experts": "gather (XLA)"}
+  assert got == {"index scores": "XLA", "top-k": "XLA", "sparse attention": "XLA", "dense attention": "—",
+                 "experts": "gather (XLA)"}
   # our Mosaic kernels are not taken for tokamax's (the experts' check looks for "mosaic" elsewhere)
-  assert parts_ran(_call(SCORES + "_x") + "\n" + _scoped("routed_experts_gather"))["experts"] == "gather (XLA)"
+  for ours in (SCORES + "_x", TOPK):
+    assert parts_ran(_call(ours) + "\n" + _scoped("routed_experts_gather"))["experts"] == "gather (XLA)"
   # a round's drafts and its verification may resolve different impls: both are named
   both = _scoped("routed_experts_gather") + "\n" + _scoped("routed_experts_ragged_dot")
   assert parts_ran(both)["experts"] == "gather (XLA) + lax.ragged_dot"
@@ -50,6 +53,10 @@ def test_the_summary_shows_programs_that_ran_alike_once():
   assert summary({"prefill": same, "round": same}) == "prefill and round: experts gather (XLA)"
   assert summary({"prefill": same, "round": parts_ran(_scoped("sparse_attention"))}) == (
       "prefill: experts gather (XLA); round: sparse attention XLA")
+
+
+def test_the_top_k_kernel_is_read_from_its_name():
+  assert parts_ran(_call(TOPK) + "\n" + _scoped("topk"))["top-k"] == "Pallas Mosaic GPU kernel (k-th key)"
 
 
 def test_the_index_scores_float8_dot_is_read_from_its_name():

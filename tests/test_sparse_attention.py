@@ -9,9 +9,9 @@ import pytest
 
 import jax_mtp
 from jax_mtp.cache import causal_mask
-from jax_mtp import decode, decode_flags, indexer
-from jax_mtp.indexer import (SCORE_CHUNK_ELEMENTS, score_chunk, topk_selection,
-                              topk_selection_radix)
+from jax_mtp import decode, decode_flags, topk
+from jax_mtp.indexer import SCORE_CHUNK_ELEMENTS, score_chunk
+from jax_mtp.topk import topk_selection, topk_selection_radix
 from jax_mtp.kernels.index_scores import reference as index_scores
 from tests.greedy import plain_and_speculative
 from tests.tolerances import assert_close
@@ -63,7 +63,7 @@ def test_radix_selection_picks_the_top_k_set(b, t, s, k, one_reduction_queries, 
   """The radix select picks the slots lax.top_k picks — ties (many equal scores) to the lowest slots,
   invalid fillers where fewer than k are visible (k > S included), negative and -inf scores — in both forms of
   its passes (4-bit digits counted by one reduction; 2-bit digits by sibling reductions)."""
-  monkeypatch.setattr(indexer, "RADIX_ONE_REDUCTION_QUERIES", one_reduction_queries)
+  monkeypatch.setattr(topk, "RADIX_ONE_REDUCTION_QUERIES", one_reduction_queries)
   rng = np.random.default_rng(s)
   scores = jnp.asarray(rng.standard_normal((b, t, s)), jnp.float32)
   scores = scores.at[:, :, ::7].set(0.5).at[0, 0, :50].set(-3.0)
@@ -83,11 +83,11 @@ def test_histogram_passes_find_the_radix_selects_kth_key(b, t, s, k, digit_bits)
   scores = jnp.asarray(rng.standard_normal((b, t, s)), jnp.float32)
   scores = scores.at[:, :, ::7].set(0.5).at[0, 0, :50].set(-3.0)
   visible = causal_mask(jnp.asarray(rng.integers(0, s, (b, t)), jnp.int32), s)
-  keys = indexer.order_keys(scores, visible)
+  keys = topk.order_keys(scores, visible)
   kk = min(k, s)
-  got = indexer.kth_key_histograms(keys, kk, digit_bits)
-  np.testing.assert_array_equal(np.asarray(got), np.asarray(indexer.kth_key_sibling_reductions(keys, kk)))
-  selected = indexer.select_from_kth(keys, visible, got, kk)
+  got = topk.kth_key_histograms(keys, kk, digit_bits)
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(topk.kth_key_sibling_reductions(keys, kk)))
+  selected = topk.select_from_kth(keys, visible, got, kk)
   want = topk_selection(scores, visible, k)
   np.testing.assert_array_equal(np.sort(np.asarray(selected.slots_BTK), -1), np.sort(np.asarray(want.slots_BTK), -1))
 

@@ -1,0 +1,170 @@
+"""The DSA indexer's top-k: per query, the index_topk highest-scoring visible slots as a `Selection`, without a
+sort. A radix select finds each query's k-th largest score over order-preserving integer keys (XLA's passes, or the
+Pallas Mosaic GPU kernel `kernels/topk_mgpu.py`: `resolve_topk_impl`), then the slots above it (and enough of those
+equal to it, the lowest) are compacted in slot order (`select_from_kth`, XLA). `topk_selection` (`lax.top_k`, a
+sort) is the reference both are tested against.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jax_mtp.cache import causal_mask
+from jax_mtp.config import MtpConfig
+from jax_mtp.kernels import topk_mgpu
+from jax_mtp.platform import NOT_HOPPER, lowering_gpu_is_hopper, lowering_platform
+
+
+class Selection(NamedTuple):
+  """The indexer's choice per query: slot ids int32 [B, T, K] and whether each is visible."""
+
+  slots_BTK: jax.Array
+  valid_BTK: jax.Array
+
+  def mask(self, capacity: int) -> jax.Array:
+    """bool [B, T, S]: the selected visible slots."""
+    b, t, _ = self.slots_BTK.shape
+    chosen = jnp.zeros((b, t, capacity), bool)
+    bi, ti = jnp.indices((b, t))
+    return chosen.at[bi[..., None], ti[..., None], self.slots_BTK].set(self.valid_BTK)  # slots are distinct
+
+
+def topk_selection(scores_BTS: jax.Array, visible_BTS: jax.Array, topk: int) -> Selection:
+  """The `topk` highest-scoring visible slots (all visible ones, and invalid fillers, if fewer), by
+  `lax.top_k` (a sort): the reference `topk_selection_radix` is tested against and timed beside
+  (benchmarks.dsa_parts, benchmarks.prefill_parts; RESULTS.md)."""
+  k = min(topk, scores_BTS.shape[-1])
+  masked = jnp.where(visible_BTS, scores_BTS, -jnp.inf)
+  _, slots_BTK = jax.lax.top_k(masked, k)
+  return Selection(slots_BTK.astype(jnp.int32), jnp.take_along_axis(visible_BTS, slots_BTK, axis=-1))
+
+
+# Queries (B·T) up to which a radix pass counts its candidates as one reduction (benchmarks/RESULTS.md, issue 27's
+# prefill): few queries leave sibling reductions too few rows to fill a GPU; many re-read the keys per candidate.
+RADIX_ONE_REDUCTION_QUERIES = 32
+
+
+def topk_selection_radix(scores_BTS: jax.Array, visible_BTS: jax.Array, topk: int) -> Selection:
+  """The slots `topk_selection` picks (ties → the lowest slots), listed in slot order, without a sort:
+  a radix select finds each query's k-th largest score over order-preserving integer keys, a digit a pass (the
+  largest digit whose prefix still has ≥ k keys at or above it), then the slots above it (and enough of those
+  equal to it) are compacted in order.
+
+  How a pass counts its candidates depends on the number of queries, never the result: up to
+  RADIX_ONE_REDUCTION_QUERIES, 4-bit digits whose 15 counts are one reduction over a [B, T, 15, S] comparison
+  (15 rows per query keep the device busy; each re-reads the keys); beyond, 2-bit digits whose 3 counts are
+  separate reductions of the same keys, which XLA fuses into one read of them per pass."""
+  k = min(topk, scores_BTS.shape[-1])
+  keys_BTS = order_keys(scores_BTS, visible_BTS)
+  b, t, _ = keys_BTS.shape
+  count = kth_key_one_reduction if b * t <= RADIX_ONE_REDUCTION_QUERIES else kth_key_sibling_reductions
+  return select_from_kth(keys_BTS, visible_BTS, count(keys_BTS, k), k)
+
+
+def kth_key_one_reduction(keys_BTS: jax.Array, k: int) -> jax.Array:
+  """Each query's k-th largest key, 4 bits a pass, the 15 candidates counted by one reduction."""
+  kth_BT = jnp.zeros(keys_BTS.shape[:2], jnp.uint32)
+  digits = jnp.arange(1, 16, dtype=jnp.uint32)
+  for shift in range(28, -1, -4):
+    candidates_BTD = kth_BT[..., None] | (digits << shift)
+    at_least_BTD = jnp.sum(keys_BTS[:, :, None, :] >= candidates_BTD[..., None], axis=-1, dtype=jnp.int32)
+    kth_BT = kth_BT | (jnp.sum(at_least_BTD >= k, axis=-1, dtype=jnp.uint32) << shift)
+  return kth_BT
+
+
+def kth_key_sibling_reductions(keys_BTS: jax.Array, k: int, digit_bits: int = 2) -> jax.Array:
+  """Each query's k-th largest key, `digit_bits` a pass (a divisor of 32), the 2^bits − 1 candidates counted by
+  separate reductions of the same keys."""
+  kth_BT = jnp.zeros(keys_BTS.shape[:2], jnp.uint32)
+  for shift in range(32 - digit_bits, -1, -digit_bits):
+    digit_BT = jnp.zeros_like(kth_BT)
+    for d in range(1, 2**digit_bits):
+      at_least_BT = jnp.sum(keys_BTS >= (kth_BT | jnp.uint32(d << shift))[..., None], axis=-1, dtype=jnp.int32)
+      digit_BT = digit_BT + (at_least_BT >= k).astype(jnp.uint32)
+    kth_BT = kth_BT | (digit_BT << shift)
+  return kth_BT
+
+
+def kth_key_histograms(keys_BTS: jax.Array, k: int, digit_bits: int = 16) -> jax.Array:
+  """Each query's k-th largest key, `digit_bits` a pass (a divisor of 32) counted by one histogram a pass (a
+  scatter-add of the keys whose higher digits match the k-th key's so far into 2^bits bins a query), instead of
+  2^bits − 1 comparisons: 2 passes at 16 bits where the sibling form takes 16. Memory: a [B·T, 2^bits] int32
+  histogram a pass. Not the library's form yet (benchmarks.dsa_parts times it beside the others)."""
+  b, t, s = keys_BTS.shape
+  keys_QS = keys_BTS.reshape(b * t, s)
+  rows_Q1 = jnp.arange(b * t)[:, None]
+  kth_Q = jnp.zeros((b * t,), jnp.uint32)
+  for shift in range(32 - digit_bits, -1, -digit_bits):
+    high = shift + digit_bits  # the bits settled before this pass: keys >> high against the k-th key's
+    if high == 32:
+      in_prefix_QS, above_Q = jnp.ones_like(keys_QS, jnp.int32), jnp.zeros((b * t,), jnp.int32)
+    else:
+      prefix_QS, settled_Q1 = keys_QS >> high, (kth_Q >> high)[:, None]
+      in_prefix_QS = (prefix_QS == settled_Q1).astype(jnp.int32)
+      above_Q = jnp.sum(prefix_QS > settled_Q1, axis=-1, dtype=jnp.int32)
+    digit_QS = ((keys_QS >> shift) & jnp.uint32(2**digit_bits - 1)).astype(jnp.int32)
+    hist_QD = jnp.zeros((b * t, 2**digit_bits), jnp.int32).at[rows_Q1, digit_QS].add(in_prefix_QS)
+    at_least_QD = jnp.cumsum(hist_QD[:, ::-1], axis=-1)[:, ::-1]  # keys in the prefix with this digit or more
+    digit_Q = jnp.sum(above_Q[:, None] + at_least_QD >= k, axis=-1, dtype=jnp.int32) - 1  # the largest such digit
+    kth_Q = kth_Q | (digit_Q.astype(jnp.uint32) << shift)
+  return kth_Q.reshape(b, t)
+
+
+def order_keys(scores_BTS: jax.Array, visible_BTS: jax.Array) -> jax.Array:
+  """uint32 keys whose unsigned order is the scores' float order; invisible slots get −inf's key."""
+  bits = jax.lax.bitcast_convert_type(jnp.where(visible_BTS, scores_BTS, -jnp.inf).astype(jnp.float32), jnp.uint32)
+  return jnp.where(bits >> 31 == 1, ~bits, bits | jnp.uint32(0x80000000))
+
+
+def select_from_kth(keys_BTS: jax.Array, visible_BTS: jax.Array, kth_BT: jax.Array, k: int) -> Selection:
+  """The k slots whose keys are above each query's k-th largest key `kth_BT`, and enough of those equal to it
+  (the lowest), compacted in slot order."""
+  b, t, s = keys_BTS.shape
+  above_BTS, tied_BTS = keys_BTS > kth_BT[..., None], keys_BTS == kth_BT[..., None]
+  ties_wanted_BT = k - jnp.sum(above_BTS, axis=-1, dtype=jnp.int32)
+  chosen_BTS = above_BTS | (tied_BTS & (jnp.cumsum(tied_BTS, axis=-1, dtype=jnp.int32) <= ties_wanted_BT[..., None]))
+  rank_BTS = jnp.where(chosen_BTS, jnp.cumsum(chosen_BTS, axis=-1, dtype=jnp.int32) - 1, k)  # k: dropped
+  bi, ti = jnp.indices((b, t))
+  slots_BTK = jnp.zeros((b, t, k), jnp.int32).at[bi[..., None], ti[..., None], rank_BTS].set(
+      jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, t, s)), mode="drop")
+  return Selection(slots_BTK, jnp.take_along_axis(visible_BTS, slots_BTK, axis=-1))
+
+
+# `auto` runs the Mosaic GPU k-th key kernel on Hopper GPUs where it takes the cache (topk_mgpu.takes). Off until
+# timed on the GPU beside XLA's radix select: `auto` picks a kernel only where it measured faster.
+TOPK_KERNEL_AUTO = False
+
+
+def resolve_topk_impl(cfg: MtpConfig, platform: str, capacity: int, *, hopper: bool = True) -> str:
+  """"xla" or "mosaic_gpu" (the k-th key in kernels/topk_mgpu.py) for `cfg.topk_impl` over a `capacity`-slot cache.
+
+  "auto": mosaic_gpu on a Hopper GPU where the kernel takes the capacity (≤ topk_mgpu.MAX_SLOTS, a multiple of
+  128) and TOPK_KERNEL_AUTO; else xla. An explicit mosaic_gpu runs as asked (on a CPU in Pallas's GPU interpreter;
+  on another platform than this process's, as an AOT compile does) unless it cannot take the capacity or the GPU
+  is not a Hopper: then a ValueError names why."""
+  impl = cfg.topk_impl
+  if impl == "xla":
+    return "xla"
+  problems = topk_mgpu.takes(capacity)
+  if impl == "auto":
+    return "mosaic_gpu" if TOPK_KERNEL_AUTO and platform == "gpu" and hopper and not problems else "xla"
+  if platform == "gpu" and not hopper:
+    problems.append(NOT_HOPPER)
+  if problems:
+    raise ValueError(f"topk_impl={impl!r} cannot run here: {'; '.join(problems)} (use 'xla' or 'auto')")
+  return impl
+
+
+def select_topk(cfg: MtpConfig, scores_BTS: jax.Array, positions_BT: jax.Array) -> Selection:
+  """The model's top-k over a cache's scores (slot s visible to the query at position p iff s ≤ p), by
+  `cfg.topk_impl`: the same slots whichever runs."""
+  capacity = scores_BTS.shape[-1]
+  visible_BTS = causal_mask(positions_BT, capacity)
+  if resolve_topk_impl(cfg, lowering_platform(), capacity, hopper=lowering_gpu_is_hopper()) == "xla":
+    return topk_selection_radix(scores_BTS, visible_BTS, cfg.index_topk)
+  k = min(cfg.index_topk, capacity)
+  kth_BT = topk_mgpu.kth_key_mgpu(scores_BTS, positions_BT, k, interpret=lowering_platform() == "cpu")
+  return select_from_kth(order_keys(scores_BTS, visible_BTS), visible_BTS, kth_BT, k)

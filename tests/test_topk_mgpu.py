@@ -1,0 +1,134 @@
+"""The DSA top-k's k-th key on Pallas Mosaic GPU (kernels/topk_mgpu.py): equal to a sort's k-th key and to XLA's
+radix passes on awkward rows (ties, negative and −inf scores, fewer visible slots than k, none visible, k = 1 and
+k = S), in Pallas's GPU interpreter; the model's top-k through it picks lax.top_k's slots; lowered for CUDA; `auto`
+and explicit choices resolved with the offending value named. On a GPU the same cases run compiled, and V3.2's
+verification shape too."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_mtp
+from jax_mtp import topk
+from jax_mtp.cache import causal_mask
+from jax_mtp.kernels.topk_mgpu import KERNEL_NAME, MAX_SLOTS, Config, config_for, kth_key_mgpu, reference
+from tests.greedy import plain_and_speculative
+from tests.lowered_step import mtp_step_module
+
+ON_GPU = jax.devices()[0].platform == "gpu"
+
+
+def _row(b, t, s, seed):
+  """Scores with ties (every 7th slot 0.5), a run of equal negatives, an −inf, and positions from none visible (−1)
+  to all."""
+  rng = np.random.default_rng(seed)
+  scores = rng.standard_normal((b, t, s)).astype(np.float32)
+  scores[:, :, ::7] = 0.5
+  scores[0, 0, :50] = -3.0
+  scores[-1, -1, 3] = -np.inf
+  positions = rng.integers(-1, s, (b, t)).astype(np.int32)
+  positions.flat[0] = s - 1
+  positions.flat[-1] = -1 if b * t > 1 else s - 1
+  return jnp.asarray(scores), jnp.asarray(positions)
+
+
+@pytest.mark.parametrize("b,t,s,k,chunk", [(1, 1, 128, 1, 0), (2, 3, 384, 64, 128), (1, 4, 1152, 1152, 0),
+                                           (3, 2, 1024, 100, 256), (2, 2, 2048, 2048, 0)])
+def test_kth_key_equals_the_sort_and_the_radix_passes(b, t, s, k, chunk):
+  scores, positions = _row(b, t, s, s + k)
+  got = kth_key_mgpu(scores, positions, k, config=Config(chunk=chunk), interpret=not ON_GPU)
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(reference(scores, positions, k)))
+  keys = topk.order_keys(scores, causal_mask(positions, s))
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(topk.kth_key_sibling_reductions(keys, k)))
+
+
+@pytest.mark.skipif(not ON_GPU, reason="V3.2's verification shape, compiled (the interpreter would take minutes)")
+@pytest.mark.parametrize("b,t,s", [(64, 4, 32768), (1, 1, 4608), (8, 4, 49152)])
+def test_kth_key_at_v32_shapes_on_the_gpu(b, t, s):
+  scores, _ = _row(b, t, s, 0)
+  positions = jnp.asarray(np.random.default_rng(1).integers(s // 2, s, (b, t)), jnp.int32).at[0, 0].set(s - 1)
+  got = jax.jit(lambda x, p: kth_key_mgpu(x, p, 2048))(scores, positions)
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(reference(scores, positions, 2048)))
+
+
+@pytest.mark.parametrize("b,t,s,k", [(2, 3, 384, 64), (1, 2, 256, 300)])
+def test_model_top_k_through_the_kernel_picks_lax_top_ks_slots(b, t, s, k):
+  """`topk.select_topk` with topk_impl="mosaic_gpu" (the interpreter here) picks lax.top_k's slots, ties to the
+  lowest, invalid fillers where fewer than k are visible, k > S clipped to S."""
+  scores, positions = _row(b, t, s, 7)
+  cfg = jax_mtp.tiny().replace(index_topk=k, topk_impl="mosaic_gpu")
+  got = topk.select_topk(cfg, scores, positions)
+  want = topk.topk_selection(scores, causal_mask(positions, s), k)
+  np.testing.assert_array_equal(np.sort(np.asarray(got.slots_BTK), -1), np.sort(np.asarray(want.slots_BTK), -1))
+  np.testing.assert_array_equal(np.asarray(got.mask(s)), np.asarray(want.mask(s)))
+
+
+def test_speculative_equals_plain_greedy_through_the_kernel():
+  """A tiny DSA model at a 256-slot cache (> index_topk: the indexer selects) with the top-k's k-th key in the
+  kernel (the interpreter here): speculative decoding gives plain greedy decoding's tokens, and the plain tokens
+  are those of XLA's top-k."""
+  cfg = jax_mtp.tiny(topk_impl="mosaic_gpu")
+  target_params = jax_mtp.init_target_params(cfg, jax.random.key(7))
+  mtp_params = jax_mtp.init_params(cfg, jax.random.key(8))
+  prompts = [[3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5], [2, 7, 1, 8]]
+  plain, result = plain_and_speculative(cfg, target_params, mtp_params, prompts, 6, capacity=256)
+  assert result.tokens == plain
+  xla, _ = plain_and_speculative(cfg.replace(topk_impl="xla"), target_params, mtp_params, prompts, 6, capacity=256)
+  assert plain == xla
+
+
+def test_the_kernel_is_in_the_lowered_step_when_asked_for():
+  cfg = jax_mtp.tiny(dtype="bfloat16", param_dtype="bfloat16", topk_impl="mosaic_gpu")
+  assert KERNEL_NAME in mtp_step_module(cfg, "cuda", 2, 512)
+  assert KERNEL_NAME not in mtp_step_module(cfg.replace(topk_impl="auto"), "cuda", 2, 512)  # TOPK_KERNEL_AUTO off
+
+
+def test_lowered_for_cuda_names_the_kernel():
+  fn = jax.jit(lambda x, p: kth_key_mgpu(x, p, 2048))
+  args = jax.ShapeDtypeStruct((64, 4, 32768), jnp.float32), jax.ShapeDtypeStruct((64, 4), jnp.int32)
+  assert KERNEL_NAME in fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def test_config_for_takes_the_widest_chunk_dividing_the_row():
+  assert [config_for(s).chunk for s in (32768, 4608, 1152, 384)] == [1024, 512, 128, 128]
+  assert config_for(4096, Config(chunk=256)).chunk == 256
+
+
+@pytest.mark.parametrize("scores,positions,k,config,match", [
+    ((1, 1, 256), (1, 1), 8, None, "float32"),
+    ((1, 2, 256), (1, 1), 8, None, "positions_BT of shape"),
+    ((1, 1, 200), (1, 1), 8, None, "not a multiple of 128"),
+    ((1, 1, MAX_SLOTS + 1024), (1, 1), 8, None, "MAX_SLOTS"),
+    ((1, 1, 384), (1, 1), 8, Config(chunk=256), "chunk=256"),
+    ((1, 1, 256), (1, 1), 0, None, "k=0"),
+])
+def test_operands_it_cannot_take_are_named(scores, positions, k, config, match):
+  dtype = jnp.bfloat16 if match == "float32" else jnp.float32
+  with pytest.raises(ValueError, match=match):
+    kth_key_mgpu(jnp.zeros(scores, dtype), jnp.zeros(positions, jnp.int32), k, config=config, interpret=True)
+
+
+def test_resolve_topk_impl(monkeypatch):
+  """xla as asked; auto: the kernel only on a Hopper GPU within MAX_SLOTS while TOPK_KERNEL_AUTO, else xla; an
+  explicit mosaic_gpu runs where it can (a CPU: the interpreter) and names why where it cannot."""
+  cfg = jax_mtp.tiny()
+  resolve = topk.resolve_topk_impl
+  assert resolve(cfg.replace(topk_impl="xla"), "gpu", 4096) == "xla"
+  monkeypatch.setattr(topk, "TOPK_KERNEL_AUTO", False)
+  assert resolve(cfg, "gpu", 4096) == "xla"
+  monkeypatch.setattr(topk, "TOPK_KERNEL_AUTO", True)
+  assert resolve(cfg, "gpu", 4096) == "mosaic_gpu"
+  assert [resolve(cfg, "cpu", 4096), resolve(cfg, "tpu", 4096), resolve(cfg, "gpu", 4096, hopper=False),
+          resolve(cfg, "gpu", 131072), resolve(cfg, "gpu", 4100)] == ["xla"] * 5
+  explicit = cfg.replace(topk_impl="mosaic_gpu")
+  assert resolve(explicit, "cpu", 4096) == resolve(explicit, "gpu", 4096) == "mosaic_gpu"
+  with pytest.raises(ValueError, match="131072 slots exceed MAX_SLOTS"):
+    resolve(explicit, "gpu", 131072)
+  with pytest.raises(ValueError, match="Hopper"):
+    resolve(explicit, "gpu", 4096, hopper=False)
+
+
+def test_config_rejects_an_unknown_topk_impl():
+  with pytest.raises(jax_mtp.config.ConfigError, match="topk_impl='sort'"):
+    jax_mtp.tiny().replace(topk_impl="sort")
