@@ -25,6 +25,8 @@ from benchmarks.prefill_parts import (kernels_of, kth_key_halves, radix_histogra
 from benchmarks.timing import copy_bandwidth, time_in_loop
 from jax_mtp.cache import causal_mask
 from jax_mtp.indexer import SCORE_BLOCK_SLOTS, Selection, quantize_keys, score_chunk
+from jax_mtp.kernels.topk_mgpu import Config as TopkConfig
+from jax_mtp.kernels.topk_mgpu import config_for as topk_config_for
 from jax_mtp.kernels.topk_mgpu import kth_key_mgpu
 from jax_mtp.topk import order_keys, select_from_kth, topk_selection, topk_selection_radix
 from jax_mtp.kernels.index_scores import index_scores_pallas
@@ -121,11 +123,13 @@ def _rows(s: int, b: int, t: int, iters: int, bandwidth: float, parts=PARTS):
     yield ("top-k", name, f"{seconds * 1e6:,.0f}", f"{floor_us(scores.nbytes):,.1f}",
            f"{floor_us(scores.nbytes) / seconds / 1e6:.2f}", f"same set: {bool((chosen == first).all())}{kernels}")
 
-  if "top-k" in parts and jax.devices()[0].platform == "gpu":  # the kernel's k-th key alone
-    fn = jax.jit(lambda x, p: kth_key_mgpu(x, p, K_TOP))
+  for chunk in (0, 1024, 2048) if "top-k" in parts and jax.devices()[0].platform == "gpu" else ():  # the k-th key alone
+    config = TopkConfig(chunk=chunk)
+    fn = jax.jit(lambda x, p, config=config: kth_key_mgpu(x, p, K_TOP, config=config))
     seconds = time_in_loop(fn, (scores, positions), iters)
-    yield ("top-k", "k-th key alone: Mosaic GPU kernel", f"{seconds * 1e6:,.0f}", f"{floor_us(scores.nbytes):,.1f}",
-           f"{floor_us(scores.nbytes) / seconds / 1e6:.2f}", f"kernels: {kernels_of(fn, (scores, positions))}")
+    yield ("top-k", f"k-th key alone: Mosaic GPU kernel, chunk {topk_config_for(s, config).chunk}",
+           f"{seconds * 1e6:,.0f}", f"{floor_us(scores.nbytes):,.1f}", f"{floor_us(scores.nbytes) / seconds / 1e6:.2f}",
+           f"kernels: {kernels_of(fn, (scores, positions))}")
 
   if "attention" not in parts:
     return

@@ -63,7 +63,8 @@
 #   handoff  (21:20, 21:33 2026-12-04) one hand-off and one wgmma of the sparse MLA's step, each alone (mgpu_handoff)
 #   topk     (not run yet) the top-k forms at verification's 256 queries, 4K and 32K caches
 #   v32topk  (2026-12-06 05:49, an H100) topk, then verify32k, in one call
-#   topk1    (2026-12-06) the top-k's k-th key kernel: GPU tests, its rows beside XLA's, verification at 32K with it
+#   topk1    (06:20 2026-12-06, an H100) the top-k's k-th key kernel: GPU tests, its rows beside XLA's, verification at 32K with it
+#   topk2    (2026-12-06) its wider loop steps compiled and timed; verification at 4K and 32K with it
 #   fp8gpu   (21:28 2026-12-04) the FP8 paths' GPU tests (the prefill rule and the bounded bytes layout)
 #   fp8q     (not run yet) the index scores' float8 × float8 form timed and tested; the user path's GPU tests
 #   fp8round (not run yet) the draft step per part with FP8 and bf16 weights at B = 64 (the FP8 round's 0.58)
@@ -524,6 +525,17 @@ case "${1:?stage}" in
             # between warpgroups and one wgmma of the sparse MLA's step cost alone (benchmarks.mgpu_handoff): whether
             # its ~0.8 µs a step is hand-offs or the products' latency; the products at the kernel's 64 B swizzle
     run 90 handoff.md python3 -m benchmarks.mgpu_handoff --reps 2000 --entries 32 48 64 --forms qk pv --swizzle 32 64 128
+    ;;
+  topk2)  # (2026-12-06) after topk1 (22 compiled tests passed; the kernel 113 µs of 328 at B = 64 × 32K, one warpgroup a
+          # row): wider loop steps (chunk 4,096) compiled and timed; the verification forward at 4K and 32K, B = 64,
+          # with XLA's top-k and with the kernel
+    run 150 gpu_tests_topk.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider tests/test_topk_mgpu.py -k gpu
+    run 110 topk_kernel.md python3 -m benchmarks.dsa_parts --capacity 4608 32768 --batch 1 64 --tokens 4 --parts top-k
+    layers=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | awk '{print ($1 > 120000) ? 4 : 3}')
+    run 150 verify_4k_topk.md python3 -m benchmarks.verify_forward --layers "$layers" -k 3 --forms absorbed \
+      --batch 64 --capacity 4096 --topk-impls xla mosaic_gpu --iters 5
+    run 140 verify_32k_topk.md python3 -m benchmarks.verify_forward --layers "$layers" -k 3 --forms absorbed \
+      --batch 64 --capacity 32768 --topk-impls xla mosaic_gpu --iters 5 --all-experts-touched
     ;;
   topk1)  # (2026-12-06) the top-k's k-th key on Mosaic GPU (kernels/topk_mgpu.py): its tests compiled, its rows beside
           # XLA's forms (B = 1, 64 at T = 4; 4.5K and 32K slots), then the verification forward at 32K, B = 64, with

@@ -36,14 +36,17 @@ _FLIP = np.int32(np.uint32(0x80000000).view(np.int32))  # unsigned → signed or
 _NEG_INF_KEY = np.int32(np.uint32(0xFF800000 ^ 0x7FFFFFFF).view(np.int32))  # −inf's key, signed (order_keys's ^ flip)
 
 
-CHUNKS = (1024, 512, 256, 128)  # keys a warpgroup holds in registers at once (8 … 1 a thread), widest first
+# Keys a warpgroup holds in registers at once (32 … 1 a thread), widest first: a pass's loop step. A CTA runs one
+# warpgroup (its row's keys fill shared memory), so its latency is hidden only by the independent work within a
+# thread: wider steps put more loads and compares in flight.
+CHUNKS = (4096, 2048, 1024, 512, 256, 128)
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
   """Launch parameters. `chunk` = 0: `config_for` picks it."""
 
-  chunk: int = 0  # keys a pass's loop step holds in registers (a multiple of 128 dividing S)
+  chunk: int = 0  # keys a pass's loop step holds in registers (a multiple of 128 dividing S, ≤ 4,096)
 
 
 def config_for(slots: int, config: Config | None = None) -> Config:
@@ -80,8 +83,8 @@ def check_operands(scores_BTS: jax.Array, positions_BT: jax.Array, k: int, confi
     raise ValueError(f"scores {scores_BTS.dtype}: the kernel takes float32 scores")
   if positions_BT.shape != (b, t):
     raise ValueError(f"positions_BT of shape {positions_BT.shape} does not match the scores' queries {(b, t)}")
-  if takes(s) or config.chunk % 128 or s % config.chunk:
-    raise ValueError(f"{s} slots with chunk={config.chunk}: {'; '.join(takes(s)) or 'chunk must be a multiple of 128 dividing them'}")
+  if takes(s) or config.chunk % 128 or s % config.chunk or config.chunk > CHUNKS[0]:
+    raise ValueError(f"{s} slots with chunk={config.chunk}: {'; '.join(takes(s)) or f'chunk must be a multiple of 128 dividing them, ≤ {CHUNKS[0]}'}")
   if not 1 <= k <= s:
     raise ValueError(f"k={k} must be in [1, {s}]")
 

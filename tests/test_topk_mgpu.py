@@ -34,7 +34,8 @@ def _row(b, t, s, seed):
 
 
 @pytest.mark.parametrize("b,t,s,k,chunk", [(1, 1, 128, 1, 0), (2, 3, 384, 64, 128), (1, 4, 1152, 1152, 0),
-                                           (3, 2, 1024, 100, 256), (2, 2, 2048, 2048, 0)])
+                                           (3, 2, 1024, 100, 256), (2, 2, 2048, 2048, 0), (1, 2, 8192, 700, 0),
+                                           (2, 1, 8192, 2048, 1024)])
 def test_kth_key_equals_the_sort_and_the_radix_passes(b, t, s, k, chunk):
   scores, positions = _row(b, t, s, s + k)
   got = kth_key_mgpu(scores, positions, k, config=Config(chunk=chunk), interpret=not ON_GPU)
@@ -45,10 +46,11 @@ def test_kth_key_equals_the_sort_and_the_radix_passes(b, t, s, k, chunk):
 
 @pytest.mark.skipif(not ON_GPU, reason="V3.2's verification shape, compiled (the interpreter would take minutes)")
 @pytest.mark.parametrize("b,t,s", [(64, 4, 32768), (1, 1, 4608), (8, 4, 49152)])
-def test_kth_key_at_v32_shapes_on_the_gpu(b, t, s):
+@pytest.mark.parametrize("chunk", [0, 1024])
+def test_kth_key_at_v32_shapes_on_the_gpu(b, t, s, chunk):
   scores, _ = _row(b, t, s, 0)
   positions = jnp.asarray(np.random.default_rng(1).integers(s // 2, s, (b, t)), jnp.int32).at[0, 0].set(s - 1)
-  got = jax.jit(lambda x, p: kth_key_mgpu(x, p, 2048))(scores, positions)
+  got = jax.jit(lambda x, p: kth_key_mgpu(x, p, 2048, config=Config(chunk=chunk)))(scores, positions)
   np.testing.assert_array_equal(np.asarray(got), np.asarray(reference(scores, positions, 2048)))
 
 
@@ -91,7 +93,7 @@ def test_lowered_for_cuda_names_the_kernel():
 
 
 def test_config_for_takes_the_widest_chunk_dividing_the_row():
-  assert [config_for(s).chunk for s in (32768, 4608, 1152, 384)] == [1024, 512, 128, 128]
+  assert [config_for(s).chunk for s in (32768, 4608, 1152, 384)] == [4096, 512, 128, 128]
   assert config_for(4096, Config(chunk=256)).chunk == 256
 
 
