@@ -45,6 +45,8 @@ def main(argv=None) -> int:
   parser.add_argument("--tokens", type=int, nargs="+", default=[1], help="queries per row (k + 1 in verification)")
   parser.add_argument("--iters", type=int, default=20)
   parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS, help="which parts to time")
+  parser.add_argument("--topk-forms", default="all", choices=["all", "library-kernel"],
+                      help="library-kernel: lax.top_k, the library's radix select and the Mosaic kernel only")
   args = parser.parse_args(argv)
   bandwidth = copy_bandwidth()
   print(f"DSA parts at V3.2 widths on {jax.devices()[0].device_kind}, jax {jax.__version__}, "
@@ -54,12 +56,12 @@ def main(argv=None) -> int:
   for s in args.capacity:
     for b in args.batch:
       for t in args.tokens:
-        for row in _rows(s, b, t, args.iters, bandwidth, args.parts):
+        for row in _rows(s, b, t, args.iters, bandwidth, args.parts, args.topk_forms):
           print("| " + " | ".join(str(x) for x in (s, b, t, *row)) + " |", flush=True)
   return 0
 
 
-def _rows(s: int, b: int, t: int, iters: int, bandwidth: float, parts=PARTS):
+def _rows(s: int, b: int, t: int, iters: int, bandwidth: float, parts=PARTS, topk_forms="all"):
   normal = _normal_on_device(iter(jax.random.split(jax.random.key(0), 8)))
   keys32, q, w = normal((b, s, J)), normal((b, t, I, J)), normal((b, t, I))
   positions = jnp.broadcast_to(jnp.arange(s - t, s, dtype=jnp.int32), (b, t))
@@ -107,14 +109,17 @@ def _rows(s: int, b: int, t: int, iters: int, bandwidth: float, parts=PARTS):
   scores = reference
   visible = causal_mask(positions, s)
   first = None
-  for name, select in [] if "top-k" not in parts else [("lax.top_k", topk_selection), ("radix select (library)", topk_selection_radix),
+  forms = [] if "top-k" not in parts else [("lax.top_k", topk_selection), ("radix select (library)", topk_selection_radix),
                        ("radix 4-bit, one reduction a pass", radix_one_reduction),
                        ("radix 2-bit, sibling reductions", radix_siblings(2)),
                        ("radix 16-bit, a histogram a pass", radix_histograms(16)),
                        ("radix 8-bit, a histogram a pass", radix_histograms(8)),
                        ("radix 2-bit siblings over 16-bit halves", radix_select(kth_key_halves)),
                        *([("k-th key: Mosaic GPU kernel; compaction: XLA", _kernel_select(positions))]
-                         if jax.devices()[0].platform == "gpu" else [])]:
+                         if jax.devices()[0].platform == "gpu" else [])]
+  if topk_forms == "library-kernel":  # lax.top_k (the set each form is checked against), the library, the kernel
+    forms = [form for form in forms if form[0].startswith(("lax", "radix select (library)", "k-th key"))]
+  for name, select in forms:
     fn = jax.jit(lambda x, v, select=select: select(x, v, K_TOP))
     seconds = time_in_loop(fn, (scores, visible), iters)
     chosen = np.sort(np.asarray(fn(scores, visible).slots_BTK), axis=-1)
@@ -123,7 +128,8 @@ def _rows(s: int, b: int, t: int, iters: int, bandwidth: float, parts=PARTS):
     yield ("top-k", name, f"{seconds * 1e6:,.0f}", f"{floor_us(scores.nbytes):,.1f}",
            f"{floor_us(scores.nbytes) / seconds / 1e6:.2f}", f"same set: {bool((chosen == first).all())}{kernels}")
 
-  for chunk in (0, 1024, 2048) if "top-k" in parts and jax.devices()[0].platform == "gpu" else ():  # the k-th key alone
+  chunks = {topk_config_for(s, TopkConfig(chunk=c)).chunk for c in (0, 1024, 2048) if s % max(c, 128) == 0}
+  for chunk in sorted(chunks) if "top-k" in parts and jax.devices()[0].platform == "gpu" else ():  # the k-th key alone
     config = TopkConfig(chunk=chunk)
     fn = jax.jit(lambda x, p, config=config: kth_key_mgpu(x, p, K_TOP, config=config))
     seconds = time_in_loop(fn, (scores, positions), iters)

@@ -64,7 +64,8 @@
 #   topk     (not run yet) the top-k forms at verification's 256 queries, 4K and 32K caches
 #   v32topk  (2026-12-06 05:49, an H100) topk, then verify32k, in one call
 #   topk1    (06:20 2026-12-06, an H100) the top-k's k-th key kernel: GPU tests, its rows beside XLA's, verification at 32K with it
-#   topk2    (2026-12-06) its wider loop steps compiled and timed; verification at 4K and 32K with it
+#   topk2    (06:07 2026-12-06 device clock, an H100) its wider loop steps compiled and timed; verification at 4K and 32K with it
+#   topk3    (2026-12-06) the kernel beside the library by queries a call (auto's rule); its V3.2-shape tests
 #   fp8gpu   (21:28 2026-12-04) the FP8 paths' GPU tests (the prefill rule and the bounded bytes layout)
 #   fp8q     (not run yet) the index scores' float8 × float8 form timed and tested; the user path's GPU tests
 #   fp8round (not run yet) the draft step per part with FP8 and bf16 weights at B = 64 (the FP8 round's 0.58)
@@ -525,6 +526,13 @@ case "${1:?stage}" in
             # between warpgroups and one wgmma of the sparse MLA's step cost alone (benchmarks.mgpu_handoff): whether
             # its ~0.8 µs a step is hand-offs or the products' latency; the products at the kernel's 64 B swizzle
     run 90 handoff.md python3 -m benchmarks.mgpu_handoff --reps 2000 --entries 32 48 64 --forms qk pv --swizzle 32 64 128
+    ;;
+  topk3)  # (2026-12-06) after topk2 (the verification forward 1.0-1.1 % faster with the kernel at B = 64; its chunk
+          # rows cut by a chunk that did not divide 4,608): the kernel beside the library by queries a call, for auto's
+          # rule; then its compiled V3.2-shape tests
+    run 170 topk_queries.md python3 -m benchmarks.dsa_parts --capacity 4608 32768 --batch 1 8 16 64 --tokens 4 \
+      --parts top-k --topk-forms library-kernel
+    run 90 gpu_tests_topk.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider tests/test_topk_mgpu.py -k gpu
     ;;
   topk2)  # (2026-12-06) after topk1 (22 compiled tests passed; the kernel 113 µs of 328 at B = 64 × 32K, one warpgroup a
           # row): wider loop steps (chunk 4,096) compiled and timed; the verification forward at 4K and 32K, B = 64,
