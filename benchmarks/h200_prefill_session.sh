@@ -532,7 +532,8 @@ case "${1:?stage}" in
           # rule; then its compiled V3.2-shape tests
     run 170 topk_queries.md python3 -m benchmarks.dsa_parts --capacity 4608 32768 --batch 1 8 16 64 --tokens 4 \
       --parts top-k --topk-forms library-kernel
-    run 90 gpu_tests_topk.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider tests/test_topk_mgpu.py -k gpu
+    run 170 gpu_tests_topk.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider tests/test_topk_mgpu.py \
+      -k "gpu or model or speculative"
     ;;
   topk2)  # (2026-12-06) after topk1 (22 compiled tests passed; the kernel 113 µs of 328 at B = 64 × 32K, one warpgroup a
           # row): wider loop steps (chunk 4,096) compiled and timed; the verification forward at 4K and 32K, B = 64,
