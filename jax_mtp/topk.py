@@ -133,24 +133,30 @@ def select_from_kth(keys_BTS: jax.Array, visible_BTS: jax.Array, kth_BT: jax.Arr
   return Selection(slots_BTK, jnp.take_along_axis(visible_BTS, slots_BTK, axis=-1))
 
 
-# `auto` runs the Mosaic GPU k-th key kernel on Hopper GPUs where it takes the cache (topk_mgpu.takes). Off until
-# timed on the GPU beside XLA's radix select: `auto` picks a kernel only where it measured faster.
-TOPK_KERNEL_AUTO = False
+# Queries a call (B · T) for which `auto` runs the Mosaic GPU k-th key kernel on Hopper GPUs: where it measured
+# faster than XLA's radix select (an H100, 2026-12-06, benchmarks/RESULTS.md): at 256 (B = 64, T = 4) 60 against
+# 88 µs a call over 4,608 slots and 275 against 328 over 32K; the verification forward at B = 64 1.0-1.5 % faster
+# (4K and 32K). At 4 and 32 queries it was no faster (one warpgroup a row: a row's 16 passes take ~50 µs at 32K,
+# where XLA's passes spread over the GPU), and above 256 (B = 256's verification, prefill chunks) it is untimed.
+TOPK_KERNEL_QUERIES = range(64, 257)
 
 
-def resolve_topk_impl(cfg: MtpConfig, platform: str, capacity: int, *, hopper: bool = True) -> str:
-  """"xla" or "mosaic_gpu" (the k-th key in kernels/topk_mgpu.py) for `cfg.topk_impl` over a `capacity`-slot cache.
+def resolve_topk_impl(cfg: MtpConfig, platform: str, capacity: int, *, queries: int | None = None,
+                      hopper: bool = True) -> str:
+  """"xla" or "mosaic_gpu" (the k-th key in kernels/topk_mgpu.py) for `cfg.topk_impl` over a `capacity`-slot cache
+  and a call of `queries` (B · T; None: no call yet, as the CLI's flag check asks).
 
   "auto": mosaic_gpu on a Hopper GPU where the kernel takes the capacity (≤ topk_mgpu.MAX_SLOTS, a multiple of
-  128) and TOPK_KERNEL_AUTO; else xla. An explicit mosaic_gpu runs as asked (on a CPU in Pallas's GPU interpreter;
-  on another platform than this process's, as an AOT compile does) unless it cannot take the capacity or the GPU
-  is not a Hopper: then a ValueError names why."""
+  128) and the call's queries are in TOPK_KERNEL_QUERIES (where it measured faster); else xla. An explicit
+  mosaic_gpu runs as asked (on a CPU in Pallas's GPU interpreter; on another platform than this process's, as an
+  AOT compile does) unless it cannot take the capacity or the GPU is not a Hopper: then a ValueError names why."""
   impl = cfg.topk_impl
   if impl == "xla":
     return "xla"
   problems = topk_mgpu.takes(capacity)
   if impl == "auto":
-    return "mosaic_gpu" if TOPK_KERNEL_AUTO and platform == "gpu" and hopper and not problems else "xla"
+    timed = queries in TOPK_KERNEL_QUERIES
+    return "mosaic_gpu" if timed and platform == "gpu" and hopper and not problems else "xla"
   if platform == "gpu" and not hopper:
     problems.append(NOT_HOPPER)
   if problems:
@@ -163,7 +169,8 @@ def select_topk(cfg: MtpConfig, scores_BTS: jax.Array, positions_BT: jax.Array) 
   `cfg.topk_impl`: the same slots whichever runs."""
   capacity = scores_BTS.shape[-1]
   visible_BTS = causal_mask(positions_BT, capacity)
-  if resolve_topk_impl(cfg, lowering_platform(), capacity, hopper=lowering_gpu_is_hopper()) == "xla":
+  queries = scores_BTS.shape[0] * scores_BTS.shape[1]
+  if resolve_topk_impl(cfg, lowering_platform(), capacity, queries=queries, hopper=lowering_gpu_is_hopper()) == "xla":
     return topk_selection_radix(scores_BTS, visible_BTS, cfg.index_topk)
   k = min(cfg.index_topk, capacity)
   kth_BT = topk_mgpu.kth_key_mgpu(scores_BTS, positions_BT, k, interpret=lowering_platform() == "cpu")

@@ -83,7 +83,8 @@ def test_speculative_equals_plain_greedy_through_the_kernel():
 def test_the_kernel_is_in_the_lowered_step_when_asked_for():
   cfg = jax_mtp.tiny(dtype="bfloat16", param_dtype="bfloat16", topk_impl="mosaic_gpu")
   assert KERNEL_NAME in mtp_step_module(cfg, "cuda", 2, 512)
-  assert KERNEL_NAME not in mtp_step_module(cfg.replace(topk_impl="auto"), "cuda", 2, 512)  # TOPK_KERNEL_AUTO off
+  assert KERNEL_NAME not in mtp_step_module(cfg.replace(topk_impl="auto"), "cuda", 2, 512)  # 2 queries: XLA's
+  assert KERNEL_NAME in mtp_step_module(cfg.replace(topk_impl="auto"), "cuda", 64, 512)  # 64: the kernel
 
 
 def test_lowered_for_cuda_names_the_kernel():
@@ -111,18 +112,18 @@ def test_operands_it_cannot_take_are_named(scores, positions, k, config, match):
     kth_key_mgpu(jnp.zeros(scores, dtype), jnp.zeros(positions, jnp.int32), k, config=config, interpret=True)
 
 
-def test_resolve_topk_impl(monkeypatch):
-  """xla as asked; auto: the kernel only on a Hopper GPU within MAX_SLOTS while TOPK_KERNEL_AUTO, else xla; an
-  explicit mosaic_gpu runs where it can (a CPU: the interpreter) and names why where it cannot."""
+def test_resolve_topk_impl():
+  """xla as asked; auto: the kernel only on a Hopper GPU within MAX_SLOTS at the query counts it was timed faster
+  at (64-256 a call), else xla; an explicit mosaic_gpu runs where it can (a CPU: the interpreter) and names why where
+  it cannot."""
   cfg = jax_mtp.tiny()
   resolve = topk.resolve_topk_impl
-  assert resolve(cfg.replace(topk_impl="xla"), "gpu", 4096) == "xla"
-  monkeypatch.setattr(topk, "TOPK_KERNEL_AUTO", False)
-  assert resolve(cfg, "gpu", 4096) == "xla"
-  monkeypatch.setattr(topk, "TOPK_KERNEL_AUTO", True)
-  assert resolve(cfg, "gpu", 4096) == "mosaic_gpu"
-  assert [resolve(cfg, "cpu", 4096), resolve(cfg, "tpu", 4096), resolve(cfg, "gpu", 4096, hopper=False),
-          resolve(cfg, "gpu", 131072), resolve(cfg, "gpu", 4100)] == ["xla"] * 5
+  assert resolve(cfg.replace(topk_impl="xla"), "gpu", 4096, queries=256) == "xla"
+  assert [resolve(cfg, "gpu", 32768, queries=q) for q in (64, 256)] == ["mosaic_gpu"] * 2
+  assert [resolve(cfg, "gpu", 32768, queries=q) for q in (None, 4, 32, 63, 257, 1024, 4096)] == ["xla"] * 7
+  assert [resolve(cfg, "cpu", 4096, queries=256), resolve(cfg, "tpu", 4096, queries=256),
+          resolve(cfg, "gpu", 4096, queries=256, hopper=False), resolve(cfg, "gpu", 131072, queries=256),
+          resolve(cfg, "gpu", 4100, queries=256)] == ["xla"] * 5
   explicit = cfg.replace(topk_impl="mosaic_gpu")
   assert resolve(explicit, "cpu", 4096) == resolve(explicit, "gpu", 4096) == "mosaic_gpu"
   with pytest.raises(ValueError, match="131072 slots exceed MAX_SLOTS"):
