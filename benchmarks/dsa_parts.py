@@ -20,8 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.prefill_parts import (kernels_of, kth_key_halves, radix_histograms, radix_one_reduction, radix_select,
-                                      radix_siblings)
+from benchmarks.prefill_parts import kernels_of, radix_histograms, radix_one_reduction, radix_siblings
 from benchmarks.timing import copy_bandwidth, time_in_loop
 from jax_mtp.cache import causal_mask
 from jax_mtp.indexer import SCORE_BLOCK_SLOTS, Selection, quantize_keys, score_chunk
@@ -114,7 +113,6 @@ def _rows(s: int, b: int, t: int, iters: int, bandwidth: float, parts=PARTS, top
                        ("radix 2-bit, sibling reductions", radix_siblings(2)),
                        ("radix 16-bit, a histogram a pass", radix_histograms(16)),
                        ("radix 8-bit, a histogram a pass", radix_histograms(8)),
-                       ("radix 2-bit siblings over 16-bit halves", radix_select(kth_key_halves)),
                        *([("k-th key: Mosaic GPU kernel; compaction: XLA", _kernel_select(positions))]
                          if jax.devices()[0].platform == "gpu" else [])]
   if topk_forms == "library-kernel":  # lax.top_k (the set each form is checked against), the library, the kernel

@@ -63,7 +63,7 @@
 #   handoff  (21:20, 21:33 2026-12-04) one hand-off and one wgmma of the sparse MLA's step, each alone (mgpu_handoff)
 #   topk     (not run yet) the top-k forms at verification's 256 queries, 4K and 32K caches
 #   v32topk  (2026-12-06 05:49, an H100) topk, then verify32k, in one call
-#   topk1    (06:20 2026-12-06, an H100) the top-k's k-th key kernel: GPU tests, its rows beside XLA's, verification at 32K with it
+#   topk1    (05:59 2026-12-06, an H100) the top-k's k-th key kernel: GPU tests, its rows beside XLA's, verification at 32K with it
 #   topk2    (06:07 2026-12-06 device clock, an H100) its wider loop steps compiled and timed; verification at 4K and 32K with it
 #   topk3    (2026-12-06) the kernel beside the library by queries a call (auto's rule); its V3.2-shape tests
 #   fp8gpu   (21:28 2026-12-04) the FP8 paths' GPU tests (the prefill rule and the bounded bytes layout)

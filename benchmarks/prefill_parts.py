@@ -59,34 +59,10 @@ def radix_histograms(digit_bits: int):
 radix_one_reduction = radix_select(kth_key_one_reduction)
 
 
-def kth_key_halves(keys_BTS: jax.Array, k: int, digit_bits: int = 2) -> jax.Array:
-  """Each query's k-th largest key by two radix selects over 16-bit halves: the high halves' k-th (half the bytes
-  a pass of the 32-bit form's first 8), then the low halves of the keys in its bucket (the rest read as 0, which no
-  candidate counts) for the k − (keys above the bucket)-th. The sibling form's counts; its passes read 2 bytes a key."""
-  high_BTS = (keys_BTS >> 16).astype(jnp.uint16)
-  kth_high_BT = _kth_sibling16(high_BTS, jnp.full(keys_BTS.shape[:2], k, jnp.int32), digit_bits)
-  above_BT = jnp.sum(high_BTS > kth_high_BT[..., None], axis=-1, dtype=jnp.int32)
-  low_BTS = jnp.where(high_BTS == kth_high_BT[..., None], keys_BTS & 0xFFFF, 0).astype(jnp.uint16)
-  kth_low_BT = _kth_sibling16(low_BTS, k - above_BT, digit_bits)
-  return (kth_high_BT.astype(jnp.uint32) << 16) | kth_low_BT.astype(jnp.uint32)
-
-
-def _kth_sibling16(keys_BTS: jax.Array, k_BT: jax.Array, digit_bits: int) -> jax.Array:
-  kth_BT = jnp.zeros(keys_BTS.shape[:2], jnp.uint16)
-  for shift in range(16 - digit_bits, -1, -digit_bits):
-    digit_BT = jnp.zeros_like(kth_BT)
-    for d in range(1, 2**digit_bits):
-      at_least_BT = jnp.sum(keys_BTS >= (kth_BT | jnp.uint16(d << shift))[..., None], axis=-1, dtype=jnp.int32)
-      digit_BT = digit_BT + (at_least_BT >= k_BT).astype(jnp.uint16)
-    kth_BT = kth_BT | (digit_BT << shift)
-  return kth_BT
-
-
 TOPK_VARIANTS = {"lax.top_k": topk_selection, "radix (library)": topk_selection_radix,
                  "radix 4-bit, one reduction": radix_one_reduction, "radix 1-bit siblings": radix_siblings(1),
                  "radix 2-bit siblings": radix_siblings(2), "radix 4-bit siblings": radix_siblings(4),
-                 "radix 16-bit histograms": radix_histograms(16),
-                 "radix 2-bit siblings over 16-bit halves": radix_select(kth_key_halves)}
+                 "radix 16-bit histograms": radix_histograms(16)}
 
 
 def kernels_of(fn, args, calls: int = 3, top: int = 6) -> str:
