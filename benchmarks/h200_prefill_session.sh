@@ -61,11 +61,12 @@
 #   overlap  (18:56 2026-12-04) the index scores' Config.overlap_queries: compiled tests, then timed at T = 4
 #   kregs    (21:20 2026-12-04) the index scores' Config.keys_in_registers: compiled tests, then timed
 #   handoff  (21:20, 21:33 2026-12-04) one hand-off and one wgmma of the sparse MLA's step, each alone (mgpu_handoff)
-#   topk     (not run yet) the top-k forms at verification's 256 queries, 4K and 32K caches
+#   topk     (run as v32topk) the top-k forms at verification's 256 queries, 4K and 32K caches
 #   v32topk  (2026-12-06 05:49, an H100) topk, then verify32k, in one call
 #   topk1    (05:59 2026-12-06, an H100) the top-k's k-th key kernel: GPU tests, its rows beside XLA's, verification at 32K with it
 #   topk2    (06:07 2026-12-06 device clock, an H100) its wider loop steps compiled and timed; verification at 4K and 32K with it
-#   topk3    (2026-12-06) the kernel beside the library by queries a call (auto's rule); its V3.2-shape tests
+#   topk3    (06:16 2026-12-06, an H100: B = 1 and 8 rows, then 12 tests passed before the call's time ran out) the kernel
+#            beside the library by queries a call (auto's rule); its V3.2-shape tests
 #   fp8gpu   (21:28 2026-12-04) the FP8 paths' GPU tests (the prefill rule and the bounded bytes layout)
 #   fp8q     (not run yet) the index scores' float8 × float8 form timed and tested; the user path's GPU tests
 #   fp8round (not run yet) the draft step per part with FP8 and bf16 weights at B = 64 (the FP8 round's 0.58)
@@ -527,7 +528,8 @@ case "${1:?stage}" in
             # its ~0.8 µs a step is hand-offs or the products' latency; the products at the kernel's 64 B swizzle
     run 90 handoff.md python3 -m benchmarks.mgpu_handoff --reps 2000 --entries 32 48 64 --forms qk pv --swizzle 32 64 128
     ;;
-  topk3)  # (2026-12-06) after topk2 (the verification forward 1.0-1.1 % faster with the kernel at B = 64; its chunk
+  topk3)  # (06:16 2026-12-06, an H100: cut at B = 16 and in the tests) after topk2 (the verification forward
+          # 1.0-1.1 % faster with the kernel at B = 64; its chunk
           # rows cut by a chunk that did not divide 4,608): the kernel beside the library by queries a call, for auto's
           # rule; then its compiled V3.2-shape tests
     run 170 topk_queries.md python3 -m benchmarks.dsa_parts --capacity 4608 32768 --batch 1 8 16 64 --tokens 4 \
@@ -535,7 +537,8 @@ case "${1:?stage}" in
     run 170 gpu_tests_topk.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider tests/test_topk_mgpu.py \
       -k "gpu or model or speculative"
     ;;
-  topk2)  # (2026-12-06) after topk1 (22 compiled tests passed; the kernel 113 µs of 328 at B = 64 × 32K, one warpgroup a
+  topk2)  # (06:07 2026-12-06, an H100: the forward 1.0-1.1 % faster with it; one test fault) after topk1 (22
+          # compiled tests passed; the kernel 113 µs of 328 at B = 64 × 32K, one warpgroup a
           # row): wider loop steps (chunk 4,096) compiled and timed; the verification forward at 4K and 32K, B = 64,
           # with XLA's top-k and with the kernel
     run 150 gpu_tests_topk.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider tests/test_topk_mgpu.py -k gpu
@@ -546,7 +549,8 @@ case "${1:?stage}" in
     run 140 verify_32k_topk.md python3 -m benchmarks.verify_forward --layers "$layers" -k 3 --forms absorbed \
       --batch 64 --capacity 32768 --topk-impls xla mosaic_gpu --iters 5 --all-experts-touched
     ;;
-  topk1)  # (2026-12-06) the top-k's k-th key on Mosaic GPU (kernels/topk_mgpu.py): its tests compiled, its rows beside
+  topk1)  # (05:59 2026-12-06, an H100: 22 passed; 275 vs 328 µs at B = 64 × 32K) the top-k's k-th key on Mosaic
+          # GPU (kernels/topk_mgpu.py): its tests compiled, its rows beside
           # XLA's forms (B = 1, 64 at T = 4; 4.5K and 32K slots), then the verification forward at 32K, B = 64, with
           # XLA's top-k and with the kernel (each row's kernels per part)
     run 150 gpu_tests_topk.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider tests/test_topk_mgpu.py
@@ -555,7 +559,7 @@ case "${1:?stage}" in
     run 270 verify_32k_topk.md python3 -m benchmarks.verify_forward --layers "$layers" -k 3 --forms absorbed \
       --batch 64 --capacity 32768 --topk-impls xla mosaic_gpu --profile --iters 5
     ;;
-  v32topk)  # (2026-12-06) topk's rows, then verify32k's (4 layers, B = 64 and 256 on an H200; 3 layers, B = 64 on an
+  v32topk)  # (05:49 2026-12-06, an H100) topk's rows, then verify32k's (4 layers, B = 64 and 256 on an H200; 3 layers, B = 64 on an
             # H100): what the top-k forms cost at verification's 256 queries, then the forward at 32K since 2026-12-03
     run 170 topk_verify.md python3 -m benchmarks.dsa_parts --capacity 4608 32768 --batch 64 --tokens 4 --parts top-k
     if nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | awk '{exit !($1 > 120000)}'; then
@@ -566,7 +570,7 @@ case "${1:?stage}" in
     run 330 verify_32k.md python3 -m benchmarks.verify_forward --layers "$layers" -k 3 --forms absorbed \
       --batch "${batches[@]}" --capacity 32768 --profile --iters 5
     ;;
-  topk)  # (not run yet) the top-k forms at verification's 256 queries (B = 64, T = 4) over a 4K and a 32K cache: the
+  topk)  # (run as v32topk, 05:49 2026-12-06) the top-k forms at verification's 256 queries (B = 64, T = 4) over a 4K and a 32K cache: the
          # library's radix select against lax.top_k (at 33K and 256 queries 381 against 701 µs; 4K not timed) and the
          # histogram passes (indexer.kth_key_histograms: 2 passes of 16 bits or 4 of 8, a scatter-add each)
     run 200 topk_verify.md python3 -m benchmarks.dsa_parts --capacity 4608 32768 --batch 64 --tokens 4 --parts top-k
