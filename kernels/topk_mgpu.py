@@ -1,22 +1,23 @@
 """The DSA indexer's k-th largest score per query on Pallas's Mosaic GPU backend: the radix select of
-`jax_mtp.indexer.topk_selection_radix` in one kernel, where XLA's form is ~90 small kernels a layer (issue 27).
+`jax_mtp.topk.topk_selection_radix` in one kernel, where XLA's form is ~90 small kernels a layer (issue 27).
 
     kth[b, t] = the k-th largest of order_key(scores[b, t, s]) over s ≤ positions[b, t] (invisible slots: −inf's key)
 
-`order_key` maps fp32 scores to uint32 keys whose unsigned order is the scores' order (`indexer.order_keys`). A CTA
+`order_key` maps fp32 scores to uint32 keys whose unsigned order is the scores' order (`topk.order_keys`). A CTA
 takes one query's row: its scores are read once from HBM into shared memory as keys, then 16 passes of 2-bit digits
 each count, for the three candidates of the next digit, the keys at or above them (per-thread partial counts in
 registers, one warpgroup reduction each), and keep the largest digit whose count still reaches k. Each pass reads
 the keys from shared memory, not HBM: XLA's form reads the row from L2 / HBM in each of its 16 passes and launches
 ~5 kernels a pass. The compaction (the slots above the k-th key, ties to the lowest) stays in XLA
-(`indexer.select_from_kth`).
+(`topk.select_from_kth`).
 
 Why: on an H100 at verification's 256 queries over a 32K cache, XLA's radix select took 345 µs a layer, 5 % of the
-verification forward at B = 64 (274 kernels a step over 3 layers; benchmarks/RESULTS.md, 2026-12-06).
+verification forward at B = 64 (274 kernels a step over 3 layers). How far this got, and why not further (a row runs
+on one warpgroup): benchmarks/RESULTS.md and docs/mosaic_gpu_notes.md, 2026-12-06.
 
-Keys are compared as signed int32 (the unsigned key with its top bit flipped: the same order), since a warpgroup's
-integer compares are signed. The row lives in shared memory, so a row of S slots takes 4·S bytes of it: S ≤
-MAX_SLOTS.
+Keys are held as signed int32: the unsigned key with its top bit flipped has the same order, and int32 arrays are
+what the kernel was written and checked with (Pallas's GPU interpreter, both jax versions' CUDA lowering, the H100).
+The row lives in shared memory, so a row of S slots takes 4·S bytes of it: S ≤ MAX_SLOTS.
 """
 
 from __future__ import annotations
@@ -102,11 +103,11 @@ def kth_key_mgpu(scores_BTS: jax.Array, positions_BT: jax.Array, k: int, *, conf
   ch = config.chunk
   chunks = s // ch
   scores = scores_BTS.reshape(b * t, s)
-  last = positions_BT.reshape(b * t).astype(jnp.int32)
+  positions = positions_BT.reshape(b * t).astype(jnp.int32)
 
-  def body(scores_gmem, last_gmem, kth_gmem, keys_smem, out_smem):
+  def body(scores_gmem, positions_gmem, kth_gmem, keys_smem, out_smem):
     row = lax.axis_index("q")
-    position = last_gmem[row]
+    position = positions_gmem[row]
 
     @pl.loop(0, chunks)
     def _(c):  # the row's scores → signed keys, invisible slots at −inf's
@@ -128,7 +129,7 @@ def kth_key_mgpu(scores_BTS: jax.Array, positions_BT: jax.Array, k: int, *, conf
       counts = lax.fori_loop(0, chunks, count, (zeros, zeros, zeros))
       digit = sum(jnp.where(jnp.sum(n) >= k, 1, 0) for n in counts)
       kth = kth | (jnp.int32(digit) << shift)
-    out_smem[...] = jnp.broadcast_to(kth, out_smem.shape)
+    out_smem[...] = jnp.broadcast_to(kth, out_smem.shape)  # a scalar is not stored to GMEM: a 512-byte row is copied
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(out_smem, kth_gmem.at[row])
     plgpu.wait_smem_to_gmem(0)
@@ -142,5 +143,5 @@ def kth_key_mgpu(scores_BTS: jax.Array, positions_BT: jax.Array, k: int, *, conf
       kernel_name=KERNEL_NAME,
       interpret=interpret_params(plgpu, interpret),
   )
-  kth = kernel(scores, last)[:, 0]
+  kth = kernel(scores, positions)[:, 0]
   return lax.bitcast_convert_type(kth, jnp.uint32).reshape(b, t)
