@@ -113,6 +113,16 @@
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 QUIET="TPU|libtpu|Source Location|InitGoogle|E0000|E1203|I0000|errors.h|learning/|Deprecat|return rule|^$"
+# verify_32k SECONDS: the verification forward at 32K with its kernels per part; 4 layers on an H200 (B = 64 and
+# 256), 3 on an H100 (B = 64 only: B = 256's 35 GB of caches beside 55 GB of weights do not fit 80 GB)
+verify_32k() {
+  local layers=3 batches=(64)
+  if nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | awk '{exit !($1 > 120000)}'; then
+    layers=4 batches=(64 256)
+  fi
+  run "$1" verify_32k.md python3 -m benchmarks.verify_forward --layers "$layers" -k 3 --forms absorbed \
+    --batch "${batches[@]}" --capacity 32768 --profile --iters 5
+}
 case "${1:?stage}" in
   parts)
     run 200 prefill_parts.md python3 -m benchmarks.prefill_parts --capacity 33280 --chunk 2048 --position 16384 \
@@ -148,13 +158,7 @@ case "${1:?stage}" in
     ;;
   verify32k)  # 4 layers on an H200 (B = 64 and 256); 3 on an H100, B = 64 only (B = 256's 35 GB of caches beside 55 GB
               # of weights do not fit 80 GB)
-    if nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | awk '{exit !($1 > 120000)}'; then
-      layers=4 batches=(64 256)
-    else
-      layers=3 batches=(64)
-    fi
-    run 300 verify_32k.md python3 -m benchmarks.verify_forward --layers "$layers" -k 3 --forms absorbed \
-      --batch "${batches[@]}" --capacity 32768 --profile --iters 5
+    verify_32k 300
     ;;
   fp8)
     run 280 e2e_fp8.md python3 -m benchmarks.e2e --weights fp8 --prompt 1024 32768 --batch 1 --iters 5 \
@@ -562,13 +566,7 @@ case "${1:?stage}" in
   v32topk)  # (05:49 2026-12-06, an H100) topk's rows, then verify32k's (4 layers, B = 64 and 256 on an H200; 3 layers, B = 64 on an
             # H100): what the top-k forms cost at verification's 256 queries, then the forward at 32K since 2026-12-03
     run 170 topk_verify.md python3 -m benchmarks.dsa_parts --capacity 4608 32768 --batch 64 --tokens 4 --parts top-k
-    if nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | awk '{exit !($1 > 120000)}'; then
-      layers=4 batches=(64 256)
-    else
-      layers=3 batches=(64)
-    fi
-    run 330 verify_32k.md python3 -m benchmarks.verify_forward --layers "$layers" -k 3 --forms absorbed \
-      --batch "${batches[@]}" --capacity 32768 --profile --iters 5
+    verify_32k 330
     ;;
   topk)  # (run as v32topk, 05:49 2026-12-06) the top-k forms at verification's 256 queries (B = 64, T = 4) over a 4K and a 32K cache: the
          # library's radix select against lax.top_k (at 33K and 256 queries 381 against 701 µs; 4K not timed) and the
