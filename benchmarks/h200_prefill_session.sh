@@ -67,6 +67,8 @@
 #   topk2    (06:07 2026-12-06 device clock, an H100) its wider loop steps compiled and timed; verification at 4K and 32K with it
 #   topk3    (06:16 2026-12-06, an H100: B = 1 and 8 rows, then 12 tests passed before the call's time ran out) the kernel
 #            beside the library by queries a call (auto's rule); its V3.2-shape tests
+#   topk4    (not run yet) the k-th key kernel at a 32K prompt's prefill chunks and at 64 / 128 queries a call
+#   topk5    (not run yet) e2e at a 32K prompt, B = 1, the top-k auto and the kernel forced
 #   fp8gpu   (21:28 2026-12-04) the FP8 paths' GPU tests (the prefill rule and the bounded bytes layout)
 #   fp8q     (not run yet) the index scores' float8 × float8 form timed and tested; the user path's GPU tests
 #   fp8round (not run yet) the draft step per part with FP8 and bf16 weights at B = 64 (the FP8 round's 0.58)
@@ -531,6 +533,19 @@ case "${1:?stage}" in
             # between warpgroups and one wgmma of the sparse MLA's step cost alone (benchmarks.mgpu_handoff): whether
             # its ~0.8 µs a step is hand-offs or the products' latency; the products at the kernel's 64 B swizzle
     run 90 handoff.md python3 -m benchmarks.mgpu_handoff --reps 2000 --entries 32 48 64 --forms qk pv --swizzle 32 64 128
+    ;;
+  topk4)  # (not run yet) the k-th key kernel where auto does not take it yet: a 32K prompt's prefill chunks (2,048 and
+          # 4,096 queries, XLA's top-k 73 ms of the 32K prefill's 0.52 s on 2026-12-03) and 64 / 128 queries a call
+    run 250 topk_prefill.md python3 -m benchmarks.prefill_parts --capacity 33280 --chunk 2048 4096 --position 16384 \
+      --topk "radix (library)" "k-th key: Mosaic GPU kernel" --trace
+    run 200 topk_queries.md python3 -m benchmarks.dsa_parts --capacity 4608 32768 --batch 16 32 --tokens 4 \
+      --parts top-k --topk-forms library-kernel
+    ;;
+  topk5)  # (not run yet) the user's path at a 32K prompt, B = 1, with the top-k auto (XLA in the prefill chunks) and
+          # with the kernel forced (its prefill chunks and its round)
+    run 270 e2e_32k_topk.md python3 -m benchmarks.e2e --prompt 32768 --batch 1 --iters 5 --out "$OUT/e2e_32k.json"
+    run 270 e2e_32k_topk_kernel.md python3 -m benchmarks.e2e --prompt 32768 --batch 1 --iters 5 \
+      --cli=--topk-impl --cli=mosaic_gpu --out "$OUT/e2e_32k_kernel.json"
     ;;
   topk3)  # (06:16 2026-12-06, an H100: cut at B = 16 and in the tests) after topk2 (the verification forward
           # 1.0-1.1 % faster with the kernel at B = 64; its chunk
