@@ -133,11 +133,12 @@ def select_from_kth(keys_BTS: jax.Array, visible_BTS: jax.Array, kth_BT: jax.Arr
   return Selection(slots_BTK, jnp.take_along_axis(visible_BTS, slots_BTK, axis=-1))
 
 
-# Queries a call (B · T) for which `auto` runs the Mosaic GPU k-th key kernel on Hopper GPUs: where it measured
-# faster than XLA's radix select (an H100, 2026-12-06, benchmarks/RESULTS.md): at 256 (B = 64, T = 4) 60 against
-# 88 µs a call over 4,608 slots and 275 against 328 over 32K; the verification forward at B = 64 1.0-1.5 % faster
-# (4K and 32K). At 4 and 32 queries it was no faster (one warpgroup a row: a row's 16 passes take ~50 µs at 32K,
-# where XLA's passes spread over the GPU), and above 256 (B = 256's verification, prefill chunks) it is untimed.
+# Queries a call (B · T) for which `auto` runs the Mosaic GPU k-th key kernel on Hopper GPUs (an H100, 2026-12-06,
+# benchmarks/RESULTS.md). Measured faster at 256 (B = 64, T = 4): 60 against 88 µs a call over 4,608 slots, 275
+# against 328 over 32K, the verification forward at B = 64 1.0-1.5 % faster (4K and 32K). No faster at 4 and 32
+# queries (one warpgroup a row: a row's 16 passes take ~50 µs at 32K, where XLA's passes spread over the GPU). From
+# 64 by inference, not a timed row: a row's time does not grow with the rows while they fit one wave, and XLA's
+# took 177 µs at 64 queries over 33K (2026-12-03). Above 256 (B = 256's verification, prefill chunks): untimed.
 TOPK_KERNEL_QUERIES = range(64, 257)
 
 
