@@ -127,6 +127,8 @@ def test_top_k_1_sampling_prints_the_greedy_tokens(capsys):
     (["--sparse-attention-impl", "pallas_gpu"], "invalid choice: 'pallas_gpu'"),  # the removed Triton kernel
     (["--sparse-attention-impl", "mosaic_gpu"], "--sparse-attention-impl=mosaic_gpu runs on gpu; this machine's JAX"),
     (["--sparse-attention-impl", "flash"], "'flash'"),
+    (["--topk-impl", "mosaic_gpu"], "--topk-impl=mosaic_gpu runs on gpu; this machine's JAX platform is cpu"),
+    (["--topk-impl", "sort"], "'sort'"),
     (["--prefill-chunk", "-2"], "prefill_chunk=-2 must be a whole number of tokens"),
     (["--gpu-memory-fraction", "0"], "--gpu-memory-fraction=0.0 must be in (0, 1]"),
     (["--gpu-memory-fraction", "1.5"], "--gpu-memory-fraction=1.5 must be in (0, 1]"),
