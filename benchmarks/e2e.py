@@ -280,8 +280,8 @@ def print_header(args) -> None:
   lengths = ", ".join(f"{length}" for length in _acceptance(args.k))
   print("| weights | prompt | B | capacity | prefill chunk | prefill s (TTFT) | prefill tok/s | MFU | round ms | "
         f"round floor ms | floor / round | plain step ms | tok/s at L = {lengths} | plain tok/s | "
-        "prefill: index scores / sparse attn / dense attn / experts | round: index scores / sparse attn / dense attn "
-        "/ experts |")
+        "prefill: index scores / top-k / sparse attn / dense attn / experts | round: index scores / top-k / sparse attn "
+        "/ dense attn / experts |")
   print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
 
 
