@@ -44,7 +44,19 @@ def test_kth_key_equals_the_sort_and_the_radix_passes(b, t, s, k, chunk):
   np.testing.assert_array_equal(np.asarray(got), np.asarray(topk.kth_key_sibling_reductions(keys, k)))
 
 
-@pytest.mark.skipif(not ON_GPU, reason="V3.2's verification shape, compiled (the interpreter would take minutes)")
+@pytest.mark.skipif(ON_GPU, reason="the interpreter's race detector (on a CPU)")
+def test_no_shared_memory_race():
+  """The GPU interpreter's race detector (every shared-memory access, the copy out included) finds no unordered
+  access over several loop steps; it raises at the first race."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # noqa: PLC0415
+  scores, positions = _row(2, 1, 512, 3)
+  got = kth_key_mgpu(scores, positions, 40, config=Config(chunk=128),
+                     interpret=plgpu.InterpretGPUParams(detect_races=True))
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(reference(scores, positions, 40)))
+
+
+@pytest.mark.skipif(not ON_GPU, reason="V3.2's verification shape, compiled (256 rows of 32K slots: in the "
+                                       "interpreter, far past the CPU suite's budget)")
 @pytest.mark.parametrize("b,t,s", [(64, 4, 32768), (1, 1, 4608), (8, 4, 49152)])
 @pytest.mark.parametrize("chunk", [0, 512])
 def test_kth_key_at_v32_shapes_on_the_gpu(b, t, s, chunk):
