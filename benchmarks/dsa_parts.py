@@ -27,7 +27,7 @@ from jax_mtp.indexer import SCORE_BLOCK_SLOTS, Selection, quantize_keys, score_c
 from jax_mtp.kernels.topk_mgpu import Config as TopkConfig
 from jax_mtp.kernels.topk_mgpu import config_for as topk_config_for
 from jax_mtp.kernels.topk_mgpu import kth_key_mgpu
-from jax_mtp.topk import order_keys, select_from_kth, topk_selection, topk_selection_radix
+from jax_mtp.topk import topk_selection, topk_selection_kernel, topk_selection_radix
 from jax_mtp.kernels.index_scores import index_scores_pallas
 from jax_mtp.kernels.index_scores import reference as index_scores
 from jax_mtp.kernels.index_scores_mgpu import index_scores_mgpu
@@ -113,7 +113,8 @@ def _rows(s: int, b: int, t: int, iters: int, bandwidth: float, parts=PARTS, top
                        ("radix 2-bit, sibling reductions", radix_siblings(2)),
                        ("radix 16-bit, a histogram a pass", radix_histograms(16)),
                        ("radix 8-bit, a histogram a pass", radix_histograms(8)),
-                       *([("k-th key: Mosaic GPU kernel; compaction: XLA", _kernel_select(positions))]
+                       *([("k-th key: Mosaic GPU kernel; compaction: XLA",
+                           lambda x, v, k: topk_selection_kernel(x, positions, k))]
                          if jax.devices()[0].platform == "gpu" else [])]
   if topk_forms == "library-kernel":  # lax.top_k (the set each form is checked against), the library, the kernel
     forms = [form for form in forms if form[0].startswith(("lax", "radix select (library)", "k-th key"))]
@@ -152,14 +153,6 @@ def _rows(s: int, b: int, t: int, iters: int, bandwidth: float, parts=PARTS, top
     err = float(jnp.max(jnp.abs(out - base)) / jnp.max(jnp.abs(base)))
     yield ("sparse attention", f"{jnp.dtype(dot).name} dot", f"{seconds * 1e6:,.0f}", f"{floor_us(nbytes):,.1f}",
            f"{floor_us(nbytes) / seconds / 1e6:.2f}", f"rel err {err:.1e}")
-
-
-def _kernel_select(positions):
-  """The model's top-k with `topk_impl="mosaic_gpu"`: the kernel's k-th key, then XLA's compaction."""
-  def select(scores, visible, k):
-    k = min(k, scores.shape[-1])
-    return select_from_kth(order_keys(scores, visible), visible, kth_key_mgpu(scores, positions, k), k)
-  return select
 
 
 def _normal_on_device(keys):

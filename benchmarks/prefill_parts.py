@@ -24,11 +24,10 @@ from benchmarks.step_profile import UNGRAPHED, device_events, op_names
 from benchmarks.timing import copy_bandwidth, time_in_loop
 from jax_mtp.cache import causal_mask
 from jax_mtp.topk import (kth_key_histograms, kth_key_one_reduction, kth_key_sibling_reductions, order_keys,
-                          select_from_kth, topk_selection, topk_selection_radix)
+                          select_from_kth, topk_selection, topk_selection_kernel, topk_selection_radix)
 from jax_mtp.kernels.index_scores import reference
 from jax_mtp.kernels.index_scores_mgpu import Config as MgpuConfig
 from jax_mtp.kernels.index_scores_mgpu import index_scores_mgpu
-from jax_mtp.kernels.topk_mgpu import kth_key_mgpu
 
 I, J, K_TOP = 64, 128, 2048  # V3.2's indexer heads, head dim, index_topk
 
@@ -61,12 +60,10 @@ radix_one_reduction = radix_select(kth_key_one_reduction)
 
 
 def kernel_select(scores_BTS, visible_BTS, topk):
-  """The model's top-k with `topk_impl="mosaic_gpu"`: the Mosaic GPU kernel's k-th key, then XLA's compaction. For
-  causal masks (a query's position is its visible slots − 1), as this benchmark's are."""
-  k = min(topk, scores_BTS.shape[-1])
+  """The model's top-k with `topk_impl="mosaic_gpu"` (`topk.topk_selection_kernel`), for causal masks as this
+  benchmark's are: a query's position is its visible slots − 1."""
   positions_BT = jnp.sum(visible_BTS, axis=-1, dtype=jnp.int32) - 1
-  kth_BT = kth_key_mgpu(scores_BTS, positions_BT, k, interpret=jax.default_backend() != "gpu")
-  return select_from_kth(order_keys(scores_BTS, visible_BTS), visible_BTS, kth_BT, k)
+  return topk_selection_kernel(scores_BTS, positions_BT, topk, interpret=jax.default_backend() != "gpu")
 
 
 TOPK_VARIANTS = {"lax.top_k": topk_selection, "radix (library)": topk_selection_radix,

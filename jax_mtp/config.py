@@ -25,7 +25,7 @@ DTYPES = ("float32", "bfloat16", "float16")  # compute (`dtype`) and parameter (
 INDEX_CACHE_DTYPES = ("auto", *DTYPES, "fp8")  # fp8: e4m3 keys + one fp32 scale a token, as kv_cache_dtype names it
 INDEX_SCORES_IMPLS = ("auto", "xla", "mosaic_gpu", "pallas_tpu")
 SPARSE_ATTENTION_IMPLS = ("auto", "xla", "mosaic_gpu")
-TOPK_IMPLS = ("auto", "xla", "mosaic_gpu")  # the DSA indexer's top-k: its k-th key (jax_mtp.indexer.resolve_topk_impl)
+TOPK_IMPLS = ("auto", "xla", "mosaic_gpu")  # the DSA indexer's top-k: its k-th key (jax_mtp.topk.resolve_topk_impl)
 # Removed impls, and what to ask for instead: a config or command line that names one gets that in its error
 REMOVED_SPARSE_ATTENTION_IMPLS = {"pallas_gpu": "the Pallas Triton sparse-MLA kernel was removed on 2026-12-04 "
                                                 "(Pallas's Triton backend is deprecated); use 'mosaic_gpu' or 'auto'"}
@@ -127,7 +127,7 @@ class MtpConfig:
   # the fused Pallas Mosaic GPU kernel (kernels/sparse_mla_mgpu.py); see jax_mtp.mla.resolve_sparse_attention_impl.
   sparse_attention_impl: str = "auto"
   # The DSA indexer's top-k: XLA's radix select, or its k-th key in the Pallas Mosaic GPU kernel
-  # (kernels/topk_mgpu.py) and XLA's compaction; see jax_mtp.indexer.resolve_topk_impl.
+  # (kernels/topk_mgpu.py) and XLA's compaction; see jax_mtp.topk.resolve_topk_impl.
   topk_impl: str = "auto"
   # The MLA cache: "auto" = `dtype`; "bfloat16"; "fp8" = float8_e4m3fn latent codes with one fp32 scale per
   # `kv_scale_group` values and the rope key in `dtype` (vLLM's fp8_ds_mla: 656 bytes a token at V3.2's widths

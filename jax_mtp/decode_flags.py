@@ -80,7 +80,7 @@ def parser() -> argparse.ArgumentParser:
   p.add_argument("--topk-impl", choices=TOPK_IMPLS, default="auto",
                  help="the DSA indexer's top-k: xla (a radix select), or mosaic_gpu (its k-th key in a Pallas Mosaic "
                       "GPU kernel, Hopper only, caches up to 48K slots; the compaction in XLA); auto: see "
-                      "jax_mtp.indexer.resolve_topk_impl")
+                      "jax_mtp.topk.resolve_topk_impl")
   p.add_argument("--fp8-matmul-impl", choices=FP8_MATMUL_IMPLS, default="auto",
                  help="with FP8 weights on GPUs, the kernel multiplying the codes: mosaic_gpu (Pallas Mosaic GPU, "
                       "Hopper only); auto: mosaic_gpu on Hopper GPUs, the codes dequantised in the program elsewhere")

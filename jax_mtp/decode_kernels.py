@@ -19,7 +19,7 @@ MOE_PLATFORMS = {"tokamax_gpu": ("gpu",), "tokamax_tpu": ("tpu",), "fp8_grouped_
 
 
 def check_kernel_impls(cfg: jax_mtp.MtpConfig, capacity: int) -> None:
-  """Explicit kernels (the experts' tokamax ones, the DSA index scores and sparse attention) must suit the model,
+  """Explicit kernels (the experts' tokamax ones, the DSA index scores, top-k and sparse attention) must suit the model,
   the cache and this machine."""
   from jax_mtp.indexer import resolve_index_scores_impl, selects_all  # noqa: PLC0415
   from jax_mtp.topk import resolve_topk_impl  # noqa: PLC0415

@@ -129,5 +129,6 @@ def init_target_params(cfg: MtpConfig, rng: jax.Array) -> dict:
 def _initializer(cfg: MtpConfig):
   """The jit-compiled init, one per config (compiling it costs more than running it); traced with
   XLA's experts, index scores and sparse attention, as `jax_mtp.init_params` is."""
-  model = TargetModel(cfg.replace(moe_impl="ragged_dot", index_scores_impl="xla", sparse_attention_impl="xla", topk_impl="xla"))
+  model = TargetModel(cfg.replace(moe_impl="ragged_dot", index_scores_impl="xla", sparse_attention_impl="xla",
+                                  topk_impl="xla"))
   return jax.jit(lambda key: model.init(key, method=TargetModel.init_all)["params"])

@@ -164,7 +164,8 @@ def init_params(cfg: MtpConfig, rng: jax.Array) -> dict:
 
   The init traces the model with XLA's experts, index scores and sparse attention: params depend on no
   impl, and a kernel for another platform (an AOT target) cannot be traced on this host."""
-  model = MtpPredictor(cfg.replace(moe_impl="ragged_dot", index_scores_impl="xla", sparse_attention_impl="xla", topk_impl="xla"))
+  model = MtpPredictor(cfg.replace(moe_impl="ragged_dot", index_scores_impl="xla", sparse_attention_impl="xla",
+                                   topk_impl="xla"))
   return jax.jit(lambda key: model.init(key, method=MtpPredictor.init_all)["params"])(rng)
 
 

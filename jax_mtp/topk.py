@@ -169,10 +169,17 @@ def select_topk(cfg: MtpConfig, scores_BTS: jax.Array, positions_BT: jax.Array) 
   """The model's top-k over a cache's scores (slot s visible to the query at position p iff s ≤ p), by
   `cfg.topk_impl`: the same slots whichever runs."""
   capacity = scores_BTS.shape[-1]
-  visible_BTS = causal_mask(positions_BT, capacity)
   queries = scores_BTS.shape[0] * scores_BTS.shape[1]
   if resolve_topk_impl(cfg, lowering_platform(), capacity, queries=queries, hopper=lowering_gpu_is_hopper()) == "xla":
-    return topk_selection_radix(scores_BTS, visible_BTS, cfg.index_topk)
-  k = min(cfg.index_topk, capacity)
-  kth_BT = topk_mgpu.kth_key_mgpu(scores_BTS, positions_BT, k, interpret=lowering_platform() == "cpu")
+    return topk_selection_radix(scores_BTS, causal_mask(positions_BT, capacity), cfg.index_topk)
+  return topk_selection_kernel(scores_BTS, positions_BT, cfg.index_topk, interpret=lowering_platform() == "cpu")
+
+
+def topk_selection_kernel(scores_BTS: jax.Array, positions_BT: jax.Array, topk: int, *, interpret=False) -> Selection:
+  """`topk_selection_radix`'s slots over a causal mask (slot s visible to the query at position p iff s ≤ p), the
+  k-th key from the Mosaic GPU kernel (kernels/topk_mgpu.py; `interpret`: in Pallas's GPU interpreter), then XLA's
+  compaction (`select_from_kth`)."""
+  k = min(topk, scores_BTS.shape[-1])
+  visible_BTS = causal_mask(positions_BT, scores_BTS.shape[-1])
+  kth_BT = topk_mgpu.kth_key_mgpu(scores_BTS, positions_BT, k, interpret=interpret)
   return select_from_kth(order_keys(scores_BTS, visible_BTS), visible_BTS, kth_BT, k)

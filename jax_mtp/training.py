@@ -71,7 +71,8 @@ class Forward(NamedTuple):
 def training_config(cfg: MtpConfig, length: int, dense: bool) -> MtpConfig:
   """The model config a training step traces: XLA's differentiable experts, index scores and sparse
   attention (the kernels have no VJP), and in the dense warm-up an index_topk that keeps every slot of the window."""
-  cfg = cfg.replace(moe_impl="ragged_dot", index_scores_impl="xla", sparse_attention_impl="xla", topk_impl="xla", prefill_chunk=0)
+  cfg = cfg.replace(moe_impl="ragged_dot", index_scores_impl="xla", sparse_attention_impl="xla", topk_impl="xla",
+                    prefill_chunk=0)
   return cfg.replace(index_topk=max(cfg.index_topk, length)) if dense and cfg.has_indexer else cfg
 
 
