@@ -20,7 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.prefill_parts import kernels_of, radix_histograms, radix_one_reduction, radix_siblings
+from benchmarks.prefill_parts import (kernel_two_scans, kernels_of, radix_histograms, radix_one_reduction,
+                                     radix_siblings, radix_two_scans)
 from benchmarks.timing import copy_bandwidth, time_in_loop
 from jax_mtp.cache import causal_mask
 from jax_mtp.indexer import SCORE_BLOCK_SLOTS, Selection, quantize_keys, score_chunk
@@ -113,8 +114,11 @@ def _rows(s: int, b: int, t: int, iters: int, bandwidth: float, parts=PARTS, top
                        ("radix 2-bit, sibling reductions", radix_siblings(2)),
                        ("radix 16-bit, a histogram a pass", radix_histograms(16)),
                        ("radix 8-bit, a histogram a pass", radix_histograms(8)),
+                       ("radix select (library), two-scan compaction (before 2026-12-06)", radix_two_scans),
                        *([("k-th key: Mosaic GPU kernel; compaction: XLA",
-                           lambda x, v, k: topk_selection_kernel(x, positions, k))]
+                           lambda x, v, k: topk_selection_kernel(x, positions, k)),
+                          ("k-th key: Mosaic GPU kernel; compaction: XLA, two scans (before 2026-12-06)",
+                           kernel_two_scans)]
                          if jax.devices()[0].platform == "gpu" else [])]
   if topk_forms == "library-kernel":  # lax.top_k (the set each form is checked against), the library, the kernel
     forms = [form for form in forms if form[0].startswith(("lax", "radix select (library)", "k-th key"))]

@@ -121,12 +121,27 @@ def order_keys(scores_BTS: jax.Array, visible_BTS: jax.Array) -> jax.Array:
 
 def select_from_kth(keys_BTS: jax.Array, visible_BTS: jax.Array, kth_BT: jax.Array, k: int) -> Selection:
   """The k slots whose keys are above each query's k-th largest key `kth_BT`, and enough of those equal to it
-  (the lowest), compacted in slot order."""
+  (the lowest), compacted in slot order.
+
+  A chosen slot's rank is the chosen slots up to it: those above the k-th key (always fewer than k) plus the tied
+  ones, at most the ties wanted. One cumulative sum counts both, the above count in the low bits and the ties above
+  them, where S · 2^bits fits int32 (S < 512K at k = 2,048); its last element gives the ties wanted. On a GPU each
+  [B, T, S] scan is a few kernels over the whole row, so one scan instead of two (and no separate count of the
+  keys above) is most of what this step costs (benchmarks.dsa_parts, RESULTS.md 2026-12-06)."""
   b, t, s = keys_BTS.shape
   above_BTS, tied_BTS = keys_BTS > kth_BT[..., None], keys_BTS == kth_BT[..., None]
-  ties_wanted_BT = k - jnp.sum(above_BTS, axis=-1, dtype=jnp.int32)
-  chosen_BTS = above_BTS | (tied_BTS & (jnp.cumsum(tied_BTS, axis=-1, dtype=jnp.int32) <= ties_wanted_BT[..., None]))
-  rank_BTS = jnp.where(chosen_BTS, jnp.cumsum(chosen_BTS, axis=-1, dtype=jnp.int32) - 1, k)  # k: dropped
+  shift = k.bit_length()  # the keys above the k-th number < k < 2^shift
+  if (s << shift) + k < 2**31:
+    packed_BTS = jnp.cumsum(above_BTS.astype(jnp.int32) + (tied_BTS.astype(jnp.int32) << shift), axis=-1)
+    above_upto_BTS, tied_upto_BTS = packed_BTS & (2**shift - 1), packed_BTS >> shift
+    ties_wanted_BT = k - above_upto_BTS[..., -1]
+  else:  # a row too long to pack: two scans
+    above_upto_BTS = jnp.cumsum(above_BTS, axis=-1, dtype=jnp.int32)
+    tied_upto_BTS = jnp.cumsum(tied_BTS, axis=-1, dtype=jnp.int32)
+    ties_wanted_BT = k - above_upto_BTS[..., -1]
+  ties_wanted_BT1 = ties_wanted_BT[..., None]
+  chosen_BTS = above_BTS | (tied_BTS & (tied_upto_BTS <= ties_wanted_BT1))
+  rank_BTS = jnp.where(chosen_BTS, above_upto_BTS + jnp.minimum(tied_upto_BTS, ties_wanted_BT1) - 1, k)  # k: dropped
   bi, ti = jnp.indices((b, t))
   slots_BTK = jnp.zeros((b, t, k), jnp.int32).at[bi[..., None], ti[..., None], rank_BTS].set(
       jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, t, s)), mode="drop")
