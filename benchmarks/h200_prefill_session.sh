@@ -68,7 +68,8 @@
 #   topk3    (06:16 2026-12-06, an H100: B = 1 and 8 rows, then 12 tests passed before the call's time ran out) the kernel
 #            beside the library by queries a call (auto's rule); its V3.2-shape tests
 #   topk4    (not run yet) the k-th key kernel at a 32K prompt's prefill chunks and at 64 / 128 queries a call
-#   onescan  (not run yet) the one-scan compaction beside the two scans; verification at 32K, B = 64, both top-ks
+#   topk6    (not run yet) the k-th key kernel's GPU tests and the user path's token tests, auto from 64 queries up
+#   onescan  (08:24 2026-12-06, an H100: the packed scan slower, reverted) the one-scan compaction beside the two scans; verification at 32K, B = 64, both top-ks
 #   topk5    (not run yet) e2e at a 32K prompt, B = 1, the top-k auto and the kernel forced
 #   fp8gpu   (21:28 2026-12-04) the FP8 paths' GPU tests (the prefill rule and the bounded bytes layout)
 #   fp8q     (not run yet) the index scores' float8 × float8 form timed and tested; the user path's GPU tests
@@ -542,7 +543,13 @@ case "${1:?stage}" in
     run 200 topk_queries.md python3 -m benchmarks.dsa_parts --capacity 4608 32768 --batch 16 32 --tokens 4 \
       --parts top-k --topk-forms library-kernel
     ;;
-  onescan)  # (not run yet) the compaction packed into one scan (topk.select_from_kth, 2026-12-06) beside the two scans
+  topk6)  # (not run yet) after auto took the k-th key kernel from 64 queries a call up (prefill chunks included): its
+          # GPU tests, then the user path's token tests under auto (a prompt's prefill now runs the kernel)
+    run 150 gpu_tests_topk.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider tests/test_topk_mgpu.py
+    run 170 gpu_tests_auto.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider tests/test_auto_gpu_paths.py \
+      tests/test_user_path_kernels.py -k "tokens or speculative"
+    ;;
+  onescan)  # (08:24 2026-12-06, an H100: the packed scan slower at 2,048 and 32K; reverted) the compaction packed into one scan (topk.select_from_kth, 2026-12-06) beside the two scans
             # before it, at verification's 256 queries and a prefill chunk's 2,048, with XLA's k-th key and the kernel's;
             # then the verification forward at 32K, B = 64 (4 layers on an H200), XLA's top-k and the kernel
     run 120 topk_compaction.md python3 -m benchmarks.dsa_parts --capacity 4608 32768 --batch 64 --tokens 4 \

@@ -121,40 +121,26 @@ def order_keys(scores_BTS: jax.Array, visible_BTS: jax.Array) -> jax.Array:
 
 def select_from_kth(keys_BTS: jax.Array, visible_BTS: jax.Array, kth_BT: jax.Array, k: int) -> Selection:
   """The k slots whose keys are above each query's k-th largest key `kth_BT`, and enough of those equal to it
-  (the lowest), compacted in slot order.
-
-  A chosen slot's rank is the chosen slots up to it: those above the k-th key (always fewer than k) plus the tied
-  ones, at most the ties wanted. One cumulative sum counts both, the above count in the low bits and the ties above
-  them, where S · 2^bits fits int32 (S < 512K at k = 2,048); its last element gives the ties wanted. On a GPU each
-  [B, T, S] scan is a few kernels over the whole row, so one scan instead of two (and no separate count of the
-  keys above) is most of what this step costs (benchmarks.dsa_parts, RESULTS.md 2026-12-06)."""
+  (the lowest), compacted in slot order."""
   b, t, s = keys_BTS.shape
   above_BTS, tied_BTS = keys_BTS > kth_BT[..., None], keys_BTS == kth_BT[..., None]
-  shift = k.bit_length()  # the keys above the k-th number < k < 2^shift
-  if (s << shift) + k < 2**31:
-    packed_BTS = jnp.cumsum(above_BTS.astype(jnp.int32) + (tied_BTS.astype(jnp.int32) << shift), axis=-1)
-    above_upto_BTS, tied_upto_BTS = packed_BTS & (2**shift - 1), packed_BTS >> shift
-    ties_wanted_BT = k - above_upto_BTS[..., -1]
-  else:  # a row too long to pack: two scans
-    above_upto_BTS = jnp.cumsum(above_BTS, axis=-1, dtype=jnp.int32)
-    tied_upto_BTS = jnp.cumsum(tied_BTS, axis=-1, dtype=jnp.int32)
-    ties_wanted_BT = k - above_upto_BTS[..., -1]
-  ties_wanted_BT1 = ties_wanted_BT[..., None]
-  chosen_BTS = above_BTS | (tied_BTS & (tied_upto_BTS <= ties_wanted_BT1))
-  rank_BTS = jnp.where(chosen_BTS, above_upto_BTS + jnp.minimum(tied_upto_BTS, ties_wanted_BT1) - 1, k)  # k: dropped
+  ties_wanted_BT = k - jnp.sum(above_BTS, axis=-1, dtype=jnp.int32)
+  chosen_BTS = above_BTS | (tied_BTS & (jnp.cumsum(tied_BTS, axis=-1, dtype=jnp.int32) <= ties_wanted_BT[..., None]))
+  rank_BTS = jnp.where(chosen_BTS, jnp.cumsum(chosen_BTS, axis=-1, dtype=jnp.int32) - 1, k)  # k: dropped
   bi, ti = jnp.indices((b, t))
   slots_BTK = jnp.zeros((b, t, k), jnp.int32).at[bi[..., None], ti[..., None], rank_BTS].set(
       jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, t, s)), mode="drop")
   return Selection(slots_BTK, jnp.take_along_axis(visible_BTS, slots_BTK, axis=-1))
 
 
-# Queries a call (B · T) for which `auto` runs the Mosaic GPU k-th key kernel on Hopper GPUs (an H100, 2026-12-06,
-# benchmarks/RESULTS.md). Measured faster at 256 (B = 64, T = 4): 60 against 88 µs a call over 4,608 slots, 275
-# against 328 over 32K, the verification forward at B = 64 1.0-1.5 % faster (4K and 32K). No faster at 4 and 32
-# queries (one warpgroup a row: a row's 16 passes take ~50 µs at 32K, where XLA's passes spread over the GPU). From
-# 64 by inference, not a timed row: a row's time does not grow with the rows while they fit one wave, and XLA's
-# took 177 µs at 64 queries over 33K (2026-12-03). Above 256 (B = 256's verification, prefill chunks): untimed.
-TOPK_KERNEL_QUERIES = range(64, 257)
+# Queries a call (B · T) for which `auto` runs the Mosaic GPU k-th key kernel on Hopper GPUs: 64 and up (an H100,
+# 2026-12-06, benchmarks/RESULTS.md). Measured faster, kernel + XLA's compaction against XLA's radix select, µs a
+# call: 64 queries 55 / 83 (4,608 slots) and 120 / 157 (32K); 128: 67 / 118 (4,608); 256: 58-60 / 88-106 (4,608)
+# and 275-336 / 328-366 (32K), the verification forward at B = 64 1.0-1.5 % faster; a 32K prompt's prefill chunks
+# of 2,048 and 4,096 queries (33,280 slots) 2,551-2,641 / 2,732-2,738 and 5,018 / 5,229. Between and above those
+# counts by inference: both forms' time grows with the rows once they fill the GPU. No faster at 4 and 32 queries
+# (one warpgroup a row: a row's 16 passes take ~50 µs at 32K, where XLA's passes spread over the GPU).
+TOPK_KERNEL_QUERIES = range(64, 2**31)
 
 
 def resolve_topk_impl(cfg: MtpConfig, platform: str, capacity: int, *, queries: int | None = None,

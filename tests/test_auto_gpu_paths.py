@@ -4,7 +4,7 @@ speculatively through the kernel (Pallas interpret mode on CPU) gives the tokens
 XLA path, on the smallest config the kernel takes, with random weights under which the layers decide the tokens
 (test_speculative.py's test_attention_and_experts_decide_a_random_models_greedy_tokens); and for the FP8 kernel,
 `auto` puts it in the MTP step exported for an H200 (the DSA kernels' `auto` lowering is test_sparse_mla_mgpu's, test_index_scores_mgpu's, test_index_scores_kernel's and
-test_user_path_kernels'). The DSA top-k's k-th key kernel (`auto` at 64-256 queries a call) picks exactly XLA's
+test_user_path_kernels'). The DSA top-k's k-th key kernel (`auto` from 64 queries a call) picks exactly XLA's
 slots: its model-level decode (speculative == plain, and == XLA's tokens) is test_topk_mgpu's. A kernel's numerics
 (a 10% error is below what tokens show) are its own tests'."""
 

@@ -126,13 +126,13 @@ def test_operands_it_cannot_take_are_named(scores, positions, k, config, match):
 
 def test_resolve_topk_impl():
   """xla as asked; auto: the kernel only on a Hopper GPU within MAX_SLOTS at the query counts it was timed faster
-  at (64-256 a call), else xla; an explicit mosaic_gpu runs where it can (a CPU: the interpreter) and names why where
+  at (64 a call and up), else xla; an explicit mosaic_gpu runs where it can (a CPU: the interpreter) and names why where
   it cannot."""
   cfg = jax_mtp.tiny()
   resolve = topk.resolve_topk_impl
   assert resolve(cfg.replace(topk_impl="xla"), "gpu", 4096, queries=256) == "xla"
-  assert [resolve(cfg, "gpu", 32768, queries=q) for q in (64, 256)] == ["mosaic_gpu"] * 2
-  assert [resolve(cfg, "gpu", 32768, queries=q) for q in (None, 4, 32, 63, 257, 1024, 4096)] == ["xla"] * 7
+  assert [resolve(cfg, "gpu", 32768, queries=q) for q in (64, 256, 2048, 8192)] == ["mosaic_gpu"] * 4
+  assert [resolve(cfg, "gpu", 32768, queries=q) for q in (None, 4, 32, 63)] == ["xla"] * 4
   assert [resolve(cfg, "cpu", 4096, queries=256), resolve(cfg, "tpu", 4096, queries=256),
           resolve(cfg, "gpu", 4096, queries=256, hopper=False), resolve(cfg, "gpu", 131072, queries=256),
           resolve(cfg, "gpu", 4100, queries=256)] == ["xla"] * 5
