@@ -20,8 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.prefill_parts import (kernel_two_scans, kernels_of, radix_histograms, radix_one_reduction,
-                                     radix_siblings, radix_two_scans)
+from benchmarks.prefill_parts import kernels_of, radix_histograms, radix_one_reduction, radix_siblings
 from benchmarks.timing import copy_bandwidth, time_in_loop
 from jax_mtp.cache import causal_mask
 from jax_mtp.indexer import SCORE_BLOCK_SLOTS, Selection, quantize_keys, score_chunk
@@ -114,11 +113,12 @@ def _rows(s: int, b: int, t: int, iters: int, bandwidth: float, parts=PARTS, top
                        ("radix 2-bit, sibling reductions", radix_siblings(2)),
                        ("radix 16-bit, a histogram a pass", radix_histograms(16)),
                        ("radix 8-bit, a histogram a pass", radix_histograms(8)),
-                       ("radix select (library), two-scan compaction (before 2026-12-06)", radix_two_scans),
                        *([("k-th key: Mosaic GPU kernel; compaction: XLA",
                            lambda x, v, k: topk_selection_kernel(x, positions, k)),
-                          ("k-th key: Mosaic GPU kernel; compaction: XLA, two scans (before 2026-12-06)",
-                           kernel_two_scans)]
+                          *[(f"k-th key: Mosaic GPU kernel, {w} warpgroups a row; compaction: XLA",
+                             lambda x, v, k, w=w: topk_selection_kernel(x, positions, k,
+                                                                        config=TopkConfig(warpgroups=w)))
+                            for w in (2, 4) if s % (128 * w) == 0]]
                          if jax.devices()[0].platform == "gpu" else [])]
   if topk_forms == "library-kernel":  # lax.top_k (the set each form is checked against), the library, the kernel
     forms = [form for form in forms if form[0].startswith(("lax", "radix select (library)", "k-th key"))]
@@ -132,11 +132,13 @@ def _rows(s: int, b: int, t: int, iters: int, bandwidth: float, parts=PARTS, top
            f"{floor_us(scores.nbytes) / seconds / 1e6:.2f}", f"same set: {bool((chosen == first).all())}{kernels}")
 
   chunks = {topk_config_for(s, TopkConfig(chunk=c)).chunk for c in (0, 1024, 2048) if s % max(c, 128) == 0}
-  for chunk in sorted(chunks) if "top-k" in parts and jax.devices()[0].platform == "gpu" else ():  # the k-th key alone
-    config = TopkConfig(chunk=chunk)
+  configs = [TopkConfig(chunk=c) for c in sorted(chunks)]
+  configs += [topk_config_for(s, TopkConfig(warpgroups=w)) for w in (2, 4) if s % (128 * w) == 0]
+  for config in configs if "top-k" in parts and jax.devices()[0].platform == "gpu" else ():  # the k-th key alone
     fn = jax.jit(lambda x, p, config=config: kth_key_mgpu(x, p, K_TOP, config=config))
     seconds = time_in_loop(fn, (scores, positions), iters)
-    yield ("top-k", f"k-th key alone: Mosaic GPU kernel, chunk {topk_config_for(s, config).chunk}",
+    split = f", {config.warpgroups} warpgroups a row" if config.warpgroups > 1 else ""
+    yield ("top-k", f"k-th key alone: Mosaic GPU kernel, chunk {topk_config_for(s, config).chunk}{split}",
            f"{seconds * 1e6:,.0f}", f"{floor_us(scores.nbytes):,.1f}", f"{floor_us(scores.nbytes) / seconds / 1e6:.2f}",
            f"kernels: {kernels_of(fn, (scores, positions))}")
 

@@ -69,7 +69,8 @@
 #            beside the library by queries a call (auto's rule); its V3.2-shape tests
 #   topk4    (not run yet) the k-th key kernel at a 32K prompt's prefill chunks and at 64 / 128 queries a call
 #   topk6    (not run yet) the k-th key kernel's GPU tests and the user path's token tests, auto from 64 queries up
-#   onescan  (08:24 2026-12-06, an H100: the packed scan slower, reverted) the one-scan compaction beside the two scans; verification at 32K, B = 64, both top-ks
+#   onescan  (08:24 2026-12-06, an H100: the packed scan slower, reverted; exits 2 since)
+#   wgroups  (not run yet) the k-th key kernel's row over 2 and 4 warpgroups: compiled tests, timed B = 1, 8, 64 the one-scan compaction beside the two scans; verification at 32K, B = 64, both top-ks
 #   topk5    (not run yet) e2e at a 32K prompt, B = 1, the top-k auto and the kernel forced
 #   fp8gpu   (21:28 2026-12-04) the FP8 paths' GPU tests (the prefill rule and the bounded bytes layout)
 #   fp8q     (not run yet) the index scores' float8 × float8 form timed and tested; the user path's GPU tests
@@ -549,17 +550,18 @@ case "${1:?stage}" in
     run 170 gpu_tests_auto.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider tests/test_auto_gpu_paths.py \
       tests/test_user_path_kernels.py -k "tokens or speculative"
     ;;
-  onescan)  # (08:24 2026-12-06, an H100: the packed scan slower at 2,048 and 32K; reverted) the compaction packed into one scan (topk.select_from_kth, 2026-12-06) beside the two scans
-            # before it, at verification's 256 queries and a prefill chunk's 2,048, with XLA's k-th key and the kernel's;
-            # then the verification forward at 32K, B = 64 (4 layers on an H200), XLA's top-k and the kernel
-    run 120 topk_compaction.md python3 -m benchmarks.dsa_parts --capacity 4608 32768 --batch 64 --tokens 4 \
+  onescan)  # (08:24 2026-12-06, an H100: the packed scan slower at 2,048 queries and 32K; reverted with its benchmark
+            # forms) the compaction packed into one scan beside the two scans, then the verification forward at 32K
+    echo "stage $1: the packed one-scan compaction was reverted on 2026-12-06 (slower); see RESULTS.md" >&2
+    exit 2
+    ;;
+  wgroups)  # (not run yet) the k-th key kernel with a row split over 2 and 4 warpgroups (Config.warpgroups,
+            # 2026-12-06): compiled tests, then alone and with XLA's compaction beside 1 warpgroup and XLA's radix
+            # select from decode's 4 queries to verification's 256, at 4,608 and 32K slots
+    run 150 gpu_tests_topk.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider tests/test_topk_mgpu.py \
+      -k "split or v32"
+    run 300 topk_warpgroups.md python3 -m benchmarks.dsa_parts --capacity 4608 32768 --batch 1 8 64 --tokens 4 \
       --parts top-k --topk-forms library-kernel
-    run 150 topk_compaction_prefill.md python3 -m benchmarks.prefill_parts --capacity 33280 --chunk 2048 \
-      --position 16384 --topk "radix (library)" "radix (library), two-scan compaction" "k-th key: Mosaic GPU kernel" \
-      "k-th key: Mosaic GPU kernel, two-scan compaction" --trace
-    layers=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | awk '{print ($1 > 120000) ? 4 : 3}')
-    run 260 verify_32k_topk.md python3 -m benchmarks.verify_forward --layers "$layers" -k 3 --forms absorbed \
-      --batch 64 --capacity 32768 --topk-impls xla mosaic_gpu --iters 5
     ;;
   topk5)  # (not run yet) the user's path at a 32K prompt, B = 1, with the top-k auto (XLA in the prefill chunks) and
           # with the kernel forced (its prefill chunks and its round)

@@ -23,9 +23,8 @@ import numpy as np
 from benchmarks.step_profile import UNGRAPHED, device_events, op_names
 from benchmarks.timing import copy_bandwidth, time_in_loop
 from jax_mtp.cache import causal_mask
-from jax_mtp.kernels import topk_mgpu
-from jax_mtp.topk import (Selection, kth_key_histograms, kth_key_one_reduction, kth_key_sibling_reductions,
-                          order_keys, select_from_kth, topk_selection, topk_selection_kernel, topk_selection_radix)
+from jax_mtp.topk import (kth_key_histograms, kth_key_one_reduction, kth_key_sibling_reductions, order_keys,
+                          select_from_kth, topk_selection, topk_selection_kernel, topk_selection_radix)
 from jax_mtp.kernels.index_scores import reference
 from jax_mtp.kernels.index_scores_mgpu import Config as MgpuConfig
 from jax_mtp.kernels.index_scores_mgpu import index_scores_mgpu
@@ -67,42 +66,10 @@ def kernel_select(scores_BTS, visible_BTS, topk):
   return topk_selection_kernel(scores_BTS, positions_BT, topk, interpret=jax.default_backend() != "gpu")
 
 
-def select_two_scans(keys_BTS, visible_BTS, kth_BT, k):
-  """The compaction as the library wrote it before 2026-12-06 (`topk.select_from_kth` now packs both counts into
-  one scan): a count of the keys above the k-th, a scan of the tied keys and a scan of the chosen ones. Kept here
-  as the before of that change's rows."""
-  b, t, s = keys_BTS.shape
-  above_BTS, tied_BTS = keys_BTS > kth_BT[..., None], keys_BTS == kth_BT[..., None]
-  ties_wanted_BT = k - jnp.sum(above_BTS, axis=-1, dtype=jnp.int32)
-  chosen_BTS = above_BTS | (tied_BTS & (jnp.cumsum(tied_BTS, axis=-1, dtype=jnp.int32) <= ties_wanted_BT[..., None]))
-  rank_BTS = jnp.where(chosen_BTS, jnp.cumsum(chosen_BTS, axis=-1, dtype=jnp.int32) - 1, k)
-  bi, ti = jnp.indices((b, t))
-  slots_BTK = jnp.zeros((b, t, k), jnp.int32).at[bi[..., None], ti[..., None], rank_BTS].set(
-      jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, t, s)), mode="drop")
-  return Selection(slots_BTK, jnp.take_along_axis(visible_BTS, slots_BTK, axis=-1))
-
-
-def radix_two_scans(scores_BTS, visible_BTS, topk):
-  """The library's radix select with the compaction of before 2026-12-06 (`select_two_scans`)."""
-  k = min(topk, scores_BTS.shape[-1])
-  keys_BTS = order_keys(scores_BTS, visible_BTS)
-  return select_two_scans(keys_BTS, visible_BTS, kth_key_sibling_reductions(keys_BTS, k), k)
-
-
-def kernel_two_scans(scores_BTS, visible_BTS, topk):
-  """`kernel_select` with the compaction of before 2026-12-06 (`select_two_scans`)."""
-  k = min(topk, scores_BTS.shape[-1])
-  positions_BT = jnp.sum(visible_BTS, axis=-1, dtype=jnp.int32) - 1
-  kth_BT = topk_mgpu.kth_key_mgpu(scores_BTS, positions_BT, k, interpret=jax.default_backend() != "gpu")
-  return select_two_scans(order_keys(scores_BTS, visible_BTS), visible_BTS, kth_BT, k)
-
-
 TOPK_VARIANTS = {"lax.top_k": topk_selection, "radix (library)": topk_selection_radix,
                  "radix 4-bit, one reduction": radix_one_reduction, "radix 1-bit siblings": radix_siblings(1),
                  "radix 2-bit siblings": radix_siblings(2), "radix 4-bit siblings": radix_siblings(4),
-                 "radix 16-bit histograms": radix_histograms(16), "k-th key: Mosaic GPU kernel": kernel_select,
-                 "radix (library), two-scan compaction": radix_two_scans,
-                 "k-th key: Mosaic GPU kernel, two-scan compaction": kernel_two_scans}
+                 "radix 16-bit histograms": radix_histograms(16), "k-th key: Mosaic GPU kernel": kernel_select}
 
 
 def kernels_of(fn, args, calls: int = 3, top: int = 6) -> str:

@@ -176,11 +176,12 @@ def select_topk(cfg: MtpConfig, scores_BTS: jax.Array, positions_BT: jax.Array) 
   return topk_selection_kernel(scores_BTS, positions_BT, cfg.index_topk, interpret=lowering_platform() == "cpu")
 
 
-def topk_selection_kernel(scores_BTS: jax.Array, positions_BT: jax.Array, topk: int, *, interpret=False) -> Selection:
+def topk_selection_kernel(scores_BTS: jax.Array, positions_BT: jax.Array, topk: int, *, interpret=False,
+                          config: topk_mgpu.Config | None = None) -> Selection:
   """`topk_selection_radix`'s slots over a causal mask (slot s visible to the query at position p iff s ≤ p), the
-  k-th key from the Mosaic GPU kernel (kernels/topk_mgpu.py; `interpret`: in Pallas's GPU interpreter), then XLA's
-  compaction (`select_from_kth`)."""
+  k-th key from the Mosaic GPU kernel (kernels/topk_mgpu.py, launched by `config`, default `config_for`'s;
+  `interpret`: in Pallas's GPU interpreter), then XLA's compaction (`select_from_kth`)."""
   k = min(topk, scores_BTS.shape[-1])
   visible_BTS = causal_mask(positions_BT, scores_BTS.shape[-1])
-  kth_BT = topk_mgpu.kth_key_mgpu(scores_BTS, positions_BT, k, interpret=interpret)
+  kth_BT = topk_mgpu.kth_key_mgpu(scores_BTS, positions_BT, k, config=config, interpret=interpret)
   return select_from_kth(order_keys(scores_BTS, visible_BTS), visible_BTS, kth_BT, k)

@@ -15,6 +15,10 @@ Why: on an H100 at verification's 256 queries over a 32K cache, XLA's radix sele
 verification forward at B = 64 (274 kernels a step over 3 layers). How far this got, and why not further (a row runs
 on one warpgroup): benchmarks/RESULTS.md and docs/mosaic_gpu_notes.md, 2026-12-06.
 
+`Config.warpgroups` splits a row over 2 or 4 warpgroups of one CTA: each converts and counts its own contiguous share
+of the row, and each pass the shares' three counts meet in shared memory behind a barrier (`_meet`). One warpgroup
+(the default, the only form timed so far) leaves a row's passes nothing to hide their latency behind.
+
 Keys are held as signed int32: the unsigned key with its top bit flipped has the same order, and int32 arrays are
 what the kernel was written and checked with (Pallas's GPU interpreter, both jax versions' CUDA lowering, the H100).
 The row lives in shared memory, so a row of S slots takes 4·S bytes of it: S ≤ MAX_SLOTS.
@@ -43,19 +47,30 @@ _NEG_INF_KEY = np.int32(np.uint32(0xFF800000 ^ 0x7FFFFFFF).view(np.int32))  # �
 CHUNKS = (4096, 2048, 1024, 512, 256, 128)
 
 
+# Warpgroups a row may be split over (`Config.warpgroups`).
+WARPGROUPS = (1, 2, 4)
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
   """Launch parameters. `chunk` = 0: `config_for` picks it."""
 
-  chunk: int = 0  # keys a pass's loop step holds in registers (a multiple of 128 dividing S, ≤ 4,096)
+  chunk: int = 0  # keys a pass's loop step holds in registers (a multiple of 128 dividing a warpgroup's share, ≤ 4,096)
+  # Warpgroups sharing a row (one of WARPGROUPS): each reads and counts its own contiguous share of the row's keys,
+  # and each pass their three counts meet in shared memory behind a barrier. One warpgroup leaves a row's 16 passes
+  # with nothing to hide their latency (~50 µs at 32K slots, 2026-12-06): more cut a row's time where few rows run
+  # (decode's 4–32 queries) and where one CTA fills a core's shared memory (32K slots). Untimed: 1 until measured.
+  warpgroups: int = 1
 
 
 def config_for(slots: int, config: Config | None = None) -> Config:
-  """The widest of CHUNKS dividing `slots` (the fewest loop steps a pass), unless `config` names one."""
+  """The widest of CHUNKS dividing a warpgroup's share of `slots` (the fewest loop steps a pass), unless `config`
+  names one."""
   config = config or Config()
   if config.chunk:
     return config
-  return dataclasses.replace(config, chunk=next((c for c in CHUNKS if slots % c == 0), CHUNKS[-1]))
+  share = slots // config.warpgroups
+  return dataclasses.replace(config, chunk=next((c for c in CHUNKS if share % c == 0), CHUNKS[-1]))
 
 
 def takes(slots: int) -> list[str]:
@@ -84,8 +99,11 @@ def check_operands(scores_BTS: jax.Array, positions_BT: jax.Array, k: int, confi
     raise ValueError(f"scores {scores_BTS.dtype}: the kernel takes float32 scores")
   if positions_BT.shape != (b, t):
     raise ValueError(f"positions_BT of shape {positions_BT.shape} does not match the scores' queries {(b, t)}")
-  if takes(s) or config.chunk % 128 or s % config.chunk or config.chunk > CHUNKS[0]:
-    raise ValueError(f"{s} slots with chunk={config.chunk}: {'; '.join(takes(s)) or f'chunk must be a multiple of 128 dividing them, ≤ {CHUNKS[0]}'}")
+  if config.warpgroups not in WARPGROUPS:
+    raise ValueError(f"warpgroups={config.warpgroups!r} must be one of {WARPGROUPS}")
+  if takes(s) or config.chunk % 128 or s % (config.chunk * config.warpgroups) or config.chunk > CHUNKS[0]:
+    raise ValueError(f"{s} slots with chunk={config.chunk}, warpgroups={config.warpgroups}: "
+                     f"{'; '.join(takes(s)) or f'chunk must be a multiple of 128 dividing each warpgroup’s share, ≤ {CHUNKS[0]}'}")
   if not 1 <= k <= s:
     raise ValueError(f"k={k} must be in [1, {s}]")
 
@@ -100,16 +118,18 @@ def kth_key_mgpu(scores_BTS: jax.Array, positions_BT: jax.Array, k: int, *, conf
   config = config_for(scores_BTS.shape[-1], config)
   check_operands(scores_BTS, positions_BT, k, config)
   b, t, s = scores_BTS.shape
-  ch = config.chunk
-  chunks = s // ch
+  ch, groups = config.chunk, config.warpgroups
+  chunks = s // ch // groups  # a warpgroup's loop steps a pass
   scores = scores_BTS.reshape(b * t, s)
   positions = positions_BT.reshape(b * t).astype(jnp.int32)
 
-  def body(scores_gmem, positions_gmem, kth_gmem, keys_smem, out_smem):
+  def body(scores_gmem, positions_gmem, kth_gmem, keys_smem, out_smem, *meet):
     row = lax.axis_index("q")
     position = positions_gmem[row]
+    wg = lax.axis_index("wg") if groups > 1 else 0
+    first = wg * chunks  # this warpgroup's first chunk of the row
 
-    @pl.loop(0, chunks)
+    @pl.loop(first, first + chunks)
     def _(c):  # the row's scores → signed keys, invisible slots at −inf's
       bits = lax.bitcast_convert_type(scores_gmem[row, pl.ds(c * ch, ch)], jnp.int32)
       keys = jnp.where(bits < 0, bits ^ jnp.int32(0x7FFFFFFF), bits)
@@ -126,22 +146,48 @@ def kth_key_mgpu(scores_BTS: jax.Array, positions_BT: jax.Array, k: int, *, conf
         return tuple(n + jnp.where(keys >= cand, 1, 0) for n, cand in zip(counts, candidates, strict=True))
 
       zeros = jnp.zeros((ch,), jnp.int32)
-      counts = lax.fori_loop(0, chunks, count, (zeros, zeros, zeros))
-      digit = sum(jnp.where(jnp.sum(n) >= k, 1, 0) for n in counts)
+      counts = lax.fori_loop(first, first + chunks, count, (zeros, zeros, zeros))
+      totals = [jnp.sum(n) for n in counts]
+      if groups > 1:
+        totals = _meet(plgpu, meet, totals, wg, groups, 15 - shift // 2)
+      digit = sum(jnp.where(n >= k, 1, 0) for n in totals)
       kth = kth | (jnp.int32(digit) << shift)
-    out_smem[...] = jnp.broadcast_to(kth, out_smem.shape)  # a scalar is not stored to GMEM: a 512-byte row is copied
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(out_smem, kth_gmem.at[row])
-    plgpu.wait_smem_to_gmem(0)
 
+    def copy_out():
+      out_smem[...] = jnp.broadcast_to(kth, out_smem.shape)  # a scalar is not stored to GMEM: a 512-byte row
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(out_smem, kth_gmem.at[row])
+      plgpu.wait_smem_to_gmem(0)
+    if groups > 1:
+      pl.when(wg == 0)(copy_out)
+    else:
+      copy_out()
+
+  meet_scratch = [] if groups == 1 else [plgpu.SMEM((2, groups, 128), jnp.int32),
+                                         plgpu.Barrier(num_arrivals=groups, num_barriers=16)]
   kernel = plgpu.kernel(
       body,
       out_type=jax.ShapeDtypeStruct((b * t, 128), jnp.int32),
-      scratch_types=[plgpu.SMEM((s,), jnp.int32), plgpu.SMEM((128,), jnp.int32)],
+      scratch_types=[plgpu.SMEM((s,), jnp.int32), plgpu.SMEM((128,), jnp.int32), *meet_scratch],
       grid=(b * t,),
       grid_names=("q",),
+      **({} if groups == 1 else {"num_threads": groups, "thread_name": "wg"}),
       kernel_name=KERNEL_NAME,
       interpret=interpret_params(plgpu, interpret),
   )
   kth = kernel(scores, positions)[:, 0]
   return lax.bitcast_convert_type(kth, jnp.uint32).reshape(b, t)
+
+
+def _meet(plgpu, meet, totals, wg, groups: int, pass_index: int):
+  """The row's three counts of a pass: each warpgroup's own (`totals`) written to shared memory as lanes 0–2 of a
+  128-lane row, a barrier for the pass (each used once), then the rows of all warpgroups summed. Passes alternate
+  between two sets of rows: a warpgroup writes a set again two passes on, after every warpgroup has passed the
+  barrier in between, so after every read of it."""
+  partial_smem, passed = meet
+  lane = lax.broadcasted_iota(jnp.int32, (128,), 0)
+  partial_smem[pass_index % 2, wg] = jnp.where(lane == 0, totals[0], jnp.where(lane == 1, totals[1], totals[2]))
+  plgpu.barrier_arrive(passed.at[pass_index])
+  plgpu.barrier_wait(passed.at[pass_index])
+  summed = sum(partial_smem[pass_index % 2, w] for w in range(groups))
+  return [jnp.sum(jnp.where(lane == j, summed, 0)) for j in range(3)]

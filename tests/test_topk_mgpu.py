@@ -44,25 +44,42 @@ def test_kth_key_equals_the_sort_and_the_radix_passes(b, t, s, k, chunk):
   np.testing.assert_array_equal(np.asarray(got), np.asarray(topk.kth_key_sibling_reductions(keys, k)))
 
 
+@pytest.mark.parametrize("b,t,s,k,chunk,warpgroups", [(2, 3, 512, 64, 128, 2), (1, 4, 1024, 1024, 0, 4),
+                                                      (3, 1, 4608, 2048, 0, 4), (2, 2, 2048, 1, 256, 2)])
+def test_a_row_split_over_warpgroups_finds_the_same_kth_key(b, t, s, k, chunk, warpgroups):
+  """Each warpgroup counts its share of the row and the shares' counts meet each pass: the k-th key is still a
+  sort's, with visible slots in one share only (positions below a share's end) and in none."""
+  scores, positions = _row(b, t, s, s + k + warpgroups)  # the first query sees every slot, the last none
+  positions = positions.reshape(-1).at[1].set(s // warpgroups // 2).reshape(b, t)  # the first share's half only
+  got = kth_key_mgpu(scores, positions, k, config=Config(chunk=chunk, warpgroups=warpgroups), interpret=not ON_GPU)
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(reference(scores, positions, k)))
+  keys = topk.order_keys(scores, causal_mask(positions, s))
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(topk.kth_key_sibling_reductions(keys, k)))
+
+
 @pytest.mark.skipif(ON_GPU, reason="the interpreter's race detector (on a CPU)")
-def test_no_shared_memory_race():
-  """The GPU interpreter's race detector (every shared-memory access, the copy out included) finds no unordered
-  access over several loop steps; it raises at the first race."""
+@pytest.mark.parametrize("warpgroups", [1, 4])
+def test_no_shared_memory_race(warpgroups):
+  """The GPU interpreter's race detector (every shared-memory access, the copy out and the warpgroups' meeting
+  rows included) finds no unordered access over several loop steps; it raises at the first race."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # noqa: PLC0415
-  scores, positions = _row(2, 1, 512, 3)
-  got = kth_key_mgpu(scores, positions, 40, config=Config(chunk=128),
+  scores, positions = _row(2, 1, 1024, 3)
+  got = kth_key_mgpu(scores, positions, 40, config=Config(chunk=128, warpgroups=warpgroups),
                      interpret=plgpu.InterpretGPUParams(detect_races=True))
   np.testing.assert_array_equal(np.asarray(got), np.asarray(reference(scores, positions, 40)))
 
 
 @pytest.mark.skipif(not ON_GPU, reason="V3.2's verification shape, compiled (256 rows of 32K slots: in the "
                                        "interpreter, far past the CPU suite's budget)")
-@pytest.mark.parametrize("b,t,s", [(64, 4, 32768), (1, 1, 4608), (8, 4, 49152)])
-@pytest.mark.parametrize("chunk", [0, 512])
-def test_kth_key_at_v32_shapes_on_the_gpu(b, t, s, chunk):
+@pytest.mark.parametrize("b,t,s,chunk,warpgroups", [(64, 4, 32768, 0, 1), (1, 1, 4608, 0, 1), (8, 4, 49152, 0, 1),
+                                                   (64, 4, 32768, 512, 1), (1, 1, 4608, 512, 1),
+                                                   (8, 4, 49152, 512, 1), (64, 4, 32768, 0, 2),
+                                                   (1, 4, 32768, 0, 4), (8, 4, 49152, 0, 4)])
+def test_kth_key_at_v32_shapes_on_the_gpu(b, t, s, chunk, warpgroups):
   scores, _ = _row(b, t, s, 0)
   positions = jnp.asarray(np.random.default_rng(1).integers(s // 2, s, (b, t)), jnp.int32).at[0, 0].set(s - 1)
-  got = jax.jit(lambda x, p: kth_key_mgpu(x, p, 2048, config=Config(chunk=chunk)))(scores, positions)
+  config = Config(chunk=chunk, warpgroups=warpgroups)
+  got = jax.jit(lambda x, p: kth_key_mgpu(x, p, 2048, config=config))(scores, positions)
   np.testing.assert_array_equal(np.asarray(got), np.asarray(reference(scores, positions, 2048)))
 
 
@@ -76,6 +93,15 @@ def test_model_top_k_through_the_kernel_picks_lax_top_ks_slots(b, t, s, k):
   want = topk.topk_selection(scores, causal_mask(positions, s), k)
   np.testing.assert_array_equal(np.sort(np.asarray(got.slots_BTK), -1), np.sort(np.asarray(want.slots_BTK), -1))
   np.testing.assert_array_equal(np.asarray(got.mask(s)), np.asarray(want.mask(s)))
+
+
+def test_selection_through_a_split_row_equals_xlas_radix_select():
+  """The top-k with the kernel's row over 2 warpgroups lists exactly XLA's radix select's slots, in its order."""
+  scores, positions = _row(2, 2, 512, 11)
+  got = topk.topk_selection_kernel(scores, positions, 40, config=Config(warpgroups=2), interpret=not ON_GPU)
+  want = topk.topk_selection_radix(scores, causal_mask(positions, 512), 40)
+  np.testing.assert_array_equal(np.asarray(got.slots_BTK), np.asarray(want.slots_BTK))
+  np.testing.assert_array_equal(np.asarray(got.valid_BTK), np.asarray(want.valid_BTK))
 
 
 def test_speculative_equals_plain_greedy_through_the_kernel():
@@ -99,8 +125,9 @@ def test_the_kernel_is_in_the_lowered_step_when_asked_for():
   assert KERNEL_NAME in mtp_step_module(cfg.replace(topk_impl="auto"), "cuda", 64, 512)  # 64: the kernel
 
 
-def test_lowered_for_cuda_names_the_kernel():
-  fn = jax.jit(lambda x, p: kth_key_mgpu(x, p, 2048))
+@pytest.mark.parametrize("warpgroups", [1, 2, 4])
+def test_lowered_for_cuda_names_the_kernel(warpgroups):
+  fn = jax.jit(lambda x, p: kth_key_mgpu(x, p, 2048, config=Config(warpgroups=warpgroups)))
   args = jax.ShapeDtypeStruct((64, 4, 32768), jnp.float32), jax.ShapeDtypeStruct((64, 4), jnp.int32)
   assert KERNEL_NAME in fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
@@ -108,6 +135,7 @@ def test_lowered_for_cuda_names_the_kernel():
 def test_config_for_takes_the_widest_chunk_dividing_the_row():
   assert [config_for(s).chunk for s in (32768, 4608, 1152, 384)] == [4096, 512, 128, 128]
   assert config_for(4096, Config(chunk=256)).chunk == 256
+  assert [config_for(s, Config(warpgroups=4)).chunk for s in (32768, 4608, 2048)] == [4096, 128, 512]
 
 
 @pytest.mark.parametrize("scores,positions,k,config,match", [
@@ -117,6 +145,8 @@ def test_config_for_takes_the_widest_chunk_dividing_the_row():
     ((1, 1, MAX_SLOTS + 1024), (1, 1), 8, None, "MAX_SLOTS"),
     ((1, 1, 384), (1, 1), 8, Config(chunk=256), "chunk=256"),
     ((1, 1, 256), (1, 1), 0, None, "k=0"),
+    ((1, 1, 512), (1, 1), 8, Config(warpgroups=3), "warpgroups=3"),
+    ((1, 1, 384), (1, 1), 8, Config(chunk=128, warpgroups=2), "warpgroups=2"),
 ])
 def test_operands_it_cannot_take_are_named(scores, positions, k, config, match):
   dtype = jnp.bfloat16 if match == "float32" else jnp.float32
