@@ -1,7 +1,7 @@
 """The kernels `auto` promises on GPUs reach the user's path: the CLI's capacity rule rounds a DSA cache up to
 what the fused kernels take (any prompt length gets them), its compiled prefill and round for an H200 hold the
 Mosaic GPU index-scores kernel (not the Triton one) and the sparse-MLA kernel at an odd prompt length (with and
-without index_share_for_mtp_iteration), the reused shared selection runs through the kernel (padded to its blocks)
+without index_share_for_mtp_iteration) and the top-k's k-th key kernel from 64 queries a call, the reused shared selection runs through the kernel (padded to its blocks)
 with XLA's tokens, and an error inside a run is one line and exit 2."""
 
 import jax
@@ -15,9 +15,11 @@ from jax_mtp.indexer import SCORE_BLOCK_SLOTS, Selection, kernel_capacity
 from jax_mtp.kernels.index_scores import KERNEL_NAME as TRITON_INDEX_SCORES
 from jax_mtp.kernels.index_scores_mgpu import KERNEL_NAME as INDEX_SCORES
 from jax_mtp.kernels.sparse_mla_mgpu import KERNEL_NAME as SPARSE_MLA
+from jax_mtp.kernels.topk_mgpu import KERNEL_NAME as TOPK_KTH
 from jax_mtp.mla import EVERY_SLOT_KERNEL_MIN_QUERIES, MLAttention, write_latent
 from jax_mtp.mtp import MtpPredictor, init_caches
 from jax_mtp.request import required_capacity
+from jax_mtp.topk import TOPK_KERNEL_QUERIES
 from tests.conftest import FULL_ONLY, FULL_TESTS
 from tests.greedy import greedy_margin
 from tests.lowered_step import speculator_modules
@@ -57,6 +59,18 @@ def test_the_clis_gpu_programs_hold_both_kernels_at_an_odd_prompt_length(share):
   for name, module in modules.items():
     assert INDEX_SCORES in module and TRITON_INDEX_SCORES not in module, name  # auto's index scores: Mosaic GPU's
     assert SPARSE_MLA in module and "xla.gpu.triton" not in module, name  # no Pallas Triton kernel at all
+
+
+@pytest.mark.parametrize("rows", [1, 16])
+def test_the_clis_gpu_programs_take_the_topk_kernel_from_64_queries(rows):
+  """Under "auto" the top-k's k-th key runs in the Mosaic GPU kernel from topk.TOPK_KERNEL_QUERIES' 64 queries a
+  call: a 70-token prompt's prefill chunk has them at one row; the round's verification has them at 16 rows × 4
+  tokens, not at one row's 4."""
+  assert TOPK_KERNEL_QUERIES.start == 64
+  cfg = _kernel_cfg(moe_impl="ragged_dot")
+  modules = speculator_modules(cfg, [list(range(1, 71))] * rows, 20, 3)  # 93 slots: past index_topk, a DSA cache
+  assert TOPK_KTH in modules["prefill"]
+  assert (TOPK_KTH in modules["round"]) == (rows == 16)
 
 
 @pytest.mark.parametrize("rows", [1, 2])
