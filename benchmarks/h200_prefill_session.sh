@@ -70,7 +70,8 @@
 #   topk4    (not run yet) the k-th key kernel at a 32K prompt's prefill chunks and at 64 / 128 queries a call
 #   topk6    (not run yet) the k-th key kernel's GPU tests and the user path's token tests, auto from 64 queries up
 #   onescan  (08:24 2026-12-06, an H100: the packed scan slower, reverted; exits 2 since)
-#   wgroups  (not run yet) the k-th key kernel's row over 2 and 4 warpgroups: compiled tests, timed B = 1, 8, 64 the one-scan compaction beside the two scans; verification at 32K, B = 64, both top-ks
+#   wgroups  (not run yet) the k-th key kernel's row over 2 and 4 warpgroups: compiled tests, timed B = 1, 8, 64
+#   wgroups2 (not run yet) the same forms at a 32K prompt's prefill chunk the one-scan compaction beside the two scans; verification at 32K, B = 64, both top-ks
 #   topk5    (not run yet) e2e at a 32K prompt, B = 1, the top-k auto and the kernel forced
 #   fp8gpu   (21:28 2026-12-04) the FP8 paths' GPU tests (the prefill rule and the bounded bytes layout)
 #   fp8q     (not run yet) the index scores' float8 × float8 form timed and tested; the user path's GPU tests
@@ -562,6 +563,11 @@ case "${1:?stage}" in
       -k "split or v32"
     run 300 topk_warpgroups.md python3 -m benchmarks.dsa_parts --capacity 4608 32768 --batch 1 8 64 --tokens 4 \
       --parts top-k --topk-forms library-kernel
+    ;;
+  wgroups2)  # (not run yet) after wgroups: the warpgroups forms at a 32K prompt's prefill chunk (2,048 queries)
+    run 200 topk_warpgroups_prefill.md python3 -m benchmarks.prefill_parts --capacity 33280 --chunk 2048 \
+      --position 16384 --topk "radix (library)" "k-th key: Mosaic GPU kernel" \
+      "k-th key: Mosaic GPU kernel, 2 warpgroups a row" "k-th key: Mosaic GPU kernel, 4 warpgroups a row" --trace
     ;;
   topk5)  # (not run yet) the user's path at a 32K prompt, B = 1, with the top-k auto (XLA in the prefill chunks) and
           # with the kernel forced (its prefill chunks and its round)
