@@ -115,6 +115,8 @@ def _rows(s: int, b: int, t: int, iters: int, bandwidth: float, parts=PARTS, top
                        ("radix 8-bit, a histogram a pass", radix_histograms(8)),
                        *([("k-th key: Mosaic GPU kernel; compaction: XLA",
                            lambda x, v, k: topk_selection_kernel(x, positions, k)),
+                          ("k-th key and tie cutoff: Mosaic GPU kernel; compaction: XLA, one scan",
+                           lambda x, v, k: topk_selection_kernel(x, positions, k, tie_cutoff=True)),
                           *[(f"k-th key: Mosaic GPU kernel, {w} warpgroups a row; compaction: XLA",
                              lambda x, v, k, w=w: topk_selection_kernel(x, positions, k,
                                                                         config=TopkConfig(warpgroups=w)))

@@ -557,17 +557,19 @@ case "${1:?stage}" in
     exit 2
     ;;
   wgroups)  # (not run yet) the k-th key kernel with a row split over 2 and 4 warpgroups (Config.warpgroups,
-            # 2026-12-06): compiled tests, then alone and with XLA's compaction beside 1 warpgroup and XLA's radix
-            # select from decode's 4 queries to verification's 256, at 4,608 and 32K slots
+            # 2026-12-06) and with its tie cutoff (XLA's compaction in one scan): compiled tests, then alone and with
+            # XLA's compaction beside 1 warpgroup and XLA's radix select from decode's 4 queries to verification's 256,
+            # at 4,608 and 32K slots
     run 150 gpu_tests_topk.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider tests/test_topk_mgpu.py \
-      -k "split or v32"
+      -k "split or v32 or cutoff"
     run 300 topk_warpgroups.md python3 -m benchmarks.dsa_parts --capacity 4608 32768 --batch 1 8 64 --tokens 4 \
       --parts top-k --topk-forms library-kernel
     ;;
   wgroups2)  # (not run yet) after wgroups: the warpgroups forms at a 32K prompt's prefill chunk (2,048 queries)
     run 200 topk_warpgroups_prefill.md python3 -m benchmarks.prefill_parts --capacity 33280 --chunk 2048 \
       --position 16384 --topk "radix (library)" "k-th key: Mosaic GPU kernel" \
-      "k-th key: Mosaic GPU kernel, 2 warpgroups a row" "k-th key: Mosaic GPU kernel, 4 warpgroups a row" --trace
+      "k-th key: Mosaic GPU kernel, 2 warpgroups a row" "k-th key: Mosaic GPU kernel, 4 warpgroups a row" \
+      "k-th key and tie cutoff: Mosaic GPU kernel" --trace
     ;;
   topk5)  # (not run yet) the user's path at a 32K prompt, B = 1, with the top-k auto (XLA in the prefill chunks) and
           # with the kernel forced (its prefill chunks and its round)

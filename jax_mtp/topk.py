@@ -1,7 +1,8 @@
 """The DSA indexer's top-k: per query, the index_topk highest-scoring visible slots as a `Selection`, without a
 sort. A radix select finds each query's k-th largest score over order-preserving integer keys (XLA's passes, or the
 Pallas Mosaic GPU kernel `kernels/topk_mgpu.py`: `resolve_topk_impl`), then the slots above it (and enough of those
-equal to it, the lowest) are compacted in slot order (`select_from_kth`, XLA). `topk_selection` (`lax.top_k`, a
+equal to it, the lowest) are compacted in slot order (`select_from_kth`, XLA; `select_by_tie_cutoff` where the kernel
+also gives the last tied slot kept). `topk_selection` (`lax.top_k`, a
 sort) is the reference both are tested against.
 """
 
@@ -122,15 +123,10 @@ def order_keys(scores_BTS: jax.Array, visible_BTS: jax.Array) -> jax.Array:
 def select_from_kth(keys_BTS: jax.Array, visible_BTS: jax.Array, kth_BT: jax.Array, k: int) -> Selection:
   """The k slots whose keys are above each query's k-th largest key `kth_BT`, and enough of those equal to it
   (the lowest), compacted in slot order."""
-  b, t, s = keys_BTS.shape
   above_BTS, tied_BTS = keys_BTS > kth_BT[..., None], keys_BTS == kth_BT[..., None]
   ties_wanted_BT = k - jnp.sum(above_BTS, axis=-1, dtype=jnp.int32)
   chosen_BTS = above_BTS | (tied_BTS & (jnp.cumsum(tied_BTS, axis=-1, dtype=jnp.int32) <= ties_wanted_BT[..., None]))
-  rank_BTS = jnp.where(chosen_BTS, jnp.cumsum(chosen_BTS, axis=-1, dtype=jnp.int32) - 1, k)  # k: dropped
-  bi, ti = jnp.indices((b, t))
-  slots_BTK = jnp.zeros((b, t, k), jnp.int32).at[bi[..., None], ti[..., None], rank_BTS].set(
-      jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, t, s)), mode="drop")
-  return Selection(slots_BTK, jnp.take_along_axis(visible_BTS, slots_BTK, axis=-1))
+  return _listed_by_rank(chosen_BTS, visible_BTS, k)
 
 
 # Queries a call (B · T) for which `auto` runs the Mosaic GPU k-th key kernel on Hopper GPUs: 64 and up (an H100,
@@ -177,11 +173,38 @@ def select_topk(cfg: MtpConfig, scores_BTS: jax.Array, positions_BT: jax.Array) 
 
 
 def topk_selection_kernel(scores_BTS: jax.Array, positions_BT: jax.Array, topk: int, *, interpret=False,
-                          config: topk_mgpu.Config | None = None) -> Selection:
+                          config: topk_mgpu.Config | None = None, tie_cutoff: bool = False) -> Selection:
   """`topk_selection_radix`'s slots over a causal mask (slot s visible to the query at position p iff s ≤ p), the
   k-th key from the Mosaic GPU kernel (kernels/topk_mgpu.py, launched by `config`, default `config_for`'s;
-  `interpret`: in Pallas's GPU interpreter), then XLA's compaction (`select_from_kth`)."""
+  `interpret`: in Pallas's GPU interpreter), then XLA's compaction (`select_from_kth`; with `tie_cutoff`, the
+  kernel's tie cutoff and `select_by_tie_cutoff`'s one scan)."""
   k = min(topk, scores_BTS.shape[-1])
   visible_BTS = causal_mask(positions_BT, scores_BTS.shape[-1])
+  keys_BTS = order_keys(scores_BTS, visible_BTS)
+  if tie_cutoff:
+    kth_BT, cutoff_BT = topk_mgpu.kth_key_and_tie_cutoff_mgpu(scores_BTS, positions_BT, k, config=config,
+                                                              interpret=interpret)
+    return select_by_tie_cutoff(keys_BTS, visible_BTS, kth_BT, cutoff_BT, k)
   kth_BT = topk_mgpu.kth_key_mgpu(scores_BTS, positions_BT, k, config=config, interpret=interpret)
-  return select_from_kth(order_keys(scores_BTS, visible_BTS), visible_BTS, kth_BT, k)
+  return select_from_kth(keys_BTS, visible_BTS, kth_BT, k)
+
+
+def select_by_tie_cutoff(keys_BTS: jax.Array, visible_BTS: jax.Array, kth_BT: jax.Array, cutoff_BT: jax.Array,
+                         k: int) -> Selection:
+  """`select_from_kth`'s slots given each query's tie cutoff (`topk_mgpu.kth_key_and_tie_cutoff_mgpu`: the last
+  tied slot kept, S for all): the slots above the k-th key and the tied ones at or below the cutoff, ranked by one
+  scan — no count of the keys above and no scan of the tied ones."""
+  slot_S = jnp.arange(keys_BTS.shape[-1], dtype=jnp.int32)
+  chosen_BTS = (keys_BTS > kth_BT[..., None]) | ((keys_BTS == kth_BT[..., None]) & (slot_S <= cutoff_BT[..., None]))
+  return _listed_by_rank(chosen_BTS, visible_BTS, k)
+
+
+def _listed_by_rank(chosen_BTS: jax.Array, visible_BTS: jax.Array, k: int) -> Selection:
+  """The k chosen slots of each query in slot order: each one's rank is the chosen slots up to it (a scan), and
+  each is scattered to its rank."""
+  b, t, s = chosen_BTS.shape
+  rank_BTS = jnp.where(chosen_BTS, jnp.cumsum(chosen_BTS, axis=-1, dtype=jnp.int32) - 1, k)  # k: dropped
+  bi, ti = jnp.indices((b, t))
+  slots_BTK = jnp.zeros((b, t, k), jnp.int32).at[bi[..., None], ti[..., None], rank_BTS].set(
+      jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, t, s)), mode="drop")
+  return Selection(slots_BTK, jnp.take_along_axis(visible_BTS, slots_BTK, axis=-1))

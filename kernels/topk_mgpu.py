@@ -19,6 +19,12 @@ on one warpgroup): benchmarks/RESULTS.md and docs/mosaic_gpu_notes.md, 2026-12-0
 of the row, and each pass the shares' three counts meet in shared memory behind a barrier (`_meet`). One warpgroup
 (the default, the only form timed so far) leaves a row's passes nothing to hide their latency behind.
 
+`kth_key_and_tie_cutoff_mgpu` also gives each row's tie cutoff (the last slot equal to the k-th key that the top-k
+keeps), so XLA's compaction (`topk.select_by_tie_cutoff`) needs one scan where `select_from_kth` needs a count and
+two: half the top-k's time at a prefill chunk was that compaction (RESULTS, 2026-12-06). Rows whose ties all fit
+(nearly every row past the first k positions) cost nothing more; the others run a pass counting the keys above and a
+binary search over slots. Untimed, so the model's path (`topk.select_topk`) does not use it yet.
+
 Keys are held as signed int32: the unsigned key with its top bit flipped has the same order, and int32 arrays are
 what the kernel was written and checked with (Pallas's GPU interpreter, both jax versions' CUDA lowering, the H100).
 The row lives in shared memory, so a row of S slots takes 4·S bytes of it: S ≤ MAX_SLOTS.
@@ -112,6 +118,42 @@ def kth_key_mgpu(scores_BTS: jax.Array, positions_BT: jax.Array, k: int, *, conf
                  interpret=False) -> jax.Array:
   """uint32 [B, T]: each query's k-th largest order key over its visible slots (slot ≤ its position), as
   `reference`. `interpret`: Pallas's GPU interpreter (any host: the tests)."""
+  out = _row_kernel(scores_BTS, positions_BT, k, config, interpret, tie_cutoff=False)
+  return lax.bitcast_convert_type(out[:, 0], jnp.uint32).reshape(positions_BT.shape)
+
+
+def kth_key_and_tie_cutoff_mgpu(scores_BTS: jax.Array, positions_BT: jax.Array, k: int, *,
+                                config: Config | None = None, interpret=False) -> tuple[jax.Array, jax.Array]:
+  """(uint32 [B, T], int32 [B, T]): `kth_key_mgpu`'s k-th key, and the last slot whose key equals it that the top-k
+  keeps (S where it keeps them all): with the keys above the k-th, the slots ≤ the cutoff among those equal to it
+  are exactly the k slots `topk.select_from_kth` chooses (`reference_tie_cutoff`), so the compaction needs no count
+  of the keys above and no scan of the tied ones.
+
+  The kernel carries the count of keys at or above the k-th key through its passes; only a row where that count
+  exceeds k (tied keys the top-k cannot all keep: rows with fewer visible slots than k, equal scores) runs more
+  passes: one counting the keys above, then a binary search over slots for the (k − above)-th tied one."""
+  out = _row_kernel(scores_BTS, positions_BT, k, config, interpret, tie_cutoff=True)
+  kth = lax.bitcast_convert_type(out[:, 0], jnp.uint32).reshape(positions_BT.shape)
+  return kth, out[:, 1].reshape(positions_BT.shape)
+
+
+def reference_tie_cutoff(scores_BTS: jax.Array, positions_BT: jax.Array, k: int) -> jax.Array:
+  """int32 [B, T]: the slot of the (k − above)-th key equal to the k-th key (slot order), S where every tied key is
+  kept; from `reference`'s k-th key by cumulative counts (independent of the kernel's search)."""
+  s = scores_BTS.shape[-1]
+  kth = reference(scores_BTS, positions_BT, k)[..., None]
+  bits = lax.bitcast_convert_type(scores_BTS.astype(jnp.float32), jnp.uint32)
+  keys = jnp.where(bits >> 31 == 1, ~bits, bits | jnp.uint32(0x80000000))
+  keys = jnp.where(jnp.arange(s) <= positions_BT[..., None], keys, jnp.uint32(0x007FFFFF))
+  wanted = k - jnp.sum(keys > kth, axis=-1, dtype=jnp.int32)
+  tied_upto = jnp.cumsum(keys == kth, axis=-1, dtype=jnp.int32)
+  cutoff = jnp.argmax(tied_upto >= wanted[..., None], axis=-1).astype(jnp.int32)
+  return jnp.where(tied_upto[..., -1] == wanted, s, cutoff)
+
+
+def _row_kernel(scores_BTS, positions_BT, k: int, config: Config | None, interpret, *, tie_cutoff: bool):
+  """int32 [B·T, 128]: a row's k-th key (signed-domain bits of the unsigned key) in lane 0, its tie cutoff in lane 1
+  (`tie_cutoff`)."""
   from jax.experimental import pallas as pl  # noqa: PLC0415
   from jax.experimental.pallas import mosaic_gpu as plgpu  # noqa: PLC0415 (a GPU backend's module)
 
@@ -120,10 +162,11 @@ def kth_key_mgpu(scores_BTS: jax.Array, positions_BT: jax.Array, k: int, *, conf
   b, t, s = scores_BTS.shape
   ch, groups = config.chunk, config.warpgroups
   chunks = s // ch // groups  # a warpgroup's loop steps a pass
+  search_steps = max(1, (s - 1).bit_length())  # halvings of [0, S) to one slot
   scores = scores_BTS.reshape(b * t, s)
   positions = positions_BT.reshape(b * t).astype(jnp.int32)
 
-  def body(scores_gmem, positions_gmem, kth_gmem, keys_smem, out_smem, *meet):
+  def body(scores_gmem, positions_gmem, out_gmem, keys_smem, out_smem, *meet):
     row = lax.axis_index("q")
     position = positions_gmem[row]
     wg = lax.axis_index("wg") if groups > 1 else 0
@@ -136,35 +179,60 @@ def kth_key_mgpu(scores_BTS: jax.Array, positions_BT: jax.Array, k: int, *, conf
       slots = lax.broadcasted_iota(jnp.int32, (ch,), 0) + c * ch
       keys_smem[pl.ds(c * ch, ch)] = jnp.where(slots <= position, keys, _NEG_INF_KEY)
 
-    plgpu.commit_smem()
-    kth = jnp.int32(0)  # the k-th key so far, unsigned domain (as int32 bits)
-    for shift in range(30, -1, -2):
-      candidates = [(kth | np.int32(np.uint32(d << shift).view(np.int32))) ^ _FLIP for d in (1, 2, 3)]
-
-      def count(c, counts, candidates=candidates):
+    def row_counts(tests, pass_index, with_slots=False):
+      """The row's count of keys passing each test (keys[, slots] → bool), all warpgroups' shares summed."""
+      def count(c, counts):
         keys = keys_smem[pl.ds(c * ch, ch)]
-        return tuple(n + jnp.where(keys >= cand, 1, 0) for n, cand in zip(counts, candidates, strict=True))
+        args = (keys, lax.broadcasted_iota(jnp.int32, (ch,), 0) + c * ch) if with_slots else (keys,)
+        return tuple(n + jnp.where(test(*args), 1, 0) for n, test in zip(counts, tests, strict=True))
 
       zeros = jnp.zeros((ch,), jnp.int32)
-      counts = lax.fori_loop(first, first + chunks, count, (zeros, zeros, zeros))
+      counts = lax.fori_loop(first, first + chunks, count, (zeros,) * len(tests))
       totals = [jnp.sum(n) for n in counts]
-      if groups > 1:
-        totals = _meet(plgpu, meet, totals, wg, groups, 15 - shift // 2)
+      return _meet(plgpu, meet, totals, wg, groups, pass_index) if groups > 1 else totals
+
+    plgpu.commit_smem()
+    kth = jnp.int32(0)  # the k-th key so far, unsigned domain (as int32 bits)
+    at_or_above = jnp.int32(s)  # keys at or above it (tie_cutoff's fast path)
+    for shift in range(30, -1, -2):
+      candidates = [(kth | np.int32(np.uint32(d << shift).view(np.int32))) ^ _FLIP for d in (1, 2, 3)]
+      totals = row_counts([lambda keys, cand=cand: keys >= cand for cand in candidates], 15 - shift // 2)
       digit = sum(jnp.where(n >= k, 1, 0) for n in totals)
       kth = kth | (jnp.int32(digit) << shift)
+      if tie_cutoff:
+        at_or_above = jnp.where(digit == 0, at_or_above, jnp.where(
+            digit == 1, totals[0], jnp.where(digit == 2, totals[1], totals[2])))
+
+    def search():  # the (k − above)-th tied slot: the smallest c with ≥ that many tied keys at slots ≤ c
+      kth_signed = kth ^ _FLIP
+      wanted = k - row_counts([lambda keys: keys > kth_signed], 16)[0]
+
+      def halve(step, bounds):  # a loop, not unrolled: 16 unrolled steps over 4 warpgroups took minutes to lower
+        low, high = bounds
+        middle = (low + high) >> 1
+        tied = row_counts([lambda keys, slots: (keys == kth_signed) & (slots <= middle)], 17 + step,
+                          with_slots=True)[0]
+        return jnp.where(tied >= wanted, low, middle + 1), jnp.where(tied >= wanted, middle, high)
+      return lax.fori_loop(0, search_steps, halve, (jnp.int32(0), jnp.int32(s - 1)))[0]
+
+    cutoff = lax.cond(at_or_above > k, search, lambda: jnp.int32(s)) if tie_cutoff else None  # every warpgroup
 
     def copy_out():
-      out_smem[...] = jnp.broadcast_to(kth, out_smem.shape)  # a scalar is not stored to GMEM: a 512-byte row
+      if tie_cutoff:
+        out_smem[...] = jnp.where(lax.broadcasted_iota(jnp.int32, out_smem.shape, 0) == 1, cutoff, kth)
+      else:
+        out_smem[...] = jnp.broadcast_to(kth, out_smem.shape)  # a scalar is not stored to GMEM: a 512-byte row
       plgpu.commit_smem()
-      plgpu.copy_smem_to_gmem(out_smem, kth_gmem.at[row])
+      plgpu.copy_smem_to_gmem(out_smem, out_gmem.at[row])
       plgpu.wait_smem_to_gmem(0)
     if groups > 1:
       pl.when(wg == 0)(copy_out)
     else:
       copy_out()
 
+  passes = 16 + (1 + search_steps if tie_cutoff else 0)  # a barrier each, each used once
   meet_scratch = [] if groups == 1 else [plgpu.SMEM((2, groups, 128), jnp.int32),
-                                         plgpu.Barrier(num_arrivals=groups, num_barriers=16)]
+                                         plgpu.Barrier(num_arrivals=groups, num_barriers=passes)]
   kernel = plgpu.kernel(
       body,
       out_type=jax.ShapeDtypeStruct((b * t, 128), jnp.int32),
@@ -175,19 +243,21 @@ def kth_key_mgpu(scores_BTS: jax.Array, positions_BT: jax.Array, k: int, *, conf
       kernel_name=KERNEL_NAME,
       interpret=interpret_params(plgpu, interpret),
   )
-  kth = kernel(scores, positions)[:, 0]
-  return lax.bitcast_convert_type(kth, jnp.uint32).reshape(b, t)
+  return kernel(scores, positions)
 
 
 def _meet(plgpu, meet, totals, wg, groups: int, pass_index: int):
-  """The row's three counts of a pass: each warpgroup's own (`totals`) written to shared memory as lanes 0–2 of a
-  128-lane row, a barrier for the pass (each used once), then the rows of all warpgroups summed. Passes alternate
-  between two sets of rows: a warpgroup writes a set again two passes on, after every warpgroup has passed the
-  barrier in between, so after every read of it."""
+  """The row's counts of a pass: each warpgroup's own (`totals`, up to 128) written to shared memory as the first
+  lanes of a 128-lane row, a barrier for the pass (each used once), then the rows of all warpgroups summed. Passes
+  alternate between two sets of rows: a warpgroup writes a set again two passes on, after every warpgroup has passed
+  the barrier in between, so after every read of it."""
   partial_smem, passed = meet
   lane = lax.broadcasted_iota(jnp.int32, (128,), 0)
-  partial_smem[pass_index % 2, wg] = jnp.where(lane == 0, totals[0], jnp.where(lane == 1, totals[1], totals[2]))
+  packed = jnp.broadcast_to(totals[-1], (128,))
+  for j in range(len(totals) - 2, -1, -1):
+    packed = jnp.where(lane == j, totals[j], packed)
+  partial_smem[pass_index % 2, wg] = packed  # pass_index: a Python int, or traced in a loop of passes
   plgpu.barrier_arrive(passed.at[pass_index])
   plgpu.barrier_wait(passed.at[pass_index])
   summed = sum(partial_smem[pass_index % 2, w] for w in range(groups))
-  return [jnp.sum(jnp.where(lane == j, summed, 0)) for j in range(3)]
+  return [jnp.sum(jnp.where(lane == j, summed, 0)) for j in range(len(totals))]

@@ -12,7 +12,9 @@ import pytest
 import jax_mtp
 from jax_mtp import topk
 from jax_mtp.cache import causal_mask
-from jax_mtp.kernels.topk_mgpu import KERNEL_NAME, MAX_SLOTS, Config, config_for, kth_key_mgpu, reference
+from jax_mtp.kernels.topk_mgpu import (KERNEL_NAME, MAX_SLOTS, Config, config_for, kth_key_and_tie_cutoff_mgpu,
+                                      kth_key_mgpu, reference, reference_tie_cutoff)
+from tests.conftest import FULL_ONLY, FULL_TESTS
 from tests.greedy import plain_and_speculative
 from tests.lowered_step import mtp_step_module
 
@@ -57,16 +59,59 @@ def test_a_row_split_over_warpgroups_finds_the_same_kth_key(b, t, s, k, chunk, w
   np.testing.assert_array_equal(np.asarray(got), np.asarray(topk.kth_key_sibling_reductions(keys, k)))
 
 
+def _tied_rows(b, t, s, seed):
+  """`_row`'s scores with more ties (every 3rd slot 0.5, so the k-th key is often 0.5 with some of its ties dropped)
+  and a query seeing only a few slots (fewer than k: ties among −inf's keys)."""
+  scores, positions = _row(b, t, s, seed)
+  return scores.at[..., ::3].set(0.5), positions.reshape(-1).at[1].set(5).reshape(b, t)
+
+
+@pytest.mark.parametrize("b,t,s,k,chunk,warpgroups", [(2, 3, 384, 64, 128, 1), (1, 4, 1024, 1024, 0, 1),
+                                                      (2, 2, 2048, 700, 0, 4), (3, 2, 512, 90, 128, 2)])
+def test_the_tie_cutoff_is_the_last_tied_slot_kept(b, t, s, k, chunk, warpgroups):
+  """The kernel's tie cutoff is the reference's (the (k − above)-th tied slot, S where every tie is kept) on rows
+  whose k-th key has ties dropped, rows with fewer visible slots than k, none visible and k = S; its k-th key is
+  still a sort's."""
+  scores, positions = _tied_rows(b, t, s, s + k)
+  config = Config(chunk=chunk, warpgroups=warpgroups)
+  kth, cutoff = kth_key_and_tie_cutoff_mgpu(scores, positions, k, config=config, interpret=not ON_GPU)
+  want = np.asarray(reference_tie_cutoff(scores, positions, k))
+  np.testing.assert_array_equal(np.asarray(kth), np.asarray(reference(scores, positions, k)))
+  np.testing.assert_array_equal(np.asarray(cutoff), want)
+  assert (want < s).any() or k == s  # the search ran for some row (at k = S every tie is kept)
+
+
+@pytest.mark.parametrize("warpgroups", [1, 4])
+def test_selection_by_the_tie_cutoff_equals_xlas_radix_select(warpgroups):
+  """With the kernel's tie cutoff, XLA's compaction takes one scan and lists exactly the radix select's slots in its
+  order; so does the reference's cutoff through the same compaction (the reference's own check)."""
+  scores, positions = _tied_rows(2, 3, 512, 5)
+  visible = causal_mask(positions, 512)
+  want = topk.topk_selection_radix(scores, visible, 40)
+  got = topk.topk_selection_kernel(scores, positions, 40, config=Config(warpgroups=warpgroups), tie_cutoff=True,
+                                   interpret=not ON_GPU)
+  by_reference = topk.select_by_tie_cutoff(topk.order_keys(scores, visible), visible, reference(scores, positions, 40),
+                                           reference_tie_cutoff(scores, positions, 40), 40)
+  for selection in (got, by_reference):
+    np.testing.assert_array_equal(np.asarray(selection.slots_BTK), np.asarray(want.slots_BTK))
+    np.testing.assert_array_equal(np.asarray(selection.valid_BTK), np.asarray(want.valid_BTK))
+
+
 @pytest.mark.skipif(ON_GPU, reason="the interpreter's race detector (on a CPU)")
 @pytest.mark.parametrize("warpgroups", [1, 4])
 def test_no_shared_memory_race(warpgroups):
   """The GPU interpreter's race detector (every shared-memory access, the copy out and the warpgroups' meeting
-  rows included) finds no unordered access over several loop steps; it raises at the first race."""
+  rows included, the tie cutoff's search too) finds no unordered access over several loop steps; it raises at the
+  first race."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # noqa: PLC0415
   scores, positions = _row(2, 1, 1024, 3)
-  got = kth_key_mgpu(scores, positions, 40, config=Config(chunk=128, warpgroups=warpgroups),
-                     interpret=plgpu.InterpretGPUParams(detect_races=True))
+  detect = plgpu.InterpretGPUParams(detect_races=True)
+  got = kth_key_mgpu(scores, positions, 40, config=Config(chunk=128, warpgroups=warpgroups), interpret=detect)
   np.testing.assert_array_equal(np.asarray(got), np.asarray(reference(scores, positions, 40)))
+  scores, positions = _tied_rows(1, 3, 1024, 3)
+  _, cutoff = kth_key_and_tie_cutoff_mgpu(scores, positions, 40, config=Config(chunk=128, warpgroups=warpgroups),
+                                          interpret=detect)
+  np.testing.assert_array_equal(np.asarray(cutoff), np.asarray(reference_tie_cutoff(scores, positions, 40)))
 
 
 @pytest.mark.skipif(not ON_GPU, reason="V3.2's verification shape, compiled (256 rows of 32K slots: in the "
@@ -125,9 +170,16 @@ def test_the_kernel_is_in_the_lowered_step_when_asked_for():
   assert KERNEL_NAME in mtp_step_module(cfg.replace(topk_impl="auto"), "cuda", 64, 512)  # 64: the kernel
 
 
-@pytest.mark.parametrize("warpgroups", [1, 2, 4])
-def test_lowered_for_cuda_names_the_kernel(warpgroups):
-  fn = jax.jit(lambda x, p: kth_key_mgpu(x, p, 2048, config=Config(warpgroups=warpgroups)))
+@pytest.mark.parametrize("warpgroups,tie_cutoff", [(1, False), (1, True), (4, True),
+                                                  pytest.param(2, False, marks=pytest.mark.skipif(
+                                                      not FULL_TESTS, reason=FULL_ONLY)),
+                                                  pytest.param(4, False, marks=pytest.mark.skipif(
+                                                      not FULL_TESTS, reason=FULL_ONLY))])
+def test_lowered_for_cuda_names_the_kernel(warpgroups, tie_cutoff):
+  """The kernel lowers for CUDA (Mosaic GPU's own checks: layouts, barriers) in each form; the split row's forms
+  take ~30–45 s each on a CPU, so CI lowers the one with every feature (4 warpgroups and the tie cutoff)."""
+  kernel = kth_key_and_tie_cutoff_mgpu if tie_cutoff else kth_key_mgpu
+  fn = jax.jit(lambda x, p: kernel(x, p, 2048, config=Config(warpgroups=warpgroups)))
   args = jax.ShapeDtypeStruct((64, 4, 32768), jnp.float32), jax.ShapeDtypeStruct((64, 4), jnp.int32)
   assert KERNEL_NAME in fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
