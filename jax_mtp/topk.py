@@ -2,8 +2,7 @@
 sort. A radix select finds each query's k-th largest score over order-preserving integer keys (XLA's passes, or the
 Pallas Mosaic GPU kernel `kernels/topk_mgpu.py`: `resolve_topk_impl`), then the slots above it (and enough of those
 equal to it, the lowest) are compacted in slot order (`select_from_kth`, XLA; `select_by_tie_cutoff` where the kernel
-also gives the last tied slot kept). `topk_selection` (`lax.top_k`, a
-sort) is the reference both are tested against.
+also gives the last tied slot kept). `topk_selection` (`lax.top_k`, a sort) is the reference both are tested against.
 """
 
 from __future__ import annotations
