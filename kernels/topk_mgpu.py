@@ -191,17 +191,29 @@ def _row_kernel(scores_BTS, positions_BT, k: int, config: Config | None, interpr
       totals = [jnp.sum(n) for n in counts]
       return _meet(plgpu, meet, totals, wg, groups, pass_index) if groups > 1 else totals
 
-    plgpu.commit_smem()
-    kth = jnp.int32(0)  # the k-th key so far, unsigned domain (as int32 bits)
-    at_or_above = jnp.int32(s)  # keys at or above it (tie_cutoff's fast path)
-    for shift in range(30, -1, -2):
-      candidates = [(kth | np.int32(np.uint32(d << shift).view(np.int32))) ^ _FLIP for d in (1, 2, 3)]
-      totals = row_counts([lambda keys, cand=cand: keys >= cand for cand in candidates], 15 - shift // 2)
+    def one_pass(index, carry):  # the k-th key's next 2-bit digit, `index` 0 … 15 from the top
+      kth, at_or_above = carry  # the k-th key so far (unsigned domain, as int32 bits); keys at or above it
+      shift = 30 - 2 * index
+      if isinstance(index, int):
+        candidates = [(kth | np.int32(np.uint32(d << shift).view(np.int32))) ^ _FLIP for d in (1, 2, 3)]
+      else:
+        candidates = [(kth | (jnp.int32(d) << shift)) ^ _FLIP for d in (1, 2, 3)]
+      totals = row_counts([lambda keys, cand=cand: keys >= cand for cand in candidates], index)
       digit = sum(jnp.where(n >= k, 1, 0) for n in totals)
       kth = kth | (jnp.int32(digit) << shift)
       if tie_cutoff:
         at_or_above = jnp.where(digit == 0, at_or_above, jnp.where(
             digit == 1, totals[0], jnp.where(digit == 2, totals[1], totals[2])))
+      return kth, at_or_above
+
+    plgpu.commit_smem()
+    carry = (jnp.int32(0), jnp.int32(s))
+    if groups > 1:  # a loop: unrolled, the split row's passes took Mosaic GPU's layout inference ~30 s to lower
+      carry = lax.fori_loop(0, 16, one_pass, carry)
+    else:  # unrolled, as timed (2026-12-06)
+      for index in range(16):
+        carry = one_pass(index, carry)
+    kth, at_or_above = carry
 
     def search():  # the (k − above)-th tied slot: the smallest c with ≥ that many tied keys at slots ≤ c
       kth_signed = kth ^ _FLIP

@@ -14,7 +14,6 @@ from jax_mtp import topk
 from jax_mtp.cache import causal_mask
 from jax_mtp.kernels.topk_mgpu import (KERNEL_NAME, MAX_SLOTS, Config, config_for, kth_key_and_tie_cutoff_mgpu,
                                       kth_key_mgpu, reference, reference_tie_cutoff)
-from tests.conftest import FULL_ONLY, FULL_TESTS
 from tests.greedy import plain_and_speculative
 from tests.lowered_step import mtp_step_module
 
@@ -170,14 +169,9 @@ def test_the_kernel_is_in_the_lowered_step_when_asked_for():
   assert KERNEL_NAME in mtp_step_module(cfg.replace(topk_impl="auto"), "cuda", 64, 512)  # 64: the kernel
 
 
-@pytest.mark.parametrize("warpgroups,tie_cutoff", [(1, False), (1, True), (4, True),
-                                                  pytest.param(2, False, marks=pytest.mark.skipif(
-                                                      not FULL_TESTS, reason=FULL_ONLY)),
-                                                  pytest.param(4, False, marks=pytest.mark.skipif(
-                                                      not FULL_TESTS, reason=FULL_ONLY))])
+@pytest.mark.parametrize("warpgroups,tie_cutoff", [(1, False), (2, False), (4, False), (1, True), (4, True)])
 def test_lowered_for_cuda_names_the_kernel(warpgroups, tie_cutoff):
-  """The kernel lowers for CUDA (Mosaic GPU's own checks: layouts, barriers) in each form; the split row's forms
-  take ~30–45 s each on a CPU, so CI lowers the one with every feature (4 warpgroups and the tie cutoff)."""
+  """The kernel lowers for CUDA (Mosaic GPU's own checks: layouts, barriers) in each form."""
   kernel = kth_key_and_tie_cutoff_mgpu if tie_cutoff else kth_key_mgpu
   fn = jax.jit(lambda x, p: kernel(x, p, 2048, config=Config(warpgroups=warpgroups)))
   args = jax.ShapeDtypeStruct((64, 4, 32768), jnp.float32), jax.ShapeDtypeStruct((64, 4), jnp.int32)
