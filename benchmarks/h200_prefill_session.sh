@@ -67,8 +67,8 @@
 #   topk2    (06:07 2026-12-06 device clock, an H100) its wider loop steps compiled and timed; verification at 4K and 32K with it
 #   topk3    (06:16 2026-12-06, an H100: B = 1 and 8 rows, then 12 tests passed before the call's time ran out) the kernel
 #            beside the library by queries a call (auto's rule); its V3.2-shape tests
-#   topk4    (not run yet) the k-th key kernel at a 32K prompt's prefill chunks and at 64 / 128 queries a call
-#   topk6    (not run yet) the k-th key kernel's GPU tests and the user path's token tests, auto from 64 queries up
+#   topk4    (07:58 2026-12-06, an H100: faster at 64, 128, 2,048, 4,096 queries; 32K × B = 32 cut) the k-th key kernel at a 32K prompt's prefill chunks and at 64 / 128 queries a call
+#   topk6    (08:31 2026-12-06, an H100: 10 + 1 passed, none failed, cut by the device budget) the k-th key kernel's GPU tests and the user path's token tests, auto from 64 queries up
 #   onescan  (08:24 2026-12-06, an H100: the packed scan slower, reverted; exits 2 since)
 #   wgroups  (not run yet) the k-th key kernel's row over 2 and 4 warpgroups: compiled tests, timed B = 1, 8, 64
 #   wgroups2 (not run yet) the same forms at a 32K prompt's prefill chunk the one-scan compaction beside the two scans; verification at 32K, B = 64, both top-ks
@@ -538,14 +538,14 @@ case "${1:?stage}" in
             # its ~0.8 µs a step is hand-offs or the products' latency; the products at the kernel's 64 B swizzle
     run 90 handoff.md python3 -m benchmarks.mgpu_handoff --reps 2000 --entries 32 48 64 --forms qk pv --swizzle 32 64 128
     ;;
-  topk4)  # (not run yet) the k-th key kernel where auto does not take it yet: a 32K prompt's prefill chunks (2,048 and
+  topk4)  # (07:58 2026-12-06, an H100: faster at each; auto widened) the k-th key kernel where auto does not take it yet: a 32K prompt's prefill chunks (2,048 and
           # 4,096 queries, XLA's top-k 73 ms of the 32K prefill's 0.52 s on 2026-12-03) and 64 / 128 queries a call
     run 250 topk_prefill.md python3 -m benchmarks.prefill_parts --capacity 33280 --chunk 2048 4096 --position 16384 \
       --topk "radix (library)" "k-th key: Mosaic GPU kernel" --trace
     run 200 topk_queries.md python3 -m benchmarks.dsa_parts --capacity 4608 32768 --batch 16 32 --tokens 4 \
       --parts top-k --topk-forms library-kernel
     ;;
-  topk6)  # (not run yet) after auto took the k-th key kernel from 64 queries a call up (prefill chunks included): its
+  topk6)  # (08:31 2026-12-06, an H100: cut by the budget, none failed) after auto took the k-th key kernel from 64 queries a call up (prefill chunks included): its
           # GPU tests, then the user path's token tests under auto (a prompt's prefill now runs the kernel)
     run 150 gpu_tests_topk.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider tests/test_topk_mgpu.py
     run 170 gpu_tests_auto.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider tests/test_auto_gpu_paths.py \
