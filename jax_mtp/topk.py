@@ -130,12 +130,12 @@ def select_from_kth(keys_BTS: jax.Array, visible_BTS: jax.Array, kth_BT: jax.Arr
 
 # Queries a call (B · T) for which `auto` runs the Mosaic GPU k-th key kernel on Hopper GPUs: 64 and up (an H100,
 # 2026-12-06, benchmarks/RESULTS.md). Measured faster, kernel + XLA's compaction against XLA's radix select, µs a
-# call: 64 queries 55 / 83 (4,608 slots) and 120 / 157 (32K); 128: 67 / 118 (4,608); 256: 58-60 / 88-106 (4,608)
-# and 275-336 / 328-366 (32K), the verification forward at B = 64 1.0-1.5 % faster; a 32K prompt's prefill chunks
+# call: 64 queries 55 / 83 (4,608 slots) and 120 / 157 (32K); 128: 67 / 118 (4,608); 256: 60-71 / 88-101 (4,608)
+# and 275-331 / 328-358 (32K), the verification forward at B = 64 1.0-1.5 % faster; a 32K prompt's prefill chunks
 # of 2,048 and 4,096 queries (33,280 slots) 2,551-2,641 / 2,732-2,738 and 5,018 / 5,229. Between and above those
 # counts by inference: both forms' time grows with the rows once they fill the GPU. No faster at 4 and 32 queries
 # (one warpgroup a row: a row's 16 passes take ~50 µs at 32K, where XLA's passes spread over the GPU).
-TOPK_KERNEL_QUERIES = range(64, 2**31)
+TOPK_KERNEL_MIN_QUERIES = 64
 
 
 def resolve_topk_impl(cfg: MtpConfig, platform: str, capacity: int, *, queries: int | None = None,
@@ -144,7 +144,7 @@ def resolve_topk_impl(cfg: MtpConfig, platform: str, capacity: int, *, queries: 
   and a call of `queries` (B · T; None: no call yet, as the CLI's flag check asks).
 
   "auto": mosaic_gpu on a Hopper GPU where the kernel takes the capacity (≤ topk_mgpu.MAX_SLOTS, a multiple of
-  128) and the call's queries are in TOPK_KERNEL_QUERIES (where it measured faster); else xla. An explicit
+  128) and the call has at least TOPK_KERNEL_MIN_QUERIES queries (where it measured faster); else xla. An explicit
   mosaic_gpu runs as asked (on a CPU in Pallas's GPU interpreter; on another platform than this process's, as an
   AOT compile does) unless it cannot take the capacity or the GPU is not a Hopper: then a ValueError names why."""
   impl = cfg.topk_impl
@@ -152,7 +152,7 @@ def resolve_topk_impl(cfg: MtpConfig, platform: str, capacity: int, *, queries: 
     return "xla"
   problems = topk_mgpu.takes(capacity)
   if impl == "auto":
-    timed = queries in TOPK_KERNEL_QUERIES
+    timed = queries is not None and queries >= TOPK_KERNEL_MIN_QUERIES
     return "mosaic_gpu" if timed and platform == "gpu" and hopper and not problems else "xla"
   if platform == "gpu" and not hopper:
     problems.append(NOT_HOPPER)

@@ -19,7 +19,7 @@ from jax_mtp.kernels.topk_mgpu import KERNEL_NAME as TOPK_KTH
 from jax_mtp.mla import EVERY_SLOT_KERNEL_MIN_QUERIES, MLAttention, write_latent
 from jax_mtp.mtp import MtpPredictor, init_caches
 from jax_mtp.request import required_capacity
-from jax_mtp.topk import TOPK_KERNEL_QUERIES
+from jax_mtp.topk import TOPK_KERNEL_MIN_QUERIES
 from tests.conftest import FULL_ONLY, FULL_TESTS
 from tests.greedy import greedy_margin
 from tests.lowered_step import speculator_modules
@@ -63,10 +63,10 @@ def test_the_clis_gpu_programs_hold_both_kernels_at_an_odd_prompt_length(share):
 
 @pytest.mark.parametrize("rows", [1, 16])
 def test_the_clis_gpu_programs_take_the_topk_kernel_from_64_queries(rows):
-  """Under "auto" the top-k's k-th key runs in the Mosaic GPU kernel from topk.TOPK_KERNEL_QUERIES' 64 queries a
+  """Under "auto" the top-k's k-th key runs in the Mosaic GPU kernel from topk.TOPK_KERNEL_MIN_QUERIES (64) queries a
   call: a 70-token prompt's prefill chunk has them at one row; the round's verification has them at 16 rows × 4
   tokens, not at one row's 4."""
-  assert TOPK_KERNEL_QUERIES.start == 64
+  assert TOPK_KERNEL_MIN_QUERIES == 64
   cfg = _kernel_cfg(moe_impl="ragged_dot")
   modules = speculator_modules(cfg, [list(range(1, 71))] * rows, 20, 3)  # 93 slots: past index_topk, a DSA cache
   assert TOPK_KTH in modules["prefill"]
