@@ -560,7 +560,7 @@ case "${1:?stage}" in
             # 2026-12-06) and with its tie cutoff (XLA's compaction in one scan): compiled tests, then alone and with
             # XLA's compaction beside 1 warpgroup and XLA's radix select from decode's 4 queries to verification's 256,
             # at 4,608 and 32K slots
-    run 150 gpu_tests_topk.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider tests/test_topk_mgpu.py \
+    run 220 gpu_tests_topk.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider tests/test_topk_mgpu.py \
       -k "split or v32 or cutoff"
     run 300 topk_warpgroups.md python3 -m benchmarks.dsa_parts --capacity 4608 32768 --batch 1 8 64 --tokens 4 \
       --parts top-k --topk-forms library-kernel
