@@ -91,11 +91,16 @@ def takes(slots: int) -> list[str]:
 
 def reference(scores_BTS: jax.Array, positions_BT: jax.Array, k: int) -> jax.Array:
   """uint32 [B, T]: each query's k-th largest key, by a sort (independent of the radix select)."""
+  return jnp.sort(_reference_keys(scores_BTS, positions_BT), axis=-1)[..., scores_BTS.shape[-1] - k]
+
+
+def _reference_keys(scores_BTS: jax.Array, positions_BT: jax.Array) -> jax.Array:
+  """uint32 [B, T, S]: the references' order keys (written here, not taken from jax_mtp.topk, which imports this
+  module), −inf's key at invisible slots."""
   bits = lax.bitcast_convert_type(scores_BTS.astype(jnp.float32), jnp.uint32)
   keys = jnp.where(bits >> 31 == 1, ~bits, bits | jnp.uint32(0x80000000))
   visible = jnp.arange(scores_BTS.shape[-1]) <= positions_BT[..., None]
-  keys = jnp.where(visible, keys, jnp.uint32(0x007FFFFF))  # −inf's key
-  return jnp.sort(keys, axis=-1)[..., scores_BTS.shape[-1] - k]
+  return jnp.where(visible, keys, jnp.uint32(0x007FFFFF))  # −inf's key
 
 
 def check_operands(scores_BTS: jax.Array, positions_BT: jax.Array, k: int, config: Config) -> None:
@@ -142,9 +147,7 @@ def reference_tie_cutoff(scores_BTS: jax.Array, positions_BT: jax.Array, k: int)
   kept; from `reference`'s k-th key by cumulative counts (independent of the kernel's search)."""
   s = scores_BTS.shape[-1]
   kth = reference(scores_BTS, positions_BT, k)[..., None]
-  bits = lax.bitcast_convert_type(scores_BTS.astype(jnp.float32), jnp.uint32)
-  keys = jnp.where(bits >> 31 == 1, ~bits, bits | jnp.uint32(0x80000000))
-  keys = jnp.where(jnp.arange(s) <= positions_BT[..., None], keys, jnp.uint32(0x007FFFFF))
+  keys = _reference_keys(scores_BTS, positions_BT)
   wanted = k - jnp.sum(keys > kth, axis=-1, dtype=jnp.int32)
   tied_upto = jnp.cumsum(keys == kth, axis=-1, dtype=jnp.int32)
   cutoff = jnp.argmax(tied_upto >= wanted[..., None], axis=-1).astype(jnp.int32)
@@ -172,18 +175,20 @@ def _row_kernel(scores_BTS, positions_BT, k: int, config: Config | None, interpr
     wg = lax.axis_index("wg") if groups > 1 else 0
     first = wg * chunks  # this warpgroup's first chunk of the row
 
+    def slot_ids(c):  # chunk c's slots
+      return lax.broadcasted_iota(jnp.int32, (ch,), 0) + c * ch
+
     @pl.loop(first, first + chunks)
     def _(c):  # the row's scores → signed keys, invisible slots at −inf's
       bits = lax.bitcast_convert_type(scores_gmem[row, pl.ds(c * ch, ch)], jnp.int32)
       keys = jnp.where(bits < 0, bits ^ jnp.int32(0x7FFFFFFF), bits)
-      slots = lax.broadcasted_iota(jnp.int32, (ch,), 0) + c * ch
-      keys_smem[pl.ds(c * ch, ch)] = jnp.where(slots <= position, keys, _NEG_INF_KEY)
+      keys_smem[pl.ds(c * ch, ch)] = jnp.where(slot_ids(c) <= position, keys, _NEG_INF_KEY)
 
     def row_counts(tests, pass_index, with_slots=False):
       """The row's count of keys passing each test (keys[, slots] → bool), all warpgroups' shares summed."""
       def count(c, counts):
         keys = keys_smem[pl.ds(c * ch, ch)]
-        args = (keys, lax.broadcasted_iota(jnp.int32, (ch,), 0) + c * ch) if with_slots else (keys,)
+        args = (keys, slot_ids(c)) if with_slots else (keys,)
         return tuple(n + jnp.where(test(*args), 1, 0) for n, test in zip(counts, tests, strict=True))
 
       zeros = jnp.zeros((ch,), jnp.int32)
