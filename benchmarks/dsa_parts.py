@@ -116,11 +116,7 @@ def _rows(s: int, b: int, t: int, iters: int, bandwidth: float, parts=PARTS, top
                        *([("k-th key: Mosaic GPU kernel; compaction: XLA",
                            lambda x, v, k: topk_selection_kernel(x, positions, k)),
                           ("k-th key and tie cutoff: Mosaic GPU kernel; compaction: XLA, one scan",
-                           lambda x, v, k: topk_selection_kernel(x, positions, k, tie_cutoff=True)),
-                          *[(f"k-th key: Mosaic GPU kernel, {w} warpgroups a row; compaction: XLA",
-                             lambda x, v, k, w=w: topk_selection_kernel(x, positions, k,
-                                                                        config=TopkConfig(warpgroups=w)))
-                            for w in (2, 4) if s % (128 * w) == 0]]
+                           lambda x, v, k: topk_selection_kernel(x, positions, k, tie_cutoff=True))]
                          if jax.devices()[0].platform == "gpu" else [])]
   if topk_forms == "library-kernel":  # lax.top_k (the set each form is checked against), the library, the kernel
     forms = [form for form in forms if form[0].startswith(("lax", "radix select (library)", "k-th key"))]
@@ -135,12 +131,10 @@ def _rows(s: int, b: int, t: int, iters: int, bandwidth: float, parts=PARTS, top
 
   chunks = {topk_config_for(s, TopkConfig(chunk=c)).chunk for c in (0, 1024, 2048) if s % max(c, 128) == 0}
   configs = [TopkConfig(chunk=c) for c in sorted(chunks)]
-  configs += [topk_config_for(s, TopkConfig(warpgroups=w)) for w in (2, 4) if s % (128 * w) == 0]
   for config in configs if "top-k" in parts and jax.devices()[0].platform == "gpu" else ():  # the k-th key alone
     fn = jax.jit(lambda x, p, config=config: kth_key_mgpu(x, p, K_TOP, config=config))
     seconds = time_in_loop(fn, (scores, positions), iters)
-    split = f", {config.warpgroups} warpgroups a row" if config.warpgroups > 1 else ""
-    yield ("top-k", f"k-th key alone: Mosaic GPU kernel, chunk {topk_config_for(s, config).chunk}{split}",
+    yield ("top-k", f"k-th key alone: Mosaic GPU kernel, chunk {topk_config_for(s, config).chunk}",
            f"{seconds * 1e6:,.0f}", f"{floor_us(scores.nbytes):,.1f}", f"{floor_us(scores.nbytes) / seconds / 1e6:.2f}",
            f"kernels: {kernels_of(fn, (scores, positions))}")
 

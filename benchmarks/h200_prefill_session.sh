@@ -565,6 +565,15 @@ case "${1:?stage}" in
     run 300 topk_warpgroups.md python3 -m benchmarks.dsa_parts --capacity 4608 32768 --batch 1 8 64 --tokens 4 \
       --parts top-k --topk-forms library-kernel
     ;;
+  tiecut)  # after wgroups (10:59 2026-12-06, an H100: the 2- and 4-warpgroup forms wrong on the GPU, removed; the tie
+           # cutoff right): the tie cutoff's form at a 32K prompt's 2,048-query prefill chunk beside the kernel and XLA's
+           # radix select, then the top-k kernel's model-level GPU tests (speculative == plain, lax.top_k's slots)
+    run 200 topk_tiecut_prefill.md python3 -m benchmarks.prefill_parts --capacity 33280 --chunk 2048 \
+      --position 16384 --topk "radix (library)" "k-th key: Mosaic GPU kernel" \
+      "k-th key and tie cutoff: Mosaic GPU kernel" --trace
+    run 330 gpu_tests_topk_model.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 200 \
+      tests/test_topk_mgpu.py -k "model or speculative or cutoff_equals"
+    ;;
   wgroups2)  # (not run yet) after wgroups: the warpgroups forms at a 32K prompt's prefill chunk (2,048 queries)
     run 200 topk_warpgroups_prefill.md python3 -m benchmarks.prefill_parts --capacity 33280 --chunk 2048 \
       --position 16384 --topk "radix (library)" "k-th key: Mosaic GPU kernel" \

@@ -24,7 +24,6 @@ import numpy as np
 from benchmarks.step_profile import UNGRAPHED, device_events, op_names
 from benchmarks.timing import copy_bandwidth, time_in_loop
 from jax_mtp.cache import causal_mask
-from jax_mtp.kernels.topk_mgpu import Config as TopkConfig
 from jax_mtp.topk import (kth_key_histograms, kth_key_one_reduction, kth_key_sibling_reductions, order_keys,
                           select_from_kth, topk_selection, topk_selection_kernel, topk_selection_radix)
 from jax_mtp.kernels.index_scores import reference
@@ -61,21 +60,19 @@ def radix_histograms(digit_bits: int):
 radix_one_reduction = radix_select(kth_key_one_reduction)
 
 
-def kernel_select(scores_BTS, visible_BTS, topk, warpgroups: int = 1, tie_cutoff: bool = False):
+def kernel_select(scores_BTS, visible_BTS, topk, tie_cutoff: bool = False):
   """The model's top-k with `topk_impl="mosaic_gpu"` (`topk.topk_selection_kernel`), for causal masks as this
-  benchmark's are: a query's position is its visible slots − 1. `warpgroups`: the kernel's row split over that many
-  (`topk_mgpu.Config.warpgroups`); `tie_cutoff`: the kernel also gives the tie cutoff, the compaction one scan."""
+  benchmark's are: a query's position is its visible slots − 1. `tie_cutoff`: the kernel also gives the tie cutoff,
+  the compaction one scan."""
   positions_BT = jnp.sum(visible_BTS, axis=-1, dtype=jnp.int32) - 1
   return topk_selection_kernel(scores_BTS, positions_BT, topk, interpret=jax.default_backend() != "gpu",
-                               config=TopkConfig(warpgroups=warpgroups), tie_cutoff=tie_cutoff)
+                               tie_cutoff=tie_cutoff)
 
 
 TOPK_VARIANTS = {"lax.top_k": topk_selection, "radix (library)": topk_selection_radix,
                  "radix 4-bit, one reduction": radix_one_reduction, "radix 1-bit siblings": radix_siblings(1),
                  "radix 2-bit siblings": radix_siblings(2), "radix 4-bit siblings": radix_siblings(4),
                  "radix 16-bit histograms": radix_histograms(16), "k-th key: Mosaic GPU kernel": kernel_select,
-                 **{f"k-th key: Mosaic GPU kernel, {w} warpgroups a row": functools.partial(kernel_select, warpgroups=w)
-                    for w in (2, 4)},
                  "k-th key and tie cutoff: Mosaic GPU kernel": functools.partial(kernel_select, tie_cutoff=True)}
 
 

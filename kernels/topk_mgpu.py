@@ -15,15 +15,17 @@ Why: on an H100 at verification's 256 queries over a 32K cache, XLA's radix sele
 verification forward at B = 64 (274 kernels a step over 3 layers). How far this got, and why not further (a row runs
 on one warpgroup): benchmarks/RESULTS.md and docs/mosaic_gpu_notes.md, 2026-12-06.
 
-`Config.warpgroups` splits a row over 2 or 4 warpgroups of one CTA: each converts and counts its own contiguous share
-of the row, and each pass the shares' three counts meet in shared memory behind a barrier (`_meet`). One warpgroup
-(the default, the only form timed so far) leaves a row's passes nothing to hide their latency behind.
+A row runs on one warpgroup. A row split over 2 or 4 warpgroups of a CTA, their counts meeting in shared memory each
+pass, passed Pallas's GPU interpreter and its race detector but gave wrong keys compiled on an H100 and was no faster
+alone (2026-12-06, RESULTS): removed, docs/mosaic_gpu_notes.md.
 
 `kth_key_and_tie_cutoff_mgpu` also gives each row's tie cutoff (the last slot equal to the k-th key that the top-k
 keeps), so XLA's compaction (`topk.select_by_tie_cutoff`) needs one scan where `select_from_kth` needs a count and
 two: half the top-k's time at a prefill chunk was that compaction (RESULTS, 2026-12-06). Rows whose ties all fit
-(nearly every row past the first k positions) cost nothing more; the others run a pass counting the keys above and a
-binary search over slots. Untimed, so the model's path (`topk.select_topk`) does not use it yet.
+(nearly every row past the first k positions) cost nothing more; the others run one pass counting the keys above and
+the visible tied ones; a row seeing fewer slots than k (its k-th key −inf's, its ties the invisible slots) is done
+there, and only real ties (equal finite scores, or more visible −inf scores than it drops) run a binary search over
+slots.
 
 Keys are held as signed int32: the unsigned key with its top bit flipped has the same order, and int32 arrays are
 what the kernel was written and checked with (Pallas's GPU interpreter, both jax versions' CUDA lowering, the H100).
@@ -53,30 +55,19 @@ _NEG_INF_KEY = np.int32(np.uint32(0xFF800000 ^ 0x7FFFFFFF).view(np.int32))  # �
 CHUNKS = (4096, 2048, 1024, 512, 256, 128)
 
 
-# Warpgroups a row may be split over (`Config.warpgroups`).
-WARPGROUPS = (1, 2, 4)
-
-
 @dataclasses.dataclass(frozen=True)
 class Config:
   """Launch parameters. `chunk` = 0: `config_for` picks it."""
 
-  chunk: int = 0  # keys a pass's loop step holds in registers (a multiple of 128 dividing a warpgroup's share, ≤ 4,096)
-  # Warpgroups sharing a row (one of WARPGROUPS): each reads and counts its own contiguous share of the row's keys,
-  # and each pass their three counts meet in shared memory behind a barrier. One warpgroup leaves a row's 16 passes
-  # with nothing to hide their latency (~50 µs at 32K slots, 2026-12-06): more cut a row's time where few rows run
-  # (decode's 4–32 queries) and where one CTA fills a core's shared memory (32K slots). Untimed: 1 until measured.
-  warpgroups: int = 1
+  chunk: int = 0  # keys a pass's loop step holds in registers (a multiple of 128 dividing the row, ≤ 4,096)
 
 
 def config_for(slots: int, config: Config | None = None) -> Config:
-  """The widest of CHUNKS dividing a warpgroup's share of `slots` (the fewest loop steps a pass), unless `config`
-  names one."""
+  """The widest of CHUNKS dividing `slots` (the fewest loop steps a pass), unless `config` names one."""
   config = config or Config()
   if config.chunk:
     return config
-  share = slots // config.warpgroups
-  return dataclasses.replace(config, chunk=next((c for c in CHUNKS if share % c == 0), CHUNKS[-1]))
+  return dataclasses.replace(config, chunk=next((c for c in CHUNKS if slots % c == 0), CHUNKS[-1]))
 
 
 def takes(slots: int) -> list[str]:
@@ -110,11 +101,9 @@ def check_operands(scores_BTS: jax.Array, positions_BT: jax.Array, k: int, confi
     raise ValueError(f"scores {scores_BTS.dtype}: the kernel takes float32 scores")
   if positions_BT.shape != (b, t):
     raise ValueError(f"positions_BT of shape {positions_BT.shape} does not match the scores' queries {(b, t)}")
-  if config.warpgroups not in WARPGROUPS:
-    raise ValueError(f"warpgroups={config.warpgroups!r} must be one of {WARPGROUPS}")
-  if takes(s) or config.chunk % 128 or s % (config.chunk * config.warpgroups) or config.chunk > CHUNKS[0]:
-    raise ValueError(f"{s} slots with chunk={config.chunk}, warpgroups={config.warpgroups}: "
-                     f"{'; '.join(takes(s)) or f'chunk must be a multiple of 128 dividing each warpgroup’s share, ≤ {CHUNKS[0]}'}")
+  if takes(s) or config.chunk % 128 or s % config.chunk or config.chunk > CHUNKS[0]:
+    raise ValueError(f"{s} slots with chunk={config.chunk}: "
+                     f"{'; '.join(takes(s)) or f'chunk must be a multiple of 128 dividing the row, ≤ {CHUNKS[0]}'}")
   if not 1 <= k <= s:
     raise ValueError(f"k={k} must be in [1, {s}]")
 
@@ -135,8 +124,10 @@ def kth_key_and_tie_cutoff_mgpu(scores_BTS: jax.Array, positions_BT: jax.Array, 
   of the keys above and no scan of the tied ones.
 
   The kernel carries the count of keys at or above the k-th key through its passes; only a row where that count
-  exceeds k (tied keys the top-k cannot all keep: rows with fewer visible slots than k, equal scores) runs more
-  passes: one counting the keys above, then a binary search over slots for the (k − above)-th tied one."""
+  exceeds k (tied keys the top-k cannot all keep: rows with fewer visible slots than k, equal scores) runs more: one
+  pass counting the keys above and the visible tied ones; where the k-th key is −inf's and the visible ties fall
+  short, the rest are the first invisible slots (position + 1 on); otherwise a binary search over slots for the
+  (k − above)-th tied one."""
   out = _row_kernel(scores_BTS, positions_BT, k, config, interpret, tie_cutoff=True)
   kth = lax.bitcast_convert_type(out[:, 0], jnp.uint32).reshape(positions_BT.shape)
   return kth, out[:, 1].reshape(positions_BT.shape)
@@ -163,47 +154,39 @@ def _row_kernel(scores_BTS, positions_BT, k: int, config: Config | None, interpr
   config = config_for(scores_BTS.shape[-1], config)
   check_operands(scores_BTS, positions_BT, k, config)
   b, t, s = scores_BTS.shape
-  ch, groups = config.chunk, config.warpgroups
-  chunks = s // ch // groups  # a warpgroup's loop steps a pass
+  ch = config.chunk
+  chunks = s // ch  # a pass's loop steps
   search_steps = max(1, (s - 1).bit_length())  # halvings of [0, S) to one slot
   scores = scores_BTS.reshape(b * t, s)
   positions = positions_BT.reshape(b * t).astype(jnp.int32)
 
-  def body(scores_gmem, positions_gmem, out_gmem, keys_smem, out_smem, *meet):
+  def body(scores_gmem, positions_gmem, out_gmem, keys_smem, out_smem):
     row = lax.axis_index("q")
     position = positions_gmem[row]
-    wg = lax.axis_index("wg") if groups > 1 else 0
-    first = wg * chunks  # this warpgroup's first chunk of the row
 
     def slot_ids(c):  # chunk c's slots
       return lax.broadcasted_iota(jnp.int32, (ch,), 0) + c * ch
 
-    @pl.loop(first, first + chunks)
+    @pl.loop(0, chunks)
     def _(c):  # the row's scores → signed keys, invisible slots at −inf's
       bits = lax.bitcast_convert_type(scores_gmem[row, pl.ds(c * ch, ch)], jnp.int32)
       keys = jnp.where(bits < 0, bits ^ jnp.int32(0x7FFFFFFF), bits)
       keys_smem[pl.ds(c * ch, ch)] = jnp.where(slot_ids(c) <= position, keys, _NEG_INF_KEY)
 
-    def row_counts(tests, pass_index, with_slots=False):
-      """The row's count of keys passing each test (keys[, slots] → bool), all warpgroups' shares summed."""
+    def row_counts(tests, with_slots=False):
+      """The row's count of keys passing each test (keys[, slots] → bool)."""
       def count(c, counts):
-        keys = keys_smem[pl.ds(c * ch, ch)]
-        args = (keys, slot_ids(c)) if with_slots else (keys,)
+        args = (keys_smem[pl.ds(c * ch, ch)], slot_ids(c)) if with_slots else (keys_smem[pl.ds(c * ch, ch)],)
         return tuple(n + jnp.where(test(*args), 1, 0) for n, test in zip(counts, tests, strict=True))
 
       zeros = jnp.zeros((ch,), jnp.int32)
-      counts = lax.fori_loop(first, first + chunks, count, (zeros,) * len(tests))
-      totals = [jnp.sum(n) for n in counts]
-      return _meet(plgpu, meet, totals, wg, groups, pass_index) if groups > 1 else totals
+      return [jnp.sum(n) for n in lax.fori_loop(0, chunks, count, (zeros,) * len(tests))]
 
     def one_pass(index, carry):  # the k-th key's next 2-bit digit, `index` 0 … 15 from the top
       kth, at_or_above = carry  # the k-th key so far (unsigned domain, as int32 bits); keys at or above it
       shift = 30 - 2 * index
-      if isinstance(index, int):
-        candidates = [(kth | np.int32(np.uint32(d << shift).view(np.int32))) ^ _FLIP for d in (1, 2, 3)]
-      else:
-        candidates = [(kth | (jnp.int32(d) << shift)) ^ _FLIP for d in (1, 2, 3)]
-      totals = row_counts([lambda keys, cand=cand: keys >= cand for cand in candidates], index)
+      candidates = [(kth | np.int32(np.uint32(d << shift).view(np.int32))) ^ _FLIP for d in (1, 2, 3)]
+      totals = row_counts([lambda keys, cand=cand: keys >= cand for cand in candidates])
       digit = sum(jnp.where(n >= k, 1, 0) for n in totals)
       kth = kth | (jnp.int32(digit) << shift)
       if tie_cutoff:
@@ -213,68 +196,45 @@ def _row_kernel(scores_BTS, positions_BT, k: int, config: Config | None, interpr
 
     plgpu.commit_smem()
     carry = (jnp.int32(0), jnp.int32(s))
-    if groups > 1:  # a loop: unrolled, the split row's passes took Mosaic GPU's layout inference ~30 s to lower
-      carry = lax.fori_loop(0, 16, one_pass, carry)
-    else:  # unrolled, as timed (2026-12-06)
-      for index in range(16):
-        carry = one_pass(index, carry)
+    for index in range(16):  # unrolled, as timed (2026-12-06)
+      carry = one_pass(index, carry)
     kth, at_or_above = carry
 
-    def search():  # the (k − above)-th tied slot: the smallest c with ≥ that many tied keys at slots ≤ c
+    def search():  # the (k − above)-th tied slot
       kth_signed = kth ^ _FLIP
-      wanted = k - row_counts([lambda keys: keys > kth_signed], 16)[0]
+      above, visible_tied = row_counts([lambda keys, _: keys > kth_signed,
+                                        lambda keys, slots: (keys == kth_signed) & (slots <= position)],
+                                       with_slots=True)
+      wanted = k - above
 
-      def halve(step, bounds):  # a loop, not unrolled: 16 unrolled steps over 4 warpgroups took minutes to lower
+      def halve(step, bounds):  # the smallest slot with ≥ `wanted` tied keys at or below it
         low, high = bounds
         middle = (low + high) >> 1
-        tied = row_counts([lambda keys, slots: (keys == kth_signed) & (slots <= middle)], 17 + step,
-                          with_slots=True)[0]
+        tied = row_counts([lambda keys, slots: (keys == kth_signed) & (slots <= middle)], with_slots=True)[0]
         return jnp.where(tied >= wanted, low, middle + 1), jnp.where(tied >= wanted, middle, high)
-      return lax.fori_loop(0, search_steps, halve, (jnp.int32(0), jnp.int32(s - 1)))[0]
 
-    cutoff = lax.cond(at_or_above > k, search, lambda: jnp.int32(s)) if tie_cutoff else None  # every warpgroup
+      def binary_search():
+        return lax.fori_loop(0, search_steps, halve, (jnp.int32(0), jnp.int32(s - 1)))[0]
+      # −inf's key: every invisible slot is tied, after the visible ties in slot order
+      past_the_visible = (kth_signed == _NEG_INF_KEY) & (visible_tied < wanted)
+      return lax.cond(past_the_visible, lambda: position + wanted - visible_tied, binary_search)
 
-    def copy_out():
-      if tie_cutoff:
-        out_smem[...] = jnp.where(lax.broadcasted_iota(jnp.int32, out_smem.shape, 0) == 1, cutoff, kth)
-      else:
-        out_smem[...] = jnp.broadcast_to(kth, out_smem.shape)  # a scalar is not stored to GMEM: a 512-byte row
-      plgpu.commit_smem()
-      plgpu.copy_smem_to_gmem(out_smem, out_gmem.at[row])
-      plgpu.wait_smem_to_gmem(0)
-    if groups > 1:
-      pl.when(wg == 0)(copy_out)
+    if tie_cutoff:
+      cutoff = lax.cond(at_or_above > k, search, lambda: jnp.int32(s))
+      out_smem[...] = jnp.where(lax.broadcasted_iota(jnp.int32, out_smem.shape, 0) == 1, cutoff, kth)
     else:
-      copy_out()
+      out_smem[...] = jnp.broadcast_to(kth, out_smem.shape)  # a scalar is not stored to GMEM: a 512-byte row
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(out_smem, out_gmem.at[row])
+    plgpu.wait_smem_to_gmem(0)
 
-  passes = 16 + (1 + search_steps if tie_cutoff else 0)  # a barrier each, each used once
-  meet_scratch = [] if groups == 1 else [plgpu.SMEM((2, groups, 128), jnp.int32),
-                                         plgpu.Barrier(num_arrivals=groups, num_barriers=passes)]
   kernel = plgpu.kernel(
       body,
       out_type=jax.ShapeDtypeStruct((b * t, 128), jnp.int32),
-      scratch_types=[plgpu.SMEM((s,), jnp.int32), plgpu.SMEM((128,), jnp.int32), *meet_scratch],
+      scratch_types=[plgpu.SMEM((s,), jnp.int32), plgpu.SMEM((128,), jnp.int32)],
       grid=(b * t,),
       grid_names=("q",),
-      **({} if groups == 1 else {"num_threads": groups, "thread_name": "wg"}),
       kernel_name=KERNEL_NAME,
       interpret=interpret_params(plgpu, interpret),
   )
   return kernel(scores, positions)
-
-
-def _meet(plgpu, meet, totals, wg, groups: int, pass_index: int):
-  """The row's counts of a pass: each warpgroup's own (`totals`, up to 128) written to shared memory as the first
-  lanes of a 128-lane row, a barrier for the pass (each used once), then the rows of all warpgroups summed. Passes
-  alternate between two sets of rows: a warpgroup writes a set again two passes on, after every warpgroup has passed
-  the barrier in between, so after every read of it."""
-  partial_smem, passed = meet
-  lane = lax.broadcasted_iota(jnp.int32, (128,), 0)
-  packed = jnp.broadcast_to(totals[-1], (128,))
-  for j in range(len(totals) - 2, -1, -1):
-    packed = jnp.where(lane == j, totals[j], packed)
-  partial_smem[pass_index % 2, wg] = packed  # pass_index: a Python int, or traced in a loop of passes
-  plgpu.barrier_arrive(passed.at[pass_index])
-  plgpu.barrier_wait(passed.at[pass_index])
-  summed = sum(partial_smem[pass_index % 2, w] for w in range(groups))
-  return [jnp.sum(jnp.where(lane == j, summed, 0)) for j in range(len(totals))]

@@ -49,48 +49,39 @@ def _assert_sorts_and_radix_passes_kth(got, scores, positions, k):
   np.testing.assert_array_equal(np.asarray(got), np.asarray(topk.kth_key_sibling_reductions(keys, k)))
 
 
-@pytest.mark.parametrize("b,t,s,k,chunk,warpgroups", [(2, 3, 512, 64, 128, 2), (1, 4, 1024, 1024, 0, 4),
-                                                      (3, 1, 4608, 2048, 0, 4), (2, 2, 2048, 1, 256, 2)])
-def test_a_row_split_over_warpgroups_finds_the_same_kth_key(b, t, s, k, chunk, warpgroups):
-  """Each warpgroup counts its share of the row and the shares' counts meet each pass: the k-th key is still a
-  sort's, with visible slots in one share only (positions below a share's end) and in none."""
-  scores, positions = _row(b, t, s, s + k + warpgroups)  # the first query sees every slot, the last none
-  positions = positions.reshape(-1).at[1].set(s // warpgroups // 2).reshape(b, t)  # the first share's half only
-  got = kth_key_mgpu(scores, positions, k, config=Config(chunk=chunk, warpgroups=warpgroups), interpret=not ON_GPU)
-  _assert_sorts_and_radix_passes_kth(got, scores, positions, k)
-
-
 def _tied_rows(b, t, s, seed):
-  """`_row`'s scores with more ties (every 3rd slot 0.5, so the k-th key is often 0.5 with some of its ties dropped)
-  and a query seeing only a few slots (fewer than k: ties among −inf's keys)."""
+  """`_row`'s scores with more ties (every 3rd slot 0.5, so the k-th key is often 0.5 with some of its ties dropped);
+  a query seeing only 6 slots (fewer than k: its ties are −inf's keys, the invisible slots after a visible −inf);
+  and one seeing every slot, all −inf but 3 (−inf's key with visible ties dropped: the kernel's binary search)."""
   scores, positions = _row(b, t, s, seed)
-  return scores.at[..., ::3].set(0.5), positions.reshape(-1).at[1].set(5).reshape(b, t)
+  scores, positions = scores.at[..., ::3].set(0.5).reshape(b * t, s), positions.reshape(-1)
+  scores, positions = scores.at[1, 2].set(-np.inf), positions.at[1].set(5)
+  if b * t > 2:
+    scores, positions = scores.at[2, 3:].set(-np.inf), positions.at[2].set(s - 1)
+  return scores.reshape(b, t, s), positions.reshape(b, t)
 
 
-@pytest.mark.parametrize("b,t,s,k,chunk,warpgroups", [(2, 3, 384, 64, 128, 1), (1, 4, 1024, 1024, 0, 1),
-                                                      (2, 2, 2048, 700, 0, 4), (3, 2, 512, 90, 128, 2)])
-def test_the_tie_cutoff_is_the_last_tied_slot_kept(b, t, s, k, chunk, warpgroups):
+@pytest.mark.parametrize("b,t,s,k,chunk", [(2, 3, 384, 64, 128), (1, 4, 1024, 1024, 0), (2, 2, 2048, 700, 0),
+                                           (3, 2, 512, 90, 128)])
+def test_the_tie_cutoff_is_the_last_tied_slot_kept(b, t, s, k, chunk):
   """The kernel's tie cutoff is the reference's (the (k − above)-th tied slot, S where every tie is kept) on rows
-  whose k-th key has ties dropped, rows with fewer visible slots than k, none visible and k = S; its k-th key is
-  still a sort's."""
+  whose k-th key has ties dropped, rows with fewer visible slots than k, visible −inf scores, none visible and
+  k = S; its k-th key is still a sort's."""
   scores, positions = _tied_rows(b, t, s, s + k)
-  config = Config(chunk=chunk, warpgroups=warpgroups)
-  kth, cutoff = kth_key_and_tie_cutoff_mgpu(scores, positions, k, config=config, interpret=not ON_GPU)
+  kth, cutoff = kth_key_and_tie_cutoff_mgpu(scores, positions, k, config=Config(chunk=chunk), interpret=not ON_GPU)
   want = np.asarray(reference_tie_cutoff(scores, positions, k))
   np.testing.assert_array_equal(np.asarray(kth), np.asarray(reference(scores, positions, k)))
   np.testing.assert_array_equal(np.asarray(cutoff), want)
   assert (want < s).any() or k == s  # the search ran for some row (at k = S every tie is kept)
 
 
-@pytest.mark.parametrize("warpgroups", [1, 4])
-def test_selection_by_the_tie_cutoff_equals_xlas_radix_select(warpgroups):
+def test_selection_by_the_tie_cutoff_equals_xlas_radix_select():
   """With the kernel's tie cutoff, XLA's compaction takes one scan and lists exactly the radix select's slots in its
   order; so does the reference's cutoff through the same compaction (the reference's own check)."""
   scores, positions = _tied_rows(2, 3, 512, 5)
   visible = causal_mask(positions, 512)
   want = topk.topk_selection_radix(scores, visible, 40)
-  got = topk.topk_selection_kernel(scores, positions, 40, config=Config(warpgroups=warpgroups), tie_cutoff=True,
-                                   interpret=not ON_GPU)
+  got = topk.topk_selection_kernel(scores, positions, 40, tie_cutoff=True, interpret=not ON_GPU)
   by_reference = topk.select_by_tie_cutoff(topk.order_keys(scores, visible), visible, reference(scores, positions, 40),
                                            reference_tie_cutoff(scores, positions, 40), 40)
   for selection in (got, by_reference):
@@ -99,32 +90,28 @@ def test_selection_by_the_tie_cutoff_equals_xlas_radix_select(warpgroups):
 
 
 @pytest.mark.skipif(ON_GPU, reason="the interpreter's race detector (on a CPU)")
-@pytest.mark.parametrize("warpgroups", [1, 4])
-def test_no_shared_memory_race(warpgroups):
-  """The GPU interpreter's race detector (every shared-memory access, the copy out and the warpgroups' meeting
-  rows included, the tie cutoff's search too) finds no unordered access over several loop steps; it raises at the
+def test_no_shared_memory_race():
+  """The GPU interpreter's race detector (every shared-memory access, the copy out included, the tie cutoff's
+  search too) finds no unordered access over several loop steps; it raises at the
   first race."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # noqa: PLC0415
   scores, positions = _row(2, 1, 1024, 3)
   detect = plgpu.InterpretGPUParams(detect_races=True)
-  got = kth_key_mgpu(scores, positions, 40, config=Config(chunk=128, warpgroups=warpgroups), interpret=detect)
+  got = kth_key_mgpu(scores, positions, 40, config=Config(chunk=128), interpret=detect)
   np.testing.assert_array_equal(np.asarray(got), np.asarray(reference(scores, positions, 40)))
   scores, positions = _tied_rows(1, 3, 1024, 3)
-  _, cutoff = kth_key_and_tie_cutoff_mgpu(scores, positions, 40, config=Config(chunk=128, warpgroups=warpgroups),
-                                          interpret=detect)
+  _, cutoff = kth_key_and_tie_cutoff_mgpu(scores, positions, 40, config=Config(chunk=128), interpret=detect)
   np.testing.assert_array_equal(np.asarray(cutoff), np.asarray(reference_tie_cutoff(scores, positions, 40)))
 
 
 @pytest.mark.skipif(not ON_GPU, reason="V3.2's verification shape, compiled (256 rows of 32K slots: in the "
                                        "interpreter, far past the CPU suite's budget)")
-@pytest.mark.parametrize("b,t,s,chunk,warpgroups", [(64, 4, 32768, 0, 1), (1, 1, 4608, 0, 1), (8, 4, 49152, 0, 1),
-                                                   (64, 4, 32768, 512, 1), (1, 1, 4608, 512, 1),
-                                                   (8, 4, 49152, 512, 1), (64, 4, 32768, 0, 2),
-                                                   (1, 4, 32768, 0, 4), (8, 4, 49152, 0, 4)])
-def test_kth_key_at_v32_shapes_on_the_gpu(b, t, s, chunk, warpgroups):
+@pytest.mark.parametrize("b,t,s,chunk", [(64, 4, 32768, 0), (1, 1, 4608, 0), (8, 4, 49152, 0), (64, 4, 32768, 512),
+                                         (1, 1, 4608, 512), (8, 4, 49152, 512)])
+def test_kth_key_at_v32_shapes_on_the_gpu(b, t, s, chunk):
   scores, _ = _row(b, t, s, 0)
   positions = jnp.asarray(np.random.default_rng(1).integers(s // 2, s, (b, t)), jnp.int32).at[0, 0].set(s - 1)
-  config = Config(chunk=chunk, warpgroups=warpgroups)
+  config = Config(chunk=chunk)
   got = jax.jit(lambda x, p: kth_key_mgpu(x, p, 2048, config=config))(scores, positions)
   np.testing.assert_array_equal(np.asarray(got), np.asarray(reference(scores, positions, 2048)))
 
@@ -139,15 +126,6 @@ def test_model_top_k_through_the_kernel_picks_lax_top_ks_slots(b, t, s, k):
   want = topk.topk_selection(scores, causal_mask(positions, s), k)
   np.testing.assert_array_equal(np.sort(np.asarray(got.slots_BTK), -1), np.sort(np.asarray(want.slots_BTK), -1))
   np.testing.assert_array_equal(np.asarray(got.mask(s)), np.asarray(want.mask(s)))
-
-
-def test_selection_through_a_split_row_equals_xlas_radix_select():
-  """The top-k with the kernel's row over 2 warpgroups lists exactly XLA's radix select's slots, in its order."""
-  scores, positions = _row(2, 2, 512, 11)
-  got = topk.topk_selection_kernel(scores, positions, 40, config=Config(warpgroups=2), interpret=not ON_GPU)
-  want = topk.topk_selection_radix(scores, causal_mask(positions, 512), 40)
-  np.testing.assert_array_equal(np.asarray(got.slots_BTK), np.asarray(want.slots_BTK))
-  np.testing.assert_array_equal(np.asarray(got.valid_BTK), np.asarray(want.valid_BTK))
 
 
 def test_speculative_equals_plain_greedy_through_the_kernel():
@@ -171,11 +149,10 @@ def test_the_kernel_is_in_the_lowered_step_when_asked_for():
   assert KERNEL_NAME in mtp_step_module(cfg.replace(topk_impl="auto"), "cuda", 64, 512)  # 64: the kernel
 
 
-@pytest.mark.parametrize("warpgroups,tie_cutoff", [(1, False), (2, False), (4, False), (1, True), (4, True)])
-def test_lowered_for_cuda_names_the_kernel(warpgroups, tie_cutoff):
+@pytest.mark.parametrize("kernel", [kth_key_mgpu, kth_key_and_tie_cutoff_mgpu])
+def test_lowered_for_cuda_names_the_kernel(kernel):
   """The kernel lowers for CUDA (Mosaic GPU's own checks: layouts, barriers) in each form."""
-  kernel = kth_key_and_tie_cutoff_mgpu if tie_cutoff else kth_key_mgpu
-  fn = jax.jit(lambda x, p: kernel(x, p, 2048, config=Config(warpgroups=warpgroups)))
+  fn = jax.jit(lambda x, p: kernel(x, p, 2048))
   args = jax.ShapeDtypeStruct((64, 4, 32768), jnp.float32), jax.ShapeDtypeStruct((64, 4), jnp.int32)
   assert KERNEL_NAME in fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
@@ -183,7 +160,6 @@ def test_lowered_for_cuda_names_the_kernel(warpgroups, tie_cutoff):
 def test_config_for_takes_the_widest_chunk_dividing_the_row():
   assert [config_for(s).chunk for s in (32768, 4608, 1152, 384)] == [4096, 512, 128, 128]
   assert config_for(4096, Config(chunk=256)).chunk == 256
-  assert [config_for(s, Config(warpgroups=4)).chunk for s in (32768, 4608, 2048)] == [4096, 128, 512]
 
 
 @pytest.mark.parametrize("scores,positions,k,config,match", [
@@ -193,8 +169,7 @@ def test_config_for_takes_the_widest_chunk_dividing_the_row():
     ((1, 1, MAX_SLOTS + 1024), (1, 1), 8, None, "MAX_SLOTS"),
     ((1, 1, 384), (1, 1), 8, Config(chunk=256), "chunk=256"),
     ((1, 1, 256), (1, 1), 0, None, "k=0"),
-    ((1, 1, 512), (1, 1), 8, Config(warpgroups=3), "warpgroups=3"),
-    ((1, 1, 384), (1, 1), 8, Config(chunk=128, warpgroups=2), "warpgroups=2"),
+    ((1, 1, 512), (1, 1), 8, Config(chunk=640), "chunk=640"),
 ])
 def test_operands_it_cannot_take_are_named(scores, positions, k, config, match):
   dtype = jnp.bfloat16 if match == "float32" else jnp.float32
