@@ -565,6 +565,18 @@ case "${1:?stage}" in
     run 300 topk_warpgroups.md python3 -m benchmarks.dsa_parts --capacity 4608 32768 --batch 1 8 64 --tokens 4 \
       --parts top-k --topk-forms library-kernel
     ;;
+  tiecut2)  # after tiecut (11:07 2026-12-06, an H100: the tie cutoff 2,191 µs at a 2,048-query chunk against the kernel's
+            # 2,574 and XLA's 2,747; 75 against 66 µs at 256 queries over 4,608 slots, one run): its compiled tests (the
+            # search's −inf shortcut), its rows at 64 and 256 queries again, and at a prompt's first chunk (every row
+            # sees fewer slots than k)
+    run 150 gpu_tests_tiecut.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 120 \
+      tests/test_topk_mgpu.py -k "tie_cutoff or v32"
+    run 200 topk_tiecut_decode.md python3 -m benchmarks.dsa_parts --capacity 4608 32768 --batch 16 64 --tokens 4 \
+      --parts top-k --topk-forms library-kernel --iters 50
+    run 120 topk_tiecut_first_chunk.md python3 -m benchmarks.prefill_parts --capacity 33280 --chunk 2048 \
+      --position 0 --topk "radix (library)" "k-th key: Mosaic GPU kernel" "k-th key and tie cutoff: Mosaic GPU kernel" \
+      --trace
+    ;;
   tiecut)  # after wgroups (10:59 2026-12-06, an H100: the 2- and 4-warpgroup forms wrong on the GPU, removed; the tie
            # cutoff right): the tie cutoff's form at a 32K prompt's 2,048-query prefill chunk beside the kernel and XLA's
            # radix select, then the top-k kernel's model-level GPU tests (speculative == plain, lax.top_k's slots)
