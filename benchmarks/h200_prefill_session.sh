@@ -565,6 +565,11 @@ case "${1:?stage}" in
     run 300 topk_warpgroups.md python3 -m benchmarks.dsa_parts --capacity 4608 32768 --batch 1 8 64 --tokens 4 \
       --parts top-k --topk-forms library-kernel
     ;;
+  tiecut3)  # after tiecut2 (11:15 2026-12-06, an H100: the tie cutoff faster at 64, 256 and 2,048 queries; its compiled
+            # tests passed): the model's top-k through it by default, its model-level GPU tests
+    run 240 gpu_tests_topk_model2.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 150 \
+      tests/test_topk_mgpu.py -k "model or speculative or selection_by"
+    ;;
   tiecut2)  # after tiecut (11:07 2026-12-06, an H100: the tie cutoff 2,191 µs at a 2,048-query chunk against the kernel's
             # 2,574 and XLA's 2,747; 75 against 66 µs at 256 queries over 4,608 slots, one run): its compiled tests (the
             # search's −inf shortcut), its rows at 64 and 256 queries again, and at a prompt's first chunk (every row
