@@ -1,5 +1,8 @@
 # Sourced by the device session scripts: CUDA JAX, multicast off, carried wheels, $OUT, a machine line in $OUT, run().
 export PYTHONUNBUFFERED=1 JAX_PLATFORMS=cuda
+# GPU test runs take the tests' full form (docs/testing.md): the CI form's bounds are the 2-core CPU's, and the
+# session that changes a path runs its full form here. Before 2026-12-06 11:30 they ran the CI form.
+export JAX_MTP_FULL_TESTS=1
 # NVLink multicast stays off on these machines (it can take shared GPUs down).
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"

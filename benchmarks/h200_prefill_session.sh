@@ -70,8 +70,13 @@
 #   topk4    (07:58 2026-12-06, an H100: faster at 64, 128, 2,048, 4,096 queries; 32K × B = 32 cut) the k-th key kernel at a 32K prompt's prefill chunks and at 64 / 128 queries a call
 #   topk6    (08:31 2026-12-06, an H100: 10 + 1 passed, none failed, cut by the device budget) the k-th key kernel's GPU tests and the user path's token tests, auto from 64 queries up
 #   onescan  (08:24 2026-12-06, an H100: the packed scan slower, reverted; exits 2 since)
-#   wgroups  (not run yet) the k-th key kernel's row over 2 and 4 warpgroups: compiled tests, timed B = 1, 8, 64
-#   wgroups2 (not run yet) the same forms at a 32K prompt's prefill chunk the one-scan compaction beside the two scans; verification at 32K, B = 64, both top-ks
+#   wgroups  (10:59 2026-12-06, an H100: the split rows wrong compiled, removed; exits 2 since) the k-th key kernel's row
+#            over 2 and 4 warpgroups and its tie cutoff: compiled tests, timed B = 1, 8, 64
+#   wgroups2 (never run; exits 2) the warpgroup forms at a 32K prompt's prefill chunk
+#   tokens5  (11:03 2026-12-06, an H100: 2 passed, 3 skipped) the kernels' token tests tokens3 did not reach
+#   tiecut   (11:07 2026-12-06, an H100) the tie cutoff at a 2,048-query prefill chunk; the top-k's model-level GPU tests
+#   tiecut2  (11:15 2026-12-06, an H100) the tie cutoff's compiled tests, its rows at 64 / 256 queries, a first chunk
+#   tiecut3  (11:22 2026-12-06, an H100: 4 passed) the model-level GPU tests with the tie cutoff the default
 #   topk5    (not run yet) e2e at a 32K prompt, B = 1, the top-k auto and the kernel forced
 #   fp8gpu   (21:28 2026-12-04) the FP8 paths' GPU tests (the prefill rule and the bounded bytes layout)
 #   fp8q     (not run yet) the index scores' float8 × float8 form timed and tested; the user path's GPU tests
@@ -99,7 +104,6 @@
 #   apart5   (19:00) apart4 bounded: compiled, 12 tests passed, no faster. apart–apart5 and vrelay2 now exit 2: the
 #            forms they ran were removed on 2026-12-05
 #   tokens4  (not run yet) test_speculative's cases tokens3 did not reach
-#   tokens5  (not run yet) the kernels' token tests tokens3 did not reach, each bounded
 #   router   (15:44 2026-12-05) the router's logits, fp32 dot vs three bf16 dots, by token count
 #   heads    (22:38 2026-12-05, an H100; exits 2 since) the sparse-MLA kernel's heads-major q~ / output: no faster,
 #            removed the same evening
@@ -489,7 +493,7 @@ case "${1:?stage}" in
     run 420 gpu_tests_spec2.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider tests/test_speculative.py \
       -k "(past_index_topk and not glm5) or glm5-bfloat16-3 or glm5-bfloat16-4 or decide or stop"
     ;;
-  tokens5)  # (not run yet) the kernels' token tests tokens3 did not reach (its 200 s went to the index-sharing test),
+  tokens5)  # (11:03 2026-12-06, an H100: 2 passed, 3 skipped, none failed) the kernels' token tests tokens3 did not reach (its 200 s went to the index-sharing test),
             # each test bounded so that one slow compile names itself and the rest still run
     run 540 gpu_tests_tokens3.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 240 \
       tests/test_user_path_kernels.py tests/test_fp8_weights.py -k "tokens or index_sharing or speculative"
@@ -556,14 +560,10 @@ case "${1:?stage}" in
     echo "stage $1: the packed one-scan compaction was reverted on 2026-12-06 (slower); see RESULTS.md" >&2
     exit 2
     ;;
-  wgroups)  # (not run yet) the k-th key kernel with a row split over 2 and 4 warpgroups (Config.warpgroups,
-            # 2026-12-06) and with its tie cutoff (XLA's compaction in one scan): compiled tests, then alone and with
-            # XLA's compaction beside 1 warpgroup and XLA's radix select from decode's 4 queries to verification's 256,
-            # at 4,608 and 32K slots
-    run 220 gpu_tests_topk.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider tests/test_topk_mgpu.py \
-      -k "split or v32 or cutoff"
-    run 300 topk_warpgroups.md python3 -m benchmarks.dsa_parts --capacity 4608 32768 --batch 1 8 64 --tokens 4 \
-      --parts top-k --topk-forms library-kernel
+  wgroups)  # (10:59 2026-12-06, an H100: the split rows wrong compiled, no faster; removed, exits 2 since) the k-th
+            # key kernel with a row over 2 and 4 warpgroups and with its tie cutoff: compiled tests, timed B = 1, 8, 64
+    echo "stage $1: the row split over warpgroups was removed on 2026-12-06 (wrong keys compiled); see RESULTS.md" >&2
+    exit 2
     ;;
   tiecut3)  # after tiecut2 (11:15 2026-12-06, an H100: the tie cutoff faster at 64, 256 and 2,048 queries; its compiled
             # tests passed): the model's top-k through it by default, its model-level GPU tests
@@ -591,11 +591,9 @@ case "${1:?stage}" in
     run 330 gpu_tests_topk_model.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 200 \
       tests/test_topk_mgpu.py -k "model or speculative or cutoff_equals"
     ;;
-  wgroups2)  # (not run yet) after wgroups: the warpgroups forms at a 32K prompt's prefill chunk (2,048 queries)
-    run 200 topk_warpgroups_prefill.md python3 -m benchmarks.prefill_parts --capacity 33280 --chunk 2048 \
-      --position 16384 --topk "radix (library)" "k-th key: Mosaic GPU kernel" \
-      "k-th key: Mosaic GPU kernel, 2 warpgroups a row" "k-th key: Mosaic GPU kernel, 4 warpgroups a row" \
-      "k-th key and tie cutoff: Mosaic GPU kernel" --trace
+  wgroups2)  # (never run; superseded by tiecut) the warpgroup forms at a 32K prompt's prefill chunk
+    echo "stage $1: the row split over warpgroups was removed on 2026-12-06; tiecut ran the tie cutoff's rows" >&2
+    exit 2
     ;;
   topk5)  # (not run yet) the user's path at a 32K prompt, B = 1, with the top-k auto (XLA in the prefill chunks) and
           # with the kernel forced (its prefill chunks and its round)
