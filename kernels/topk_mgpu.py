@@ -26,7 +26,7 @@ two: half the top-k's time at a prefill chunk was that compaction (RESULTS, 2026
 the visible tied ones; a row seeing fewer slots than k (its k-th key −inf's, its ties the invisible slots) is done
 there, and only real ties (equal finite scores, or more visible −inf scores than it drops) run a binary search over
 slots. The model's top-k (`topk.topk_selection_kernel`) takes this form: faster than `kth_key_mgpu` plus the
-count and two scans at every query count timed (RESULTS, 2026-12-06).
+count and two scans at 64, 256 and 2,048 queries (RESULTS, 2026-12-06; one slower run at 256 ran again faster).
 
 Keys are held as signed int32: the unsigned key with its top bit flipped has the same order, and int32 arrays are
 what the kernel was written and checked with (Pallas's GPU interpreter, both jax versions' CUDA lowering, the H100).
