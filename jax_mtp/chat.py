@@ -21,6 +21,8 @@ import datetime
 import json
 import os
 
+from jax_mtp.tokenizer import TokenizerError, json_object
+
 TEMPLATE_FILE = "chat_template.jinja"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 # DeepSeek-V3.2's markers (fullwidth bars, U+2581 spaces), as encoding_dsv32.py writes them
@@ -60,8 +62,11 @@ def jinja_template(directory: str, config: dict) -> str | None:
   None."""
   path = os.path.join(directory, TEMPLATE_FILE)
   if os.path.isfile(path):
-    with open(path, encoding="utf-8") as f:
-      return f.read()
+    try:
+      with open(path, encoding="utf-8") as f:
+        return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+      raise ChatFormatError(f"cannot read {path!r}: {e}") from None
   template = config.get("chat_template")
   if isinstance(template, list):  # [{"name": ..., "template": ...}]: transformers' default is "default"
     named = {entry.get("name"): entry.get("template") for entry in template if isinstance(entry, dict)}
@@ -90,18 +95,17 @@ def _render_jinja(directory: str, template: str, config: dict, messages: list[di
         enable_thinking=thinking, thinking=thinking)
   except jinja2.TemplateError as e:
     raise ChatFormatError(f"the chat template of {directory!r} failed to render: {e}") from None
+  except Exception as e:  # noqa: BLE001 — the template's own Python errors ('str' + 1, a missing key): said of it
+    raise ChatFormatError(f"the chat template of {directory!r} failed to render: {type(e).__name__}: {e}") from None
 
 
 def _tokenizer_config(directory: str) -> dict:
-  path = os.path.join(directory, TOKENIZER_CONFIG)
-  if not os.path.isfile(path):
-    return {}
+  """tokenizer_config.json as a dict ({} where there is none); a file that cannot be read, is not UTF-8 or holds no
+  JSON object is an error naming it."""
   try:
-    with open(path, encoding="utf-8") as f:
-      config = json.load(f)
-  except json.JSONDecodeError as e:
-    raise ChatFormatError(f"{path!r} is not valid JSON: {e}") from None
-  return config if isinstance(config, dict) else {}
+    return json_object(os.path.join(directory, TOKENIZER_CONFIG)) or {}
+  except TokenizerError as e:
+    raise ChatFormatError(str(e)) from None
 
 
 def _token_text(token) -> str:

@@ -97,6 +97,10 @@ class Built(NamedTuple):
 def main(argv: list[str] | None = None) -> int:
   """Parse, validate, build, run, print: exit 0, 1 when a row's logits became non-finite or --check found
   the outputs differ or the output could not be written, 2 on bad input, 130 when interrupted (Ctrl-C)."""
+  # A terminal whose encoding lacks a character the output holds (an ASCII or cp1252 console: '→', a token's text)
+  # gets its backslash escape, as Python's own stderr does, not a UnicodeEncodeError after the rows were decoded.
+  with contextlib.suppress(AttributeError, ValueError):  # no stdout (pythonw), or one that cannot be reconfigured
+    sys.stdout.reconfigure(errors="backslashreplace")
   try:
     return _main(argv)
   except KeyboardInterrupt:  # one line, not a traceback from wherever the run was
@@ -129,6 +133,9 @@ def _main(argv: list[str] | None) -> int:
     return 2
   except OSError as e:  # a checkpoint file that cannot be read (permissions, vanished): its path and why
     print(f"error: cannot read {e.filename or 'a checkpoint file'!r}: {e.strerror or e}", file=sys.stderr)
+    return 2
+  except jax.errors.JaxRuntimeError as e:  # placing the weights (device memory exhausted): XLA's first line
+    print(f"error: {first_line(e)}", file=sys.stderr)
     return 2
   try:
     result, streamed = run(request, built)
@@ -183,6 +190,8 @@ def jax_settings(args: argparse.Namespace) -> dict:
 def validate(args: argparse.Namespace) -> Request:
   """Every check that reads no weight, in the order their errors are reported (BadInput / ValueError)."""
   settings = Settings.of(args)
+  if settings.tp < 1:  # first: the layouts below divide by it
+    raise BadInput(f"--tp={settings.tp} must be ≥ 1")
   if settings.tp > len(jax.devices()):  # before reading a checkpoint's config
     raise BadInput(f"--tp={settings.tp} needs {settings.tp} devices, {len(jax.devices())} available")
   distributed.replica_devices(settings.tp)  # several processes: tp spans whole processes (ValueError naming them)
@@ -234,8 +243,7 @@ def _identity(checkpoint: str | None, source: loader.Source | None) -> list | No
 
 
 def _check_run_flags(settings: Settings) -> None:
-  for flag, value in (("max-new-tokens", settings.max_new_tokens), ("num-speculative-tokens", settings.k),
-                      ("tp", settings.tp)):
+  for flag, value in (("max-new-tokens", settings.max_new_tokens), ("num-speculative-tokens", settings.k)):
     if value < 1:
       raise BadInput(f"--{flag}={value} must be ≥ 1")
   try:

@@ -138,7 +138,8 @@ def validate(args: argparse.Namespace) -> None:
   if args.num_processes is not None and args.num_processes < 1:
     raise ValueError(f"--num-processes={args.num_processes} must be ≥ 1")
   if args.process_id is not None and not 0 <= args.process_id < (args.num_processes or 1 << 30):
-    raise ValueError(f"--process-id={args.process_id} must lie in 0 .. {args.num_processes - 1}")
+    within = f"lie in 0 .. {args.num_processes - 1}" if args.num_processes else "be ≥ 0"  # a launcher's count
+    raise ValueError(f"--process-id={args.process_id} must {within}")
   if not 1 <= args.heartbeat_timeout <= MAX_HEARTBEAT_SECONDS:  # JAX's client takes a C int of seconds
     raise ValueError(f"--heartbeat-timeout={args.heartbeat_timeout} must be 1 to {MAX_HEARTBEAT_SECONDS} seconds")
   if not 1 <= args.startup_timeout <= MAX_HEARTBEAT_SECONDS:  # a C int of seconds too

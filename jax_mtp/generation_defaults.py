@@ -54,6 +54,11 @@ def resolve(given: dict, directory: str | None, mode: str, *, check: bool) -> tu
   if {**GREEDY, **applied, **given}["temperature"] == 0:  # greedy: the file's filters would change nothing,
     applied = {}  # and no note claims they do
   values = {**GREEDY, **applied, **given}
+  if values["temperature"] == 0:  # greedy: a filter given on the command line does nothing, and is said to
+    filters = [f"--{name.replace('_', '-')}" for name in ("top_k", "top_p") if name in given]
+    return values, (f"note: {' and '.join(filters)} filter what sampling draws from; greedy decoding (temperature 0) "
+                    f"does not use {'them' if len(filters) > 1 else 'it'}: give --temperature to sample"
+                    if filters else None)
   if not applied:
     return values, None
   settings = ", ".join(f"{name.replace('_', '-')} {value}" for name, value in applied.items())

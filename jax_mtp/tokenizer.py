@@ -64,14 +64,8 @@ def _utf8(text: str) -> str:
 def _bos_to_add(directory: str, tok) -> int | None:
   """The BOS id when tokenizer_config.json asks for one, else None."""
   path = os.path.join(directory, "tokenizer_config.json")
-  if not os.path.isfile(path):
-    return None
-  try:
-    with open(path, encoding="utf-8") as f:
-      config = json.load(f)
-  except json.JSONDecodeError as e:
-    raise TokenizerError(f"{path!r} is not valid JSON: {e}") from None
-  if not config.get("add_bos_token", False):
+  config = json_object(path)  # a file that is not a JSON object (or not UTF-8): an error naming it
+  if config is None or not config.get("add_bos_token", False):
     return None
   bos = config.get("bos_token")
   bos = bos.get("content") if isinstance(bos, dict) else bos

@@ -51,7 +51,7 @@ def _request(directory: str, *flags: str) -> decode.Request:
 
 @pytest.mark.parametrize("thinking", [False, True])
 def test_a_jinja_template_renders_as_transformers_apply_chat_template_does(tmp_path, thinking):
-  transformers = pytest.importorskip("transformers")
+  import transformers  # noqa: PLC0415 (the `reference` extra: tools/test.sh installs it)
   directory = _checkpoint(tmp_path, {"chat_template": TEMPLATE, "bos_token": "<s>", "eos_token": "</s>"})
   codec = TextCodec(directory)
   ours = chat.render(directory, "deepseek_v32", "def f(x):\n  return ü", codec.token_id, thinking=thinking)
@@ -102,7 +102,7 @@ def test_deepseek_v32s_own_format_one_user_turn(tmp_path, thinking, close):
 def test_a_system_turn_comes_first(tmp_path):
   """--system: the template gets [system, user] (here folded into the user turn, as TEMPLATE does), and
   DeepSeek-V3.2's form puts the system prompt right after BOS (encode_messages)."""
-  transformers = pytest.importorskip("transformers")
+  import transformers  # noqa: PLC0415 (the `reference` extra: tools/test.sh installs it)
   directory = _checkpoint(tmp_path, {"chat_template": TEMPLATE})
   messages = [{"role": "system", "content": "Be brief. "}, {"role": "user", "content": "hi"}]
   fast = transformers.PreTrainedTokenizerFast(tokenizer_file=os.path.join(directory, "tokenizer.json"),
@@ -137,3 +137,30 @@ def test_a_checkpoint_without_a_format_and_a_failing_template_are_named(tmp_path
   assert decode.main(["--checkpoint", directory, "--chat", "--prompt", "x", "--max-new-tokens", "2"]) == 2
   err = capsys.readouterr().err
   assert err.splitlines() == [f"error: the chat template of {directory!r} failed to render: system turns only"]
+
+
+@pytest.mark.parametrize("template, named", [
+    ("{{ messages[0]['content'] + 1 }}", "failed to render: TypeError: can only concatenate str"),
+    ("{{ 1 / 0 }}", "failed to render: ZeroDivisionError"),
+])
+def test_a_templates_own_python_error_is_one_line_naming_the_checkpoint(tmp_path, capsys, template, named):
+  directory = _checkpoint(tmp_path, template_file=template)
+  assert decode.main(["--checkpoint", directory, "--chat", "--prompt", "x", "--max-new-tokens", "2"]) == 2
+  out, err = capsys.readouterr()
+  assert out == "" and len(err.splitlines()) == 1 and f"the chat template of {directory!r} {named}" in err, err
+
+
+@pytest.mark.parametrize("file, content, named", [
+    ("tokenizer_config.json", b"[]", "holds [], expected a JSON object"),
+    ("tokenizer_config.json", b'{"add_bos_token": true, "bos_token": "\xff"}', "cannot read"),
+    (chat.TEMPLATE_FILE, b"{{ '\xff' }}", "cannot read"),
+])
+def test_a_chat_file_that_is_no_object_or_not_utf8_is_named(tmp_path, capsys, file, content, named):
+  """The file's path is in the one line, with or without --chat (the BOS rule reads tokenizer_config.json too)."""
+  directory = _checkpoint(tmp_path)
+  (tmp_path / "model" / file).write_bytes(content)
+  for chat_flag in (["--chat"], []) if file != chat.TEMPLATE_FILE else (["--chat"],):
+    assert decode.main(["--checkpoint", directory, *chat_flag, "--prompt", "x", "--max-new-tokens", "2"]) == 2
+    out, err = capsys.readouterr()
+    path = str(tmp_path / "model" / file)
+    assert out == "" and len(err.splitlines()) == 1 and repr(path) in err and named in err, err

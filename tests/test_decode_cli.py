@@ -61,8 +61,13 @@ def test_json_batch_with_check(capsys):
   _assert_tokens(result["tokens"], 2, 6)
   assert result["matches_target"] is True
   assert len(result["acceptance_rate_per_position"]) == 3
-  assert result["draft_tokens_proposed"] % 3 == 0 and 0 <= result["draft_tokens_accepted"]
-  assert result["acceptance_length_mean"] >= 1 and result["tokens_per_second"] > 0
+  rounds = result["draft_tokens_proposed"] / 3  # k = 3 drafts a (row, round)
+  assert rounds == int(rounds) and rounds >= 2  # each row's 6 tokens need ≥ 2 rounds of at most 4
+  # the JSON's counts agree with each other (metrics.py's table): accepted = Σ over positions of rate · rounds
+  assert result["draft_tokens_accepted"] == round(sum(result["acceptance_rate_per_position"]) * rounds)
+  assert result["draft_tokens_accepted"] <= result["draft_tokens_proposed"]
+  assert result["acceptance_length_mean"] == pytest.approx(1 + result["draft_tokens_accepted"] / rounds, rel=1e-12)
+  assert result["tokens_per_second"] > 0
 
 
 def test_check_at_tp2(capsys):
@@ -72,13 +77,16 @@ def test_check_at_tp2(capsys):
 
 
 def test_sampling_is_seeded(capsys):
-  """`--temperature` samples; the same `--seed` gives the same tokens. Without --check there is no
-  `matches_target`."""
+  """`--temperature` samples; the same `--seed` gives the same tokens, another seed others, and neither is greedy's
+  (the tiny random model's next-token distribution is near uniform at τ = 0.8: 8 tokens alike by chance is
+  ~(1/V)^8). Without --check there is no `matches_target`."""
   argv = ["--temperature", "0.8", "--seed", "3", "--max-new-tokens", "8"]
   first = _json_run(capsys, argv)
   assert set(first) == METRIC_KEYS | {"tokens", "finish_reasons", "kernels"}
   _assert_tokens(first["tokens"], 1, 8)
   assert _json_run(capsys, argv)["tokens"] == first["tokens"]
+  assert _json_run(capsys, [*argv[:3], "4", *argv[4:]])["tokens"] != first["tokens"]
+  assert _json_run(capsys, ["--max-new-tokens", "8"])["tokens"] != first["tokens"]
 
 
 def test_top_k_1_sampling_prints_the_greedy_tokens(capsys):
@@ -359,3 +367,27 @@ def test_ctrl_c_is_one_line_and_exit_130(tmp_path):
     proc.kill()
   assert proc.returncode == 130, err
   assert "Traceback" not in err and err.strip().splitlines()[-1] == "error: interrupted", err
+
+
+def test_a_device_error_while_building_is_one_line_and_exit_2(monkeypatch, capsys):
+  """Placing the weights can exhaust a device's memory (XLA's RESOURCE_EXHAUSTED, kilobytes of detail below its
+  first line): one `error:` line, exit 2, as a failure inside the run is (test_user_path_kernels)."""
+  import jax  # noqa: PLC0415
+
+  def exhausted(request):
+    raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 15.00GiB\n  detail\n  detail")
+  monkeypatch.setattr(decode, "build", exhausted)
+  assert decode.main(["--random-tiny", "--max-new-tokens", "2"]) == 2
+  out, err = capsys.readouterr()
+  assert out == "" and err.splitlines() == ["error: RESOURCE_EXHAUSTED: Out of memory allocating 15.00GiB"]
+
+
+@pytest.mark.slow
+def test_a_terminal_that_cannot_show_a_character_gets_its_escape(tmp_path):
+  """An ASCII stdout: the text output's '→' (and any token text it cannot show) is printed as its backslash
+  escape, exit 0, not a UnicodeEncodeError."""
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONIOENCODING": "ascii"}
+  proc = subprocess.run([sys.executable, "-m", "jax_mtp.decode", "--random-tiny", "--max-new-tokens", "2"],
+                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr
+  assert "\\u2192" in proc.stdout and "→" not in proc.stdout, proc.stdout

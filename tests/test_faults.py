@@ -65,12 +65,16 @@ def test_a_row_that_emits_a_poisoned_token_stops_just_after_it(clean, k):
   assert result.tokens == [plain[0][:j + 1], plain[1]]  # emitted up to the poisoned token, whose successor is NaN
   assert TargetDecoder(CFG, make_mesh(1)).generate(target, PROMPTS, NEW) == result.tokens
   assert np.asarray(result.state.stopped_B).tolist() == [True, False]
-  # sampling: a row stops exactly when it has emitted the poisoned token, whose successor would be NaN
-  sampled = _spec(target, mtp, PROMPTS, k=k, temperature=1.0, seed=1)
-  for row, tokens in enumerate(sampled.tokens):
-    poisoned = plain[0][j] in tokens
-    assert (row in sampled.failed_rows) == (poisoned and len(tokens) < NEW), (row, tokens)
-    assert not poisoned or tokens.index(plain[0][j]) == len(tokens) - 1, tokens
+  # sampling (rejection sampling's path): a row stops exactly when it has emitted the poisoned token, whose
+  # successor would be NaN. Top-k 1 keeps the greedy token, so row 0 reaches it for certain (at temperature 1 over
+  # the whole vocabulary no seed tried did, and the check was vacuous); top-k 2 lets the rows wander.
+  for top_k, seed in ((1, 1), (2, 1)):
+    sampled = _spec(target, mtp, PROMPTS, k=k, temperature=1.0, top_k=top_k, seed=seed)
+    assert top_k > 1 or sampled.tokens == result.tokens, sampled.tokens
+    for row, tokens in enumerate(sampled.tokens):
+      poisoned = plain[0][j] in tokens
+      assert (row in sampled.failed_rows) == (poisoned and len(tokens) < NEW), (row, tokens)
+      assert not poisoned or tokens.index(plain[0][j]) == len(tokens) - 1, tokens
 
 
 def test_clean_rows_never_fail(clean):

@@ -123,7 +123,7 @@ def test_kernel_refuses_what_it_cannot_take():
     fp8_grouped_matmul_mgpu(x, codes, scale, sizes, config=Config(row_tile=32), interpret=True)
   with pytest.raises(ValueError, match="split_k=3 must divide the 1 blocks"):
     fp8_grouped_matmul_mgpu(x, codes, scale, sizes, config=Config(split_k=3), interpret=True)
-  with pytest.raises(ValueError, match="float8_e4m3fn"):
+  with pytest.raises(ValueError, match="codes must be float8_e4m3fn, got bfloat16"):
     fp8_grouped_matmul_mgpu(x, codes.astype(jnp.bfloat16), scale, sizes, interpret=True)
   with pytest.raises(ValueError, match="subtiles=0 must be ≥ 1"):
     fp8_grouped_matmul_mgpu(x, codes, scale, sizes, config=Config(subtiles=0), interpret=True)

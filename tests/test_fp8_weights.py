@@ -260,7 +260,7 @@ def test_fp8_grouped_matmul_refuses_what_it_cannot_take():
     fp8_grouped_matmul(x, codes[..., :128], jnp.zeros((3, 1, 1)), sizes, backend="cuda")
   with pytest.raises(ValueError, match="impl='triton' is not one of"):
     fp8_grouped_matmul(x, codes[..., :128], jnp.zeros((3, 1, 1)), sizes, backend="interpret", impl="triton")
-  with pytest.raises(ValueError, match="float8_e4m3fn"):
+  with pytest.raises(ValueError, match="codes must be float8_e4m3fn, got bfloat16"):
     fp8_grouped_matmul(x, codes[..., :128].astype(jnp.bfloat16), jnp.zeros((3, 1, 1)), sizes, backend="interpret")
   with pytest.raises(ValueError, match="split_k=3 must divide the 1 blocks"):
     fp8_grouped_matmul(x, codes[..., :128], jnp.zeros((3, 1, 1)), sizes, backend="interpret",

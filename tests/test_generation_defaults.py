@@ -47,6 +47,16 @@ def test_greedy_where_the_file_does_not_apply(tmp_path, data, mode, check):
   assert resolve(NONE_GIVEN, None, "auto", check=False) == ({**GREEDY}, None)  # no checkpoint files
 
 
+@pytest.mark.parametrize("given, named", [({"top_k": 5}, "--top-k filter"), ({"top_p": 0.5}, "--top-p filter"),
+                                         ({"top_k": 5, "top_p": 0.5}, "--top-k and --top-p filter")])
+def test_a_filter_given_to_greedy_decoding_is_noted(tmp_path, given, named):
+  """Greedy decoding (no temperature anywhere) ignores --top-k / --top-p: said, not silent; with a temperature they
+  apply and nothing is said."""
+  values, note = resolve({**NONE_GIVEN, **given}, _write(tmp_path, {"top_p": 0.9}), "auto", check=False)
+  assert values == {**GREEDY, **given} and note.startswith(f"note: {named} what sampling draws from; greedy")
+  assert resolve({**NONE_GIVEN, **given, "temperature": 0.7}, None, "auto", check=False)[1] is None
+
+
 @pytest.mark.parametrize("data, message", [
     ({"temperature": -1}, "temperature=-1 must be a finite number ≥ 0"),
     ({"top_p": 0}, "top_p=0 must be a number in"),

@@ -91,13 +91,11 @@ def _step_module(impl: str, platform: str) -> str:
   return mtp_step_module(_kernel_cfg(index_scores_impl=impl), platform, 2, 512)
 
 
-@pytest.mark.parametrize("platform", ["cuda", "tpu"])
-def test_the_kernel_is_in_the_lowered_tpu_step_when_asked_for_and_in_no_auto_step(platform):
-  if platform == "tpu":
-    assert KERNEL_NAME in _step_module("pallas_tpu", platform)
-  # auto follows the program's platform (jax_mtp.platform): in a CUDA program the Mosaic GPU kernel where it takes
-  # the model (tests/test_index_scores_mgpu.py), XLA's scores on TPUs: this kernel in neither
-  assert KERNEL_NAME not in _step_module("auto", platform)
+def test_the_kernel_is_in_the_lowered_tpu_step_when_asked_for_and_not_under_auto():
+  """auto follows the program's platform (jax_mtp.platform): XLA's scores on TPUs (in a CUDA program the Mosaic GPU
+  kernel where it takes the model, not this one: tests/test_index_scores_mgpu.py)."""
+  assert KERNEL_NAME in _step_module("pallas_tpu", "tpu")
+  assert KERNEL_NAME not in _step_module("auto", "tpu")
 
 
 def test_auto_gives_a_cuda_step_the_mosaic_kernel_does_not_take_xlas_scores():

@@ -11,7 +11,7 @@ import pytest
 import jax_mtp
 from jax_mtp import indexer
 from jax_mtp.indexer import quantize_queries, resolve_index_scores_impl
-from jax_mtp.kernels.index_scores import KERNEL_NAME as TRITON_KERNEL
+from jax_mtp.kernels.index_scores import KERNEL_NAME as TPU_KERNEL
 from jax_mtp.kernels.index_scores_mgpu import FLOAT8_DOT_SUFFIX, KERNEL_NAME, Config, config_for, index_scores_mgpu
 from tests.index_scores_cases import (assert_equals_xla_and_the_formula, assert_positions_bound_the_scored_slots,
                                        inputs, keys_as)
@@ -184,7 +184,7 @@ def test_the_kernel_is_in_the_clis_lowered_step_when_asked_for():
   assert KERNEL_NAME in mtp_step_module(_model_cfg(), "cuda", 2, 512)
   # auto: this kernel on CUDA (not Triton's: neither name contains the other), neither on a TPU
   auto_cuda = mtp_step_module(_model_cfg(index_scores_impl="auto"), "cuda", 2, 512)
-  assert KERNEL_NAME in auto_cuda and TRITON_KERNEL not in auto_cuda
+  assert KERNEL_NAME in auto_cuda and TPU_KERNEL not in auto_cuda
   assert KERNEL_NAME not in mtp_step_module(_model_cfg(index_scores_impl="auto"), "tpu", 2, 512)
   assert resolve_index_scores_impl(_model_cfg(), "gpu", 512) == "mosaic_gpu"
   fp8_keys_cfg = _model_cfg(index_cache_dtype="fp8", index_head_dim=32)

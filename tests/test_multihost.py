@@ -6,6 +6,7 @@ launcher that says several processes where JAX's cluster detection fails is one 
 (gloo prints connection lines on stdout; the JSON is the line that starts with "{".)
 """
 
+import re
 import json
 import os
 import signal
@@ -277,3 +278,14 @@ def test_a_coordinator_port_in_use_is_one_error():
   lines = proc.stderr.strip().splitlines()
   assert lines == [f"error: --coordinator-address={address}: process 0 cannot serve port {address.split(':')[1]} "
                    "(Address already in use); another program holds it: pick a free port"], lines
+
+
+def test_a_negative_process_id_under_a_launcher_is_named(monkeypatch):
+  """Under SLURM the launcher gives the process count, so --num-processes is absent: a bad --process-id is still
+  one error naming it (it once raised a TypeError computing the bound from the missing count)."""
+  for name, value in {"SLURM_JOB_ID": "1", "SLURM_STEP_NODELIST": "localhost", "SLURM_NTASKS": "2",
+                      "SLURM_PROCID": "0", "SLURM_LOCALID": "0"}.items():
+    monkeypatch.setenv(name, value)
+  args = decode_flags.parser().parse_args(["--random-tiny", "--process-id", "-1"])
+  with pytest.raises(ValueError, match=re.escape("--process-id=-1 must be ≥ 0")):
+    distributed.validate(args)

@@ -2,6 +2,7 @@
 over the whole prompt (fp32; dense and DSA caches; a padded last chunk past the capacity), the
 speculator with a small chunk equals plain greedy decoding, and the automatic chunk bounds memory."""
 
+import re
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -81,5 +82,5 @@ def test_auto_chunk_fits_the_budget():
 
 @pytest.mark.parametrize("bad", [-1, 2.5, True])
 def test_bad_prefill_chunk_is_named(bad):
-  with pytest.raises(ConfigError, match="prefill_chunk"):
+  with pytest.raises(ConfigError, match=re.escape(f"prefill_chunk={bad!r} must be a whole number of tokens")):
     jax_mtp.tiny(prefill_chunk=bad)

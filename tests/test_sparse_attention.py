@@ -148,7 +148,7 @@ def test_fp8_keys_round_trip_within_one_e4m3_rounding():
   k = jnp.asarray(rng.standard_normal((2, 5, 32)) * np.array([1e-3, 1.0, 30.0, 1e3, 0.5])[None, :, None], jnp.float32)
   q8, scale = quantize_keys(k, jnp.float8_e4m3fn)
   assert q8.dtype == jnp.float8_e4m3fn and scale.shape == (2, 5)
-  np.testing.assert_allclose(np.max(np.abs(np.asarray(q8, np.float32)), -1), FP8_MAX)  # amax maps to 448
+  np.testing.assert_array_equal(np.max(np.abs(np.asarray(q8, np.float32)), -1), FP8_MAX)  # amax maps to 448
   back = np.asarray(q8, np.float64) * np.asarray(scale, np.float64)[..., None]
   bound = np.maximum(np.abs(np.asarray(k)) * 2**-4, np.asarray(scale)[..., None] * 2**-9)  # normal / subnormal ulp/2
   assert np.all(np.abs(back - np.asarray(k)) <= bound * (1 + 1e-6))
@@ -176,7 +176,7 @@ def test_fp8_queries_fold_their_scales_into_the_weights_and_track_fp32_scores():
   w = jnp.asarray(rng.uniform(0, 1, (2, 3, 4)), jnp.float32)
   q8, w8 = quantize_queries(q, w, jnp.float8_e4m3fn)
   assert q8.dtype == jnp.float8_e4m3fn
-  np.testing.assert_allclose(np.max(np.abs(np.asarray(q8, np.float32)), -1), FP8_MAX)
+  np.testing.assert_array_equal(np.max(np.abs(np.asarray(q8, np.float32)), -1), FP8_MAX)
   q_scale = np.max(np.abs(np.asarray(q, np.float64)), -1) / FP8_MAX
   assert_close(w8, np.asarray(w, np.float64) * q_scale, "float32", what="w with q's scales")
   k8, k_scale = quantize_keys(k, jnp.float8_e4m3fn)

@@ -163,7 +163,7 @@ def test_config_for_takes_the_widest_chunk_dividing_the_row():
 
 
 @pytest.mark.parametrize("scores,positions,k,config,match", [
-    ((1, 1, 256), (1, 1), 8, None, "float32"),
+    ((1, 1, 256), (1, 1), 8, None, "scores bfloat16: the kernel takes float32 scores"),
     ((1, 2, 256), (1, 1), 8, None, "positions_BT of shape"),
     ((1, 1, 200), (1, 1), 8, None, "not a multiple of 128"),
     ((1, 1, MAX_SLOTS + 1024), (1, 1), 8, None, "MAX_SLOTS"),
@@ -172,7 +172,7 @@ def test_config_for_takes_the_widest_chunk_dividing_the_row():
     ((1, 1, 512), (1, 1), 8, Config(chunk=640), "chunk=640"),
 ])
 def test_operands_it_cannot_take_are_named(scores, positions, k, config, match):
-  dtype = jnp.bfloat16 if match == "float32" else jnp.float32
+  dtype = jnp.bfloat16 if match.startswith("scores bfloat16") else jnp.float32
   with pytest.raises(ValueError, match=match):
     kth_key_mgpu(jnp.zeros(scores, dtype), jnp.zeros(positions, jnp.int32), k, config=config, interpret=True)
 

@@ -84,7 +84,8 @@ def test_distill_step_trains_the_mtp_layer_only(dense):
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(after["target"]), before["target"])
   moved = jax.tree.leaves(jax.tree.map(lambda a, b: bool(np.any(np.asarray(a) != b)), after["mtp"], before["mtp"]))
   assert sum(moved) > len(moved) // 2
-  assert np.isfinite(float(metrics["loss"])) and float(metrics["indexer_kl"]) >= 0
+  assert np.isfinite(float(metrics["loss"])) and 0 < float(metrics["indexer_kl"]) < np.inf  # the untrained indexer's
+  # distribution is not the attention's: a KL of 0 would mean the loss never compared them
 
 
 def test_export_reads_back_through_the_loader(tmp_path):
