@@ -190,6 +190,9 @@ def jax_settings(args: argparse.Namespace) -> dict:
 def validate(args: argparse.Namespace) -> Request:
   """Every check that reads no weight, in the order their errors are reported (BadInput / ValueError)."""
   settings = Settings.of(args)
+  if args.gpu_memory_fraction is not None and jax.default_backend() != "gpu" and distributed.is_primary():
+    print(f"note: --gpu-memory-fraction sizes JAX's GPU memory pool; this run's devices are {jax.default_backend()}'s: "
+          f"it changes nothing", file=sys.stderr)
   if settings.tp < 1:  # first: the layouts below divide by it
     raise BadInput(f"--tp={settings.tp} must be ≥ 1")
   if settings.tp > len(jax.devices()):  # before reading a checkpoint's config
@@ -289,6 +292,9 @@ def stop_ids_for(cfg: jax_mtp.MtpConfig, source: loader.Source | None, *, ignore
     stop_id_array(cfg, ids)  # each must be a vocabulary id
   except ValueError as e:  # said of the file the ids came from
     raise BadInput(f"{source.directory}'s eos_token_id (generation_config.json, else config.json): {e}") from None
+  if not ids and distributed.is_primary():  # an orbax step keeps no EOS ids: rows would run on, unsaid
+    print(f"note: {source.directory} names no EOS id (no eos_token_id in a generation_config.json or config.json "
+          f"there): rows stop at --max-new-tokens only", file=sys.stderr)
   return ids
 
 

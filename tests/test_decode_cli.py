@@ -219,9 +219,15 @@ def test_gpu_memory_fraction_sets_jaxs_variable(capsys, monkeypatch):
   monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION")
   assert decode.main(["--random-tiny", "--max-new-tokens", "2"]) == 0
   assert "XLA_PYTHON_CLIENT_MEM_FRACTION" not in os.environ
+  capsys.readouterr()
   assert decode.main(["--random-tiny", "--max-new-tokens", "2", "--gpu-memory-fraction", "0.9"]) == 0
   assert os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.9"
-  capsys.readouterr()
+  err = capsys.readouterr().err  # off a GPU the flag changes nothing, and a note says so
+  import jax  # noqa: PLC0415
+  backend = jax.default_backend()
+  assert err.splitlines() == ([] if backend == "gpu" else [
+      f"note: --gpu-memory-fraction sizes JAX's GPU memory pool; this run's devices are {backend}'s: "
+      "it changes nothing"])
 
 
 @pytest.mark.parametrize("as_json", [False, True])
@@ -391,3 +397,24 @@ def test_a_terminal_that_cannot_show_a_character_gets_its_escape(tmp_path):
                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr
   assert "\\u2192" in proc.stdout and "→" not in proc.stdout, proc.stdout
+
+
+def test_a_checkpoint_naming_no_eos_id_is_noted(tmp_path, capsys):
+  """An orbax step keeps no generation_config.json / config.json: its rows cannot stop at EOS, and a note says so
+  (they decode all --max-new-tokens)."""
+  from jax_mtp import loader  # noqa: PLC0415
+  from jax_mtp.orbax_io import save_params  # noqa: PLC0415
+  cfg = jax_mtp.tiny()
+  save_params(tmp_path / "orbax", cfg, *loader.random_weights(cfg))
+  assert decode.main(["--checkpoint", str(tmp_path / "orbax"), "--prompt-ids", "1,2,3", "--max-new-tokens", "3",
+                      "--json"]) == 0
+  out, err = capsys.readouterr()
+  assert _json_run_tokens(out) and err.splitlines() == [
+      f"note: {tmp_path / 'orbax'} names no EOS id (no eos_token_id in a generation_config.json or config.json "
+      "there): rows stop at --max-new-tokens only"], err
+
+
+def _json_run_tokens(out: str) -> list:
+  tokens = json.loads(out)["tokens"]
+  _assert_tokens(tokens, 1, 3)
+  return tokens
