@@ -77,6 +77,7 @@
 #   tiecut   (11:07 2026-12-06, an H100) the tie cutoff at a 2,048-query prefill chunk; the top-k's model-level GPU tests
 #   tiecut2  (11:15 2026-12-06, an H100) the tie cutoff's compiled tests, its rows at 64 / 256 queries, a first chunk
 #   tiecut3  (11:22 2026-12-06, an H100: 4 passed) the model-level GPU tests with the tie cutoff the default
+#   audit    (not run yet) the GPU-only tests strengthened without a GPU on 2026-12-06 (loud experts, margins)
 #   topk5    (not run yet) e2e at a 32K prompt, B = 1, the top-k auto and the kernel forced
 #   fp8gpu   (21:28 2026-12-04) the FP8 paths' GPU tests (the prefill rule and the bounded bytes layout)
 #   fp8q     (not run yet) the index scores' float8 × float8 form timed and tested; the user path's GPU tests
@@ -564,6 +565,12 @@ case "${1:?stage}" in
             # key kernel with a row over 2 and 4 warpgroups and with its tie cutoff: compiled tests, timed B = 1, 8, 64
     echo "stage $1: the row split over warpgroups was removed on 2026-12-06 (wrong keys compiled); see RESULTS.md" >&2
     exit 2
+    ;;
+  audit)  # (not run yet) GPU-only tests strengthened on 2026-12-06 without a GPU: tokamax's experts against
+          # ragged_dot with loud experts (hidden states and drafts), the FP8 kernel's and fp8 cache's token tests with
+          # their margins checked (these ran on the CPU's interpreter), compiled
+    run 400 gpu_tests_audit.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 200 \
+      tests/test_experts_gpu.py tests/test_auto_gpu_paths.py -k "ragged_dot or fp8_kernel_gives or fp8_key_cache"
     ;;
   tiecut3)  # after tiecut2 (11:15 2026-12-06, an H100: the tie cutoff faster at 64, 256 and 2,048 queries; its compiled
             # tests passed): the model's top-k through it by default, its model-level GPU tests

@@ -12,7 +12,7 @@ import pytest
 
 import jax_mtp
 from jax_mtp.experts import resolve_expert_impl, routed_experts
-from tests.test_experts import _experts_loop, _problem, mtp_layer_drafts
+from tests.test_experts import _experts_loop, _loud_experts, _problem, mtp_layer_drafts
 from tests.tolerances import assert_close
 
 pytestmark = pytest.mark.skipif(jax.devices()[0].platform != "gpu", reason="needs a GPU (tokamax Mosaic-GPU kernel)")
@@ -41,9 +41,12 @@ def test_kernel_is_in_the_compiled_program():
   assert resolve_expert_impl("auto", jax.default_backend(), 9, 4, w[0]) == "tokamax_gpu"
 
 
-def test_mtp_layer_same_drafts_as_ragged_dot():
+def test_mtp_layer_same_hidden_and_drafts_as_ragged_dot():
+  """The MTP layer with its routed experts loud enough to matter (`_loud_experts`: at init scale no draft depends on
+  them): the same hidden states within bf16's tolerance, the same drafts."""
   cfg = jax_mtp.tiny().replace(dtype="bfloat16", param_dtype="bfloat16", hidden_size=256, moe_intermediate_size=128)
-  params = jax_mtp.init_params(cfg, jax.random.key(0))
-  _, fast = mtp_layer_drafts(cfg, params, "tokamax_gpu", 4)
-  _, xla = mtp_layer_drafts(cfg, params, "ragged_dot", 4)
+  params = _loud_experts(jax_mtp.init_params(cfg, jax.random.key(0)))
+  hidden, fast = mtp_layer_drafts(cfg, params, "tokamax_gpu", 4)
+  hidden_xla, xla = mtp_layer_drafts(cfg, params, "ragged_dot", 4)
+  assert_close(hidden, hidden_xla, "bfloat16", what="MTP hidden, tokamax_gpu vs ragged_dot")
   np.testing.assert_array_equal(np.asarray(fast), np.asarray(xla))
