@@ -34,7 +34,7 @@ import urllib.parse
 from collections.abc import Callable
 
 from jax_mtp.errors import first_line
-from jax_mtp.safetensors_io import INDEX_FILE, SINGLE_FILE, CheckpointError
+from jax_mtp.safetensors_io import INDEX_FILE, SINGLE_FILE, CheckpointError, read_weight_map
 
 CONFIG_FILE = "config.json"
 # Read beside the config when present (tokenizer.json: --prompt; generation_config.json: the EOS ids;
@@ -70,10 +70,7 @@ def fetch_weights(repo_id: str, snapshot: str, wanted: Callable[[str], bool] | N
   if not os.path.isfile(index):  # one file holds every tensor
     _download(repo_id, SINGLE_FILE, revision)
     return snapshot
-  with open(index, encoding="utf-8") as f:
-    weight_map = json.load(f).get("weight_map")
-  if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-    raise CheckpointError(f"{INDEX_FILE} of {repo_id!r} has no 'weight_map' of tensor names to file names")
+  weight_map = read_weight_map(index)  # a damaged index: a CheckpointError naming it
   files = sorted({file for name, file in weight_map.items() if wanted is None or wanted(name)})
   for file in files:
     _download(repo_id, file, revision)

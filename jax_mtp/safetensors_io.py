@@ -79,7 +79,7 @@ class SafetensorsCheckpoint:
                             f"or model-*.safetensors with {INDEX_FILE}")
 
   def _from_index(self, index_path: str) -> None:
-    weight_map = _read_weight_map(index_path)
+    weight_map = read_weight_map(index_path)
     for file in sorted(set(weight_map.values())):
       path = os.path.join(self.directory, file)
       if not os.path.exists(path):
@@ -197,11 +197,12 @@ def _read_file(path: str) -> dict[str, TensorInfo]:
   return tensors
 
 
-def _read_weight_map(index_path: str) -> dict[str, str]:
+def read_weight_map(index_path: str) -> dict[str, str]:
+  """A safetensors index's tensor name → file name map; a CheckpointError naming the file where it holds none."""
   try:
     with open(index_path, encoding="utf-8") as f:
       weight_map = json.load(f)["weight_map"]
-  except (json.JSONDecodeError, KeyError, TypeError) as e:
+  except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
     raise CheckpointError(f"{index_path!r} is not a safetensors index (JSON with a 'weight_map'): {e!r}") from None
   if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
     raise CheckpointError(f"'weight_map' in {index_path!r} must map tensor names to file names")

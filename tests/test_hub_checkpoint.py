@@ -211,3 +211,15 @@ def test_an_existing_directory_shaped_like_a_repo_id_is_a_path(tmp_path, monkeyp
   shutil.copytree(DEFAULT_MODEL, tmp_path / "jax-mtp" / "tiny-default")
   assert not hub.is_repo_id(REPO_ID)
   assert loader.locate(REPO_ID) == loader.Source(REPO_ID)
+
+
+@pytest.mark.parametrize("content", ["[]", "{", '{"weight_map": [1]}', "\udcff"])
+def test_a_damaged_index_in_the_cache_is_exit_2_naming_it(cached_repo, capsys, content):
+  """The repo's model.safetensors.index.json holding no object, no JSON, no map, or bytes that are not UTF-8: one
+  error naming the file (an AttributeError's traceback before)."""
+  index = cached_repo / "model.safetensors.index.json"
+  index.unlink()  # a link into the cache's blobs: write a file of its own
+  index.write_bytes(content.encode("utf-8", "surrogateescape"))
+  assert decode.main(["--checkpoint", REPO_ID, "--prompt-ids", "1,2", "--max-new-tokens", "2"]) == 2
+  out, err = capsys.readouterr()
+  assert out == "" and len(err.splitlines()) == 1 and repr(str(index)) in err, err
