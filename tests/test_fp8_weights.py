@@ -36,7 +36,19 @@ CFG = jax_mtp.tiny(vocab_size=250)
 PROMPTS = [[5, 17, 3, 99, 4, 8, 1], [42, 7]]
 
 
-@pytest.fixture(scope="module", params=[(16, 24), (8, 8)], ids=lambda b: f"block{b[0]}x{b[1]}")
+BLOCKS = [(16, 24), (8, 8)]  # partial edge blocks (which no tp > 1 splits); blocks that split over tp = 2 and 4
+
+
+def _block_id(block) -> str:
+  return f"block{block[0]}x{block[1]}"
+
+
+def only(block):
+  """A test that needs one of BLOCKS' checkpoints: `written` parametrized with it alone (no always-skipped case)."""
+  return pytest.mark.parametrize("written", [block], indirect=True, ids=_block_id)
+
+
+@pytest.fixture(scope="module", params=BLOCKS, ids=_block_id)
 def written(request, tmp_path_factory):
   """(directory, block): a 3-shard FP8 checkpoint of a random tiny model."""
   directory = str(tmp_path_factory.mktemp("fp8"))
@@ -94,12 +106,12 @@ def test_fp8_logits_are_bit_identical_to_the_dequantised_checkpoint(written):
                                   np.asarray(jax.jit(logits, static_argnums=1)(target, absorb)))
 
 
-@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("written, tp", [((16, 24), 1), ((8, 8), 2), ((8, 8), 1)], indirect=["written"],
+                         ids=["block16x24-1", "block8x8-2", "block8x8-1"])
 def test_fp8_speculative_and_plain_tokens_equal_the_dequantised_checkpoints(written, tp):
-  """CI: (16, 24) blocks (partial edge blocks) at tp = 1 and (8, 8) at tp = 2; (8, 8) at tp = 1 in the full form."""
+  """CI: (16, 24) blocks (partial edge blocks) at tp = 1 and (8, 8) at tp = 2; (8, 8) at tp = 1 in the full form.
+  The (16, 24) blocks do not split over tp = 2 (test_blocks_that_do_not_split_over_tp_are_one_clear_error)."""
   directory, block = written
-  if tp > 1 and block != (8, 8):
-    pytest.skip("the (16, 24) blocks do not split over tp = 2 (tested below)")
   if (tp, block) == (1, (8, 8)) and not FULL_TESTS:
     pytest.skip(f"(8, 8) blocks at tp = 1: {FULL_ONLY}")
   needs_devices(tp)
@@ -128,10 +140,9 @@ def test_mtp_only_load_keeps_fp8_too(written):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(want[name]), err_msg=name)
 
 
+@only((16, 24))  # (8, 8) blocks split over tp = 4
 def test_blocks_that_do_not_split_over_tp_are_one_clear_error(written):
-  directory, block = written
-  if block != (16, 24):
-    pytest.skip("(8, 8) blocks split over tp = 4")
+  directory, _ = written
   needs_devices(4)
   with pytest.raises(CheckpointError, match=r"o_proj.weight: the slice \[0:32\] .* FP8 blocks of 24"):
     load_hf_checkpoint(directory, mesh=make_mesh(4), fp8_weights=True)
@@ -180,11 +191,10 @@ def _cli(capsys, *argv: str) -> tuple[int, str, str]:
   return rc, out, err
 
 
+@only((8, 8))  # the flag's wiring needs one checkpoint
 def test_cli_weights_flag(written, tmp_path, capsys):
   from jax_mtp.orbax_io import save_params  # noqa: PLC0415
-  directory, block = written
-  if block != (8, 8):
-    pytest.skip("the flag's wiring needs one checkpoint (the (8, 8) one)")
+  directory, _ = written
   orbax = str(tmp_path / "orbax")
   save_params(orbax, *load_hf_checkpoint(directory, fp8_weights=True))
   outputs = {}
@@ -200,14 +210,13 @@ def test_cli_weights_flag(written, tmp_path, capsys):
 
 
 
+@only((8, 8))  # the flag's wiring needs one checkpoint
 def test_cli_fp8_matmul_impl_is_refused_where_it_would_pick_nothing(written, capsys):
   """An explicit --fp8-matmul-impl names the kernel multiplying FP8 codes kept on the device. On a CPU without
   --moe-impl fp8_grouped_gpu (Pallas's interpreter) nothing would run it, and bf16 weights have no codes: each is
   one error, exit 2, before or after loading — not a flag silently ignored. (With both, decoding through either
   kernel is test_auto_gpu_paths' FP8 case: this checkpoint's 8 × 8 blocks are not the kernels'.)"""
-  directory, block = written
-  if block != (8, 8):
-    pytest.skip("the flag's wiring needs one checkpoint (the (8, 8) one)")
+  directory, _ = written
   base = ("--checkpoint", directory, "--prompt-ids", "5,17,3", "--max-new-tokens", "4", "--ignore-eos", "--json")
   rc, _, err = _cli(capsys, *base, "--fp8-matmul-impl", "mosaic_gpu")
   assert rc == 2 and err.startswith("error: --fp8-matmul-impl=mosaic_gpu picks the GPU kernel") and "is cpu" in err, err
@@ -392,10 +401,9 @@ def test_a_dense_fp8_linear_through_the_kernel_equals_the_dequantised_product():
   assert auto.runs_fp8_kernel() == (jax.default_backend() == "gpu")  # fp8_kernel=None: on GPUs only
 
 
+@only((16, 24))  # (8, 8) blocks split over tp = 2
 def test_cli_auto_dequantises_with_a_note_where_tp_splits_blocks_and_fp8_refuses(written, capsys):
-  directory, block = written
-  if block != (16, 24):
-    pytest.skip("(8, 8) blocks split over tp = 2")
+  directory, _ = written
   needs_devices(2)
   runs = {}
   for weights in ("auto", "fp8"):
