@@ -104,7 +104,7 @@ def test_export_reads_back_through_the_loader(tmp_path):
   rounded = jax.tree.map(lambda x: np.asarray(jnp.asarray(x).astype(jnp.bfloat16).astype(jnp.float32)), target)
   rounded["layers_1"]["mlp"]["gate"] = target["layers_1"]["mlp"]["gate"]  # the router stays fp32
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(bf16_target), jax.device_get(rounded))
-  with pytest.raises(FileExistsError):
+  with pytest.raises(FileExistsError, match=re.escape(f"{str(tmp_path / 'bf16')!r} exists; export writes a new")):
     save_hf_checkpoint(tmp_path / "bf16", cfg, target, mtp)
   assert to_hf_config(cfg)["torch_dtype"] == "float32"
 
