@@ -83,6 +83,7 @@ class Request(NamedTuple):
   stop_ids: tuple[int, ...]
   source: loader.Source | None  # where the weights are (loader.locate); None: --random-tiny's random weights
   settings: Settings
+  notes: tuple[str, ...] = ()  # said on stderr once the weights are placed: a run that fails says its error alone
 
 
 class Built(NamedTuple):
@@ -128,6 +129,8 @@ def _main(argv: list[str] | None) -> int:
     distributed.initialize(args)  # several processes: before JAX touches a device
     request = validate(args)
     built = build(request)
+    for note in request.notes if distributed.is_primary() else ():
+      print(note, file=sys.stderr)
   except ValueError as e:  # bad flags, and bad checkpoints (CheckpointError lists every problem)
     print(f"error: {e}", file=sys.stderr)
     return 2
@@ -190,9 +193,10 @@ def jax_settings(args: argparse.Namespace) -> dict:
 def validate(args: argparse.Namespace) -> Request:
   """Every check that reads no weight, in the order their errors are reported (BadInput / ValueError)."""
   settings = Settings.of(args)
-  if args.gpu_memory_fraction is not None and jax.default_backend() != "gpu" and distributed.is_primary():
-    print(f"note: --gpu-memory-fraction sizes JAX's GPU memory pool; this run's devices are {jax.default_backend()}'s: "
-          f"it changes nothing", file=sys.stderr)
+  notes = []
+  if args.gpu_memory_fraction is not None and jax.default_backend() != "gpu":
+    notes.append(f"note: --gpu-memory-fraction sizes JAX's GPU memory pool; this run's devices are "
+                 f"{jax.default_backend()}'s: it changes nothing")
   if settings.tp < 1:  # first: the layouts below divide by it
     raise BadInput(f"--tp={settings.tp} must be ≥ 1")
   if settings.tp > len(jax.devices()):  # before reading a checkpoint's config
@@ -200,7 +204,8 @@ def validate(args: argparse.Namespace) -> Request:
   distributed.replica_devices(settings.tp)  # several processes: tp spans whole processes (ValueError naming them)
   source = _source(settings)
   cfg = with_flags(jax_mtp.tiny() if source is None else loader.checkpoint_config(source), args)
-  settings = _with_generation_defaults(settings, source, args.generation_config)
+  settings, note = _with_generation_defaults(settings, source, args.generation_config)
+  notes += [note] if note else []
   _check_run_flags(settings)
   ids_by_default = settings.checkpoint is not None or settings.random_tiny
   chat = ChatRequest(settings.system, settings.thinking, cfg.model_type) if settings.chat else None
@@ -212,20 +217,22 @@ def validate(args: argparse.Namespace) -> Request:
   check_norm_impl(settings.impl)
   check_kernel_impls(cfg, capacity)
   stop_ids = stop_ids_for(cfg, source, ignore_eos=args.ignore_eos)
+  if source is not None and not stop_ids and not args.ignore_eos:  # an orbax step keeps none: rows run on, unsaid
+    notes.append(f"note: {source.directory} names no EOS id (no eos_token_id in a generation_config.json or "
+                 f"config.json there): rows stop at --max-new-tokens only")
   flags = {name: value for name, value in vars(args).items() if name != "process_id"}  # differs by design
   distributed.check_agreement({"flags": flags, "prompts": prompts, "config": dataclasses.asdict(cfg),
                                "checkpoint": _identity(settings.checkpoint, source)})
-  return Request(cfg, prompts, texts, codec, stop_ids, source, settings)
+  return Request(cfg, prompts, texts, codec, stop_ids, source, settings, tuple(notes))
 
 
-def _with_generation_defaults(settings: Settings, source: loader.Source | None, mode: str) -> Settings:
+def _with_generation_defaults(settings: Settings, source: loader.Source | None,
+                              mode: str) -> tuple[Settings, str | None]:
   """The sampling flags not given filled from the checkpoint's generation_config.json (jax_mtp.generation_defaults),
-  said in a note, else greedy's values."""
+  else greedy's values; and the note saying what came from the file (or what greedy decoding ignores)."""
   values, note = generation_defaults.resolve(generation_defaults.flags_given(settings),
                                              None if source is None else source.directory, mode, check=settings.check)
-  if note and distributed.is_primary():
-    print(note, file=sys.stderr)
-  return settings._replace(**values)
+  return settings._replace(**values), note
 
 
 def _source(settings: Settings) -> loader.Source | None:
@@ -292,9 +299,6 @@ def stop_ids_for(cfg: jax_mtp.MtpConfig, source: loader.Source | None, *, ignore
     stop_id_array(cfg, ids)  # each must be a vocabulary id
   except ValueError as e:  # said of the file the ids came from
     raise BadInput(f"{source.directory}'s eos_token_id (generation_config.json, else config.json): {e}") from None
-  if not ids and distributed.is_primary():  # an orbax step keeps no EOS ids: rows would run on, unsaid
-    print(f"note: {source.directory} names no EOS id (no eos_token_id in a generation_config.json or config.json "
-          f"there): rows stop at --max-new-tokens only", file=sys.stderr)
   return ids
 
 
