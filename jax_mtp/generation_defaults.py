@@ -51,14 +51,13 @@ def resolve(given: dict, directory: str | None, mode: str, *, check: bool) -> tu
   applied = {}
   if mode == "auto" and directory is not None and not check:
     applied = {name: value for name, value in from_file(directory).items() if name not in given}
-  if {**GREEDY, **applied, **given}["temperature"] == 0:  # greedy: the file's filters would change nothing,
-    applied = {}  # and no note claims they do
   values = {**GREEDY, **applied, **given}
-  if values["temperature"] == 0:  # greedy: a filter given on the command line does nothing, and is said to
+  if values["temperature"] == 0:  # greedy: the file's filters would change nothing, and no note claims they do;
+    # a filter given on the command line does nothing either, and is said to
     filters = [f"--{name.replace('_', '-')}" for name in ("top_k", "top_p") if name in given]
-    return values, (f"note: {' and '.join(filters)} filter what sampling draws from; greedy decoding (temperature 0) "
-                    f"does not use {'them' if len(filters) > 1 else 'it'}: give --temperature to sample"
-                    if filters else None)
+    return {**GREEDY, **given}, (f"note: {' and '.join(filters)} filter what sampling draws from; greedy decoding "
+                                 f"(temperature 0) does not use {'them' if len(filters) > 1 else 'it'}: give "
+                                 f"--temperature to sample" if filters else None)
   if not applied:
     return values, None
   settings = ", ".join(f"{name.replace('_', '-')} {value}" for name, value in applied.items())

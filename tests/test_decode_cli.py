@@ -409,12 +409,7 @@ def test_a_checkpoint_naming_no_eos_id_is_noted(tmp_path, capsys):
   assert decode.main(["--checkpoint", str(tmp_path / "orbax"), "--prompt-ids", "1,2,3", "--max-new-tokens", "3",
                       "--json"]) == 0
   out, err = capsys.readouterr()
-  assert _json_run_tokens(out) and err.splitlines() == [
+  _assert_tokens(json.loads(out)["tokens"], 1, 3)
+  assert err.splitlines() == [
       f"note: {tmp_path / 'orbax'} names no EOS id (no eos_token_id in a generation_config.json or config.json "
       "there): rows stop at --max-new-tokens only"], err
-
-
-def _json_run_tokens(out: str) -> list:
-  tokens = json.loads(out)["tokens"]
-  _assert_tokens(tokens, 1, 3)
-  return tokens
