@@ -77,7 +77,10 @@
 #   tiecut   (11:07 2026-12-06, an H100) the tie cutoff at a 2,048-query prefill chunk; the top-k's model-level GPU tests
 #   tiecut2  (11:15 2026-12-06, an H100) the tie cutoff's compiled tests, its rows at 64 / 256 queries, a first chunk
 #   tiecut3  (11:22 2026-12-06, an H100: 4 passed) the model-level GPU tests with the tie cutoff the default
-#   audit    (not run yet) the GPU-only tests strengthened without a GPU on 2026-12-06 (loud experts, margins)
+#   audit    (13:54 2026-12-06, an H100: 8 + 21 passed) the GPU-only tests strengthened without a GPU on 2026-12-06
+#            (loud experts, margins), then the auto paths' and user path's token tests under the tie cutoff
+#   topkforms (14:09, 14:16 2026-12-06, an H100; exits 2 since) the k-th key kernel's pass forms at the CLI's shapes
+#   topkforms2 the k-th key kernel's packed sums and last-chunk step timed beside its old form; compiled tests
 #   topk5    (not run yet) e2e at a 32K prompt, B = 1, the top-k auto and the kernel forced
 #   fp8gpu   (21:28 2026-12-04) the FP8 paths' GPU tests (the prefill rule and the bounded bytes layout)
 #   fp8q     (not run yet) the index scores' float8 × float8 form timed and tested; the user path's GPU tests
@@ -566,11 +569,26 @@ case "${1:?stage}" in
     echo "stage $1: the row split over warpgroups was removed on 2026-12-06 (wrong keys compiled); see RESULTS.md" >&2
     exit 2
     ;;
-  audit)  # (not run yet) GPU-only tests strengthened on 2026-12-06 without a GPU: tokamax's experts against
+  topkforms)  # (14:09 2026-12-06, an H100: packed sums 1.36x at 256 queries; the table lost to the SASS dump on
+              # stdout (MOSAIC_GPU_DUMP_TO did not take), re-run bare at 14:16) the k-th key kernel's pass forms
+    echo "stage $1: its forms (1-bit digits; packed sums as a flag) were settled on 2026-12-06; run topkforms2" >&2
+    exit 2
+    ;;
+  topkforms2)  # after packed sums became the default and the chunk stopped having to divide the row: the forms
+               # timed in one run at the CLI's shapes, then the kernel's compiled tests (33,280 slots among them)
+    run 200 topk_forms2.md python3 -m benchmarks.topk_forms --iters 50
+    run 180 gpu_tests_topk2.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 100 \
+      tests/test_topk_mgpu.py -k "not lowered_step and not lowered_for"
+    ;;
+  audit)  # (13:54 2026-12-06, an H100: 29 passed) GPU-only tests strengthened on 2026-12-06 without a GPU: tokamax's experts against
           # ragged_dot with loud experts (hidden states and drafts), the FP8 kernel's and fp8 cache's token tests with
           # their margins checked (these ran on the CPU's interpreter), compiled
-    run 400 gpu_tests_audit.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 200 \
+    # then the rest of the auto paths' and the user path's token tests under the top-k's tie cutoff (the default
+    # since 2026-12-06 11:22, not yet run there compiled)
+    run 240 gpu_tests_audit.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 200 \
       tests/test_experts_gpu.py tests/test_auto_gpu_paths.py -k "ragged_dot or fp8_kernel_gives or fp8_key_cache"
+    run 280 gpu_tests_tiecut_tokens.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 200 \
+      tests/test_user_path_kernels.py tests/test_auto_gpu_paths.py -k "not (ragged_dot or fp8_kernel_gives or fp8_key_cache)"
     ;;
   tiecut3)  # after tiecut2 (11:15 2026-12-06, an H100: the tie cutoff faster at 64, 256 and 2,048 queries; its compiled
             # tests passed): the model's top-k through it by default, its model-level GPU tests

@@ -34,12 +34,16 @@ def _row(b, t, s, seed):
   return jnp.asarray(scores), jnp.asarray(positions)
 
 
-@pytest.mark.parametrize("b,t,s,k,chunk", [(1, 1, 128, 1, 0), (2, 3, 384, 64, 128), (1, 4, 1152, 1152, 0),
-                                           (3, 2, 1024, 100, 256), (2, 2, 2048, 2048, 0), (1, 2, 8192, 700, 0),
-                                           (2, 1, 8192, 2048, 1024)])
-def test_kth_key_equals_the_sort_and_the_radix_passes(b, t, s, k, chunk):
+# Rows the chunk does not divide (1,152 / 640 / 1,408 slots: a last step over the row's last chunk, its counted slots
+# masked) and both count forms (packed: two counts an int32, the default; separate)
+@pytest.mark.parametrize("b,t,s,k,config", [
+    (1, 1, 128, 1, Config()), (2, 3, 384, 64, Config(chunk=128)), (1, 4, 1152, 1152, Config()),
+    (3, 2, 1024, 100, Config(chunk=256)), (2, 2, 2048, 2048, Config()), (1, 2, 8192, 700, Config()),
+    (2, 1, 8192, 2048, Config(chunk=1024)), (3, 2, 640, 90, Config(chunk=256, counts="separate")),
+    (2, 2, 1408, 300, Config(chunk=512))])
+def test_kth_key_equals_the_sort_and_the_radix_passes(b, t, s, k, config):
   scores, positions = _row(b, t, s, s + k)
-  got = kth_key_mgpu(scores, positions, k, config=Config(chunk=chunk), interpret=not ON_GPU)
+  got = kth_key_mgpu(scores, positions, k, config=config, interpret=not ON_GPU)
   _assert_sorts_and_radix_passes_kth(got, scores, positions, k)
 
 
@@ -61,14 +65,16 @@ def _tied_rows(b, t, s, seed):
   return scores.reshape(b, t, s), positions.reshape(b, t)
 
 
-@pytest.mark.parametrize("b,t,s,k,chunk", [(2, 3, 384, 64, 128), (1, 4, 1024, 1024, 0), (2, 2, 2048, 700, 0),
-                                           (3, 2, 512, 90, 128)])
-def test_the_tie_cutoff_is_the_last_tied_slot_kept(b, t, s, k, chunk):
+@pytest.mark.parametrize("b,t,s,k,config", [
+    (2, 3, 384, 64, Config(chunk=128)), (1, 4, 1024, 1024, Config()), (2, 2, 2048, 700, Config()),
+    (3, 2, 512, 90, Config(chunk=128)), (3, 2, 640, 90, Config(chunk=256)), (3, 2, 1152, 300, Config()),
+    (2, 3, 384, 64, Config(chunk=128, counts="separate"))])
+def test_the_tie_cutoff_is_the_last_tied_slot_kept(b, t, s, k, config):
   """The kernel's tie cutoff is the reference's (the (k − above)-th tied slot, S where every tie is kept) on rows
   whose k-th key has ties dropped, rows with fewer visible slots than k, visible −inf scores, none visible and
   k = S; its k-th key is still a sort's."""
   scores, positions = _tied_rows(b, t, s, s + k)
-  kth, cutoff = kth_key_and_tie_cutoff_mgpu(scores, positions, k, config=Config(chunk=chunk), interpret=not ON_GPU)
+  kth, cutoff = kth_key_and_tie_cutoff_mgpu(scores, positions, k, config=config, interpret=not ON_GPU)
   want = np.asarray(reference_tie_cutoff(scores, positions, k))
   np.testing.assert_array_equal(np.asarray(kth), np.asarray(reference(scores, positions, k)))
   np.testing.assert_array_equal(np.asarray(cutoff), want)
@@ -92,28 +98,33 @@ def test_selection_by_the_tie_cutoff_equals_xlas_radix_select():
 @pytest.mark.skipif(ON_GPU, reason="the interpreter's race detector (on a CPU)")
 def test_no_shared_memory_race():
   """The GPU interpreter's race detector (every shared-memory access, the copy out included, the tie cutoff's
-  search too) finds no unordered access over several loop steps; it raises at the
-  first race."""
+  search too) finds no unordered access over several loop steps and a last step over the row's last chunk (640
+  slots in chunks of 256); it raises at the first race."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # noqa: PLC0415
-  scores, positions = _row(2, 1, 1024, 3)
+  scores, positions = _row(2, 1, 640, 3)
   detect = plgpu.InterpretGPUParams(detect_races=True)
-  got = kth_key_mgpu(scores, positions, 40, config=Config(chunk=128), interpret=detect)
+  got = kth_key_mgpu(scores, positions, 40, config=Config(chunk=256), interpret=detect)
   np.testing.assert_array_equal(np.asarray(got), np.asarray(reference(scores, positions, 40)))
-  scores, positions = _tied_rows(1, 3, 1024, 3)
-  _, cutoff = kth_key_and_tie_cutoff_mgpu(scores, positions, 40, config=Config(chunk=128), interpret=detect)
+  scores, positions = _tied_rows(1, 3, 640, 3)
+  _, cutoff = kth_key_and_tie_cutoff_mgpu(scores, positions, 40, config=Config(chunk=256), interpret=detect)
   np.testing.assert_array_equal(np.asarray(cutoff), np.asarray(reference_tie_cutoff(scores, positions, 40)))
 
 
 @pytest.mark.skipif(not ON_GPU, reason="V3.2's verification shape, compiled (256 rows of 32K slots: in the "
                                        "interpreter, far past the CPU suite's budget)")
-@pytest.mark.parametrize("b,t,s,chunk", [(64, 4, 32768, 0), (1, 1, 4608, 0), (8, 4, 49152, 0), (64, 4, 32768, 512),
-                                         (1, 1, 4608, 512), (8, 4, 49152, 512)])
-def test_kth_key_at_v32_shapes_on_the_gpu(b, t, s, chunk):
+@pytest.mark.parametrize("b,t,s,config", [
+    (64, 4, 32768, Config()), (1, 1, 4608, Config()), (8, 4, 49152, Config()), (64, 4, 32768, Config(chunk=512)),
+    (1, 1, 4608, Config(chunk=512)), (8, 4, 49152, Config(chunk=512)), (16, 4, 33280, Config()),
+    (1, 2048, 33280, Config()), (64, 4, 32768, Config(counts="separate"))])
+def test_kth_key_at_v32_shapes_on_the_gpu(b, t, s, config):
+  """Verification's rows over 4,608 / 32K / 48K slots, and over the CLI's 33,280 slots for a 32K prompt (a last
+  step over the row's last chunk) as verification and as a prefill chunk's 2,048 queries; tie cutoffs too."""
   scores, _ = _row(b, t, s, 0)
   positions = jnp.asarray(np.random.default_rng(1).integers(s // 2, s, (b, t)), jnp.int32).at[0, 0].set(s - 1)
-  config = Config(chunk=chunk)
   got = jax.jit(lambda x, p: kth_key_mgpu(x, p, 2048, config=config))(scores, positions)
   np.testing.assert_array_equal(np.asarray(got), np.asarray(reference(scores, positions, 2048)))
+  _, cutoff = jax.jit(lambda x, p: kth_key_and_tie_cutoff_mgpu(x, p, 2048, config=config))(scores, positions)
+  np.testing.assert_array_equal(np.asarray(cutoff), np.asarray(reference_tie_cutoff(scores, positions, 2048)))
 
 
 @pytest.mark.parametrize("b,t,s,k", [(2, 3, 384, 64), (1, 2, 256, 300)])
@@ -157,9 +168,12 @@ def test_lowered_for_cuda_names_the_kernel(kernel):
   assert KERNEL_NAME in fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
 
-def test_config_for_takes_the_widest_chunk_dividing_the_row():
-  assert [config_for(s).chunk for s in (32768, 4608, 1152, 384)] == [4096, 512, 128, 128]
+def test_config_for_takes_the_widest_chunk_within_the_row():
+  """A row the chunk does not divide ends in one step over its last chunk (33,280 slots: the CLI's cache for a 32K
+  prompt)."""
+  assert [config_for(s).chunk for s in (32768, 33280, 4608, 1152, 384)] == [4096, 4096, 4096, 1024, 256]
   assert config_for(4096, Config(chunk=256)).chunk == 256
+  assert config_for(4096).counts == "packed"
 
 
 @pytest.mark.parametrize("scores,positions,k,config,match", [
@@ -167,9 +181,10 @@ def test_config_for_takes_the_widest_chunk_dividing_the_row():
     ((1, 2, 256), (1, 1), 8, None, "positions_BT of shape"),
     ((1, 1, 200), (1, 1), 8, None, "not a multiple of 128"),
     ((1, 1, MAX_SLOTS + 1024), (1, 1), 8, None, "MAX_SLOTS"),
-    ((1, 1, 384), (1, 1), 8, Config(chunk=256), "chunk=256"),
+    ((1, 1, 384), (1, 1), 8, Config(chunk=512), "chunk=512"),
     ((1, 1, 256), (1, 1), 0, None, "k=0"),
     ((1, 1, 512), (1, 1), 8, Config(chunk=640), "chunk=640"),
+    ((1, 1, 512), (1, 1), 8, Config(counts="bytes"), "counts='bytes'"),
 ])
 def test_operands_it_cannot_take_are_named(scores, positions, k, config, match):
   dtype = jnp.bfloat16 if match.startswith("scores bfloat16") else jnp.float32
