@@ -5,10 +5,13 @@
 
 `order_key` maps fp32 scores to uint32 keys whose unsigned order is the scores' order (`topk.order_keys`). A CTA
 takes one query's row: its scores are read once from HBM into shared memory as keys, then 16 passes of 2-bit digits
-each count, for the three candidates of the next digit, the keys at or above them (per-thread partial counts in
-registers, one warpgroup reduction each), and keep the largest digit whose count still reaches k. Each pass reads
-the keys from shared memory, not HBM: XLA's form reads the row from L2 / HBM in each of its 16 passes and launches
-~5 kernels a pass. The compaction (the slots above the k-th key, ties to the lowest) stays in XLA
+each count, for the three candidates of the next digit, the keys at or above them, and keep the largest digit whose
+count still reaches k. Each pass reads the keys from shared memory, not HBM: XLA's form reads the row from L2 / HBM
+in each of its 16 passes and launches ~5 kernels a pass. A pass's counts are per-thread partial counts in registers,
+summed over the warpgroup at its end; two of the three travel as one int32's 16-bit halves (`Config.counts`), since
+the sums, not the compares, held the pass back: two sums a pass instead of three made the kernel 1.36-1.47x faster
+at verification's 256 queries (RESULTS, 2026-12-06). The loop over a row steps through it `chunk` keys at a time
+(`config_for`), the last step over the row's last chunk where the chunk does not divide it. The compaction (the slots above the k-th key, ties to the lowest) stays in XLA
 (`topk.select_from_kth`).
 
 Why: on an H100 at verification's 256 queries over a 32K cache, XLA's radix select took 345 µs a layer, 5 % of the
@@ -71,13 +74,19 @@ class Config:
 
 
 def config_for(slots: int, config: Config | None = None) -> Config:
-  """The widest of CHUNKS within `slots` (the fewest loop steps a pass; a row it does not divide ends in one more
-  step over its last `chunk` slots, the ones already counted masked), unless `config` names one. Before 2026-12-06 the
-  chunk had to divide the row: the CLI's 33,280-slot cache for a 32K prompt took 65 steps of 512 keys a pass."""
+  """The widest of CHUNKS whose steps read at most an eighth more keys than the row, unless `config` names one.
+
+  A row the chunk does not divide ends in one more step over its last `chunk` slots, the ones already counted
+  masked: it re-reads keys, and fewer, wider steps pay for that (the CLI's 33,280-slot cache for a 32K prompt: 9
+  steps of 4,096 keys a pass, 10.8 % re-read, 1.69x faster than 65 steps of 512 at a 2,048-query prefill chunk) until
+  they do not (4,608 slots: 2 steps of 4,096, 78 % re-read, 1.27x slower than 9 of 512). Between the two the eighth is
+  untimed (4,608 slots take 5 steps of 1,024, 11.1 %): RESULTS.md, 2026-12-06. A chunk dividing the row re-reads
+  nothing, so the rule always ends at one (128 divides every row the kernel takes)."""
   config = config or Config()
   if config.chunk:
     return config
-  return dataclasses.replace(config, chunk=next((c for c in CHUNKS if c <= slots), CHUNKS[-1]))
+  return dataclasses.replace(config, chunk=next(
+      (c for c in CHUNKS if c <= slots and -slots % c <= slots / 8), CHUNKS[-1]))  # (a row `takes` refuses: named)
 
 
 def takes(slots: int) -> list[str]:
