@@ -83,6 +83,7 @@
 #   topkforms2 (14:27 2026-12-06, an H100: cut in its tests by the budget) the k-th key kernel's packed sums and
 #            last-chunk step timed beside its old form; compiled tests
 #   topk5    (not run yet) e2e at a 32K prompt, B = 1, the top-k auto and the kernel forced
+#   capacities (not run yet) the index scores and the top-k at the CLI's real capacities beside the round ones
 #   fp8gpu   (21:28 2026-12-04) the FP8 paths' GPU tests (the prefill rule and the bounded bytes layout)
 #   fp8q     (not run yet) the index scores' float8 × float8 form timed and tested; the user path's GPU tests
 #   fp8round (not run yet) the draft step per part with FP8 and bf16 weights at B = 64 (the FP8 round's 0.58)
@@ -581,6 +582,13 @@ case "${1:?stage}" in
     run 200 topk_forms2.md python3 -m benchmarks.topk_forms --iters 50
     run 330 gpu_tests_topk2.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 100 \
       tests/test_topk_mgpu.py -k "not lowered_step and not lowered_for"
+    ;;
+  capacities)  # (not run yet) the index scores and the top-k at the CLI's real capacities beside the round ones the
+               # benchmarks used (4,352 / 33,024 slots: 4K / 32K prompts at --max-new-tokens 32, the CLI's default):
+               # the index scores' splits must divide S / 128, so 4,352 (34 steps) gives B = 1 two CTAs of 17 steps
+               # where 4,096 gave eight of 4 (docs/mosaic_gpu_notes.md, "The kernels at the CLI's capacities")
+    run 420 dsa_capacities.md python3 -m benchmarks.dsa_parts --capacity 4096 4352 32768 33024 --batch 1 8 64 \
+      --tokens 1 4 --parts scores top-k --topk-forms library-kernel --iters 20
     ;;
   audit)  # (13:54 2026-12-06, an H100: 29 passed) GPU-only tests strengthened on 2026-12-06 without a GPU: tokamax's experts against
           # ragged_dot with loud experts (hidden states and drafts), the FP8 kernel's and fp8 cache's token tests with

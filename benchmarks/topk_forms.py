@@ -24,7 +24,10 @@ from jax_mtp.kernels.topk_mgpu import CHUNKS, Config, kth_key_and_tie_cutoff_mgp
 K_TOP = 2048  # V3.2's index_topk
 # (label, B, T, S, first position): verification rows see nearly all of their cache; a prefill chunk's queries
 # follow one another from its first position
-SHAPES = (("verification, B = 64", 64, 4, 4608, 4096), ("verification, B = 64", 64, 4, 32768, 32000),
+# (4,352 and 33,024 slots: the CLI's capacities for 4K and 32K prompts at its default --max-new-tokens 32; 4,608 and
+# 33,280 at benchmarks.e2e's 256)
+SHAPES = (("verification, B = 64", 64, 4, 4352, 4130), ("verification, B = 64", 64, 4, 4608, 4096),
+          ("verification, B = 64", 64, 4, 32768, 32000), ("verification, B = 64", 64, 4, 33024, 32800),
           ("prefill chunk at 16,384", 1, 2048, 33280, 16384))
 
 
