@@ -84,6 +84,7 @@
 #            last-chunk step timed beside its old form; compiled tests
 #   topk5    (not run yet) e2e at a 32K prompt, B = 1, the top-k auto and the kernel forced
 #   capacities (not run yet) the index scores and the top-k at the CLI's real capacities beside the round ones
+#   uneven   (not run yet) the index scores' uneven splits: compiled tests, swept at the CLI's capacities
 #   fp8gpu   (21:28 2026-12-04) the FP8 paths' GPU tests (the prefill rule and the bounded bytes layout)
 #   fp8q     (not run yet) the index scores' float8 × float8 form timed and tested; the user path's GPU tests
 #   fp8round (not run yet) the draft step per part with FP8 and bf16 weights at B = 64 (the FP8 round's 0.58)
@@ -589,6 +590,14 @@ case "${1:?stage}" in
                # where 4,096 gave eight of 4 (docs/mosaic_gpu_notes.md, "The kernels at the CLI's capacities")
     run 420 dsa_capacities.md python3 -m benchmarks.dsa_parts --capacity 4096 4352 32768 33024 --batch 1 8 64 \
       --tokens 1 4 --parts scores top-k --topk-forms library-kernel --iters 20
+    ;;
+  uneven)  # (not run yet) the index scores' uneven splits (built 2026-12-06 on a CPU; `auto` still takes divisors
+           # only): their compiled tests, then swept beside the divisors at the CLI's capacities for 4K and 32K
+           # prompts; if faster at B = 1 and 8, config_for may take them (waves × blocks a CTA)
+    run 200 gpu_tests_uneven.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 100 \
+      tests/test_index_scores_mgpu.py -k "640 or uneven or positions_bound"
+    run 330 index_scores_uneven.md python3 -m benchmarks.index_scores_splits --capacity 4352 33024 --batch 1 8 64 \
+      --tokens 4 1 --uneven --iters 20
     ;;
   audit)  # (13:54 2026-12-06, an H100: 29 passed) GPU-only tests strengthened on 2026-12-06 without a GPU: tokamax's experts against
           # ragged_dot with loud experts (hidden states and drafts), the FP8 kernel's and fp8 cache's token tests with

@@ -31,11 +31,18 @@ from jax_mtp.kernels import index_scores_mgpu as mgpu
 I, J = 64, 128  # V3.2's indexer heads and head dim
 
 
-def candidate_splits(auto: mgpu.Config, steps: int) -> list[int]:
+def candidate_splits(auto: mgpu.Config, steps: int, uneven: bool = False) -> list[int]:
   """Auto's splits, half and a quarter of them, and twice them: the ones the kernel's rule allows
-  (`index_scores_mgpu.allowed_splits`)."""
+  (`index_scores_mgpu.allowed_splits`). `uneven`: also the split counts that give each CTA ⌈steps / splits⌉ = 4, 6
+  or 8 key blocks where they do not divide the steps (the last CTA fewer; `Config.splits`)."""
   wanted = {max(1, auto.splits // 4), max(1, auto.splits // 2), auto.splits, auto.splits * 2}
-  return sorted(wanted & set(mgpu.allowed_splits(steps)))
+  chosen = wanted & set(mgpu.allowed_splits(steps))
+  if uneven:
+    for per in (4, 6, 8):
+      d = -(-steps // per)
+      if steps % d and (d - 1) * -(-steps // d) < steps:
+        chosen.add(d)
+  return sorted(chosen)
 
 
 def main(argv=None) -> int:
@@ -46,6 +53,8 @@ def main(argv=None) -> int:
   parser.add_argument("--iters", type=int, default=20)
   parser.add_argument("--backend", default="gpu", choices=["gpu", "interpret"], help="interpret: a CPU smoke run")
   parser.add_argument("--no-sweep", action="store_true", help="auto's splits only (and, at T > 1, overlap_queries flipped)")
+  parser.add_argument("--uneven", action="store_true",
+                      help="also split counts that do not divide the row's key blocks (the CLI's capacities)")
   parser.add_argument("--keys-in-registers", action="store_true",
                       help="at T > 1 also auto with keys_in_registers flipped")
   args = parser.parse_args(argv)
@@ -70,7 +79,7 @@ def main(argv=None) -> int:
           flops_floor = 2 * b * t * I * J * s / (peak * (2 if q_.dtype == k.dtype == k8.dtype else 1)) * 1e6
           floor = max(bytes_floor, flops_floor)
           configs = [] if args.no_sweep else [dataclasses.replace(auto, splits=d)
-                                               for d in candidate_splits(auto, s // auto.block_slots)]
+                                               for d in candidate_splits(auto, s // auto.block_slots, args.uneven)]
           configs = configs or [auto]
           if t > 1:  # query n + 1's dot overlapping query n's epilogue (auto's), and the queries in turn
             configs.append(dataclasses.replace(auto, overlap_queries=not auto.overlap_queries))

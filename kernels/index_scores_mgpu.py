@@ -42,7 +42,11 @@ class Config:
 
   block_slots: int = 128  # slots per pipeline step: the wgmma's M (a multiple of 64)
   block_tokens: int = 4  # queries per CTA: q [tb, I, J] stays in shared memory
-  splits: int = 0  # CTAs per (row, query block), each over S / splits slots
+  # CTAs per (row, query block), each over ⌈steps / splits⌉ key blocks, the last over what is left where the split
+  # does not divide the steps (with bound_reads only: its window ends at the row's end, its pipeline as long as its
+  # share). `config_for` takes only divisors, as timed; the uneven ones are for the CLI's capacities (4,352 slots = 34
+  # steps: 2 or 34 CTAs a query block as divisors), untimed (docs/mosaic_gpu_notes.md, 2026-12-06)
+  splits: int = 0
   max_concurrent_steps: int = 4  # key blocks in flight
   # With positions: True shortens the pipeline to the seen steps, so their keys are never read; False streams every
   # step and skips the unseen steps' dots. Both passed their compiled tests on the H200 (2026-12-03 13:40); at a
@@ -110,9 +114,14 @@ def check_operands(q_BTIJ, k_BSJ, w_BTI, *, k_scale_BS, positions_BT, config: Co
     raise ValueError(f"keys {k_BSJ.dtype} with k_scale_BS {None if k_scale_BS is None else k_scale_BS.shape}: "
                      f"float8 keys take one scale a key, shape {(b, s)}, and a head dim that is a multiple of 32 "
                      f"(got {j}); 16-bit keys none")
-  if config.block_slots % 64 or s % (config.block_slots * config.splits):
-    raise ValueError(f"cache capacity {s} is not a multiple of block_slots={config.block_slots} × "
-                     f"splits={config.splits} (block_slots a multiple of 64)")
+  steps = s // config.block_slots
+  if config.block_slots % 64 or s % config.block_slots:
+    raise ValueError(f"cache capacity {s} is not a multiple of block_slots={config.block_slots} (a multiple of 64)")
+  if not 1 <= config.splits <= steps or (config.splits - 1) * -(-steps // config.splits) >= steps:
+    raise ValueError(f"splits={config.splits} over {steps} key blocks leaves a CTA none (⌈steps / splits⌉ each)")
+  if steps % config.splits and not config.bound_reads:
+    raise ValueError(f"splits={config.splits} does not divide {steps} key blocks: an uneven split takes "
+                     f"bound_reads=True")
   if i % 8 or i > 256 or (j * 2) % 32:
     raise ValueError(f"index heads {i} (a multiple of 8, ≤ 256) or head dim {j} (a multiple of 16) do not fit wgmma")
   if positions_BT is not None and positions_BT.shape != (b, t):
@@ -122,7 +131,7 @@ def check_operands(q_BTIJ, k_BSJ, w_BTI, *, k_scale_BS, positions_BT, config: Co
 def index_scores_mgpu(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, scale: float, *,
                       k_scale_BS: jax.Array | None = None, positions_BT: jax.Array | None = None,
                       config: Config | None = None, interpret=False) -> jax.Array:
-  """fp32 [B, T, S] index scores (S a multiple of block_slots × splits). `k_scale_BS`: per-key scales of float8
+  """fp32 [B, T, S] index scores (S a multiple of block_slots; see Config.splits). `k_scale_BS`: per-key scales of float8
   keys (e4m3 / e5m2), whose scales multiply the fp32 logits. Beside 16-bit q the kernel widens such keys to q's
   dtype in shared memory (through fp32: exact) before the dot; q in the keys' own float8 (`indexer.quantize_queries`,
   its scales already in w) is a float8 × float8 wgmma over the keys as they landed, at twice bf16's tensor-core
@@ -147,8 +156,9 @@ def index_scores_mgpu(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, sca
     pos = jnp.pad(positions_BT.astype(jnp.int32), [(0, 0), (0, padded - t)], constant_values=-1)
     last_BQ = pos.reshape(b, padded // tb, tb).max(-1)
   scaled = k_scale_BS is not None
-  share = s // splits  # slots per CTA
-  steps = share // bs
+  steps = -(-(s // bs) // splits)  # key blocks per CTA (the last CTA's share may be shorter)
+  share = steps * bs  # slots per CTA
+  uneven = (s // bs) % splits != 0
   operand = operand_transforms(plgpu, q.dtype, j)
 
   def body(q_gmem, k_gmem, w_gmem, last_gmem, *refs):
@@ -160,8 +170,14 @@ def index_scores_mgpu(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, sca
     plgpu.copy_gmem_to_smem(w_gmem.at[bi, pl.ds(qi * tb, tb)], w_smem, loaded)
     plgpu.barrier_wait(loaded)
     first = si * share
+    # an uneven split's last CTA: its window [window, window + share) ends at the row's end, its steps `offset` in
+    own_steps, window, offset = steps, first, 0
+    if uneven:
+      own_steps = jnp.minimum(steps, (s - first) // bs)
+      window = jnp.minimum(first, s - share)
+      offset = (first - window) // bs
     # the steps this CTA streams: those starting at or before the block's last position (all without positions)
-    seen = jnp.clip(lax.div(last_gmem[bi, qi] - first + bs, jnp.int32(bs)), 0, steps)
+    seen = jnp.clip(lax.div(last_gmem[bi, qi] - first + bs, jnp.int32(bs)), 0, own_steps)
     o_row = o_gmem.at[bi, pl.ds(qi * tb, tb)]
 
     def write_zeros(out):  # an unseen step's scores
@@ -225,23 +241,24 @@ def index_scores_mgpu(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, sca
 
       overlapped(0, None)
 
-    in_specs = [plgpu.BlockSpec((bs, j), lambda st: (st, 0), transforms=operand_transforms(plgpu, k_gmem.dtype, j))]
-    gmem = [k_gmem.at[bi, pl.ds(first, share)]]
+    in_specs = [plgpu.BlockSpec((bs, j), lambda st: (st + offset, 0),
+                                transforms=operand_transforms(plgpu, k_gmem.dtype, j))]
+    gmem = [k_gmem.at[bi, pl.ds(window, share)]]
     if scaled:
-      in_specs.append(plgpu.BlockSpec((bs,), lambda st: (st,)))
-      gmem.append(k_scale_gmem.at[bi, pl.ds(first, share)])
+      in_specs.append(plgpu.BlockSpec((bs,), lambda st: (st + offset,)))
+      gmem.append(k_scale_gmem.at[bi, pl.ds(window, share)])
     plgpu.emit_pipeline(step, grid=(seen if config.bound_reads else steps,), in_specs=in_specs,
                         max_concurrent_steps=min(config.max_concurrent_steps, steps))(*gmem)
     plgpu.wait_smem_to_gmem(0)
     if not config.bound_reads:
       return
 
-    @pl.when(seen < steps)  # the unseen steps: zeros, copied from one buffer
+    @pl.when(seen < own_steps)  # the unseen steps: zeros, copied from one buffer
     def _():
       write_zeros(o_smem.at[0])
       plgpu.commit_smem()
 
-      @pl.loop(seen, steps)
+      @pl.loop(seen, own_steps)
       def _(st):
         plgpu.copy_smem_to_gmem(o_smem.at[0], o_row.at[:, pl.ds(first + st * bs, bs)])
 

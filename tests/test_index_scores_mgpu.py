@@ -30,8 +30,11 @@ REGISTERS = [False, pytest.param(True, marks=pytest.mark.skipif(not ON_GPU, reas
                                                                 "only (the interpreter has no register-operand wgmma)"))]
 
 
+# (2, 3, 8, 32, 640, 64, 3): an uneven split (10 key blocks over 3 CTAs: 4, 4, 2), the last CTA's window ending at
+# the row's end, as the CLI's capacities need (4,352 slots: 34 blocks)
 @pytest.mark.parametrize("b,t,i,j,s,block,splits", [(1, 1, 16, 16, 128, 64, 1), (3, 3, 8, 32, 384, 128, 3),
-                                                     (2, 5, 16, 64, 512, 64, 2), (1, 4, 64, 128, 256, 128, 0)])
+                                                     (2, 5, 16, 64, 512, 64, 2), (1, 4, 64, 128, 256, 128, 0),
+                                                     (2, 3, 8, 32, 640, 64, 3)])
 @pytest.mark.parametrize("keys", ["bfloat16", "float16"])
 @pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("registers", REGISTERS)
@@ -61,7 +64,24 @@ def test_no_shared_memory_race_between_the_warpgroups(keys, overlap):
   assert_equals_xla_and_the_formula(got, q, k, w, 0.25, k_scale=k_scale, dot=dot, what=f"race-checked, {keys} keys")
 
 
-@pytest.mark.parametrize("b,t,i,j,s,block,splits", [(1, 1, 16, 32, 128, 64, 1), (2, 5, 16, 128, 512, 128, 2)])
+@pytest.mark.skipif(ON_GPU, reason="the interpreter's race detector (on a CPU)")
+def test_no_shared_memory_race_with_an_uneven_split():
+  """7 key blocks over 2 CTAs (4, 3; the last CTA's window ends at the row's end) with positions: no race."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu  # noqa: PLC0415
+  q, k, w = inputs(2, 3, 16, 64, 448)
+  q, k = q.astype(jnp.bfloat16), k.astype(jnp.bfloat16)
+  positions = jnp.asarray([[300, 301, 447], [10, 11, 12]], jnp.int32)
+  got = index_scores_mgpu(q, k, w, 0.25, positions_BT=positions, config=Config(block_slots=64, splits=2),
+                          interpret=plgpu.InterpretGPUParams(detect_races=True))
+  full = index_scores_mgpu(q, k, w, 0.25, config=Config(block_slots=64, splits=7), interpret=True)
+  seen = jnp.arange(448)[None, None] // 64 * 64 <= positions.max(-1)[:, None, None]  # one query block of 3
+  assert_equals_xla_and_the_formula(jnp.where(seen, got, full), q, k, w, 0.25, k_scale=None, dot=jnp.bfloat16,
+                                    what="race-checked, uneven split")
+  assert not jnp.where(seen, 0.0, got).any()  # the unseen blocks are zeros, up to the row's end
+
+
+@pytest.mark.parametrize("b,t,i,j,s,block,splits", [(1, 1, 16, 32, 128, 64, 1), (2, 5, 16, 128, 512, 128, 2),
+                                                     (1, 2, 16, 32, 640, 64, 4)])  # uneven: 3, 3, 3, 1 blocks
 @pytest.mark.parametrize("keys", ["float8_e4m3fn", "float8_e5m2"])
 @pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("registers", REGISTERS)
@@ -90,11 +110,12 @@ def test_float8_queries_beside_float8_keys_equal_xla_and_the_formula(b, t, i, j,
                                     tolerance="float8_wgmma" if ON_GPU else "float32")
 
 
-@pytest.mark.parametrize("bound_reads", [False, True])
+@pytest.mark.parametrize("bound_reads,splits", [(False, 2), (True, 2), (True, 3)])
 @pytest.mark.parametrize("t,tokens", [(5, 4), (3, 1), (3, 4)])
-def test_positions_bound_the_scored_slots(t, tokens, bound_reads):
-  """Steps past a query block's last position are zeros (with bound_reads never read: the pipeline is shorter)."""
-  config = Config(block_slots=64, block_tokens=tokens, splits=2, bound_reads=bound_reads)
+def test_positions_bound_the_scored_slots(t, tokens, bound_reads, splits):
+  """Steps past a query block's last position are zeros (with bound_reads never read: the pipeline is shorter),
+  also where the split is uneven (8 key blocks over 3 CTAs: the last one's zeros stop at the row's end)."""
+  config = Config(block_slots=64, block_tokens=tokens, splits=splits, bound_reads=bound_reads)
   assert_positions_bound_the_scored_slots(
       lambda q, k, w, scale, positions: _scores(q.astype(jnp.bfloat16), k.astype(jnp.bfloat16), w, scale,
                                                 positions_BT=positions, config=config), t, tokens, 64, j=32)
@@ -120,6 +141,19 @@ def test_kernel_lowers_for_cuda_at_any_t(t, overlap, registers):
     text = fp8.trace(q, k8, args[2], jax.ShapeDtypeStruct((2, 4096), jnp.float32)).lower(
         lowering_platforms=("cuda",)).as_text()
     assert KERNEL_NAME in text
+
+
+@pytest.mark.parametrize("keys", [jnp.bfloat16, jnp.float8_e4m3fn])
+def test_an_uneven_split_lowers_for_cuda_at_the_clis_capacity(keys):
+  """4,352 slots (the CLI's capacity for a 4K prompt: 34 key blocks) over 7 CTAs (5 blocks each, the last 4), with positions."""
+  b, t = 1, 4
+  args = [jax.ShapeDtypeStruct((b, t, 64, 128), jnp.bfloat16), jax.ShapeDtypeStruct((b, 4352, 128), keys),
+          jax.ShapeDtypeStruct((b, t, 64), jnp.float32), jax.ShapeDtypeStruct((b, t), jnp.int32)]
+  scaled = keys == jnp.float8_e4m3fn
+  fn = jax.jit(lambda q, k, w, p, *ks: index_scores_mgpu(q, k, w, 0.5, positions_BT=p, k_scale_BS=ks[0] if ks else None,
+                                                          config=Config(splits=7)))
+  extra = [jax.ShapeDtypeStruct((b, 4352), jnp.float32)] if scaled else []
+  assert KERNEL_NAME in fn.trace(*args, *extra).lower(lowering_platforms=("cuda",)).as_text()
 
 
 def test_config_fills_the_machine():
@@ -155,6 +189,11 @@ def test_kernel_refuses_what_it_cannot_run():
   q, k, w = (x.astype(jnp.bfloat16) for x in inputs(1, 1, 16, 16, 256))
   with pytest.raises(ValueError, match="200 is not a multiple of block_slots=128"):
     index_scores_mgpu(q, k[:, :200], w, 1.0)
+  with pytest.raises(ValueError, match="splits=3 over 4 key blocks leaves a CTA none"):
+    index_scores_mgpu(q, k, w, 1.0, config=Config(block_slots=64, splits=3))  # 2, 2, 0
+  with pytest.raises(ValueError, match="splits=3 does not divide 5 key blocks: .* takes bound_reads=True"):
+    index_scores_mgpu(q, jnp.pad(k, [(0, 0), (0, 64), (0, 0)]), w, 1.0,
+                      config=Config(block_slots=64, splits=3, bound_reads=False))
   with pytest.raises(ValueError, match="float8_e4m3fn with k_scale_BS None: float8 keys take one scale a key"):
     index_scores_mgpu(q, k.astype(jnp.float8_e4m3fn), w, 1.0)
   with pytest.raises(ValueError, match="a multiple of 32 \\(got 16\\)"):
