@@ -114,13 +114,18 @@ def _print_text(result: Gathered, model_line: str, prompts: list[list[int]], tex
     print(model_line)
   for i, (prompt, tokens) in enumerate(zip(prompts, result.tokens)):
     stop = " (stopped at EOS)" if result.stopped_rows[i] and i not in result.failed_rows else ""
-    print(f"prompt {i} {prompt} → {tokens}{stop}")
+    if codec is not None and streamed:  # the text was shown as it came: its token counts, not the ids again
+      print(f"prompt {i}: {len(prompt)} tokens in, {len(tokens)} out{stop} (--json gives the ids)")
+    else:
+      print(f"prompt {i} {prompt} → {tokens}{stop}")
     if codec is not None and not streamed:
       print(f"  {texts[i]!r} → {codec.decode(tokens)!r}")
   if m.rounds:
+    k = len(m.acceptance_rate_per_position)
     print(f"acceptance length {m.acceptance_length_mean:.2f} · per position "
           f"{[round(r, 2) for r in m.acceptance_rate_per_position]} · drafts accepted "
-          f"{m.draft_tokens_accepted}/{m.draft_tokens_proposed}")
+          f"{m.draft_tokens_accepted}/{m.draft_tokens_proposed} (acceptance length: the tokens a round commits, "
+          f"1 to k + 1 = {k + 1}; per position: how often the j-th draft was accepted)")
     print(f"{m.tokens_per_second:.1f} tokens/s = {m.tokens_per_second_per_acceptance_length:.1f} rounds/s (summed "
           f"over rows) × acceptance length {m.acceptance_length_mean:.2f}")
   if result.matches is not None:

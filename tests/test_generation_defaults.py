@@ -47,7 +47,7 @@ def test_greedy_where_the_file_does_not_apply(tmp_path, data, mode, check):
   assert resolve(NONE_GIVEN, None, "auto", check=False) == ({**GREEDY}, None)  # no checkpoint files
 
 
-@pytest.mark.parametrize("given, named", [({"top_k": 5}, "--top-k filter"), ({"top_p": 0.5}, "--top-p filter"),
+@pytest.mark.parametrize("given, named", [({"top_k": 5}, "--top-k filters"), ({"top_p": 0.5}, "--top-p filters"),
                                          ({"top_k": 5, "top_p": 0.5}, "--top-k and --top-p filter")])
 def test_a_filter_given_to_greedy_decoding_is_noted(tmp_path, given, named):
   """Greedy decoding (no temperature anywhere) ignores --top-k / --top-p: said, not silent; with a temperature they

@@ -15,8 +15,8 @@ PAGES = ["README.md", "docs/status.md", "docs/testing.md", "docs/kernels.md", "d
          "benchmarks/README.md"]
 DEMO = ".venv/bin/python -m jax_mtp.decode"
 TEST_COMMAND = "tools/test.sh"
-# Flags in the README that belong to other programs than the two CLIs (gcloud's, SLURM's srun).
-OTHER_PROGRAMS_FLAGS = {"--worker", "--command", "--ntasks-per-node"}
+# Flags in the README that belong to other programs than the two CLIs (gcloud's, SLURM's srun, jupyter's).
+OTHER_PROGRAMS_FLAGS = {"--worker", "--command", "--ntasks-per-node", "--inplace"}
 
 
 def _first_code_block(text: str) -> tuple[int, list[str]]:
@@ -92,3 +92,12 @@ def test_links_reach_their_files_and_headings(page):
     elif anchor and anchor not in set(_anchors(file.read_text())):
       broken.append(f"{target}: no such heading in {file.relative_to(REPO)}")
   assert not broken, f"{page}: " + "; ".join(broken)
+
+
+def test_the_library_snippet_runs():
+  """The README's library example is whole: run as written, it drafts one token a position."""
+  block = re.search(r"### The library\n\n```python\n(.*?)```", (REPO / "README.md").read_text(), re.S).group(1)
+  scope = {}
+  exec(block, scope)  # noqa: S102 (the README's own code)
+  assert scope["drafts_BT"].shape == scope["input_ids_BT"].shape
+  assert scope["out"].hidden_BTD.shape == (*scope["input_ids_BT"].shape, scope["cfg"].hidden_size)
