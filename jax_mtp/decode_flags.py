@@ -24,7 +24,7 @@ class BadInput(ValueError):
 
 class _Parser(argparse.ArgumentParser):
   def error(self, message):  # one line instead of argparse's usage block
-    raise BadInput(message)
+    raise BadInput(message + (f" ({self.prog} --help lists the flags)" if message.startswith("unrecognized") else ""))
 
 
 def parser() -> argparse.ArgumentParser:

@@ -98,6 +98,7 @@ def test_top_k_1_sampling_prints_the_greedy_tokens(capsys):
 
 
 @pytest.mark.parametrize("argv, named", [
+    (["--tpp", "2"], "unrecognized arguments: --tpp 2 (python -m jax_mtp.decode --help lists the flags)"),
     (["--prompt-ids", ""], "prompt 0 is empty"),
     (["--prompt-ids", "1,2", "--prompt-ids", "1,999"], "prompt 1 holds token id 999, outside [0, 256)"),
     (["--prompt-ids", "a,b"], "'a,b'"),

@@ -181,6 +181,7 @@ def test_bad_input_is_refused(tmp_path, capsys):
     return capsys.readouterr().err
 
   assert "--mode distill needs --checkpoint" in refused("--mode", "distill")
+  assert "unrecognized arguments: --stepz 3 (python -m jax_mtp.train --help lists the flags)" in refused("--stepz", "3")
   assert "is neither a file nor a directory" in refused("--data", str(tmp_path / "missing"), out="a")
   assert "--seq-len=2 must be ≥ 3" in refused("--seq-len", "2")
   assert "--batch=4 must be a multiple of the 8 devices" in refused("--batch", "4")
