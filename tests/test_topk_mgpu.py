@@ -53,6 +53,18 @@ def _assert_sorts_and_radix_passes_kth(got, scores, positions, k):
   np.testing.assert_array_equal(np.asarray(got), np.asarray(topk.kth_key_sibling_reductions(keys, k)))
 
 
+def test_packed_counts_past_the_sign_bit():
+  """33,024 positive scores (the CLI's capacity for a 32K prompt), all visible: every key is at or above the first
+  pass's second candidate, so its count (33,024 ≥ 2^15) fills the packed int32's high half past the sign bit; the
+  logical shift reads it back, and the k-th key and tie cutoff are still a sort's."""
+  s = 33024
+  scores = jnp.asarray((1.0 + np.random.default_rng(0).random((1, 1, s))).astype(np.float32))
+  positions = jnp.full((1, 1), s - 1, jnp.int32)
+  kth, cutoff = kth_key_and_tie_cutoff_mgpu(scores, positions, 2048, interpret=not ON_GPU)
+  np.testing.assert_array_equal(np.asarray(kth), np.asarray(reference(scores, positions, 2048)))
+  np.testing.assert_array_equal(np.asarray(cutoff), np.asarray(reference_tie_cutoff(scores, positions, 2048)))
+
+
 def _tied_rows(b, t, s, seed):
   """`_row`'s scores with more ties (every 3rd slot 0.5, so the k-th key is often 0.5 with some of its ties dropped);
   a query seeing only 6 slots (fewer than k: its ties are −inf's keys, the invisible slots after a visible −inf);
