@@ -39,6 +39,7 @@ def dividing(slots: int) -> int:
 def forms(slots: int):
   """(name, Config): the default, and the forms it replaced (separate sums, the dividing chunk) in the same run."""
   return (("default: packed sums, widest chunk + last step", Config()),
+          ("packed sums, the third summed only where it can decide", Config(counts="packed_lazy")),
           (f"packed sums, dividing chunk {dividing(slots)}", Config(chunk=dividing(slots))),
           (f"before 2026-12-06: separate sums, dividing chunk {dividing(slots)}",
            Config(chunk=dividing(slots), counts="separate")))

@@ -61,8 +61,9 @@ CHUNKS = (4096, 2048, 1024, 512, 256, 128)
 
 # A pass's three candidate counts: "packed" sums two of them as one int32's 16-bit halves (two warpgroup sums a pass,
 # not three: 1.36x faster at verification's 256 queries over 4,608 and 32K slots, RESULTS 2026-12-06); "separate"
-# sums each, as timed before.
-COUNT_FORMS = ("packed", "separate")
+# sums each, as timed before; "packed_lazy" (built 2026-12-06 after that run, untimed) also skips the third count's
+# sum in a pass whose second count falls short of k (the third cannot then reach it).
+COUNT_FORMS = ("packed", "separate", "packed_lazy")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,9 +198,9 @@ def _row_kernel(scores_BTS, positions_BT, k: int, config: Config | None, interpr
     if tail:
       pl.loop(0, tail // tail_load)(lambda c: load(steps * ch + c * tail_load, tail_load))
 
-    def row_counts(tests, with_slots=False, counted=False):
+    def row_counts(tests, with_slots=False, counted=False, summed=True):
       """The row's count of keys passing each test (keys[, slots] → bool), or its sum of their int32 values (the
-      first test's, where `counted`)."""
+      first test's, where `counted`); `summed=False`: each thread's partial counts, not yet summed."""
       def window(start, counts, fresh=None):  # `fresh`: the window's slots not counted by an earlier step
         keys = keys_smem[pl.ds(start, ch)]
         args = (keys, lax.broadcasted_iota(jnp.int32, (ch,), 0) + start) if with_slots else (keys,)
@@ -216,7 +217,7 @@ def _row_kernel(scores_BTS, positions_BT, k: int, config: Config | None, interpr
       counts = lax.fori_loop(0, steps, lambda c, n: window(c * ch, n), (jnp.zeros((ch,), jnp.int32),) * len(tests))
       if tail:
         counts = window(s - ch, counts, fresh=lax.broadcasted_iota(jnp.int32, (ch,), 0) >= ch - tail)
-      return [jnp.sum(n) for n in counts]
+      return [jnp.sum(n) for n in counts] if summed else list(counts)
 
     def candidate_totals(candidates):  # the row's count of keys at or above each of the 3 candidates
       if config.counts == "separate":
@@ -225,8 +226,15 @@ def _row_kernel(scores_BTS, positions_BT, k: int, config: Config | None, interpr
       # so it is read back by a logical shift): one warpgroup sum fewer a pass
       pair, third = row_counts(
           [lambda keys: jnp.where(keys >= candidates[0], 1, 0) + jnp.where(keys >= candidates[1], 1 << 16, 0),
-           lambda keys: keys >= candidates[2]], counted=True)
-      return [pair & 0xFFFF, lax.shift_right_logical(pair, 16), third]
+           lambda keys: keys >= candidates[2]], counted=True, summed=config.counts == "packed")
+      if config.counts == "packed":
+        return [pair & 0xFFFF, lax.shift_right_logical(pair, 16), third]
+      pair = jnp.sum(pair)
+      second = lax.shift_right_logical(pair, 16)
+      # "packed_lazy": the third count decides the digit only where the second reaches k (n3 ≤ n2): its sum is
+      # skipped elsewhere (~half the passes on spread scores), and 0 there leaves the digit as the first two make it
+      third = lax.cond(second >= k, lambda: jnp.sum(third), lambda: jnp.int32(0))
+      return [pair & 0xFFFF, second, third]
 
     def one_pass(index, carry):  # the k-th key's next 2-bit digit, `index` 0 … 15 from the top
       kth, at_or_above = carry  # the k-th key so far (unsigned domain, as int32 bits); keys at or above it

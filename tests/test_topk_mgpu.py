@@ -12,8 +12,8 @@ import pytest
 import jax_mtp
 from jax_mtp import topk
 from jax_mtp.cache import causal_mask
-from jax_mtp.kernels.topk_mgpu import (KERNEL_NAME, MAX_SLOTS, Config, config_for, kth_key_and_tie_cutoff_mgpu,
-                                      kth_key_mgpu, reference, reference_tie_cutoff)
+from jax_mtp.kernels.topk_mgpu import (COUNT_FORMS, KERNEL_NAME, MAX_SLOTS, Config, config_for,
+                                      kth_key_and_tie_cutoff_mgpu, kth_key_mgpu, reference, reference_tie_cutoff)
 from tests.greedy import plain_and_speculative
 from tests.lowered_step import mtp_step_module
 
@@ -40,7 +40,7 @@ def _row(b, t, s, seed):
     (1, 1, 128, 1, Config()), (2, 3, 384, 64, Config(chunk=128)), (1, 4, 1152, 1152, Config()),
     (3, 2, 1024, 100, Config(chunk=256)), (2, 2, 2048, 2048, Config()), (1, 2, 8192, 700, Config()),
     (2, 1, 8192, 2048, Config(chunk=1024)), (3, 2, 640, 90, Config(chunk=256, counts="separate")),
-    (2, 2, 1408, 300, Config(chunk=512))])
+    (2, 2, 1408, 300, Config(chunk=512)), (2, 3, 1152, 200, Config(counts="packed_lazy"))])
 def test_kth_key_equals_the_sort_and_the_radix_passes(b, t, s, k, config):
   scores, positions = _row(b, t, s, s + k)
   got = kth_key_mgpu(scores, positions, k, config=config, interpret=not ON_GPU)
@@ -80,7 +80,7 @@ def _tied_rows(b, t, s, seed):
 @pytest.mark.parametrize("b,t,s,k,config", [
     (2, 3, 384, 64, Config(chunk=128)), (1, 4, 1024, 1024, Config()), (2, 2, 2048, 700, Config()),
     (3, 2, 512, 90, Config(chunk=128)), (3, 2, 640, 90, Config(chunk=256)), (3, 2, 1152, 300, Config()),
-    (2, 3, 384, 64, Config(chunk=128, counts="separate"))])
+    (2, 3, 384, 64, Config(chunk=128, counts="separate")), (3, 2, 640, 90, Config(chunk=256, counts="packed_lazy"))])
 def test_the_tie_cutoff_is_the_last_tied_slot_kept(b, t, s, k, config):
   """The kernel's tie cutoff is the reference's (the (k − above)-th tied slot, S where every tie is kept) on rows
   whose k-th key has ties dropped, rows with fewer visible slots than k, visible −inf scores, none visible and
@@ -127,7 +127,7 @@ def test_no_shared_memory_race():
 @pytest.mark.parametrize("b,t,s,config", [
     (64, 4, 32768, Config()), (1, 1, 4608, Config()), (8, 4, 49152, Config()), (64, 4, 32768, Config(chunk=512)),
     (1, 1, 4608, Config(chunk=512)), (8, 4, 49152, Config(chunk=512)), (16, 4, 33280, Config()),
-    (1, 2048, 33280, Config()), (64, 4, 32768, Config(counts="separate"))])
+    (1, 2048, 33280, Config()), (64, 4, 32768, Config(counts="separate")), (64, 4, 33024, Config(counts="packed_lazy"))])
 def test_kth_key_at_v32_shapes_on_the_gpu(b, t, s, config):
   """Verification's rows over 4,608 / 32K / 48K slots, and over the CLI's 33,280 slots for a 32K prompt (a last
   step over the row's last chunk) as verification and as a prefill chunk's 2,048 queries; tie cutoffs too."""
@@ -172,11 +172,13 @@ def test_the_kernel_is_in_the_lowered_step_when_asked_for():
   assert KERNEL_NAME in mtp_step_module(cfg.replace(topk_impl="auto"), "cuda", 64, 512)  # 64: the kernel
 
 
-@pytest.mark.parametrize("kernel", [kth_key_mgpu, kth_key_and_tie_cutoff_mgpu])
-def test_lowered_for_cuda_names_the_kernel(kernel):
-  """The kernel lowers for CUDA (Mosaic GPU's own checks: layouts, barriers) in each form."""
-  fn = jax.jit(lambda x, p: kernel(x, p, 2048))
-  args = jax.ShapeDtypeStruct((64, 4, 32768), jnp.float32), jax.ShapeDtypeStruct((64, 4), jnp.int32)
+@pytest.mark.parametrize("kernel,counts", [(kth_key_mgpu, "packed")] + [(kth_key_and_tie_cutoff_mgpu, counts)
+                                                                         for counts in COUNT_FORMS])
+def test_lowered_for_cuda_names_the_kernel(kernel, counts):
+  """The kernel lowers for CUDA (Mosaic GPU's own checks: layouts, barriers) in each form, over the CLI's 33,024
+  slots for a 32K prompt (a last step over the row's last chunk)."""
+  fn = jax.jit(lambda x, p: kernel(x, p, 2048, config=Config(counts=counts)))
+  args = jax.ShapeDtypeStruct((64, 4, 33024), jnp.float32), jax.ShapeDtypeStruct((64, 4), jnp.int32)
   assert KERNEL_NAME in fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
 
