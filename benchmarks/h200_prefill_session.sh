@@ -81,7 +81,8 @@
 #            (loud experts, margins), then the auto paths' and user path's token tests under the tie cutoff
 #   topkforms (14:09, 14:16 2026-12-06, an H100; exits 2 since) the k-th key kernel's pass forms at the CLI's shapes
 #   topkforms2 (14:27 2026-12-06, an H100: cut in its tests by the budget) the k-th key kernel's packed sums and
-#            last-chunk step timed beside its old form; compiled tests
+#            last-chunk step timed beside its old form (and packed_lazy since; its tests moved to topktests)
+#   topktests (not run yet) the top-k kernel's compiled tests
 #   topk5    (not run yet) e2e at a 32K prompt, B = 1, the top-k auto and the kernel forced
 #   capacities (not run yet) the index scores and the top-k at the CLI's real capacities beside the round ones
 #   uneven   (not run yet) the index scores' uneven splits: compiled tests, swept at the CLI's capacities
@@ -580,8 +581,12 @@ case "${1:?stage}" in
   topkforms2)  # (14:27 2026-12-06, an H100: the forms timed; 14 of 41 tests passed before the device budget ran out)
                # after packed sums became the default and the chunk stopped having to divide the row: the forms
                # timed in one run at the CLI's shapes, then the kernel's compiled tests (33,280 slots among them)
-    run 200 topk_forms2.md python3 -m benchmarks.topk_forms --iters 50
-    run 330 gpu_tests_topk2.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 100 \
+    # (since 15:30: four forms at five shapes, packed_lazy among them; the compiled tests are stage topktests)
+    run 520 topk_forms2.md python3 -m benchmarks.topk_forms --iters 50
+    ;;
+  topktests)  # (not run yet) the top-k kernel's compiled tests after packed sums, the last-chunk step, packed_lazy
+              # and the sign-bit case (topkforms2 ran 14 of them before the budget ran out on 2026-12-06)
+    run 520 gpu_tests_topk3.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 100 \
       tests/test_topk_mgpu.py -k "not lowered_step and not lowered_for"
     ;;
   capacities)  # (not run yet) the index scores and the top-k at the CLI's real capacities beside the round ones the
