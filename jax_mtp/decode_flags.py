@@ -24,7 +24,8 @@ class BadInput(ValueError):
 
 class _Parser(argparse.ArgumentParser):
   def error(self, message):  # one line instead of argparse's usage block
-    raise BadInput(message + (f" ({self.prog} --help lists the flags)" if message.startswith("unrecognized") else ""))
+    hint = f" ({self.prog} --help lists the flags)" if message.startswith("unrecognized") else ""
+    raise BadInput(message + hint)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -60,8 +61,9 @@ def parser() -> argparse.ArgumentParser:
                       "as vLLM's; none: greedy unless the flags say otherwise")
   p.add_argument("--seed", type=int, default=0, help="sampling seed (the weights' seed is fixed)")
   p.add_argument("--tp", type=int, default=1, help="tensor-parallel devices (default 1)")
-  p.add_argument("--impl", choices=IMPLS, default=IMPLS[0], help="Opt-1, the tensor-parallel all-reduce fused with the residual add and RMSNorm: xla (default), or "
-                      "a Pallas kernel (pallas_tpu, pallas_gpu; docs/kernels.md)")
+  p.add_argument("--impl", choices=IMPLS, default=IMPLS[0],
+                 help="Opt-1, the tensor-parallel all-reduce fused with the residual add and RMSNorm: xla (default), "
+                      "or a Pallas kernel (pallas_tpu, pallas_gpu; docs/kernels.md)")
   p.add_argument("--dtype", choices=("auto",) + DTYPES, default="auto",
                  help="compute and parameter dtype; auto (default): the checkpoint's torch_dtype, as vLLM")
   p.add_argument("--weights", choices=loader.WEIGHTS, default="auto",
@@ -80,8 +82,8 @@ def parser() -> argparse.ArgumentParser:
                       "else xla")
   p.add_argument("--topk-impl", choices=TOPK_IMPLS, default="auto",
                  help="the DSA indexer's top-k: xla (a radix select), or mosaic_gpu (its k-th key in a Pallas Mosaic "
-                      "GPU kernel, Hopper only, caches up to 48K slots; the compaction in XLA); auto: mosaic_gpu on Hopper "
-                      "GPUs from 64 queries a call (B · T) over caches it takes, else xla")
+                      "GPU kernel, Hopper only, caches up to 48K slots; the compaction in XLA); auto: mosaic_gpu on "
+                      "Hopper GPUs from 64 queries a call (B · T) over caches it takes, else xla")
   p.add_argument("--fp8-matmul-impl", choices=FP8_MATMUL_IMPLS, default="auto",
                  help="with FP8 weights on GPUs, the kernel multiplying the codes: mosaic_gpu (Pallas Mosaic GPU, "
                       "Hopper only); auto: mosaic_gpu on Hopper GPUs, the codes dequantised in the program elsewhere")

@@ -55,7 +55,8 @@ def resolve(given: dict, directory: str | None, mode: str, *, check: bool) -> tu
   if values["temperature"] == 0:  # greedy: the file's filters would change nothing, and no note claims they do;
     # a filter given on the command line does nothing either, and is said to
     filters = [f"--{name.replace('_', '-')}" for name in ("top_k", "top_p") if name in given]
-    return {**GREEDY, **given}, (f"note: {' and '.join(filters)} {'filter' if len(filters) > 1 else 'filters'} what sampling draws from; greedy decoding "
+    verb = "filter" if len(filters) > 1 else "filters"
+    return {**GREEDY, **given}, (f"note: {' and '.join(filters)} {verb} what sampling draws from; greedy decoding "
                                  f"(temperature 0) does not use {'them' if len(filters) > 1 else 'it'}: give "
                                  f"--temperature to sample" if filters else None)
   if not applied:

@@ -57,7 +57,8 @@ class _BadInput(ValueError):
 
 class _Parser(argparse.ArgumentParser):
   def error(self, message):  # one line instead of argparse's usage block
-    raise _BadInput(message + (f" ({self.prog} --help lists the flags)" if message.startswith("unrecognized") else ""))
+    hint = f" ({self.prog} --help lists the flags)" if message.startswith("unrecognized") else ""
+    raise _BadInput(message + hint)
 
 
 def _parser() -> argparse.ArgumentParser:

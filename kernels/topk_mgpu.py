@@ -11,8 +11,8 @@ in each of its 16 passes and launches ~5 kernels a pass. A pass's counts are per
 summed over the warpgroup at its end; two of the three travel as one int32's 16-bit halves (`Config.counts`), since
 the sums, not the compares, held the pass back: two sums a pass instead of three made the kernel 1.36-1.47x faster
 at verification's 256 queries (RESULTS, 2026-12-06). The loop over a row steps through it `chunk` keys at a time
-(`config_for`), the last step over the row's last chunk where the chunk does not divide it. The compaction (the slots above the k-th key, ties to the lowest) stays in XLA
-(`topk.select_from_kth`).
+(`config_for`), the last step over the row's last chunk where the chunk does not divide it. The compaction (the
+slots above the k-th key, ties to the lowest) stays in XLA (`topk.select_from_kth`).
 
 Why: on an H100 at verification's 256 queries over a 32K cache, XLA's radix select took 345 µs a layer, 5 % of the
 verification forward at B = 64 (274 kernels a step over 3 layers). How far this got, and why not further (a row runs
