@@ -198,43 +198,42 @@ def _row_kernel(scores_BTS, positions_BT, k: int, config: Config | None, interpr
     if tail:
       pl.loop(0, tail // tail_load)(lambda c: load(steps * ch + c * tail_load, tail_load))
 
-    def row_counts(tests, with_slots=False, counted=False, summed=True):
-      """The row's count of keys passing each test (keys[, slots] → bool), or its sum of their int32 values (the
-      first test's, where `counted`); `summed=False`: each thread's partial counts, not yet summed."""
+    def row_partials(tests, with_slots=False):
+      """Each thread's partial counts ([chunk] int32) of the row's keys passing each test (keys[, slots] → a bool a
+      key, counted as 1, or an int32 a key, summed)."""
       def window(start, counts, fresh=None):  # `fresh`: the window's slots not counted by an earlier step
         keys = keys_smem[pl.ds(start, ch)]
         args = (keys, lax.broadcasted_iota(jnp.int32, (ch,), 0) + start) if with_slots else (keys,)
-        out = []
-        for i, (n, test) in enumerate(zip(counts, tests, strict=True)):
-          if counted and i == 0:
-            value = test(*args)
-            out.append(n + (value if fresh is None else jnp.where(fresh, value, 0)))
-          else:
-            passed = test(*args) if fresh is None else test(*args) & fresh
-            out.append(n + jnp.where(passed, 1, 0))
-        return tuple(out)
+
+        def count(value):
+          if value.dtype == jnp.bool_:
+            return jnp.where(value if fresh is None else value & fresh, 1, 0)
+          return value if fresh is None else jnp.where(fresh, value, 0)
+        return tuple(n + count(test(*args)) for n, test in zip(counts, tests, strict=True))
 
       counts = lax.fori_loop(0, steps, lambda c, n: window(c * ch, n), (jnp.zeros((ch,), jnp.int32),) * len(tests))
       if tail:
         counts = window(s - ch, counts, fresh=lax.broadcasted_iota(jnp.int32, (ch,), 0) >= ch - tail)
-      return [jnp.sum(n) for n in counts] if summed else list(counts)
+      return counts
+
+    def row_counts(tests, with_slots=False):  # the row's totals: each test's partial counts summed
+      return [jnp.sum(n) for n in row_partials(tests, with_slots)]
 
     def candidate_totals(candidates):  # the row's count of keys at or above each of the 3 candidates
       if config.counts == "separate":
         return row_counts([lambda keys, cand=cand: keys >= cand for cand in candidates])
       # the first two counts in one int32's halves (each ≤ S ≤ MAX_SLOTS < 2**16; the high half may wrap the sign,
       # so it is read back by a logical shift): one warpgroup sum fewer a pass
-      pair, third = row_counts(
+      pair, third = row_partials(
           [lambda keys: jnp.where(keys >= candidates[0], 1, 0) + jnp.where(keys >= candidates[1], 1 << 16, 0),
-           lambda keys: keys >= candidates[2]], counted=True, summed=config.counts == "packed")
-      if config.counts == "packed":
-        return [pair & 0xFFFF, lax.shift_right_logical(pair, 16), third]
+           lambda keys: keys >= candidates[2]])
       pair = jnp.sum(pair)
-      second = lax.shift_right_logical(pair, 16)
+      first, second = pair & 0xFFFF, lax.shift_right_logical(pair, 16)
+      if config.counts == "packed":
+        return [first, second, jnp.sum(third)]
       # "packed_lazy": the third count decides the digit only where the second reaches k (n3 ≤ n2): its sum is
       # skipped elsewhere (~half the passes on spread scores), and 0 there leaves the digit as the first two make it
-      third = lax.cond(second >= k, lambda: jnp.sum(third), lambda: jnp.int32(0))
-      return [pair & 0xFFFF, second, third]
+      return [first, second, lax.cond(second >= k, lambda: jnp.sum(third), lambda: jnp.int32(0))]
 
     def one_pass(index, carry):  # the k-th key's next 2-bit digit, `index` 0 … 15 from the top
       kth, at_or_above = carry  # the k-th key so far (unsigned domain, as int32 bits); keys at or above it
