@@ -40,7 +40,7 @@ def candidate_splits(auto: mgpu.Config, steps: int, uneven: bool = False) -> lis
   if uneven:
     for per in (4, 6, 8):
       d = -(-steps // per)
-      if steps % d and (d - 1) * -(-steps // d) < steps:
+      if steps % d and not mgpu.leaves_a_cta_empty(steps, d):
         chosen.add(d)
   return sorted(chosen)
 

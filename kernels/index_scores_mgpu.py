@@ -77,6 +77,12 @@ def allowed_splits(steps: int) -> list[int]:
   return [d for d in range(1, steps + 1) if steps % d == 0 and (steps // d >= MIN_STEPS_PER_CTA or d == 1)]
 
 
+def leaves_a_cta_empty(steps: int, splits: int) -> bool:
+  """Whether `splits` CTAs of ⌈steps / splits⌉ key blocks each would leave the last one none (an uneven split's
+  CTAs must each have a block)."""
+  return (splits - 1) * -(-steps // splits) >= steps
+
+
 def config_for(batch: int, tokens: int, slots: int, config: Config | None = None, cores: int = 132, *,
                float8_keys: bool = False) -> Config:
   """The call's launch: query blocks of min(T, block_tokens); `splits` the smallest divisor of the row's steps
@@ -117,7 +123,7 @@ def check_operands(q_BTIJ, k_BSJ, w_BTI, *, k_scale_BS, positions_BT, config: Co
   steps = s // config.block_slots
   if config.block_slots % 64 or s % config.block_slots:
     raise ValueError(f"cache capacity {s} is not a multiple of block_slots={config.block_slots} (a multiple of 64)")
-  if not 1 <= config.splits <= steps or (config.splits - 1) * -(-steps // config.splits) >= steps:
+  if not 1 <= config.splits <= steps or leaves_a_cta_empty(steps, config.splits):
     raise ValueError(f"splits={config.splits} over {steps} key blocks leaves a CTA none (⌈steps / splits⌉ each)")
   if steps % config.splits and not config.bound_reads:
     raise ValueError(f"splits={config.splits} does not divide {steps} key blocks: an uneven split takes "
