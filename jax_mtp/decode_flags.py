@@ -22,14 +22,18 @@ class BadInput(ValueError):
   """Bad command-line input: exit 2 with this one-line message."""
 
 
-class _Parser(argparse.ArgumentParser):
-  def error(self, message):  # one line instead of argparse's usage block
+class OneLineParser(argparse.ArgumentParser):
+  """argparse whose errors raise `bad_input` (one line, exit 2) instead of printing its usage block; an unknown
+  flag's points to --help. The train CLI's parser is one too, with its own error type."""
+  bad_input: type[ValueError] = BadInput
+
+  def error(self, message):
     hint = f" ({self.prog} --help lists the flags)" if message.startswith("unrecognized") else ""
-    raise BadInput(message + hint)
+    raise self.bad_input(message + hint)
 
 
 def parser() -> argparse.ArgumentParser:
-  p = _Parser(prog="python -m jax_mtp.decode", description=DESCRIPTION)
+  p = OneLineParser(prog="python -m jax_mtp.decode", description=DESCRIPTION)
   p.add_argument("--checkpoint", metavar="DIR|REPO",
                  help="HF checkpoint directory (config.json + *.safetensors), a jax_mtp orbax directory, or a "
                       "Hugging Face repo id (owner/name: only the files the run reads are fetched, into the HF cache)")

@@ -38,6 +38,7 @@ import numpy as np
 import jax_mtp
 from jax_mtp import corpus, loader, training
 from jax_mtp.config import PRESETS
+from jax_mtp.decode_flags import OneLineParser
 from jax_mtp.sharding import make_data_mesh
 
 # Flags only one --mode reads, and the defaults of those that have one (recorded in run.json whatever the mode, as
@@ -55,10 +56,8 @@ class _BadInput(ValueError):
   pass
 
 
-class _Parser(argparse.ArgumentParser):
-  def error(self, message):  # one line instead of argparse's usage block
-    hint = f" ({self.prog} --help lists the flags)" if message.startswith("unrecognized") else ""
-    raise _BadInput(message + hint)
+class _Parser(OneLineParser):
+  bad_input = _BadInput
 
 
 def _parser() -> argparse.ArgumentParser:
