@@ -1,13 +1,15 @@
 """The top-k's k-th key kernel (kernels/topk_mgpu.py) by its launch forms, at the shapes the CLI's programs give it:
-verification's B · 4 queries over a 4,608- and a 32K-slot cache, and a 32K prompt's 2,048-query prefill chunks.
+verification's B · 4 queries over 4K- and 32K-prompt caches (the CLI's capacities and round ones), and a 32K prompt's
+2,048-query prefill chunks.
 
     python -m benchmarks.topk_forms [--iters 50]
 
 Each form's k-th keys and tie cutoffs are checked against `topk_mgpu.reference` / `reference_tie_cutoff` (a sort)
 before it is timed; µs a call inside one compiled loop (`timing.time_in_loop`). The floor beside each row is the
 scores' bytes (read once from HBM) over the copy bandwidth measured in the same run; the kernel's 16 or 32 passes
-read shared memory, not HBM, so it is a floor on reading the scores, not a bound the passes can reach. Set
-MOSAIC_GPU_DUMP_SASS=1 MOSAIC_GPU_DUMP_TO=DIR to keep the compiled kernels' SASS.
+read shared memory, not HBM, so it is a floor on reading the scores, not a bound the passes can reach. (With
+MOSAIC_GPU_DUMP_SASS=1 on jax 0.11.2 the SASS went to stdout, not to MOSAIC_GPU_DUMP_TO's folder: 2026-12-06, the
+table was lost in it; dump in a run of its own.)
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ def dividing(slots: int) -> int:
 
 
 def forms(slots: int):
-  """(name, Config): the default, and the forms it replaced (separate sums, the dividing chunk) in the same run."""
+  """(name, Config): the default, the untimed packed_lazy, and the forms the default replaced (separate sums, the
+  dividing chunk), in the same run."""
   return (("default: packed sums, widest chunk + last step", Config()),
           ("packed sums, the third summed only where it can decide", Config(counts="packed_lazy")),
           (f"packed sums, dividing chunk {dividing(slots)}", Config(chunk=dividing(slots))),
