@@ -217,7 +217,7 @@ def validate(args: argparse.Namespace) -> Request:
   check_norm_impl(settings.impl)
   check_kernel_impls(cfg, capacity)
   stop_ids = stop_ids_for(cfg, source, ignore_eos=args.ignore_eos)
-  if source is not None and not stop_ids and not args.ignore_eos:  # an orbax step keeps none: rows run on, unsaid
+  if source is not None and not stop_ids and not args.ignore_eos:  # an orbax step saved bare: rows run on, unsaid
     notes.append(f"note: {source.directory} names no EOS id (no eos_token_id in a generation_config.json or "
                  f"config.json there): rows stop at --max-new-tokens only")
   flags = {name: value for name, value in vars(args).items() if name != "process_id"}  # differs by design

@@ -72,6 +72,19 @@ def quantize(w: jax.Array, block: tuple[int, int]) -> tuple[jax.Array, jax.Array
   return codes[..., :rows, :cols], scale
 
 
+def split_problem(name: str, shape: tuple[int, ...], sharding: jax.sharding.Sharding,
+                  block: tuple[int, int]) -> str | None:
+  """Why a device's share of FP8 codes `shape` (…, in, out) under `sharding` is not whole blocks (B1 over in, B0
+  over out; a last partial block at the weight's end counts as whole), or None. A kernel given such a share would
+  pair its codes with the wrong block scales."""
+  for index in sharding.addressable_devices_indices_map(shape).values():
+    for s, n, b, dim in zip(index[-2:], shape[-2:], (block[1], block[0]), ("in", "out")):
+      start, stop = s.indices(n)[:2]
+      if start % b or (stop % b and stop != n):
+        return f"{name}: the slice [{start}:{stop}] of its {dim} dim of {n} does not fall on its FP8 blocks of {b}"
+  return None
+
+
 def fp8_paths(params: dict, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
   """The paths of a params tree's FP8 weights (those with a scale sibling)."""
   paths = []

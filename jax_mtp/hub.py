@@ -34,13 +34,11 @@ import urllib.parse
 from collections.abc import Callable
 
 from jax_mtp.errors import first_line
+from jax_mtp.model_files import MODEL_FILES
 from jax_mtp.safetensors_io import INDEX_FILE, SINGLE_FILE, CheckpointError, read_weight_map
 
 CONFIG_FILE = "config.json"
-# Read beside the config when present (tokenizer.json: --prompt; generation_config.json: the EOS ids;
-# chat_template.jinja: --chat).
-OPTIONAL_FILES = (INDEX_FILE, "tokenizer.json", "tokenizer_config.json", "generation_config.json",
-                  "chat_template.jinja")
+OPTIONAL_FILES = (INDEX_FILE, *MODEL_FILES)  # read beside the config when present (jax_mtp.model_files)
 # The Hub's rule for a repo id: owner/name of letters, digits, '-', '_', '.', neither '--' nor '..' inside.
 _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}")
 

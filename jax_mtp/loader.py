@@ -12,8 +12,8 @@ where its config, tokenizer and EOS ids are read before any weight (the CLI vali
 
   fp8   keep FP8 weights as stored (codes + block scales, jax_mtp.fp8); an error if none are stored
   bf16  dequantise them on load, to the config's `param_dtype`
-  auto  as the checkpoint stores them: an orbax step as saved; a HF checkpoint's FP8 weights kept where
-        the mesh splits whole blocks, else dequantised (`Loaded.dequantised` says which tensors split)
+  auto  as the checkpoint stores them: FP8 weights (a HF checkpoint's, an orbax step's) kept where the
+        mesh splits whole blocks, else dequantised (`Loaded.dequantised` says which tensors split)
 
 The checkpoint modules are imported where used: the random tiny model runs without safetensors, orbax,
 tqdm and huggingface_hub installed (the lent GPU machines' images lack some and cannot install them).
@@ -31,7 +31,6 @@ from jax_mtp.config import MtpConfig
 from jax_mtp.hf_config import from_hf_config
 from jax_mtp.model import init_target_params
 from jax_mtp.mtp import init_params
-from jax_mtp.sharding import SHARED_WITH_TARGET
 
 DEFAULT_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "default_model")
 WEIGHT_SEED = 0  # random_weights' seed (the CLI's --random-tiny; its --seed only drives sampling)
@@ -119,18 +118,15 @@ def load(checkpoint: str | os.PathLike | Source | None, *, cfg: MtpConfig | None
 
 
 def _load_orbax(directory: str, cfg: MtpConfig, mesh: Mesh | None, weights: str) -> Loaded:
-  """An orbax step as saved (FP8 weights stay FP8), dequantised for weights="bf16"."""
+  """An orbax step as saved (FP8 weights stay FP8 where the mesh splits whole blocks, as for a HF checkpoint),
+  dequantised for weights="bf16"."""
   from jax_mtp import fp8  # noqa: PLC0415
-  from jax_mtp.orbax_io import restore_params  # noqa: PLC0415
-  saved, target, mtp = restore_params(directory, cfg, mesh)
-  cfg = cfg.replace(fp8_block=saved.fp8_block)
-  stored_fp8 = bool(fp8.fp8_paths(target) or fp8.fp8_paths(mtp))
-  if weights == "fp8" and not stored_fp8:
+  from jax_mtp.orbax_io import fp8_split_problems, restore_params  # noqa: PLC0415
+  split = tuple(fp8_split_problems(directory, mesh)) if weights == "auto" else ()
+  saved, target, mtp = restore_params(directory, cfg, mesh, dequantise_fp8=weights == "bf16" or bool(split))
+  if weights == "fp8" and not (fp8.fp8_paths(target) or fp8.fp8_paths(mtp)):
     raise _error(f"--weights fp8: the orbax checkpoint {directory!r} stores no FP8 weights")
-  if weights == "bf16" and stored_fp8:
-    target, mtp = (fp8.dequantize_params(tree, cfg.param_dtype, cfg.fp8_block) for tree in (target, mtp))
-    mtp.update({name: target[name] for name in SHARED_WITH_TARGET})  # one shared copy
-  return Loaded(cfg, target, mtp)
+  return Loaded(cfg.replace(fp8_block=saved.fp8_block), target, mtp, split)
 
 
 def _load_hf(source: Source, cfg: MtpConfig, mesh: Mesh | None, weights: str, mtp_only: bool,

@@ -1,9 +1,11 @@
 """Converted params to and from orbax: atomic saves, restores straight onto a mesh.
 
-    save_params("ckpt/", cfg, target_params, mtp_params)           # step 0; refuses an existing step
+    save_params("ckpt/", cfg, target_params, mtp_params, model_files_from="DeepSeek-V3.2/")  # step 0
     cfg, target_params, mtp_params = restore_params("ckpt/", mesh=make_mesh(8))
 
-The directory is an orbax `CheckpointManager` root. A step holds two items: `params`
+(`python -m jax_mtp.convert` does the first for a whole checkpoint.) The directory is an orbax
+`CheckpointManager` root; beside its steps it keeps the source checkpoint's tokenizer, chat template and
+generation settings (`jax_mtp.model_files`), which the CLI reads there. A step holds three items: `params`
 {"target": ..., "mtp": ...} (vocab rows unpadded, so any tp can restore it; the MTP tree without the
 shared embedding / head), `config` (the MtpConfig as JSON) and `fp8` (the paths of FP8 weights kept as
 codes + block scales, jax_mtp.fp8, restored in that form). Orbax writes a step into a temporary
@@ -30,6 +32,7 @@ from jax_mtp.checkpoint_names import MTP, TARGET, abstract_params
 from jax_mtp.sharding import SHARED_WITH_TARGET
 from jax_mtp.config import MtpConfig, RopeConfig
 from jax_mtp.errors import first_line
+from jax_mtp.model_files import MODEL_FILES, copy_model_files
 from jax_mtp.safetensors_io import CheckpointError
 from jax_mtp.sharding import TP_AXIS, padded_vocab, param_sharding, validate_tp
 
@@ -53,26 +56,20 @@ def _manager(directory: str, create: bool) -> ocp.CheckpointManager:
 
 
 def save_params(directory: str | os.PathLike, cfg: MtpConfig, target_params: dict, mtp_params: dict, *,
-                step: int = 0) -> None:
-  """Saves the params as checkpoint `step` of `directory`, atomically.
+                step: int = 0, model_files_from: str | os.PathLike | None = None) -> tuple[str, ...]:
+  """Saves the params as checkpoint `step` of `directory`, atomically; returns the model files copied.
 
-  Refuses (CheckpointError, nothing written) a directory that already holds this step, or that holds
-  files other than orbax steps (an HF checkpoint, say). Params may be placed on a mesh (padded
-  vocab rows are dropped) or not.
+  Refuses (CheckpointError, nothing written) what `check_destination` refuses. Params may be placed on a mesh
+  (padded vocab rows are dropped) or not. `model_files_from`: a checkpoint directory whose tokenizer, chat template
+  and generation settings (EOS ids) are copied beside the steps (`jax_mtp.model_files`), so that the CLI reads them
+  from this directory as from that one.
   """
-  directory = os.path.abspath(os.fspath(directory))
-  if os.path.isdir(directory):
-    if step in _steps(directory):
-      raise CheckpointError(f"{directory!r} already holds checkpoint step {step}; nothing written "
-                            f"(pick another directory or step)")
-    strangers = [n for n in os.listdir(directory) if not n.split(".")[0].isdigit()]
-    if strangers:
-      raise CheckpointError(f"{directory!r} holds {sorted(strangers)[:3]}, which are not orbax checkpoint "
-                            f"steps; save into an empty or new directory")
+  directory = check_destination(directory, step)
   try:  # an unwritable target fails here, before orbax starts, naming the path
     os.makedirs(directory, exist_ok=True)
     if not os.access(directory, os.W_OK):
       raise PermissionError(13, "Permission denied", directory)
+    copied = () if model_files_from is None else copy_model_files(model_files_from, directory)  # before the step
   except OSError as e:
     raise CheckpointError(f"cannot write the checkpoint to {directory!r}: {e.strerror or e}; nothing written") from None
   trees = {TARGET: _unpadded(target_params, cfg),
@@ -83,6 +80,26 @@ def save_params(directory: str | os.PathLike, cfg: MtpConfig, target_params: dic
         PARAMS: ocp.args.StandardSave(trees), CONFIG: ocp.args.JsonSave(dataclasses.asdict(cfg)),
         FP8_ITEM: ocp.args.JsonSave({"paths": kept})}))
     manager.wait_until_finished()
+  return copied
+
+
+def check_destination(directory: str | os.PathLike, step: int = 0) -> str:
+  """`directory` as an absolute path, if `save_params` can write checkpoint `step` there: a new or empty directory,
+  or one holding orbax steps other than `step` (and the model files saved beside them). A CheckpointError naming
+  what is in the way otherwise. Cheap, so a conversion calls it before reading any weight."""
+  directory = os.path.abspath(os.fspath(directory))
+  if os.path.isdir(directory):
+    if step in _steps(directory):
+      raise CheckpointError(f"{directory!r} already holds checkpoint step {step}; nothing written "
+                            f"(pick another directory or step)")
+    strangers = [n for n in os.listdir(directory)
+                 if not (n.split(".")[0].isdigit() or n in MODEL_FILES or n.startswith("."))]
+    if strangers:
+      raise CheckpointError(f"{directory!r} holds {sorted(strangers)[:3]}, which are not orbax checkpoint "
+                            f"steps; save into an empty or new directory")
+  elif os.path.exists(directory):
+    raise CheckpointError(f"{directory!r} is a file, not a directory; nothing written")
+  return directory
 
 
 def _unpadded(params: dict, cfg: MtpConfig) -> dict:
@@ -115,13 +132,15 @@ def _unreadable(directory: str, step: int, item: str, error: Exception) -> Check
                          f"{type(error).__name__}: {why}")
 
 
-def restore_params(directory: str | os.PathLike, cfg: MtpConfig | None = None,
-                   mesh: Mesh | None = None) -> tuple[MtpConfig, dict, dict]:
+def restore_params(directory: str | os.PathLike, cfg: MtpConfig | None = None, mesh: Mesh | None = None, *,
+                   dequantise_fp8: bool = False) -> tuple[MtpConfig, dict, dict]:
   """The latest complete step: (cfg, target_params, mtp_params), as `load_hf_checkpoint` returns them.
 
   `cfg` defaults to the saved one; a given one must describe the saved model (its run settings may differ; the
   params keep their saved dtypes). With a mesh every param is restored with its spec's sharding and the vocab rows
-  are padded to a multiple of tp.
+  are padded to a multiple of tp. FP8 weights saved as codes + block scales are restored so, where every device's
+  share is whole blocks (else a CheckpointError naming the first tensor: a kernel would pair codes with another
+  block's scales), or with `dequantise_fp8` as `cfg`'s param_dtype (jax_mtp.fp8.dequantize, on the global arrays).
   """
   directory = os.path.abspath(os.fspath(directory))
   saved = read_config(directory)
@@ -133,20 +152,59 @@ def restore_params(directory: str | os.PathLike, cfg: MtpConfig | None = None,
       raise CheckpointError(f"the config does not match the one saved in {directory!r} step {step}: {', '.join(diff)}")
     if mesh is not None:
       validate_tp(saved, mesh.shape[TP_AXIS])
-    kept = []
-    if os.path.isdir(os.path.join(directory, str(step), FP8_ITEM)):  # steps saved before FP8 trees have none
-      try:
-        kept = manager.restore(step, args=ocp.args.Composite(**{FP8_ITEM: ocp.args.JsonRestore()}))[FP8_ITEM]["paths"]
-      except Exception as e:  # noqa: BLE001 (as in read_config)
-        raise _unreadable(directory, step, FP8_ITEM, e) from e
-    targets = _abstract_targets(saved, mesh, kept)
-    restore = ocp.args.StandardRestore(targets, strict=False)  # strict=False: pad the vocab rows
+    kept = _fp8_kept(manager, directory, step)
+    split = _split_problems(saved, mesh, kept)
+    if split and not dequantise_fp8:
+      raise CheckpointError(f"{split[0]}; keeping FP8 weights needs each device's share in whole blocks (dequantise "
+                            f"them instead, or use another tp)")
+    restore = ocp.args.StandardRestore(_abstract_targets(saved, mesh, kept), strict=False)  # strict=False: pad vocab
     try:
       trees = manager.restore(step, args=ocp.args.Composite(**{PARAMS: restore}))[PARAMS]
     except Exception as e:  # noqa: BLE001 (missing or truncated array files, a damaged manifest)
       raise _unreadable(directory, step, PARAMS, e) from e
+  if dequantise_fp8 and kept:
+    dtype = (saved if cfg is None else cfg).param_dtype
+    trees = {name: fp8.dequantize_params(tree, dtype, saved.fp8_block) for name, tree in trees.items()}
   target = trees[TARGET]
   return saved, target, {**trees[MTP], **{name: target[name] for name in SHARED_WITH_TARGET}}
+
+
+def fp8_split_problems(directory: str | os.PathLike, mesh: Mesh | None) -> list[str]:
+  """Why the latest step's FP8 weights cannot be kept on `mesh` as saved (a device's share of codes not whole
+  blocks, `fp8.split_problem`), one line per tensor; [] when they can (no mesh: one device). Reads the config and
+  the FP8 item, no weight."""
+  if mesh is None:
+    return []
+  directory = os.path.abspath(os.fspath(directory))
+  cfg = read_config(directory)
+  with _manager(directory, create=False) as manager:
+    return _split_problems(cfg, mesh, _fp8_kept(manager, directory, manager.latest_step()))
+
+
+def _split_problems(cfg: MtpConfig, mesh: Mesh | None, kept: list[str]) -> list[str]:
+  if mesh is None:
+    return []
+  problems, abstract = [], abstract_params(cfg)
+  for path in kept:
+    *parents, name = path.split("/")
+    node = abstract
+    for key in parents:
+      node = node[key]
+    sharding = param_sharding(mesh, tuple(parents[1:]) + (name,))  # parents[0]: "target" / "mtp"
+    problem = fp8.split_problem(path, node[name].shape, sharding, cfg.fp8_block)
+    if problem:
+      problems.append(problem)
+  return problems
+
+
+def _fp8_kept(manager: ocp.CheckpointManager, directory: str, step: int) -> list[str]:
+  """The step's FP8 item: the paths ("target/layers_0/...") of the weights saved as codes + block scales."""
+  if not os.path.isdir(os.path.join(directory, str(step), FP8_ITEM)):  # steps saved before FP8 trees have none
+    return []
+  try:
+    return manager.restore(step, args=ocp.args.Composite(**{FP8_ITEM: ocp.args.JsonRestore()}))[FP8_ITEM]["paths"]
+  except Exception as e:  # noqa: BLE001 (as in read_config)
+    raise _unreadable(directory, step, FP8_ITEM, e) from e
 
 
 def _config_from_json(data, where: str) -> MtpConfig:

@@ -92,8 +92,9 @@ def json_object(path: str) -> dict | None:
 
 def eos_token_ids(directory: str) -> tuple[int, ...]:
   """The checkpoint's end-of-sequence ids: `generation_config.json`'s `eos_token_id` (an id or a
-  list, as HF writes it), else `config.json`'s; () when neither names one (or for an orbax
-  checkpoint, which stores neither file). A malformed value is an error naming the file."""
+  list, as HF writes it), else `config.json`'s; () when neither names one (an orbax checkpoint keeps a
+  generation_config.json only where it was saved with its source's model files: jax_mtp.model_files). A
+  malformed value is an error naming the file."""
   for name in ("generation_config.json", "config.json"):
     path = os.path.join(directory, name)
     data = json_object(path)

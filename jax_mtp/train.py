@@ -40,6 +40,7 @@ from jax_mtp import corpus, loader, training
 from jax_mtp.config import PRESETS
 from jax_mtp.decode_flags import OneLineParser
 from jax_mtp.sharding import make_data_mesh
+from jax_mtp.model_files import write_atomically
 
 # Flags only one --mode reads, and the defaults of those that have one (recorded in run.json whatever the mode, as
 # before these were checked, so that older runs resume).
@@ -196,13 +197,6 @@ def _tokenizer(args: argparse.Namespace, files: list[str]):
   return corpus.train_bpe(files, args.vocab_size)
 
 
-def _atomic_write(path: str, text: str) -> None:
-  tmp = f"{path}.tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
-    f.write(text)
-  os.replace(tmp, path)
-
-
 def _identity(args: argparse.Namespace) -> dict:
   """What identifies a run (run.json): its flags, and --data as absolute paths (None: the default corpus)."""
   run = {k: getattr(args, k) for k in RUN_KEYS}
@@ -234,12 +228,12 @@ def _start_run(args: argparse.Namespace, run: dict, tok, data: corpus.TokenData)
   target (joint), the record of the files it trains on and holds out."""
   os.makedirs(args.out, exist_ok=True)
   if not os.path.isfile(os.path.join(args.out, "run.json")):
-    _atomic_write(os.path.join(args.out, "run.json"), json.dumps(run, indent=2) + "\n")
+    write_atomically(os.path.join(args.out, "run.json"), json.dumps(run, indent=2) + "\n")
   if args.checkpoint is None and not os.path.isfile(os.path.join(args.out, "tokenizer.json")):
-    _atomic_write(os.path.join(args.out, "tokenizer.json"), tok.to_str())
+    write_atomically(os.path.join(args.out, "tokenizer.json"), tok.to_str())
   if args.mode == "joint" and not os.path.isfile(os.path.join(args.out, corpus.TRAINING_RECORD)):
     record = corpus.training_record(data, stdlib=args.data is None)
-    _atomic_write(os.path.join(args.out, corpus.TRAINING_RECORD), json.dumps(record, indent=1) + "\n")
+    write_atomically(os.path.join(args.out, corpus.TRAINING_RECORD), json.dumps(record, indent=1) + "\n")
 
 
 def _export(args: argparse.Namespace, cfg, params: dict, tok) -> None:

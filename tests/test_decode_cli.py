@@ -401,8 +401,8 @@ def test_a_terminal_that_cannot_show_a_character_gets_its_escape(tmp_path):
 
 
 def test_a_checkpoint_naming_no_eos_id_is_noted(tmp_path, capsys):
-  """An orbax step keeps no generation_config.json / config.json: its rows cannot stop at EOS, and a note says so
-  (they decode all --max-new-tokens)."""
+  """An orbax step saved without its source's model files has no generation_config.json / config.json: its rows
+  cannot stop at EOS, and a note says so (they decode all --max-new-tokens)."""
   from jax_mtp import loader  # noqa: PLC0415
   from jax_mtp.orbax_io import save_params  # noqa: PLC0415
   cfg = jax_mtp.tiny()
