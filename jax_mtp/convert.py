@@ -15,8 +15,13 @@ blocks; tp = 1 (the default) splits none, so every FP8 weight stays FP8. `bf16` 
 Every check that reads no weight runs first, DIR's included: a DIR that already holds step 0, or holds files that
 are not an orbax checkpoint's, is refused before the weights are read. Exit 0 with one line on stdout saying what
 was written; 2 on bad input or a failed read or write (one `error: ...` line on stderr; no step is left half
-written: orbax renames a complete step into place); 130 when interrupted. One process: converting across several
-hosts' processes is not built.
+written: orbax renames a complete step into place); 130 when interrupted.
+
+Several hosts: one process per host with the same flags, as `decode` runs (jax_mtp.distributed: the process flags,
+or a SLURM / TPU pod launcher's). The mesh then spans every process's devices (`--tp` defaults to all of them), each
+process reads and writes its own devices' shards (orbax's multi-process save), and process 0 writes the model files
+and prints the line. DIR must be one directory every process sees (a shared filesystem; cloud storage paths such as
+gs:// are not taken).
 """
 
 from __future__ import annotations
@@ -27,8 +32,9 @@ import sys
 import jax
 import numpy as np
 
-from jax_mtp import fp8, loader
-from jax_mtp.decode_flags import OneLineParser
+from jax_mtp import distributed, fp8, loader
+from jax_mtp.decode import jax_settings
+from jax_mtp.decode_flags import BadInput, OneLineParser
 from jax_mtp.errors import first_line
 from jax_mtp.orbax_io import check_destination, save_params
 from jax_mtp.sharding import SHARED_WITH_TARGET, make_mesh, validate_tp
@@ -42,11 +48,13 @@ def parser() -> argparse.ArgumentParser:
                       "id (owner/name) or a jax_mtp orbax directory")
   p.add_argument("--out", required=True, metavar="DIR",
                  help="the orbax checkpoint to write (step 0): a new or empty directory")
-  p.add_argument("--tp", type=int, default=1,
-                 help="devices the weights are placed on while converting (default 1); the copy restores at any tp")
+  p.add_argument("--tp", type=int, default=None,
+                 help="devices the weights are placed on while converting (default 1; with several processes all of "
+                      "them); the copy restores at any tp")
   p.add_argument("--weights", choices=loader.WEIGHTS, default="auto",
                  help="fp8: keep stored FP8 weights FP8 (an error if none are stored); bf16: write them dequantised "
                       "(to the checkpoint's dtype); auto (default): FP8 where --tp splits whole blocks")
+  distributed.add_arguments(p)
   return p
 
 
@@ -62,16 +70,23 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
   try:
     args = parser().parse_args(argv)
+    _start(args)
     out = check_destination(args.out)  # before any weight is read
     source = loader.locate(args.checkpoint)
     cfg = loader.checkpoint_config(source)
     eos_token_ids(source.directory)  # a malformed eos_token_id, named before the weights are read
-    validate_tp(cfg, args.tp)
-    mesh = make_mesh(args.tp)
+    tp = _tp(args.tp)
+    validate_tp(cfg, tp)
+    flags = {name: value for name, value in vars(args).items() if name != "process_id"}  # differs by design
+    distributed.check_agreement({"flags": flags, "checkpoint": distributed.checkpoint_listing(source.directory),
+                                 "out": out})
+    mesh = make_mesh(tp, devices=distributed.replica_devices(tp))
     loaded = loader.load(source, cfg=cfg, mesh=mesh, weights=args.weights)
-    for line in loaded.dequantised:
+    primary = distributed.is_primary()
+    for line in loaded.dequantised if primary else ():
       print(f"note: dequantised (the mesh splits its blocks): {line}", file=sys.stderr)
-    beside = save_params(out, loaded.cfg, loaded.target, loaded.mtp, model_files_from=source.directory)
+    beside = save_params(out, loaded.cfg, loaded.target, loaded.mtp,
+                         model_files_from=source.directory if primary else None)  # one writer
   except ValueError as e:  # bad flags, a bad checkpoint, a destination in the way (CheckpointError)
     print(f"error: {e}", file=sys.stderr)
     return 2
@@ -81,8 +96,33 @@ def _main(argv: list[str] | None) -> int:
   except jax.errors.JaxRuntimeError as e:  # placing the weights (device memory exhausted): XLA's first line
     print(f"error: {first_line(e)}", file=sys.stderr)
     return 2
-  print(summary(out, loaded, beside))
+  if primary:
+    print(summary(out, loaded, beside))
   return 0
+
+
+def _start(args: argparse.Namespace) -> None:
+  """Several processes' start (as `decode`'s: the process flags checked, gloo on CPU, this process's share of the
+  --tp CPU devices), before JAX touches a device."""
+  distributed.validate(args)
+  settings = jax_settings(argparse.Namespace(**{**vars(args), "tp": args.tp or 1}))
+  for name, value in settings.items():
+    try:
+      jax.config.update(name, value)
+    except RuntimeError:  # JAX already running (tests): keep the devices it has
+      pass
+  distributed.initialize(args)
+
+
+def _tp(tp: int | None) -> int:
+  """--tp as the mesh's size: default 1, or every device with several processes, whose mesh must span them all
+  (each process writes its own devices' shards)."""
+  if jax.process_count() == 1:
+    return 1 if tp is None else tp
+  if tp not in (None, jax.device_count()):
+    raise BadInput(f"--tp={tp}: with {jax.process_count()} processes a conversion's mesh spans all "
+                   f"{jax.device_count()} devices (leave --tp out)")
+  return jax.device_count()
 
 
 def summary(out: str, loaded: loader.Loaded, beside: tuple[str, ...]) -> str:

@@ -158,6 +158,51 @@ def test_orbax_checkpoint_restored_by_two_processes_gives_the_tokens_of_one(one_
   assert _json(runs[0][1])["tokens"] == one_process["tokens"]
 
 
+def test_a_checkpoint_converted_by_two_processes_decodes_the_sources_tokens(tmp_path, capsys):
+  """`python -m jax_mtp.convert` as 2 processes of 4 CPU devices: the mesh spans all 8, each process reads its
+  devices' slices of an FP8 HF checkpoint (tp = 8 splits its blocks: dequantised, with a note from process 0) and
+  orbax writes each process's shards into one step; process 0 alone writes the model files and prints the line.
+  The copy then decodes the source's tokens in one process."""
+  import jax  # noqa: PLC0415
+
+  import jax_mtp  # noqa: PLC0415
+  from tests.hf_checkpoint import write_checkpoint  # noqa: PLC0415
+  cfg = jax_mtp.tiny()
+  source, out, logs = tmp_path / "hf", tmp_path / "orbax", tmp_path / "logs"
+  write_checkpoint(str(source), cfg, jax_mtp.init_target_params(cfg, jax.random.key(0)),
+                   jax_mtp.init_params(cfg, jax.random.key(1)), block=(16, 24))
+  (source / "generation_config.json").write_text(json.dumps({"eos_token_id": 3}))
+  logs.mkdir()
+  convert = [sys.executable, "-m", "jax_mtp.convert", "--checkpoint", str(source), "--out", str(out), "--tp", "8"]
+  runs = _wait(_start(2, convert, logs), logs)
+  for i, (rc, _, err) in enumerate(runs):
+    assert rc == 0, f"process {i}: {err[-3000:]}"
+  wrote = [line for line in runs[0][1].splitlines() if line.startswith("wrote ")]  # gloo prints its own lines
+  assert len(wrote) == 1 and wrote[0].startswith(f"wrote {out} step 0: ") and wrote[0].endswith(
+      "0 FP8 weights kept as codes + block scales; beside it: generation_config.json"), runs[0][1]
+  assert "note: dequantised (the mesh splits its blocks): " in runs[0][2] and "note:" not in runs[1][2], runs[1][2]
+  assert "wrote" not in runs[1][1]
+  assert sorted(os.listdir(out)) == ["0", "generation_config.json"]
+  argv = ["--json", "--tp", "8", "--prompt-ids", "5,17,3", "--prompt-ids", "9,2", "--max-new-tokens", "8"]
+  results = []
+  for checkpoint in (source, out):
+    assert decode.main(["--checkpoint", str(checkpoint), *argv]) == 0
+    results.append(json.loads(capsys.readouterr().out))
+  assert results[1]["tokens"] == results[0]["tokens"] and results[1]["finish_reasons"] == results[0]["finish_reasons"]
+
+
+def test_a_conversion_over_part_of_the_processes_devices_is_one_error(tmp_path):
+  """Each process writes its own devices' shards, so a conversion's mesh spans them all: --tp 4 of 8 is exit 2."""
+  from jax_mtp.loader import DEFAULT_MODEL  # noqa: PLC0415
+  convert = [sys.executable, "-m", "jax_mtp.convert", "--checkpoint", DEFAULT_MODEL, "--out", str(tmp_path / "o"),
+             "--tp", "4"]
+  runs = _wait(_start(2, convert, tmp_path, env={"JAX_NUM_CPU_DEVICES": "4"}), tmp_path)
+  for rc, _, err in runs:
+    assert rc == 2 and err.strip().splitlines()[-1] == (
+        "error: --tp=4: with 2 processes a conversion's mesh spans all 8 devices (leave --tp out)"), err[-2000:]
+  assert not (tmp_path / "o").exists()
+
+
 def _with_tp(tp: str) -> list[str]:
   args = list(DECODE)
   args[args.index("--tp") + 1] = tp
