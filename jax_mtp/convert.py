@@ -42,7 +42,13 @@ from jax_mtp.tokenizer import eos_token_ids
 
 
 def parser() -> argparse.ArgumentParser:
-  p = OneLineParser(prog="python -m jax_mtp.convert", description=__doc__.split("\n", 1)[0].split(": ", 1)[1])
+  p = OneLineParser(prog="python -m jax_mtp.convert", formatter_class=argparse.RawDescriptionHelpFormatter,
+                    description="Writes a checkpoint (a HF directory, a Hugging Face repo id, an orbax directory) as "
+                                "an orbax checkpoint,\nwith its tokenizer, chat template and generation settings "
+                                "beside it, for decode to restore onto any tp.",
+                    epilog="example:\n  python -m jax_mtp.convert --checkpoint deepseek-ai/DeepSeek-V3.2-Exp --out "
+                           "/ckpt/v32 --tp 8\n  python -m jax_mtp.decode --checkpoint /ckpt/v32 --tp 8 --prompt "
+                           "'def f(x):'")
   p.add_argument("--checkpoint", required=True, metavar="DIR|REPO",
                  help="the checkpoint to convert: a HF directory (config.json + *.safetensors), a Hugging Face repo "
                       "id (owner/name) or a jax_mtp orbax directory")
@@ -117,6 +123,8 @@ def _start(args: argparse.Namespace) -> None:
 def _tp(tp: int | None) -> int:
   """--tp as the mesh's size: default 1, or every device with several processes, whose mesh must span them all
   (each process writes its own devices' shards)."""
+  if tp is not None and tp < 1:  # first: the layouts divide by it
+    raise BadInput(f"--tp={tp} must be ≥ 1")
   if jax.process_count() == 1:
     return 1 if tp is None else tp
   if tp not in (None, jax.device_count()):

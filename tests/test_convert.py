@@ -167,8 +167,9 @@ def test_a_destination_in_the_way_is_refused_before_any_weight_is_read(tmp_path,
                                                              "(python -m jax_mtp.convert --help lists the flags)"),
     (["--out", "{out}", "--checkpoint", "{default}", "--weights", "fp8"], "stores no FP8"),
     (["--out", "{out}", "--checkpoint", "{default}", "--tp", "3"], "tp=3"),
+    (["--out", "{out}", "--checkpoint", "{default}", "--tp", "0"], "--tp=0 must be ≥ 1"),
     (["--out", "{out}", "--checkpoint", "{bad_eos}"], "eos_token_id='0' must be a token id or a list of them"),
-], ids=["no-flags", "unknown-flag", "fp8-of-bf16", "tp-3", "bad-eos"])
+], ids=["no-flags", "unknown-flag", "fp8-of-bf16", "tp-3", "tp-0", "bad-eos"])
 def test_bad_input_is_one_error_and_nothing_is_written(tmp_path, capsys, argv, named):
   bad_eos = tmp_path / "bad_eos"
   shutil.copytree(loader.DEFAULT_MODEL, bad_eos)
