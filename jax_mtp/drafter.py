@@ -85,7 +85,7 @@ class MtpDrafter:
     """Places `init_params`-layout params on the mesh, dropping the embedding and head (the
     target's are used), checked against the config's first (`param_tree`)."""
     check_param_tree(_own(params), _own(expected_mtp_tree(self.cfg)), "MTP params")  # the shared ones: not read
-    return place_params(_own(params), mesh)
+    return place_params(_own(params), mesh, self.cfg.fp8_block)
 
   def variables(self, own_params: dict, target_params: dict) -> dict:
     shared = {name: target_params[name] for name in SHARED_WITH_TARGET}

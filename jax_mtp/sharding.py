@@ -36,6 +36,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jax_mtp.config import MtpConfig
+from jax_mtp import fp8
 from jax_mtp.fp8 import SCALE_SUFFIX
 
 # The target's embedding and head: split over the vocab (rows padded to a multiple of tp), and shared with every MTP
@@ -145,10 +146,23 @@ def named_shardings(mesh: Mesh, specs):
   return jax.tree.map(lambda spec: NamedSharding(mesh, spec), specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
 
 
-def place_params(params, mesh: Mesh):
+def place_params(params, mesh: Mesh, fp8_block: tuple[int, int]):
   """Places every weight of a params tree on `mesh` by its spec, as it is (no vocab padding: that is
-  `shard_params`)."""
+  `shard_params`). FP8 weights kept as codes (jax_mtp.fp8, blocks of `fp8_block`) must split into whole blocks on
+  every device: a ValueError naming the first that does not (its codes would meet another block's scales)."""
+  for path in fp8.fp8_paths(params):
+    problem = fp8.split_problem("/".join(path), np.shape(_at(params, path)), param_sharding(mesh, path), fp8_block)
+    if problem:
+      raise ValueError(f"{problem}: FP8 weights kept as codes need each device's share in whole blocks; load them "
+                       f"onto this mesh with jax_mtp.load(..., mesh=mesh), which dequantises such weights, or "
+                       f"dequantise them first (jax_mtp.fp8.dequantize_params)")
   return jax.tree_util.tree_map_with_path(lambda p, x: jax.device_put(x, param_sharding(mesh, _keys(p))), params)
+
+
+def _at(tree: dict, path: tuple[str, ...]):
+  for key in path:
+    tree = tree[key]
+  return tree
 
 
 def _keys(path) -> tuple[str, ...]:
@@ -179,7 +193,7 @@ def shard_params(params, cfg: MtpConfig, mesh: Mesh):
   pad = padded_vocab(cfg, tp) - cfg.vocab_size
   for name in SHARED_WITH_TARGET:
     params[name] = jax.numpy.pad(params[name], ((0, pad), (0, 0)))
-  return place_params(params, mesh)
+  return place_params(params, mesh, cfg.fp8_block)
 
 
 def jit_per_shard(per_shard, mesh: Mesh, in_specs: tuple, *, donate_argnums: tuple[int, ...] = ()):

@@ -148,6 +148,24 @@ def test_blocks_that_do_not_split_over_tp_are_one_clear_error(written):
     load_hf_checkpoint(directory, mesh=make_mesh(4), fp8_weights=True)
 
 
+@only((16, 24))  # (8, 8) blocks split over tp = 2 whole
+def test_fp8_weights_kept_on_one_device_refuse_a_mesh_that_splits_their_blocks(written):
+  """The library's placement of FP8 weights loaded onto one device (every block whole) onto a tp = 2 mesh, which
+  splits (16, 24) blocks: one ValueError naming the weight, for the target's tree and the MTP layer's. Until
+  2026-12-06 they were placed as they were, and a device's codes met another block's scales: other tokens, silently
+  (174, 146, 64 … against 174, 26, 98 … on this checkpoint)."""
+  directory, _ = written
+  needs_devices(2)
+  loaded = jax_mtp.load(directory, weights="fp8")
+  mesh = make_mesh(2)
+  spec = Speculator(loaded.cfg, mesh, 2)
+  split = r"o_proj/kernel: the slice \[0:64\] of its in dim of 128 does not fall on its FP8 blocks of 24: FP8 weights"
+  with pytest.raises(ValueError, match=rf"^layers_\d+/self_attn/{split}"):
+    spec.shard(loaded.target, loaded.mtp)
+  with pytest.raises(ValueError, match=rf"^layers_0/mtp_block/self_attn/{split}"):
+    spec.drafter.shard(loaded.mtp, mesh)
+
+
 def test_a_checkpoint_without_fp8_weights_refuses_to_keep_them():
   with pytest.raises(CheckpointError, match="stores no FP8 weights"):
     load_hf_checkpoint("jax_mtp/default_model", fp8_weights=True)
