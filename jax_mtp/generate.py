@@ -22,7 +22,7 @@ from jax_mtp.model import TargetModel
 from jax_mtp.param_tree import check_param_tree, expected_target_tree
 from jax_mtp.request import (check_caches_fit, pack_prompts, required_capacity, stop_id_array, validate_positive,
                              validate_prompts)
-from jax_mtp.sharding import (jit_per_shard, param_specs_for, replicated, shard_params, tensor_parallel,
+from jax_mtp.sharding import (check_fp8_shares, jit_per_shard, param_specs_for, replicated, shard_params, tensor_parallel,
                               tp_size, validate_tp)
 from jax_mtp.prefill import target_prefill
 
@@ -50,6 +50,7 @@ class TargetDecoder:
     speculator's `capacity` to compare with it under identical cache shapes (the default is the
     minimum, longest prompt + max_new)."""
     stops = set(int(i) for i in stop_id_array(self.cfg, stop_ids))
+    check_fp8_shares(params, self.mesh, self.cfg.fp8_block)  # params not placed by `shard`: jit would split blocks
     validate_prompts(self.cfg, prompts)
     validate_positive("max_new_tokens", max_new_tokens)
     max_new_tokens = int(max_new_tokens)  # a numpy / 0-d array value as Python's

@@ -150,13 +150,20 @@ def place_params(params, mesh: Mesh, fp8_block: tuple[int, int]):
   """Places every weight of a params tree on `mesh` by its spec, as it is (no vocab padding: that is
   `shard_params`). FP8 weights kept as codes (jax_mtp.fp8, blocks of `fp8_block`) must split into whole blocks on
   every device: a ValueError naming the first that does not (its codes would meet another block's scales)."""
+  check_fp8_shares(params, mesh, fp8_block)
+  return jax.tree_util.tree_map_with_path(lambda p, x: jax.device_put(x, param_sharding(mesh, _keys(p))), params)
+
+
+def check_fp8_shares(params, mesh: Mesh, fp8_block: tuple[int, int]) -> None:
+  """A ValueError naming the first FP8 weight of `params` (codes beside `_scale_inv` block scales, jax_mtp.fp8) whose
+  share on some device of `mesh` is not whole blocks of `fp8_block`: a matmul over such a share would pair its codes
+  with another block's scales. Shapes and specs only (no data is read)."""
   for path in fp8.fp8_paths(params):
     problem = fp8.split_problem("/".join(path), np.shape(_at(params, path)), param_sharding(mesh, path), fp8_block)
     if problem:
       raise ValueError(f"{problem}: FP8 weights kept as codes need each device's share in whole blocks; load them "
                        f"onto this mesh with jax_mtp.load(..., mesh=mesh), which dequantises such weights, or "
                        f"dequantise them first (jax_mtp.fp8.dequantize_params)")
-  return jax.tree_util.tree_map_with_path(lambda p, x: jax.device_put(x, param_sharding(mesh, _keys(p))), params)
 
 
 def _at(tree: dict, path: tuple[str, ...]):

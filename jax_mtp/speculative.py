@@ -70,7 +70,7 @@ from jax_mtp.prefill import apply_in_chunks, prefill_plan, target_prefill
 from jax_mtp.ran_kernels import parts_ran
 from jax_mtp.request import (check_caches_fit, pack_prompts, required_capacity, stop_id_array, validate_positive,
                              validate_prompts, validate_seed, validate_temperature, validate_top_k, validate_top_p)
-from jax_mtp.sharding import (jit_per_shard, param_specs, replicated, shard_params, tensor_parallel,
+from jax_mtp.sharding import (check_fp8_shares, jit_per_shard, param_specs, replicated, shard_params, tensor_parallel,
                               tp_size, validate_tp)
 
 
@@ -158,6 +158,8 @@ class Speculator:
     lets calls with other lengths share the compiled functions. `on_progress(tokens_done,
     tokens_total)` is called after the prefill and after every round (a stopped row counts as done);
     `on_tokens(tokens)` too, with each row's tokens committed so far (streaming output)."""
+    for tree in params:  # params not placed by `shard`: jit's placement would split FP8 blocks as they are
+      check_fp8_shares(tree, self.mesh, self.cfg.fp8_block)
     validate_prompts(self.cfg, prompts)
     validate_positive("max_new_tokens", max_new_tokens)
     validate_temperature(temperature)

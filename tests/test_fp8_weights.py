@@ -151,7 +151,7 @@ def test_blocks_that_do_not_split_over_tp_are_one_clear_error(written):
 @only((16, 24))  # (8, 8) blocks split over tp = 2 whole
 def test_fp8_weights_kept_on_one_device_refuse_a_mesh_that_splits_their_blocks(written):
   """The library's placement of FP8 weights loaded onto one device (every block whole) onto a tp = 2 mesh, which
-  splits (16, 24) blocks: one ValueError naming the weight, for the target's tree and the MTP layer's. Until
+  splits (16, 24) blocks, and the decoders given them unplaced: one ValueError naming the weight. Until
   2026-12-06 they were placed as they were, and a device's codes met another block's scales: other tokens, silently
   (174, 146, 64 … against 174, 26, 98 … on this checkpoint)."""
   directory, _ = written
@@ -164,6 +164,11 @@ def test_fp8_weights_kept_on_one_device_refuse_a_mesh_that_splits_their_blocks(w
     spec.shard(loaded.target, loaded.mtp)
   with pytest.raises(ValueError, match=rf"^layers_0/mtp_block/self_attn/{split}"):
     spec.drafter.shard(loaded.mtp, mesh)
+  # handed to a program unplaced (jit's placement splits them the same way)
+  with pytest.raises(ValueError, match=rf"^layers_\d+/self_attn/{split}"):
+    spec.generate(jax_mtp.SpecParams(loaded.target, loaded.mtp), PROMPTS, 4)
+  with pytest.raises(ValueError, match=rf"^layers_\d+/self_attn/{split}"):
+    TargetDecoder(loaded.cfg, mesh).generate(loaded.target, PROMPTS, 4)
 
 
 def test_a_checkpoint_without_fp8_weights_refuses_to_keep_them():
