@@ -27,7 +27,7 @@ from jax_mtp.experts import check_runs_on
 from jax_mtp.kernels.fused_allreduce_rmsnorm import check_impl_runtime
 from jax_mtp.mtp import MtpPredictor, validate_inputs
 from jax_mtp.param_tree import check_param_tree, expected_mtp_tree
-from jax_mtp.sharding import (jit_per_shard, param_specs, param_specs_for, replicated, shard_params,
+from jax_mtp.sharding import (check_fp8_shares, jit_per_shard, param_specs, param_specs_for, replicated, shard_params,
                               tensor_parallel, tp_size, validate_tp)
 
 LOCAL_ARGMAX = "top_tokens"
@@ -89,6 +89,7 @@ class ShardedMtp:
     if path not in DRAFT_PATHS:
       raise ValueError(f"path={path!r} is not one of {DRAFT_PATHS}")
     validate_inputs(self.cfg, input_ids_BT, positions_BT, prev_hidden_BTD, caches)
+    check_fp8_shares(params, self.mesh, self.cfg.fp8_block)  # unplaced params: jit would split FP8 blocks as they are
     step = self.compiled_step(spec_step_idx % self.cfg.num_nextn_predict_layers, absorb, path,
                               jax.tree.structure(params))
     return step(params, input_ids_BT, positions_BT, prev_hidden_BTD, caches)

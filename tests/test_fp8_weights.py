@@ -169,6 +169,10 @@ def test_fp8_weights_kept_on_one_device_refuse_a_mesh_that_splits_their_blocks(w
     spec.generate(jax_mtp.SpecParams(loaded.target, loaded.mtp), PROMPTS, 4)
   with pytest.raises(ValueError, match=rf"^layers_\d+/self_attn/{split}"):
     TargetDecoder(loaded.cfg, mesh).generate(loaded.target, PROMPTS, 4)
+  draft = jax_mtp.ShardedMtp(loaded.cfg, mesh)
+  caches = jax_mtp.init_caches(loaded.cfg, batch=1, capacity=8)
+  with pytest.raises(ValueError, match=rf"^layers_0/mtp_block/self_attn/{split}"):
+    draft(loaded.mtp, jnp.array([[5]]), jnp.array([[0]]), jnp.zeros((1, 1, CFG.hidden_size), CFG.dtype), caches)
 
 
 def test_a_checkpoint_without_fp8_weights_refuses_to_keep_them():
