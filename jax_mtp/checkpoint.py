@@ -168,6 +168,12 @@ def quantization(path: str) -> dict:
   return quant
 
 
+def fp8_block_of(path: str) -> tuple[int, int] | None:
+  """The FP8 block size config.json's quantization_config declares; None where it declares none (no FP8 weights)."""
+  quant = quantization(path)
+  return _block_size(quant) if quant else None
+
+
 def _block_size(quant: dict) -> tuple[int, int]:
   block = quant.get("weight_block_size", DEFAULT_BLOCK)
   if (not isinstance(block, (list, tuple)) or len(block) != 2

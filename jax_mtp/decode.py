@@ -40,8 +40,8 @@ from jax_mtp.decode_prompts import ChatRequest, prompts_from
 from jax_mtp.decode_output import Progress, TextStream, exit_code, print_result
 from jax_mtp.errors import first_line
 from jax_mtp.generate import TargetDecoder
-from jax_mtp.request import (check_caches_fit, required_capacity, stop_id_array, validate_prompts, validate_seed,
-                             validate_temperature, validate_top_k, validate_top_p)
+from jax_mtp.request import (cache_bytes, check_caches_fit, required_capacity, stop_id_array, validate_prompts,
+                             validate_seed, validate_temperature, validate_top_k, validate_top_p)
 from jax_mtp.sharding import make_mesh, validate_tp
 from jax_mtp.speculative import SpecParams, SpecResult, Speculator
 from jax_mtp.tokenizer import TextCodec, eos_token_ids
@@ -312,7 +312,8 @@ def build(request: Request) -> Built:
     spec = Speculator(cfg, mesh, s.k, norm_impl=s.impl)
     params = spec.shard(*loader.random_weights(cfg))
   else:
-    loaded = loader.load(request.source, cfg=cfg, mesh=mesh, weights=s.weights)
+    caches = cache_bytes(cfg, len(request.prompts), required_capacity(cfg, request.prompts, s.max_new_tokens, s.k))
+    loaded = loader.load(request.source, cfg=cfg, mesh=mesh, weights=s.weights, reserve_bytes=caches)
     if loaded.dequantised:
       print(f"note: FP8 weights dequantised on load: at tp={s.tp} {len(loaded.dequantised)} tensor(s) split inside "
             f"their blocks (e.g. {loaded.dequantised[0]}); --weights bf16 says so explicitly", file=sys.stderr)

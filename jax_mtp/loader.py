@@ -98,23 +98,48 @@ def random_weights(cfg: MtpConfig) -> tuple[dict, dict]:
 
 
 def load(checkpoint: str | os.PathLike | Source | None, *, cfg: MtpConfig | None = None, mesh: Mesh | None = None,
-         weights: str = "auto", mtp_only: bool = False, progress: bool | None = None) -> Loaded:
+         weights: str = "auto", mtp_only: bool = False, progress: bool | None = None,
+         reserve_bytes: int = 0) -> Loaded:
   """`checkpoint`'s weights on `mesh` (None: the default device), in the form `weights` asks for (see the
   module docstring), and the config they run with. `cfg` defaults to the checkpoint's own and must
   describe its model (only the run settings may differ). `mtp_only`: the drafter alone (a repo's other
   shards are not fetched). `progress`: a tqdm bar on stderr (None: on a terminal; never for the embedded
-  default)."""
+  default). Before any weight is read, weights that cannot fit the mesh's devices beside `reserve_bytes` (the
+  caller's caches) are a CheckpointError naming the numbers (jax_mtp.weights_fit; not checked on CPU devices)."""
   if weights not in WEIGHTS:
     raise ValueError(f"weights={weights!r} must be one of {WEIGHTS}")
   source = locate(checkpoint)
   cfg = checkpoint_config(source) if cfg is None else cfg
   from jax_mtp.orbax_io import is_orbax_checkpoint  # noqa: PLC0415 (see the module docstring)
+  _check_fit(source.directory, cfg, mesh, weights, mtp_only, reserve_bytes)  # before a weight is read or fetched
   if is_orbax_checkpoint(source.directory):
     loaded = _load_orbax(source.directory, cfg, mesh, weights)
   else:
     progress = False if source.directory == DEFAULT_MODEL else progress
     loaded = _load_hf(source, cfg, mesh, weights, mtp_only, progress)
   return loaded._replace(target=None) if mtp_only else loaded
+
+
+def _check_fit(directory: str, cfg: MtpConfig, mesh: Mesh | None, weights: str, mtp_only: bool,
+               reserve_bytes: int) -> None:
+  """`weights_fit.check_weights_fit` on the form the load will place: FP8 where the checkpoint stores it and the
+  load keeps it (as `_load_orbax` / `_load_hf` decide), else the param dtype. Reads config files only."""
+  from jax_mtp import orbax_io, weights_fit  # noqa: PLC0415
+  if orbax_io.is_orbax_checkpoint(directory):
+    saved = orbax_io.read_config(directory)
+    stored, block = bool(orbax_io.saved_fp8_paths(directory)), saved.fp8_block
+    split = stored and bool(orbax_io.fp8_split_problems(directory, mesh))
+    cfg = saved  # its params keep their saved dtypes
+  else:
+    from jax_mtp.checkpoint import fp8_block_of  # noqa: PLC0415
+    block = fp8_block_of(directory)  # None: no FP8 weights stored
+    stored = block is not None
+    split = stored and weights_fit.fp8_split(cfg, mesh, block)
+  kept = stored and (weights == "fp8" or (weights == "auto" and not split))  # "fp8" with split: refused later
+  hint = ("; or keep the stored FP8 weights as they are (half the bytes: --weights fp8, or auto at a tp that splits "
+          "no block)") if stored and not kept else ""
+  weights_fit.check_weights_fit(cfg, mesh, fp8_kept=kept, block=block, mtp_only=mtp_only, reserve_bytes=reserve_bytes,
+                                hint=hint)
 
 
 def _load_orbax(directory: str, cfg: MtpConfig, mesh: Mesh | None, weights: str) -> Loaded:

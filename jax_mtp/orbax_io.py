@@ -197,6 +197,13 @@ def _split_problems(cfg: MtpConfig, mesh: Mesh | None, kept: list[str]) -> list[
   return problems
 
 
+def saved_fp8_paths(directory: str | os.PathLike) -> list[str]:
+  """The latest step's FP8 weights ("target/layers_0/...", saved as codes + block scales); reads no weight."""
+  directory = os.path.abspath(os.fspath(directory))
+  with _manager(directory, create=False) as manager:
+    return _fp8_kept(manager, directory, manager.latest_step())
+
+
 def _fp8_kept(manager: ocp.CheckpointManager, directory: str, step: int) -> list[str]:
   """The step's FP8 item: the paths ("target/layers_0/...") of the weights saved as codes + block scales."""
   if not os.path.isdir(os.path.join(directory, str(step), FP8_ITEM)):  # steps saved before FP8 trees have none
