@@ -7,9 +7,10 @@ Loading DeepSeek-V3.2 (~690 GB in FP8) onto too few devices would otherwise read
 before the device's allocator refuses. `planned_weights` is the abstract tree in the form the loader will place
 (FP8 codes + fp32 block scales where kept, else the config's param dtype; the shared embedding and head padded to a
 multiple of tp, as `shard_params` pads them), and `bytes_per_device` its share on one device of the mesh by
-`jax_mtp.sharding`'s spec table; `planned_bytes_per_device` counts that from one layer of each kind. `check_weights_fit` compares that, plus what the caller reserves (the decode
-caches), with what the first device of the mesh that this process drives can still allocate
-(`request.device_free_bytes`): a CheckpointError naming the numbers where it cannot, nothing otherwise. A pass does
+`jax_mtp.sharding`'s spec table; `planned_bytes_per_device` counts that from one layer of each kind.
+`check_weights_fit` compares it, plus what the caller reserves (the decode caches), with what the first device of
+the mesh that this process drives can still allocate (`request.device_free_bytes`): a CheckpointError naming the
+numbers where it cannot, nothing otherwise. A pass does
 not promise a fit (activations and XLA's temporaries come on top); a refusal is certain. On CPU devices, which share
 the host's memory with everything else, nothing is checked.
 """
