@@ -115,3 +115,23 @@ def test_the_cli_refuses_weights_and_caches_that_cannot_fit_in_one_line(checkpoi
   assert " MiB of decode caches, more than the 0.12 MiB free on " in err and err.rstrip().endswith(
       "(a larger tp); or keep the stored FP8 weights as they are (half the bytes: --weights fp8, or auto at a tp "
       "that splits no block)"), err
+
+
+@pytest.mark.skipif(jax.devices()[0].platform == "cpu", reason="needs an accelerator: CPU devices are not checked")
+def test_the_full_v32_on_one_accelerator_is_refused_from_its_config_alone(tmp_path):
+  """DeepSeek-V3.2's config.json (FP8) with no weight beside it, onto one GPU or TPU: ~690 GB cannot fit, refused
+  with the numbers before a shard is looked for; at a width that fits, the same directory fails on its missing
+  shards instead (the check passed, the load went on to read)."""
+  import json  # noqa: PLC0415
+
+  from tests.hf_checkpoint import hf_config_dict  # noqa: PLC0415
+  (tmp_path / "config.json").write_text(json.dumps(hf_config_dict(jax_mtp.deepseek_v32())))
+  with pytest.raises(CheckpointError, match=r"^the weights of 61 layers \+ 1 MTP layer\(s\) \(FP8 codes \+ block "
+                                            r"scales where stored\) need \d+\.\d\d GiB on each device at tp=1, more "
+                                            r"than the .* free on .*; nothing was read"):
+    loader.load(str(tmp_path), mesh=make_mesh(1))
+  small = tmp_path / "small"
+  small.mkdir()
+  (small / "config.json").write_text(json.dumps(hf_config_dict(CFG)))
+  with pytest.raises(CheckpointError, match="safetensors"):
+    loader.load(str(small), mesh=make_mesh(1))
