@@ -83,6 +83,7 @@
 #   topkforms2 (14:27 2026-12-06, an H100: cut in its tests by the budget) the k-th key kernel's packed sums and
 #            last-chunk step timed beside its old form (and packed_lazy since; its tests moved to topktests)
 #   topktests (not run yet) the top-k kernel's compiled tests
+#   fitcheck (not run yet) the weights-fit check against a GPU's allocator, the FP8 split-block refusals, convert
 #   topk5    (not run yet) e2e at a 32K prompt, B = 1, the top-k auto and the kernel forced
 #   capacities (not run yet) the index scores and the top-k at the CLI's real capacities beside the round ones
 #   uneven   (not run yet) the index scores' uneven splits: compiled tests, swept at the CLI's capacities
@@ -583,6 +584,12 @@ case "${1:?stage}" in
                # timed in one run at the CLI's shapes, then the kernel's compiled tests (33,280 slots among them)
     # (since 15:30: four forms at five shapes, packed_lazy among them; the compiled tests are stage topktests)
     run 520 topk_forms2.md python3 -m benchmarks.topk_forms --iters 50
+    ;;
+  fitcheck)  # (not run yet) what 2026-12-06's evening changed on the load path, on a GPU: the weights-fit check
+             # against a real allocator (the full V3.2 config on one GPU refused from its config alone), the FP8
+             # split-block refusals, and convert's copy decoding the source's tokens (~2 min)
+    run 200 gpu_tests_fitcheck.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 150 \
+      tests/test_weights_fit.py tests/test_convert.py tests/test_fp8_weights.py -k "fit or convert or copy or refuse"
     ;;
   topktests)  # (not run yet) the top-k kernel's compiled tests after packed sums, the last-chunk step, packed_lazy
               # and the sign-bit case (topkforms2 ran 14 of them before the budget ran out on 2026-12-06)
