@@ -223,3 +223,20 @@ def test_a_damaged_index_in_the_cache_is_exit_2_naming_it(cached_repo, capsys, c
   assert decode.main(["--checkpoint", REPO_ID, "--prompt-ids", "1,2", "--max-new-tokens", "2"]) == 2
   out, err = capsys.readouterr()
   assert out == "" and len(err.splitlines()) == 1 and repr(str(index)) in err, err
+
+
+def test_a_repo_id_converts_to_an_orbax_copy_with_its_files(cached_repo, tmp_path, capsys):
+  """`python -m jax_mtp.convert --checkpoint owner/name`: the copy holds the repo's tokenizer and generation config
+  (read through the snapshot's links into the cache's blobs) and decodes the embedded default's tokens and text."""
+  from jax_mtp import convert  # noqa: PLC0415
+  out = tmp_path / "orbax"
+  assert convert.main(["--checkpoint", REPO_ID, "--out", str(out)]) == 0
+  assert capsys.readouterr().out.rstrip().endswith("beside it: tokenizer.json, generation_config.json")
+  assert sorted(os.listdir(out)) == ["0", "generation_config.json", "tokenizer.json"]
+  assert not any(os.path.islink(out / name) for name in os.listdir(out))  # copies, not links into the cache
+  argv = ["--prompt", "def add(a, b):\n", "--max-new-tokens", "6", "--json"]
+  assert decode.main(["--checkpoint", DEFAULT_MODEL, *argv]) == 0
+  from_directory = json.loads(capsys.readouterr().out)
+  assert decode.main(["--checkpoint", str(out), *argv]) == 0
+  from_copy = json.loads(capsys.readouterr().out)
+  assert from_copy["tokens"] == from_directory["tokens"] and from_copy["text"] == from_directory["text"]
