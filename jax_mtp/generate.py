@@ -50,12 +50,12 @@ class TargetDecoder:
     speculator's `capacity` to compare with it under identical cache shapes (the default is the
     minimum, longest prompt + max_new)."""
     stops = set(int(i) for i in stop_id_array(self.cfg, stop_ids))
-    check_fp8_shares(params, self.mesh, self.cfg.fp8_block)  # params not placed by `shard`: jit would split blocks
     validate_prompts(self.cfg, prompts)
     validate_positive("max_new_tokens", max_new_tokens)
     max_new_tokens = int(max_new_tokens)  # a numpy / 0-d array value as Python's
     capacity = required_capacity(self.cfg, prompts, max_new_tokens, 0, capacity)
     check_caches_fit(self.cfg, len(prompts), capacity, self.mesh.devices.flat)
+    check_fp8_shares(params, self.mesh, self.cfg.fp8_block)  # params not placed by `shard`: jit would split blocks
     prompt_BT, lengths_B = pack_prompts(prompts)
     structure = jax.tree.structure(params)  # the params' specs follow their tree (FP8: jax_mtp.fp8)
     tokens_BO, length_B, next_B, caches, valid_B = self._prefill(capacity, structure)(params, prompt_BT, lengths_B)

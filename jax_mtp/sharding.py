@@ -157,7 +157,10 @@ def place_params(params, mesh: Mesh, fp8_block: tuple[int, int]):
 def check_fp8_shares(params, mesh: Mesh, fp8_block: tuple[int, int]) -> None:
   """A ValueError naming the first FP8 weight of `params` (codes beside `_scale_inv` block scales, jax_mtp.fp8) whose
   share on some device of `mesh` is not whole blocks of `fp8_block`: a matmul over such a share would pair its codes
-  with another block's scales. Shapes and specs only (no data is read)."""
+  with another block's scales. Shapes and specs only (no data is read); a `params` that is no dict is left to the
+  tree checks that name what it is."""
+  if not isinstance(params, Mapping):
+    return
   for path in fp8.fp8_paths(params):
     problem = fp8.split_problem("/".join(path), np.shape(_at(params, path)), param_sharding(mesh, path), fp8_block)
     if problem:

@@ -158,8 +158,6 @@ class Speculator:
     lets calls with other lengths share the compiled functions. `on_progress(tokens_done,
     tokens_total)` is called after the prefill and after every round (a stopped row counts as done);
     `on_tokens(tokens)` too, with each row's tokens committed so far (streaming output)."""
-    for tree in params:  # params not placed by `shard`: jit's placement would split FP8 blocks as they are
-      check_fp8_shares(tree, self.mesh, self.cfg.fp8_block)
     validate_prompts(self.cfg, prompts)
     validate_positive("max_new_tokens", max_new_tokens)
     validate_temperature(temperature)
@@ -171,6 +169,8 @@ class Speculator:
     stop_N = stop_id_array(self.cfg, stop_ids)
     capacity = required_capacity(self.cfg, prompts, max_new_tokens, self.k, capacity)
     check_caches_fit(self.cfg, len(prompts), capacity, self.mesh.devices.flat)
+    for tree in params:  # params not placed by `shard`: jit's placement would split FP8 blocks as they are
+      check_fp8_shares(tree, self.mesh, self.cfg.fp8_block)
     prompt_BT, lengths_B = pack_prompts(prompts)
     sampled, max_new = temperature > 0, np.int32(max_new_tokens)
     sampling = Sampling.of(temperature, top_k, top_p, self.cfg.vocab_size)
