@@ -34,6 +34,7 @@ from jax_mtp.config import MtpConfig, RopeConfig
 from jax_mtp.errors import first_line
 from jax_mtp.model_files import MODEL_FILES, copy_model_files
 from jax_mtp.safetensors_io import CheckpointError
+from jax_mtp import sharding
 from jax_mtp.sharding import TP_AXIS, padded_vocab, param_sharding, validate_tp
 
 PARAMS, CONFIG, FP8_ITEM = "params", "config", "fp8"
@@ -182,19 +183,11 @@ def fp8_split_problems(directory: str | os.PathLike, mesh: Mesh | None) -> list[
 
 
 def _split_problems(cfg: MtpConfig, mesh: Mesh | None, kept: list[str]) -> list[str]:
+  """`sharding.fp8_split_problems` of the step's trees as saved (the `kept` paths as codes + block scales)."""
   if mesh is None:
     return []
-  problems, abstract = [], abstract_params(cfg)
-  for path in kept:
-    *parents, name = path.split("/")
-    node = abstract
-    for key in parents:
-      node = node[key]
-    sharding = param_sharding(mesh, tuple(parents[1:]) + (name,))  # parents[0]: "target" / "mtp"
-    problem = fp8.split_problem(path, node[name].shape, sharding, cfg.fp8_block)
-    if problem:
-      problems.append(problem)
-  return problems
+  return [problem for name, tree in _saved_form(cfg, kept).items()
+          for problem in sharding.fp8_split_problems(tree, mesh, cfg.fp8_block, f"{name}/")]
 
 
 def saved_fp8_paths(directory: str | os.PathLike) -> list[str]:
@@ -238,6 +231,11 @@ def _abstract_targets(cfg: MtpConfig, mesh: Mesh | None, fp8_kept: list[str]) ->
     if keys[-1] in SHARED_WITH_TARGET:  # orbax pads the saved rows with zeros (strict=False)
       shape = (padded_vocab(cfg, mesh.shape[TP_AXIS]),) + shape[1:]
     return jax.ShapeDtypeStruct(shape, leaf.dtype, sharding=param_sharding(mesh, keys))
+  return jax.tree_util.tree_map_with_path(target, _saved_form(cfg, fp8_kept))
+
+
+def _saved_form(cfg: MtpConfig, fp8_kept: list[str]) -> dict:
+  """`abstract_params(cfg)` with the `fp8_kept` paths as FP8 codes and their block scales beside them."""
   abstract = abstract_params(cfg)
   for path in fp8_kept:
     *parents, name = path.split("/")
@@ -247,5 +245,5 @@ def _abstract_targets(cfg: MtpConfig, mesh: Mesh | None, fp8_kept: list[str]) ->
     leaf = node[name]
     node[name] = jax.ShapeDtypeStruct(leaf.shape, fp8.FP8)
     node[fp8.scale_name(name)] = jax.ShapeDtypeStruct(fp8.scale_shape(leaf.shape, cfg.fp8_block), jnp.float32)
-  return jax.tree_util.tree_map_with_path(target, abstract)
+  return abstract
 

@@ -156,27 +156,33 @@ def place_params(params, mesh: Mesh, fp8_block: tuple[int, int]):
 
 
 def check_fp8_shares(params, mesh: Mesh, fp8_block: tuple[int, int]) -> None:
-  """A ValueError naming the first FP8 weight of `params` (codes beside `_scale_inv` block scales, jax_mtp.fp8) whose
-  share on some device of `mesh` is not whole blocks of `fp8_block`: a matmul over such a share would pair its codes
-  with another block's scales. Shapes and specs only (no data is read); a `params` that is no dict is left to the
-  tree checks that name what it is."""
-  if not isinstance(params, Mapping):
-    return
+  """A ValueError naming the first FP8 weight of `params` whose share on some device of `mesh` is not whole blocks
+  (`fp8_split_problems`): a matmul over such a share would pair its codes with another block's scales."""
+  problems = fp8_split_problems(params, mesh, fp8_block)
+  if problems:
+    raise ValueError(f"{problems[0]}: FP8 weights kept as codes need each device's share in whole blocks; load them "
+                     f"onto this mesh with jax_mtp.load(..., mesh=mesh), which dequantises such weights, or "
+                     f"dequantise them first (jax_mtp.fp8.dequantize_params)")
+
+
+def fp8_split_problems(params, mesh: Mesh | None, fp8_block: tuple[int, int], name_prefix: str = "") -> list[str]:
+  """Why each FP8 weight of `params` (codes beside `_scale_inv` block scales, jax_mtp.fp8; arrays or
+  ShapeDtypeStructs) cannot be kept on `mesh` as it is: a device's share not whole blocks of `fp8_block`
+  (`fp8.split_problem`), one line a weight named `name_prefix` + its path; [] with no mesh. Shapes and specs only
+  (no data is read); a `params` that is no dict is left to the tree checks that name what it is."""
+  if mesh is None or not isinstance(params, Mapping):
+    return []
   shapes = tuple((path, tuple(np.shape(_at(params, path)))) for path in fp8.fp8_paths(params))
-  if shapes:
-    _check_fp8_shapes(shapes, mesh, tuple(fp8_block))
+  return [name_prefix + problem for problem in _split_problems(shapes, mesh, tuple(fp8_block))] if shapes else []
 
 
 @functools.lru_cache(maxsize=64)
-def _check_fp8_shapes(shapes: tuple, mesh: Mesh, fp8_block: tuple[int, int]) -> None:
-  """`check_fp8_shares` on (path, shape) pairs, once per tree layout and mesh: a draft step's call checks its tree
+def _split_problems(shapes: tuple, mesh: Mesh, fp8_block: tuple[int, int]) -> tuple[str, ...]:
+  """`fp8_split_problems` on (path, shape) pairs, once per tree layout and mesh: a draft step's call checks its tree
   every step, and the specs' device maps cost ~0.1 ms an MTP layer (~9 ms for V3.2's target at tp = 8)."""
-  for path, shape in shapes:
-    problem = fp8.split_problem("/".join(path), shape, param_sharding(mesh, path), fp8_block)
-    if problem:
-      raise ValueError(f"{problem}: FP8 weights kept as codes need each device's share in whole blocks; load them "
-                       f"onto this mesh with jax_mtp.load(..., mesh=mesh), which dequantises such weights, or "
-                       f"dequantise them first (jax_mtp.fp8.dequantize_params)")
+  problems = (fp8.split_problem("/".join(path), shape, param_sharding(mesh, path), fp8_block)
+              for path, shape in shapes)
+  return tuple(problem for problem in problems if problem)
 
 
 def _at(tree: dict, path: tuple[str, ...]):

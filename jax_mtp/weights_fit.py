@@ -26,7 +26,7 @@ from jax_mtp.checkpoint_names import MTP, TARGET, abstract_params
 from jax_mtp.config import MtpConfig
 from jax_mtp.request import device_free_bytes, gpu_pool_hint
 from jax_mtp.safetensors_io import CheckpointError
-from jax_mtp.sharding import SHARED_WITH_TARGET, TP_AXIS, padded_vocab, param_sharding
+from jax_mtp.sharding import SHARED_WITH_TARGET, TP_AXIS, fp8_split_problems, padded_vocab, param_sharding
 
 
 def planned_weights(cfg: MtpConfig, mesh: Mesh | None, *, fp8_kept: bool, block: tuple[int, int] | None = None,
@@ -51,14 +51,7 @@ def fp8_split(cfg: MtpConfig, mesh: Mesh | None, block: tuple[int, int]) -> bool
   if mesh is None:
     return False
   trees = planned_weights(_one_of_each(cfg), mesh, fp8_kept=True, block=block)
-  for tree in trees.values():
-    for path in fp8.fp8_paths(tree):
-      leaf = tree
-      for key in path:
-        leaf = leaf[key]
-      if fp8.split_problem("/".join(path), leaf.shape, param_sharding(mesh, path), block):
-        return True
-  return False
+  return any(fp8_split_problems(tree, mesh, block) for tree in trees.values())
 
 
 def planned_bytes_per_device(cfg: MtpConfig, mesh: Mesh | None, *, fp8_kept: bool,
