@@ -111,9 +111,9 @@ def load(checkpoint: str | os.PathLike | Source | None, *, cfg: MtpConfig | None
   source = locate(checkpoint)
   cfg = checkpoint_config(source) if cfg is None else cfg
   from jax_mtp.orbax_io import is_orbax_checkpoint  # noqa: PLC0415 (see the module docstring)
-  _check_fit(source.directory, cfg, mesh, weights, mtp_only, reserve_bytes)  # before a weight is read or fetched
+  split = _check_fit(source.directory, cfg, mesh, weights, mtp_only, reserve_bytes)  # before a weight is read
   if is_orbax_checkpoint(source.directory):
-    loaded = _load_orbax(source.directory, cfg, mesh, weights)
+    loaded = _load_orbax(source.directory, cfg, mesh, weights, split)
   else:
     progress = False if source.directory == DEFAULT_MODEL else progress
     loaded = _load_hf(source, cfg, mesh, weights, mtp_only, progress)
@@ -121,15 +121,15 @@ def load(checkpoint: str | os.PathLike | Source | None, *, cfg: MtpConfig | None
 
 
 def _check_fit(directory: str, cfg: MtpConfig, mesh: Mesh | None, weights: str, mtp_only: bool,
-               reserve_bytes: int) -> None:
+               reserve_bytes: int) -> tuple[str, ...]:
   """`weights_fit.check_weights_fit` on the form the load will place: FP8 where the checkpoint stores it and the
-  load keeps it (as `_load_orbax` / `_load_hf` decide), else the param dtype. Reads config files only."""
+  load keeps it (as `_load_orbax` / `_load_hf` decide), else the param dtype. Reads config files only. Returns an
+  orbax step's split FP8 weights (`orbax_io.saved_fp8`), which `_load_orbax` dequantises under "auto"."""
   from jax_mtp import orbax_io, weights_fit  # noqa: PLC0415
+  problems = ()
   if orbax_io.is_orbax_checkpoint(directory):
-    saved = orbax_io.read_config(directory)
-    stored, block = bool(orbax_io.saved_fp8_paths(directory)), saved.fp8_block
-    split = stored and bool(orbax_io.fp8_split_problems(directory, mesh))
-    cfg = saved  # its params keep their saved dtypes
+    cfg, paths, problems = orbax_io.saved_fp8(directory, mesh)  # its params keep their saved dtypes
+    stored, block, split = bool(paths), cfg.fp8_block, bool(problems)
   else:
     from jax_mtp.checkpoint import fp8_block_of  # noqa: PLC0415
     block = fp8_block_of(directory)  # None: no FP8 weights stored
@@ -140,14 +140,15 @@ def _check_fit(directory: str, cfg: MtpConfig, mesh: Mesh | None, weights: str, 
           "no block)") if stored and not kept else ""
   weights_fit.check_weights_fit(cfg, mesh, fp8_kept=kept, block=block, mtp_only=mtp_only, reserve_bytes=reserve_bytes,
                                 hint=hint)
+  return tuple(problems)
 
 
-def _load_orbax(directory: str, cfg: MtpConfig, mesh: Mesh | None, weights: str) -> Loaded:
-  """An orbax step as saved (FP8 weights stay FP8 where the mesh splits whole blocks, as for a HF checkpoint),
-  dequantised for weights="bf16"."""
+def _load_orbax(directory: str, cfg: MtpConfig, mesh: Mesh | None, weights: str, split: tuple[str, ...]) -> Loaded:
+  """An orbax step as saved (FP8 weights stay FP8 where the mesh splits whole blocks, as for a HF checkpoint: `split`
+  names those it does not), dequantised for weights="bf16"."""
   from jax_mtp import fp8  # noqa: PLC0415
-  from jax_mtp.orbax_io import fp8_split_problems, restore_params  # noqa: PLC0415
-  split = tuple(fp8_split_problems(directory, mesh)) if weights == "auto" else ()
+  from jax_mtp.orbax_io import restore_params  # noqa: PLC0415
+  split = split if weights == "auto" else ()
   saved, target, mtp = restore_params(directory, cfg, mesh, dequantise_fp8=weights == "bf16" or bool(split))
   if weights == "fp8" and not (fp8.fp8_paths(target) or fp8.fp8_paths(mtp)):
     raise _error(f"--weights fp8: the orbax checkpoint {directory!r} stores no FP8 weights")

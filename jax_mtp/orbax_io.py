@@ -170,16 +170,15 @@ def restore_params(directory: str | os.PathLike, cfg: MtpConfig | None = None, m
   return saved, target, {**trees[MTP], **{name: target[name] for name in SHARED_WITH_TARGET}}
 
 
-def fp8_split_problems(directory: str | os.PathLike, mesh: Mesh | None) -> list[str]:
-  """Why the latest step's FP8 weights cannot be kept on `mesh` as saved (a device's share of codes not whole
-  blocks, `fp8.split_problem`), one line per tensor; [] when they can (no mesh: one device). Reads the config and
-  the FP8 item, no weight."""
-  if mesh is None:
-    return []
+def saved_fp8(directory: str | os.PathLike, mesh: Mesh | None) -> tuple[MtpConfig, list[str], list[str]]:
+  """The latest step's config, its FP8 weights' paths ("target/layers_0/...", saved as codes + block scales) and
+  why each cannot be kept on `mesh` as saved (a device's share not whole blocks; [] with no mesh). Reads the config
+  and the FP8 item, no weight."""
   directory = os.path.abspath(os.fspath(directory))
   cfg = read_config(directory)
   with _manager(directory, create=False) as manager:
-    return _split_problems(cfg, mesh, _fp8_kept(manager, directory, manager.latest_step()))
+    kept = _fp8_kept(manager, directory, manager.latest_step())
+  return cfg, kept, _split_problems(cfg, mesh, kept)
 
 
 def _split_problems(cfg: MtpConfig, mesh: Mesh | None, kept: list[str]) -> list[str]:
@@ -188,13 +187,6 @@ def _split_problems(cfg: MtpConfig, mesh: Mesh | None, kept: list[str]) -> list[
     return []
   return [problem for name, tree in _saved_form(cfg, kept).items()
           for problem in sharding.fp8_split_problems(tree, mesh, cfg.fp8_block, f"{name}/")]
-
-
-def saved_fp8_paths(directory: str | os.PathLike) -> list[str]:
-  """The latest step's FP8 weights ("target/layers_0/...", saved as codes + block scales); reads no weight."""
-  directory = os.path.abspath(os.fspath(directory))
-  with _manager(directory, create=False) as manager:
-    return _fp8_kept(manager, directory, manager.latest_step())
 
 
 def _fp8_kept(manager: ocp.CheckpointManager, directory: str, step: int) -> list[str]:
