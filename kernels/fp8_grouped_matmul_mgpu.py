@@ -32,14 +32,13 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from jax_mtp.kernels.fp8_grouped_matmul import BLOCK, check_shapes
+from jax_mtp.kernels.grouped_rows_mgpu import (BUSY_CTAS, MAX_ROW_TILE, ROW_TILES, active_groups, row_tile_for,
+                                               split_k_for, store_rows, tiles_of_group)
 from jax_mtp.kernels.mosaic_gpu_common import interpret_params, operand_transforms
 
+__all__ = ["KERNEL_NAME", "ROW_TILES", "Config", "active_groups", "config_for", "fp8_grouped_matmul_mgpu"]
+
 KERNEL_NAME = "fp8_codes_gmm_mgpu"
-# Rows a product (wgmma's N). Not 32 or 64: the total's [128, tile] fp32 staging rows would lie a multiple of 128 B
-# apart, every row on the same banks, and Mosaic GPU refuses such a store ("avoids bank conflicts", jax 0.12)
-ROW_TILES = (8, 16, 24, 40, 48, 56)
-MAX_ROW_TILE = ROW_TILES[-1]  # the product and the total: 2 × 56 fp32 registers a thread
-BUSY_CTAS = 264  # two CTAs per core of an H200 (132 SMs): the K loop is split until about this many have work
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,14 +63,6 @@ class Config:
   compact_groups: bool = True
 
 
-def active_groups(group_sizes_E: jax.Array, slots: int) -> tuple[jax.Array, jax.Array]:
-  """(expert ids [slots], their group sizes [slots]) of the non-empty groups in expert order, then slots of size 0
-  (expert 0): at most A groups can hold rows, so `slots` = min(A, E) covers every non-empty one."""
-  ids = jnp.nonzero(group_sizes_E > 0, size=slots, fill_value=0)[0].astype(jnp.int32)
-  sizes = jnp.where(jnp.arange(slots) < jnp.count_nonzero(group_sizes_E), group_sizes_E[ids], 0)
-  return ids, sizes.astype(jnp.int32)
-
-
 def default_config(rows: int, experts: int) -> Config:
   """The launch a call without a `Config` starts from: for one group (a dense linear) of MAX_ROW_TILE < rows ≤
   2 · MAX_ROW_TILE (decode's 64 rows at B = 64) two subtiles a widened block in one CTA with the output staged in
@@ -90,14 +81,9 @@ def config_for(rows: int, experts: int, k: int, n: int, config: Config | None = 
   first tile may start before it (groups of one row need none); else the largest. For one group (a dense linear) as
   many row programs as tiles; then the fewest K parts (dividing K / 128) that give ≥ `busy` CTAs with rows."""
   config = config or default_config(rows, experts)
-  mean = -(-rows // experts)
-  want = -(-mean // config.subtiles) if experts == 1 else 2 * mean + (7 if mean > 1 else 0)
-  tile = config.row_tile or next((t for t in ROW_TILES if t >= want), MAX_ROW_TILE)
+  tile = config.row_tile or row_tile_for(rows, experts, config.subtiles)
   row_programs = config.row_programs or (-(-rows // (tile * config.subtiles)) if experts == 1 else 1)
-  split_k = config.split_k
-  if not split_k:
-    blocks, ctas = k // BLOCK, min(rows, experts) * (n // BLOCK) * row_programs
-    split_k = next((s for s in range(1, blocks + 1) if blocks % s == 0 and (ctas * s >= busy or s >= 16)), 1)
+  split_k = config.split_k or split_k_for(rows, experts, k, n, row_programs, busy)
   return dataclasses.replace(config, row_tile=tile, row_programs=row_programs, split_k=split_k)
 
 
@@ -149,34 +135,14 @@ def fp8_grouped_matmul_mgpu(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: ja
     group, column, program = lax.axis_index("g"), lax.axis_index("n"), lax.axis_index("p")
     part, row_program = lax.div(program, row_programs), lax.rem(program, row_programs)
     expert, start, size = experts_gmem[group], starts_gmem[group], sizes_gmem[group]
-    # tiles start at a multiple of 8 rows: a TMA copy into the tiled x buffer from a row that is not drops the rows
-    # past the next multiple of 8 (on the H200, 2026-12-03; the interpreter copies them): the rows before the group
-    # are multiplied and not stored
-    aligned = lax.div(start, 8) * 8
+    aligned, tiles = tiles_of_group(start, size, span)
     end = start + size
 
     def write_rows(total, first):
-      # to row-major [tile, 128]: wgmma's layout cannot be stored transposed (its column pairs would be rows
-      # 512 B apart), so through an untiled [128, tile] buffer read back transposed, one element a lane
-      total_smem[...] = total
-      plgpu.commit_smem()
-      rows_smem[...] = plgpu.load(total_smem.T, layout=plgpu.Layout.WG_STRIDED((tile, BLOCK), vec_size=1),
-                                  optimized=False)
-      plgpu.commit_smem()
-      skip = jnp.maximum(start - first, 0)  # the tile's rows before the group (its first tile only)
-      valid = jnp.maximum(jnp.minimum(end - first, tile) - skip, 0)  # none: a subtile past the group
-      offset, count = skip, 1 << (tile.bit_length() - 1)
-      while count:  # the valid rows in power-of-two copies (a TMA box is static)
-        @pl.when((valid & count) != 0)
-        def _(count=count, offset=offset):
-          plgpu.copy_smem_to_gmem(rows_smem.at[pl.ds(offset, count)],
-                                  out_gmem.at[part, pl.ds(first + offset, count), pl.ds(column * BLOCK, BLOCK)],
-                                  commit_group=False)
-        offset, count = offset + (valid & count), count // 2
-      plgpu.commit_smem_to_gmem_group()
-      plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # rows_smem is rewritten by the next tile
+      store_rows(total, first, start=start, end=end, tile=tile, part=part, column=column, total_smem=total_smem,
+                 rows_smem=rows_smem, out_gmem=out_gmem, plgpu=plgpu)
 
-    @pl.loop(row_program, jnp.where(size > 0, lax.div(end - aligned + span - 1, span), 0), step=row_programs)
+    @pl.loop(row_program, tiles, step=row_programs)
     def _(t):
       first = aligned + t * span
 
