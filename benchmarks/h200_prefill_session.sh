@@ -83,6 +83,7 @@
 #   topkforms2 (14:27 2026-12-06, an H100: cut in its tests by the budget) the k-th key kernel's packed sums and
 #            last-chunk step timed beside its old form (and packed_lazy since; its tests moved to topktests)
 #   topktests (not run yet) the top-k kernel's compiled tests
+#   topkfit  (2026-12-06 evening) topktests' cut speculative test, fitcheck, verify4k at B = 8 and 64
 #   v4kfit   (not run yet) verify4k then fitcheck in one call
 #   fitcheck (not run yet) the weights-fit check against a GPU's allocator, the FP8 split-block refusals, convert
 #   topk5    (not run yet) e2e at a 32K prompt, B = 1, the top-k auto and the kernel forced
@@ -175,6 +176,16 @@ case "${1:?stage}" in
       --capacity 4096 --iters 5
     run 170 verify_4k_b256.md python3 -m benchmarks.verify_forward --layers "$layers" -k 3 --forms absorbed \
       --batch 256 --capacity 4096 --profile --iters 5
+    ;;
+  topkfit)  # (2026-12-06 evening) what topktests' bound cut (its speculative == plain test), fitcheck, then the
+            # verification forward at B = 8 and 64 over a 4K cache, in one call
+    run 180 gpu_tests_topk4.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 170 \
+      tests/test_topk_mgpu.py -k "speculative_equals_plain"
+    run 150 gpu_tests_fitcheck.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 140 \
+      tests/test_weights_fit.py tests/test_convert.py tests/test_fp8_weights.py -k "fit or convert or copy or refuse"
+    layers=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | awk '{print ($1 > 120000) ? 4 : 3}')
+    run 170 verify_4k.md python3 -m benchmarks.verify_forward --layers "$layers" -k 3 --forms absorbed --batch 8 64 \
+      --capacity 4096 --iters 5
     ;;
   v4kfit)  # (not run yet) verify4k, then fitcheck, in one call (one machine start for both; 2026-12-06 evening)
     layers=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | awk '{print ($1 > 120000) ? 4 : 3}')

@@ -20,6 +20,7 @@ from jax_mtp.model_files import MODEL_FILES, copy_model_files
 from jax_mtp.orbax_io import restore_params, save_params
 from jax_mtp.safetensors_io import CheckpointError
 from jax_mtp.sharding import SHARED_WITH_TARGET, make_mesh
+from tests.devices import needs_devices
 from tests.hf_checkpoint import write_checkpoint
 
 CFG = jax_mtp.tiny(vocab_size=250)
@@ -117,6 +118,7 @@ def test_an_fp8_copy_on_a_mesh_splitting_its_blocks_decodes_the_sources_tokens(f
   dequantises them with the HF path's note and decodes the source's tokens; `--weights fp8` and a bare
   `restore_params` refuse, naming the tensor. (Until 2026-12-06 the split codes were restored as they were and
   the kernel paired them with the wrong block scales: other tokens, silently.)"""
+  needs_devices(2)
   out = tmp_path / "orbax"
   _convert(capsys, "--checkpoint", fp8_checkpoint, "--out", str(out))
   argv = ["--max-new-tokens", "6", "--prompt-ids", "1,2,3", "--prompt-ids", "7", "--tp", "2", "--ignore-eos"]

@@ -13,6 +13,7 @@ import pytest
 import jax_mtp
 from jax_mtp import decode, loader, weights_fit
 from jax_mtp.orbax_io import save_params
+from jax_mtp.request import gpu_pool_hint
 from jax_mtp.safetensors_io import CheckpointError
 from jax_mtp.sharding import SHARED_WITH_TARGET, make_mesh
 from tests.devices import needs_devices
@@ -86,7 +87,8 @@ def test_too_little_free_memory_is_one_error_before_any_weight_is_read(checkpoin
   """A device with one byte less than the planned weights and the caller's reserve: refused, naming both, with no
   shard opened (they are deleted); with exactly enough, the load goes on to read (and fails on the missing shard)."""
   directory, block = checkpoint
-  mesh = make_mesh(2)
+  tp = min(2, len(jax.devices()))  # one lent GPU: tp 1
+  mesh = make_mesh(tp)
   cfg = loader.checkpoint_config(directory)
   kept = weights == "auto" and not weights_fit.fp8_split(cfg, mesh, block)
   need = weights_fit.planned_bytes_per_device(cfg, mesh, fp8_kept=kept, block=block)
@@ -94,8 +96,9 @@ def test_too_little_free_memory_is_one_error_before_any_weight_is_read(checkpoin
   monkeypatch.setattr(weights_fit, "free_bytes", lambda device: need + 1000 - 1)
   form = re.escape("FP8 codes + block scales where stored" if kept else "bfloat16")
   with pytest.raises(CheckpointError, match=rf"^the weights of 2 layers \+ 1 MTP layer\(s\) \({form}\) need {need / 2**20:.2f} MiB on each device at "
-                                            rf"tp=2 and 0.00 MiB of decode caches, more than the "
-                                            rf"{(need + 999) / 2**20:.2f} MiB free on cpu:0; nothing was read: spread "
+                                            rf"tp={tp} and 0.00 MiB of decode caches, more than the "
+                                            rf"{(need + 999) / 2**20:.2f} MiB free on {jax.devices()[0]}; nothing was "
+                                            rf"read: spread "
                                             rf"them over more devices \(a larger tp\)"):
     loader.load(source, mesh=mesh, weights=weights, reserve_bytes=1000)
   monkeypatch.setattr(weights_fit, "free_bytes", lambda device: need + 1000)
@@ -114,7 +117,7 @@ def test_the_cli_refuses_weights_and_caches_that_cannot_fit_in_one_line(checkpoi
   assert out == "" and err.count("\n") == 1 and err.startswith("error: the weights of 2 layers + 1 MTP layer(s) (bfloat16) need "), err
   assert " MiB of decode caches, more than the 0.12 MiB free on " in err and err.rstrip().endswith(
       "(a larger tp); or keep the stored FP8 weights as they are (half the bytes: --weights fp8, or auto at a tp "
-      "that splits no block)"), err
+      f"that splits no block){gpu_pool_hint(jax.devices()[0])}"), err
 
 
 @pytest.mark.skipif(jax.devices()[0].platform == "cpu", reason="needs an accelerator: CPU devices are not checked")
