@@ -83,6 +83,7 @@
 #   topkforms2 (14:27 2026-12-06, an H100: cut in its tests by the budget) the k-th key kernel's packed sums and
 #            last-chunk step timed beside its old form (and packed_lazy since; its tests moved to topktests)
 #   topktests (not run yet) the top-k kernel's compiled tests
+#   gmm16    (not run yet) the 16-bit Mosaic GPU grouped matmul: compiled tests, timed beside tokamax
 #   topkfit  (2026-12-06 evening) topktests' cut speculative test, fitcheck, verify4k at B = 8 and 64
 #   v4kfit   (not run yet) verify4k then fitcheck in one call
 #   fitcheck (not run yet) the weights-fit check against a GPU's allocator, the FP8 split-block refusals, convert
@@ -176,6 +177,18 @@ case "${1:?stage}" in
       --capacity 4096 --iters 5
     run 170 verify_4k_b256.md python3 -m benchmarks.verify_forward --layers "$layers" -k 3 --forms absorbed \
       --batch 256 --capacity 4096 --profile --iters 5
+    ;;
+  gmm16)  # (not run yet) the 16-bit grouped matmul on Mosaic GPU (kernels/grouped_matmul_mgpu.py, built 2026-12-06
+          # evening on a CPU): its compiled tests and the experts' GPU tests through it, topkfit's mended load-path
+          # tests, then the routed experts timed beside tokamax at B = 1, 256 and 1,024 tokens (verification's B = 256)
+    run 110 gpu_tests_gmm16.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 60 \
+      tests/test_grouped_matmul_mgpu.py tests/test_experts_gpu.py tests/test_experts.py -k "not race and (mosaic \
+      or 16_bit or lowers or equals or refuses or config)"
+    run 60 gpu_tests_fitcheck2.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 50 \
+      tests/test_weights_fit.py tests/test_convert.py tests/test_fp8_weights.py \
+      -k "too_little or refuses_weights or splitting_its or would_pick_nothing"
+    run 170 moe_gmm16.md python3 -m benchmarks.moe_experts --batch 1 256 1024 --impls tokamax_gpu mosaic_gpu \
+      --mosaic-sweep --iters 5
     ;;
   topkfit)  # (2026-12-06 evening) what topktests' bound cut (its speculative == plain test), fitcheck, then the
             # verification forward at B = 8 and 64 over a 4K cache, in one call

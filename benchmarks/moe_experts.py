@@ -9,6 +9,7 @@ touched (3 matrices each) / copy bandwidth. Rows:
   <impl>             the whole routed-experts call (sort, permute, 3 grouped matmuls, un-sort, combine)
   <impl> matmuls     the 3 grouped matmuls alone on pre-sorted rows: full − this = the permute's cost
   tokamax_gpu <cfg>  (--sweep) tokamax's Mosaic-GPU kernel with an explicit block config
+  mosaic_gpu <cfg>   (--mosaic-sweep) our 16-bit Mosaic GPU kernel at 2, 3 and 4 stages
 and, per B, the shared expert, eh_proj and a dense first-layer MLP (plain XLA dots) vs their floor.
 Outputs are checked against "gather" (the reference when it is in --impls): max |diff| / max |ref|.
 """
@@ -23,7 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.timing import copy_bandwidth, time_call
-from jax_mtp.experts import grouped_experts, grouped_matmul_for, routed_experts, tokamax_gpu_grouped_matmul
+from jax_mtp.experts import (grouped_experts, grouped_matmul_for, mosaic_gpu_grouped_matmul, routed_experts,
+                             tokamax_gpu_grouped_matmul)
+from jax_mtp.kernels.grouped_matmul_mgpu import Config as MosaicConfig
 
 E, D, F, K, DENSE_F = 256, 7168, 2048, 8, 18432  # --small: 16, 256, 128, 4, 512 (a CPU smoke run)
 
@@ -34,6 +37,7 @@ E, D, F, K, DENSE_F = 256, 7168, 2048, 8, 18432  # --small: 16, 256, 128, 4, 512
 SWEEP = [(64, 64, 128, 2, False), (64, 128, 128, 4, False), (64, 128, 128, 2, False), (64, 128, 256, 2, False),
          (128, 128, 128, 4, False), (128, 128, 128, 2, False), (128, 128, 64, 3, False), (64, 256, 128, 2, False),
          (64, 128, 128, 4, True)]
+MOSAIC_SWEEP = [MosaicConfig(stages=2), MosaicConfig(stages=3), MosaicConfig(stages=4)]  # other values: config_for's
 
 
 def routing(batch: int, seed: int):
@@ -76,6 +80,7 @@ def main(argv=None) -> int:
   parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64, 256])
   parser.add_argument("--impls", nargs="+", default=["gather", "ragged_dot", "tokamax_gpu"])
   parser.add_argument("--sweep", action="store_true", help="tokamax_gpu block configs (GPU only)")
+  parser.add_argument("--mosaic-sweep", action="store_true", help="mosaic_gpu's stages (GPU only)")
   parser.add_argument("--iters", type=int, default=20)
   parser.add_argument("--small", action="store_true", help="small dims, to check the script on a CPU")
   args = parser.parse_args(argv)
@@ -129,6 +134,11 @@ def main(argv=None) -> int:
       for config in SWEEP:
         matmul = functools.partial(tokamax_gpu_grouped_matmul, blocks=config[:4], persistent=config[4])
         row(f"tokamax_gpu {config}", jax.jit(functools.partial(grouped_experts, matmul)), (x, ids, gates, *weights))
+    if args.mosaic_sweep:
+      for config in MOSAIC_SWEEP:
+        matmul = functools.partial(mosaic_gpu_grouped_matmul, config=config)
+        row(f"mosaic_gpu stages={config.stages}", jax.jit(functools.partial(grouped_experts, matmul)),
+            (x, ids, gates, *weights))
     dense += [(batch, *r) for r in dense_rows(batch, bandwidth, args.iters, rng)]
   print("\n| B | dense linear (XLA) | µs | floor µs | floor / time |")
   print("|---:|---|---:|---:|---:|")

@@ -20,7 +20,7 @@ from typing import Any
 
 SUPPORTED_MODEL_TYPES = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa")
 # How the routed experts run: "auto" picks per platform and token count (jax_mtp.experts).
-MOE_IMPLS = ("auto", "gather", "ragged_dot", "tokamax_gpu", "tokamax_tpu", "fp8_grouped_gpu")
+MOE_IMPLS = ("auto", "gather", "ragged_dot", "tokamax_gpu", "tokamax_tpu", "fp8_grouped_gpu", "mosaic_gpu")
 DTYPES = ("float32", "bfloat16", "float16")  # compute (`dtype`) and parameter (`param_dtype`) dtypes
 INDEX_CACHE_DTYPES = ("auto", *DTYPES, "fp8")  # fp8: e4m3 keys + one fp32 scale a token, as kv_cache_dtype names it
 INDEX_SCORES_IMPLS = ("auto", "xla", "mosaic_gpu", "pallas_tpu")

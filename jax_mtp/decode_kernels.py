@@ -13,9 +13,10 @@ from jax_mtp.platform import NOT_HOPPER, lowering_gpu_is_hopper
 
 
 KERNEL_PLATFORMS = {"mosaic_gpu": "gpu", "pallas_tpu": "tpu"}  # the DSA kernels' platforms
-# The experts' kernels' platforms: tokamax's compile for their own only; the FP8 kernel also runs in Pallas's
-# interpreter on a CPU
-MOE_PLATFORMS = {"tokamax_gpu": ("gpu",), "tokamax_tpu": ("tpu",), "fp8_grouped_gpu": ("gpu", "cpu")}
+# The experts' kernels' platforms: tokamax's compile for their own only; our Mosaic GPU kernels (FP8, 16-bit) also
+# run in Pallas's interpreter on a CPU
+MOE_PLATFORMS = {"tokamax_gpu": ("gpu",), "tokamax_tpu": ("tpu",), "fp8_grouped_gpu": ("gpu", "cpu"),
+                 "mosaic_gpu": ("gpu", "cpu")}
 
 
 def check_kernel_impls(cfg: jax_mtp.MtpConfig, capacity: int) -> None:

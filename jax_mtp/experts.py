@@ -14,6 +14,11 @@ Which implementation runs is explicit (`MtpConfig.moe_impl`), never a silent fal
                  Mosaic GPU (Hopper) grouped matmul straight from the e4m3 codes   once (1 byte a weight)
                  and block scales, bf16 activations on the tensor cores (no
                  dequantised copy; on CPU in Pallas's interpreter, for tests)
+  "mosaic_gpu"   16-bit weights: kernels/grouped_matmul_mgpu.py, a Pallas Mosaic  the picked experts once
+                 GPU (Hopper) grouped matmul in the FP8 kernel's transposed rows
+                 (a few rows an expert cost an N of 8, not a 64-row tile); run
+                 only where named until timed against tokamax (on CPU in Pallas's
+                 interpreter, for tests)
   "auto"         `resolve_expert_impl`'s table, per platform, weight dtype and dims, and token count
 
 The grouped paths sort the T·K assignments by expert (A = T·K rows, padded to whole row tiles of
@@ -93,7 +98,7 @@ def resolve_expert_impl(impl: str, platform: str, tokens: int, experts_per_token
   """
   if impl not in EXPERT_IMPLS:
     raise ValueError(f"moe_impl={impl!r} is not one of {EXPERT_IMPLS}")
-  if impl in ("tokamax_gpu", "fp8_grouped_gpu") and platform == "gpu" and not hopper:
+  if impl in ("tokamax_gpu", "fp8_grouped_gpu", "mosaic_gpu") and platform == "gpu" and not hopper:
     raise ValueError(f"moe_impl={impl!r}: {NOT_HOPPER} (use 'auto', 'gather' or 'ragged_dot')")
   if impl != "auto":
     return impl
@@ -136,8 +141,12 @@ def routed_experts(impl: str, x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_
                                         zip((w_gate_EDF, w_up_EDF, w_down_EFD), fp8_scales))
   if impl == "gather":
     return gathered_experts(x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD)
-  if impl not in ("ragged_dot", "tokamax_gpu", "tokamax_tpu"):
+  if impl not in ("ragged_dot", "tokamax_gpu", "tokamax_tpu", "mosaic_gpu"):
     raise ValueError(f"routed_experts needs a resolved impl, got {impl!r}")
+  if impl == "mosaic_gpu" and not mosaic_gpu_takes(w_gate_EDF):
+    _, d, f = w_gate_EDF.shape
+    raise ValueError(f"moe_impl='mosaic_gpu' takes bf16/fp16 expert weights whose hidden size and expert intermediate "
+                     f"size are multiples of 128, got {w_gate_EDF.dtype} with D={d}, F={f} (use 'auto')")
   if impl == "tokamax_gpu" and not tokamax_gpu_takes(w_gate_EDF):
     _, d, f = w_gate_EDF.shape
     raise ValueError(f"moe_impl='tokamax_gpu' takes bf16/fp16 expert weights whose hidden size and expert "
@@ -243,7 +252,22 @@ def grouped_experts(matmul, x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_do
 def grouped_matmul_for(impl: str):
   """The grouped matmul `grouped_experts` takes, for a grouped impl."""
   return {"ragged_dot": _lax_grouped_matmul, "tokamax_gpu": tokamax_gpu_grouped_matmul,
-          "tokamax_tpu": _tokamax_tpu_grouped_matmul}[impl]
+          "tokamax_tpu": _tokamax_tpu_grouped_matmul, "mosaic_gpu": mosaic_gpu_grouped_matmul}[impl]
+
+
+def mosaic_gpu_takes(w_gate_EDF) -> bool:
+  """Whether kernels/grouped_matmul_mgpu.py takes these (local) experts: 16-bit, D and F multiples of 128."""
+  from jax_mtp.kernels.grouped_matmul_mgpu import takes  # noqa: PLC0415 (Pallas: only where used)
+  return takes(w_gate_EDF)  # [E, D, F]: D and F multiples of 128, so the down weights' [E, F, D] too
+
+
+def mosaic_gpu_grouped_matmul(lhs_AX, w_EXY, group_sizes_E, *, config=None):
+  """kernels/grouped_matmul_mgpu.py compiled, or in Pallas's GPU interpreter where the program is traced for a CPU
+  (tests); fp32 out."""
+  from jax_mtp.kernels.grouped_matmul_mgpu import grouped_matmul_mgpu  # noqa: PLC0415
+  from jax_mtp.platform import lowering_platform  # noqa: PLC0415
+  return grouped_matmul_mgpu(lhs_AX.astype(w_EXY.dtype), w_EXY, group_sizes_E, config=config,
+                             interpret=lowering_platform() == "cpu")
 
 
 def _lax_grouped_matmul(lhs_AX, w_EXY, group_sizes_E):

@@ -17,6 +17,7 @@ import re
 from collections import Counter
 
 from jax_mtp.kernels.fp8_grouped_matmul_mgpu import KERNEL_NAME as FP8_MGPU_KERNEL
+from jax_mtp.kernels.grouped_matmul_mgpu import KERNEL_NAME as GROUPED_MGPU_KERNEL
 from jax_mtp.kernels.index_scores_mgpu import FLOAT8_DOT_SUFFIX, KERNEL_NAME as INDEX_SCORES_MGPU_KERNEL
 from jax_mtp.kernels.sparse_mla_mgpu import FORM_SUFFIXES as SPARSE_MLA_FORMS
 from jax_mtp.kernels.sparse_mla_mgpu import KERNEL_NAME as SPARSE_MLA_MGPU_KERNEL
@@ -26,7 +27,8 @@ PARTS = ("index scores", "top-k", "sparse attention", "dense attention", "expert
 NOT_IN_PROGRAM = "—"  # a part the program does not hold (no dense cache, say)
 # The routed experts' impls (jax_mtp.experts) as the summary names them where no kernel name is found
 EXPERT_FORMS = {"gather": "gather (XLA)", "ragged_dot": "lax.ragged_dot", "tokamax_tpu": "tokamax (Mosaic TPU)",
-                "tokamax_gpu": "tokamax (Mosaic GPU)", "fp8_grouped_gpu": "FP8 grouped matmul (Pallas interpreter)"}
+                "tokamax_gpu": "tokamax (Mosaic GPU)", "fp8_grouped_gpu": "FP8 grouped matmul (Pallas interpreter)",
+                "mosaic_gpu": "16-bit grouped matmul (Pallas interpreter)"}
 _EXPERTS_SCOPE = re.compile(r"routed_experts_(\w+?)/")
 _DEFINITION = re.compile(r"%([\w.\-]+) = \(?(\w+)\[")
 _PRODUCT = re.compile(r" (?:dot|custom-call)\(%([\w.\-]+)")
@@ -34,13 +36,14 @@ _PRODUCT = re.compile(r" (?:dot|custom-call)\(%([\w.\-]+)")
 
 def parts_ran(hlo: str) -> dict[str, str]:
   """{part: what ran} over a compiled program's HLO text (one instruction a line)."""
-  ours = (INDEX_SCORES_MGPU_KERNEL, FP8_MGPU_KERNEL, SPARSE_MLA_MGPU_KERNEL, TOPK_MGPU_KERNEL)
+  ours = (INDEX_SCORES_MGPU_KERNEL, FP8_MGPU_KERNEL, GROUPED_MGPU_KERNEL, SPARSE_MLA_MGPU_KERNEL, TOPK_MGPU_KERNEL)
   # a Mosaic GPU call that is none of ours (tokamax's); not the text's file names (the kernels' modules)
   tokamax = any("custom-call" in line and "mosaic" in line.lower() and not any(name in line for name in ours)
                 for line in hlo.splitlines())
   xla = lambda scope: "XLA" if scope + "/" in hlo else NOT_IN_PROGRAM  # noqa: E731
   traced = [EXPERT_FORMS.get(impl, impl) for impl in dict.fromkeys(_EXPERTS_SCOPE.findall(hlo))]
   experts = ("FP8 grouped matmul (Pallas Mosaic GPU)" if FP8_MGPU_KERNEL in hlo else
+             "16-bit grouped matmul (Pallas Mosaic GPU)" if GROUPED_MGPU_KERNEL in hlo else
              EXPERT_FORMS["tokamax_gpu"] if tokamax else " + ".join(traced) or NOT_IN_PROGRAM)
   forms = [form for form, suffix in SPARSE_MLA_FORMS.items()
            if SPARSE_MLA_MGPU_KERNEL + suffix in hlo]  # a round holds two: one query a draft step, B · 4 verifying

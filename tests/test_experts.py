@@ -76,7 +76,7 @@ def test_impls_equal_a_per_token_loop(impl, dtype, t, k, e):
 # (impl, the dtype it computes in): "gather" and "ragged_dot" dequantise the codes to `dtype`; the FP8 kernel
 # multiplies the codes themselves with bf16 activations whatever `dtype` (its rows are rounded to bf16).
 FP8_CASES = [("gather", "float32"), ("gather", "bfloat16"), ("ragged_dot", "float32"), ("ragged_dot", "bfloat16"),
-             ("fp8_grouped_gpu", "bfloat16")]
+             ("fp8_grouped_gpu", "bfloat16"), ("mosaic_gpu", "bfloat16")]
 
 
 @pytest.mark.parametrize("impl,dtype", FP8_CASES)
@@ -91,6 +91,26 @@ def test_fp8_impls_equal_a_per_token_loop(impl, dtype, t, k, e):
   actual = run(x, ids, weights, *codes)
   assert actual.dtype == jnp.float32
   assert_close(actual, expected, dtype, what=f"{impl} on FP8 codes ({dtype}) vs per-token loop")
+
+
+@pytest.mark.parametrize("t,k,e", [(1, 8, 16), (9, 4, 8)])
+def test_the_16_bit_kernel_equals_a_per_token_loop(t, k, e):
+  """impl "mosaic_gpu" (kernels/grouped_matmul_mgpu.py; in Pallas's interpreter on a CPU, compiled on a GPU) on bf16
+  experts of D = 256, F = 128 (two K steps for gate and up), other devices' assignments mixed in."""
+  x, ids, weights, w = _problem("bfloat16", t, k, e, d=256, f=128, seed=t)
+  actual = jax.jit(routed_experts, static_argnums=0)("mosaic_gpu", x, ids, weights, *w)
+  assert actual.dtype == jnp.float32
+  assert_close(actual, _experts_loop(x, np.asarray(ids), np.asarray(weights), *w), "bfloat16",
+               what="mosaic_gpu vs per-token loop")
+
+
+def test_the_16_bit_kernel_refuses_what_it_cannot_take():
+  x, ids, weights, w = _problem("bfloat16", 3, 2, 8)  # D = 32, F = 24: not multiples of 128
+  with pytest.raises(ValueError, match=r"moe_impl='mosaic_gpu' takes bf16/fp16 expert weights .* D=32, F=24"):
+    routed_experts("mosaic_gpu", x, ids, weights, *w)
+  x, ids, weights, w = _problem("float32", 3, 2, 8, d=256, f=128)
+  with pytest.raises(ValueError, match=r"moe_impl='mosaic_gpu' takes bf16/fp16 .* got float32"):
+    routed_experts("mosaic_gpu", x, ids, weights, *w)
 
 
 @pytest.mark.parametrize("row_tile", [8, 128])
