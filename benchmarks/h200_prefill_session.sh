@@ -179,10 +179,12 @@ case "${1:?stage}" in
       --batch 256 --capacity 4096 --profile --iters 5
     ;;
   gmm16)  # (not run yet) the 16-bit grouped matmul on Mosaic GPU (kernels/grouped_matmul_mgpu.py, built 2026-12-06
-          # evening on a CPU): its compiled tests and the experts' GPU tests through it, topkfit's mended load-path
+          # evening on a CPU): its compiled tests, the FP8 kernel's (their shared copy and store since), the experts'
+          # GPU tests through it, topkfit's mended load-path
           # tests, then the routed experts timed beside tokamax at B = 1, 256 and 1,024 tokens (verification's B = 256)
-    run 110 gpu_tests_gmm16.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 60 \
-      tests/test_grouped_matmul_mgpu.py tests/test_experts_gpu.py tests/test_experts.py -k "not race and (mosaic \
+    run 130 gpu_tests_gmm16.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 60 \
+      tests/test_grouped_matmul_mgpu.py tests/test_fp8_grouped_matmul_mgpu.py tests/test_experts_gpu.py \
+      tests/test_experts.py -k "not race and (mosaic \
       or spanning or compiled_program or 16_bit or lowers or equals or refuses or config)"
     run 60 gpu_tests_fitcheck2.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 50 \
       tests/test_weights_fit.py tests/test_convert.py tests/test_fp8_weights.py \

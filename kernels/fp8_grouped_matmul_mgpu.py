@@ -32,8 +32,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from jax_mtp.kernels.fp8_grouped_matmul import BLOCK, check_shapes
-from jax_mtp.kernels.grouped_rows_mgpu import (BUSY_CTAS, MAX_ROW_TILE, ROW_TILES, active_groups, row_tile_for,
-                                               split_k_for, store_rows, tiles_of_group)
+from jax_mtp.kernels.grouped_rows_mgpu import (BUSY_CTAS, MAX_ROW_TILE, ROW_TILES, active_groups, copy_step,
+                                               row_tile_for, split_k_for, store_rows, tiles_of_group)
 from jax_mtp.kernels.mosaic_gpu_common import interpret_params, operand_transforms
 
 __all__ = ["KERNEL_NAME", "ROW_TILES", "Config", "active_groups", "config_for", "fp8_grouped_matmul_mgpu"]
@@ -147,11 +147,8 @@ def fp8_grouped_matmul_mgpu(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: ja
       first = aligned + t * span
 
       def fetch(step, slot):  # the step's activations [span, 128] and codes [128, 128]
-        kb = part * blocks + step
-        plgpu.copy_gmem_to_smem(x_gmem.at[pl.ds(first, span), pl.ds(kb * BLOCK, BLOCK)], x_smem.at[slot],
-                                loaded.at[slot])
-        plgpu.copy_gmem_to_smem(codes_gmem.at[expert, pl.ds(kb * BLOCK, BLOCK), pl.ds(column * BLOCK, BLOCK)],
-                                codes_smem.at[slot], loaded.at[slot])
+        copy_step(x_gmem, codes_gmem, x_smem.at[slot], codes_smem.at[slot], loaded.at[slot], expert=expert,
+                  first=first, rows=span, kb=part * blocks + step, column=column, plgpu=plgpu)
 
       for slot in range(stages):
         fetch(slot, slot)

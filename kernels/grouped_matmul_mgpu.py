@@ -28,8 +28,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from jax_mtp.kernels.grouped_rows_mgpu import (BLOCK, BUSY_CTAS, ROW_TILES, active_groups, row_tile_for, split_k_for,
-                                               store_rows, tiles_of_group)
+from jax_mtp.kernels.grouped_rows_mgpu import (BLOCK, BUSY_CTAS, ROW_TILES, active_groups, copy_step, row_tile_for,
+                                               split_k_for, store_rows, tiles_of_group)
 from jax_mtp.kernels.mosaic_gpu_common import interpret_params, operand_transforms
 
 KERNEL_NAME = "bf16_gmm_mgpu"
@@ -136,12 +136,9 @@ def grouped_matmul_mgpu(x_AK: jax.Array, w_EKN: jax.Array, group_sizes_E: jax.Ar
     def _(t):
       first = aligned + t * tile
 
-      def fetch(step, slot):  # the step's activations [tile, 128] and weights [128, 128]
-        kb = part * blocks + step
-        plgpu.copy_gmem_to_smem(x_gmem.at[pl.ds(first, tile), pl.ds(kb * BLOCK, BLOCK)], x_smem.at[slot],
-                                loaded.at[slot])
-        plgpu.copy_gmem_to_smem(w_gmem.at[expert, pl.ds(kb * BLOCK, BLOCK), pl.ds(column * BLOCK, BLOCK)],
-                                w_smem.at[slot], loaded.at[slot])
+      def fetch(step, slot):
+        copy_step(x_gmem, w_gmem, x_smem.at[slot], w_smem.at[slot], loaded.at[slot], expert=expert, first=first,
+                  rows=tile, kb=part * blocks + step, column=column, plgpu=plgpu)
 
       for slot in range(stages):
         fetch(slot, slot)

@@ -44,6 +44,13 @@ def split_k_for(rows: int, experts: int, k: int, n: int, row_programs: int, busy
   return next((s for s in range(1, blocks + 1) if blocks % s == 0 and (ctas * s >= busy or s >= 16)), 1)
 
 
+def copy_step(x_gmem, w_gmem, x_slot, w_slot, barrier, *, expert, first, rows: int, kb, column, plgpu):
+  """K step `kb`'s operands into one pipeline slot by TMA, both arriving on `barrier`: the activations [rows, 128]
+  from row `first`, and `expert`'s weight block [128, 128] of the CTA's column block (codes or 16-bit values)."""
+  plgpu.copy_gmem_to_smem(x_gmem.at[pl.ds(first, rows), pl.ds(kb * BLOCK, BLOCK)], x_slot, barrier)
+  plgpu.copy_gmem_to_smem(w_gmem.at[expert, pl.ds(kb * BLOCK, BLOCK), pl.ds(column * BLOCK, BLOCK)], w_slot, barrier)
+
+
 def store_rows(total, first, *, start, end, tile: int, part, column, total_smem, rows_smem, out_gmem, plgpu):
   """A tile's fp32 total [128 columns, tile rows] (wgmma's layout) out to rows `first` … of `out_gmem[part]`'s
   column block, only the rows in the group [start, end). wgmma's layout cannot be stored transposed (its column
