@@ -180,17 +180,17 @@ case "${1:?stage}" in
     ;;
   gmm16)  # (not run yet) the 16-bit grouped matmul on Mosaic GPU (kernels/grouped_matmul_mgpu.py, built 2026-12-06
           # evening on a CPU): its compiled tests, the FP8 kernel's (their shared copy and store since), the experts'
-          # GPU tests through it, topkfit's mended load-path
-          # tests, then the routed experts timed beside tokamax at B = 1, 256 and 1,024 tokens (verification's B = 256)
-    run 130 gpu_tests_gmm16.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 60 \
+          # GPU tests through it; the routed experts timed beside tokamax at 1, 256 and 1,024 tokens (B = 1's draft
+          # step, B = 64's and B = 256's verification); last, topkfit's mended load-path tests
+    run 100 gpu_tests_gmm16.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 60 \
       tests/test_grouped_matmul_mgpu.py tests/test_fp8_grouped_matmul_mgpu.py tests/test_experts_gpu.py \
       tests/test_experts.py -k "not race and (mosaic \
       or spanning or compiled_program or 16_bit or equals or refuses or config) and not lowers"
+    run 150 moe_gmm16.md python3 -m benchmarks.moe_experts --batch 1 256 1024 --impls tokamax_gpu mosaic_gpu \
+      --experts-only --iters 5
     run 60 gpu_tests_fitcheck2.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 50 \
       tests/test_weights_fit.py tests/test_convert.py tests/test_fp8_weights.py \
       -k "too_little or refuses_weights or splitting_its or would_pick_nothing"
-    run 170 moe_gmm16.md python3 -m benchmarks.moe_experts --batch 1 256 1024 --impls tokamax_gpu mosaic_gpu \
-      --mosaic-sweep --iters 5
     ;;
   topkfit)  # (2026-12-06 evening) what topktests' bound cut (its speculative == plain test), fitcheck, then the
             # verification forward at B = 8 and 64 over a 4K cache, in one call

@@ -81,6 +81,7 @@ def main(argv=None) -> int:
   parser.add_argument("--impls", nargs="+", default=["gather", "ragged_dot", "tokamax_gpu"])
   parser.add_argument("--sweep", action="store_true", help="tokamax_gpu block configs (GPU only)")
   parser.add_argument("--mosaic-sweep", action="store_true", help="mosaic_gpu's stages (GPU only)")
+  parser.add_argument("--experts-only", action="store_true", help="no dense-linear rows")
   parser.add_argument("--iters", type=int, default=20)
   parser.add_argument("--small", action="store_true", help="small dims, to check the script on a CPU")
   args = parser.parse_args(argv)
@@ -139,7 +140,10 @@ def main(argv=None) -> int:
         matmul = functools.partial(mosaic_gpu_grouped_matmul, config=config)
         row(f"mosaic_gpu stages={config.stages}", jax.jit(functools.partial(grouped_experts, matmul)),
             (x, ids, gates, *weights))
-    dense += [(batch, *r) for r in dense_rows(batch, bandwidth, args.iters, rng)]
+    if not args.experts_only:
+      dense += [(batch, *r) for r in dense_rows(batch, bandwidth, args.iters, rng)]
+  if not dense:
+    return 0
   print("\n| B | dense linear (XLA) | µs | floor µs | floor / time |")
   print("|---:|---|---:|---:|---:|")
   for batch, name, seconds, floor in dense:
