@@ -83,6 +83,7 @@
 #   topkforms2 (14:27 2026-12-06, an H100: cut in its tests by the budget) the k-th key kernel's packed sums and
 #            last-chunk step timed beside its old form (and packed_lazy since; its tests moved to topktests)
 #   topktests (not run yet) the top-k kernel's compiled tests
+#   gmm16t   (not run yet) gmm16 cut to ~2 minutes
 #   gmm16    (not run yet) the 16-bit Mosaic GPU grouped matmul: compiled tests, timed beside tokamax
 #   topkfit  (2026-12-06 evening) topktests' cut speculative test, fitcheck, verify4k at B = 8 and 64
 #   v4kfit   (not run yet) verify4k then fitcheck in one call
@@ -177,6 +178,13 @@ case "${1:?stage}" in
       --capacity 4096 --iters 5
     run 170 verify_4k_b256.md python3 -m benchmarks.verify_forward --layers "$layers" -k 3 --forms absorbed \
       --batch 256 --capacity 4096 --profile --iters 5
+    ;;
+  gmm16t)  # (not run yet) gmm16 cut to what ~1 minute of device time holds: the 16-bit kernel's compiled tests and
+           # the experts' GPU tests through it, then the experts at 1,024 and 1 tokens beside tokamax
+    run 60 gpu_tests_gmm16t.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 30 \
+      tests/test_grouped_matmul_mgpu.py tests/test_experts_gpu.py -k "(equals or spanning or mosaic) and not lowers"
+    run 60 moe_gmm16t.md python3 -m benchmarks.moe_experts --batch 1024 1 --impls tokamax_gpu mosaic_gpu \
+      --experts-only --iters 3
     ;;
   gmm16)  # (not run yet) the 16-bit grouped matmul on Mosaic GPU (kernels/grouped_matmul_mgpu.py, built 2026-12-06
           # evening on a CPU): its compiled tests, the FP8 kernel's (their shared copy and store since), the experts'
