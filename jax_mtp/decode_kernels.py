@@ -8,6 +8,7 @@ import jax
 
 import jax_mtp
 from jax_mtp.decode_flags import BadInput
+from jax_mtp.experts import check_gpu_kernel_takes
 from jax_mtp.kernels.fused_allreduce_rmsnorm import gpu_kernels
 from jax_mtp.platform import NOT_HOPPER, lowering_gpu_is_hopper
 
@@ -43,6 +44,12 @@ def check_kernel_impls(cfg: jax_mtp.MtpConfig, capacity: int) -> None:
   if platform not in runs_on:  # before building: tokamax fails inside its compiler elsewhere
     raise BadInput(f"--moe-impl={cfg.moe_impl} runs on {' or '.join(runs_on)}; this machine's JAX platform is "
                    f"{platform}")
+  experts = jax.ShapeDtypeStruct((cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size),
+                                 cfg.param_dtype)  # as the MoE multiplies them (FP8 codes dequantised to it)
+  try:
+    check_gpu_kernel_takes(cfg.moe_impl, experts)
+  except ValueError as e:  # before any weight is read, not at the first trace
+    raise BadInput(str(e)) from None
   explicit = [(flag, impl, resolve) for flag, impl, resolve in checks if impl not in ("auto", "xla")]
   if explicit and not cfg.has_indexer:  # a dense-MLA model (V3) runs neither DSA kernel at any length
     flag, impl, _ = explicit[0]

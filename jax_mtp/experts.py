@@ -143,17 +143,23 @@ def routed_experts(impl: str, x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_
     return gathered_experts(x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD)
   if impl not in ("ragged_dot", "tokamax_gpu", "tokamax_tpu", "mosaic_gpu"):
     raise ValueError(f"routed_experts needs a resolved impl, got {impl!r}")
-  if impl == "mosaic_gpu" and not mosaic_gpu_takes(w_gate_EDF):
-    _, d, f = w_gate_EDF.shape
-    raise ValueError(f"moe_impl='mosaic_gpu' takes bf16/fp16 expert weights whose hidden size and expert intermediate "
-                     f"size are multiples of 128, got {w_gate_EDF.dtype} with D={d}, F={f} (use 'auto')")
-  if impl == "tokamax_gpu" and not tokamax_gpu_takes(w_gate_EDF):
-    _, d, f = w_gate_EDF.shape
-    raise ValueError(f"moe_impl='tokamax_gpu' takes bf16/fp16 expert weights whose hidden size and expert "
-                     f"intermediate size are each < 64 or a multiple of 64, got {w_gate_EDF.dtype} with "
-                     f"D={d}, F={f} (use 'ragged_dot' or 'gather', or 'auto')")
+  check_gpu_kernel_takes(impl, w_gate_EDF)
   return grouped_experts(grouped_matmul_for(impl), x_TD, ids_TK, weights_TK, w_gate_EDF, w_up_EDF, w_down_EFD,
                          row_tile=128 if impl == "tokamax_tpu" else 8)
+
+
+def check_gpu_kernel_takes(impl: str, w_gate_EDF) -> None:
+  """A ValueError naming the dtype and dims where a GPU grouped kernel (tokamax_gpu, mosaic_gpu) cannot take the
+  16-bit expert weights [E, D, F] (anything with their .shape and .dtype: the CLI checks a config's before reading
+  weights); other impls pass."""
+  _, d, f = w_gate_EDF.shape
+  if impl == "mosaic_gpu" and not mosaic_gpu_takes(w_gate_EDF):
+    raise ValueError(f"moe_impl='mosaic_gpu' takes bf16/fp16 expert weights whose hidden size and expert intermediate "
+                     f"size are multiples of 128, got {jnp.dtype(w_gate_EDF.dtype)} with D={d}, F={f} (use 'auto')")
+  if impl == "tokamax_gpu" and not tokamax_gpu_takes(w_gate_EDF):
+    raise ValueError(f"moe_impl='tokamax_gpu' takes bf16/fp16 expert weights whose hidden size and expert "
+                     f"intermediate size are each < 64 or a multiple of 64, got {jnp.dtype(w_gate_EDF.dtype)} with "
+                     f"D={d}, F={f} (use 'ragged_dot' or 'gather', or 'auto')")
 
 
 def check_runs_on(impl: str, mesh) -> None:

@@ -147,6 +147,10 @@ def test_top_k_1_sampling_prints_the_greedy_tokens(capsys):
     (["--temperature", "1e300"], "--temperature=1e+300 is above 3.4e+38, the largest float32"),
     (["--moe-impl", "tokamax_gpu"], "--moe-impl=tokamax_gpu runs on gpu; this machine's JAX platform is cpu"),
     (["--moe-impl", "tokamax_tpu"], "--moe-impl=tokamax_tpu runs on tpu; this machine's JAX platform is cpu"),
+    # the 16-bit Mosaic GPU experts (Pallas's interpreter on a CPU) on the tiny model's fp32 experts of D = 64: named
+    # before any weight is made, not at the first trace (2026-12-06)
+    (["--moe-impl", "mosaic_gpu"], "moe_impl='mosaic_gpu' takes bf16/fp16 expert weights whose hidden size and "
+                                   "expert intermediate size are multiples of 128, got float32 with D=64, F=32"),
     (["--tp", "100000"], "--tp=100000 is more than 1024 devices"),
     (["--num-speculative-tokens", "5000"], "num_speculative_tokens=5000 leaves no room in the cache"),
     (["--prompt-ids", "1,99999999999999999999999"], "prompt 0 holds token id 99999999999999999999999, outside"),
