@@ -58,6 +58,8 @@ def test_an_explicit_mosaic_kernel_on_another_gpu_is_one_clear_error():
     resolve_index_scores_impl(_dsa_cfg(index_scores_impl="mosaic_gpu"), "gpu", 256, hopper=False)
   with pytest.raises(ValueError, match=re.escape(f"moe_impl='tokamax_gpu': {NOT_HOPPER}")):
     resolve_expert_impl("tokamax_gpu", "gpu", 64, 2, jax.ShapeDtypeStruct((8, 256, 128), "bfloat16"), hopper=False)
+  with pytest.raises(ValueError, match=re.escape(f"moe_impl='mosaic_gpu': {NOT_HOPPER}")):
+    resolve_expert_impl("mosaic_gpu", "gpu", 64, 2, jax.ShapeDtypeStruct((8, 256, 128), "bfloat16"), hopper=False)
   assert resolve_sparse_attention_impl(_dsa_cfg(sparse_attention_impl="mosaic_gpu"), "cpu", hopper=False) == "mosaic_gpu"
   assert resolve_index_scores_impl(_dsa_cfg(index_scores_impl="mosaic_gpu"), "cpu", 256, hopper=False) == "mosaic_gpu"
 
