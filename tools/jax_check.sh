@@ -27,5 +27,5 @@ echo "tools/jax_check.sh $1: jax $version"
 JAX_PLATFORMS=cpu "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/test_mtp.py tests/test_vocab_argmax.py
 # the Mosaic GPU kernels lowered for CUDA (a transfer 0.12 takes, 0.11.2 refused: 2026-12-03)
 JAX_PLATFORMS=cpu "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/test_sparse_mla_mgpu.py \
-  tests/test_index_scores_mgpu.py tests/test_fp8_grouped_matmul_mgpu.py \
+  tests/test_index_scores_mgpu.py tests/test_fp8_grouped_matmul_mgpu.py tests/test_grouped_matmul_mgpu.py \
   tests/test_mgpu_handoff.py tests/test_dense_gemms.py tests/test_topk_mgpu.py -k lower
