@@ -83,6 +83,7 @@
 #   topkforms2 (14:27 2026-12-06, an H100: cut in its tests by the budget) the k-th key kernel's packed sums and
 #            last-chunk step timed beside its old form (and packed_lazy since; its tests moved to topktests)
 #   topktests (not run yet) the top-k kernel's compiled tests
+#   gmm16v   (not run yet) the 16-bit Mosaic experts in the verification forward and the draft step
 #   gmm16t   (not run yet) gmm16 cut to ~2 minutes
 #   gmm16    (not run yet) the 16-bit Mosaic GPU grouped matmul: compiled tests, timed beside tokamax
 #   topkfit  (2026-12-06 evening) topktests' cut speculative test, fitcheck, verify4k at B = 8 and 64
@@ -178,6 +179,13 @@ case "${1:?stage}" in
       --capacity 4096 --iters 5
     run 170 verify_4k_b256.md python3 -m benchmarks.verify_forward --layers "$layers" -k 3 --forms absorbed \
       --batch 256 --capacity 4096 --profile --iters 5
+    ;;
+  gmm16v)  # (not run yet; after gmm16's tests pass) the 16-bit Mosaic experts on the user's shapes beside tokamax: the
+           # verification forward at B = 64 over 4K and 32K caches, then the MTP draft step at B = 1 and 8
+    run 200 verify_gmm16.md python3 -m benchmarks.verify_forward --layers 3 -k 3 --forms absorbed --batch 64 \
+      --capacity 4096 32768 --moe-impls auto mosaic_gpu --iters 5
+    run 150 mtp_step_gmm16.md python3 -m benchmarks.mtp_step --preset deepseek_v32 --batch 1 8 --capacity 4096 \
+      --moe-impls auto mosaic_gpu --iters 10
     ;;
   gmm16t)  # (not run yet) gmm16 cut to what ~1 minute of device time holds: the 16-bit kernel's compiled tests and
            # the experts' GPU tests through it, then the experts at 1,024 and 1 tokens beside tokamax
