@@ -32,9 +32,9 @@ from jax_mtp.kernels.grouped_rows_mgpu import (BLOCK, BUSY_CTAS, ROW_TILES, acti
                                                split_k_for, store_rows, tiles_of_group)
 from jax_mtp.kernels.mosaic_gpu_common import interpret_params, operand_transforms
 
-KERNEL_NAME = "bf16_gmm_mgpu"
+KERNEL_NAME = "gmm16_mgpu"  # bf16 or fp16
 DTYPES = (jnp.bfloat16, jnp.float16)
-CORE_SMEM = 227 * 1024  # the shared memory a core gives its CTAs (H100, H200)
+CORE_SMEM = 227 * 1024  # the shared memory a core gives its CTAs (H100, H200; Mosaic GPU's max_smem_bytes)
 MAX_STAGES = 4
 
 
@@ -50,7 +50,8 @@ class Config:
 
 def smem_bytes(row_tile: int, stages: int, itemsize: int = 2) -> int:
   """A CTA's shared memory: `stages` × (a [128, 128] weight block + a [row_tile, 128] x block), and the output's
-  two fp32 staging tiles."""
+  two fp32 staging tiles; Mosaic GPU's own count is this plus the barriers' 8 bytes each (its lowering refuses a
+  kernel over 232,448 bytes: 245,792 for 56-row tiles at 4 stages, 2026-12-06)."""
   return stages * (BLOCK * BLOCK + row_tile * BLOCK) * itemsize + 2 * row_tile * BLOCK * 4
 
 
