@@ -8,6 +8,8 @@ import pytest
 
 from jax_mtp.ran_kernels import NOT_IN_PROGRAM, parts_ran, summary
 from jax_mtp.mla import dense_latent_attention
+from jax_mtp.kernels.fp8_grouped_matmul_mgpu import KERNEL_NAME as GROUPED_FP8
+from jax_mtp.kernels.grouped_matmul_mgpu import KERNEL_NAME as GROUPED16
 from jax_mtp.kernels.index_scores_mgpu import FLOAT8_DOT_SUFFIX, KERNEL_NAME as SCORES
 from jax_mtp.kernels.sparse_mla_mgpu import FORM_SUFFIXES, KERNEL_NAME as SPARSE
 from jax_mtp.kernels.topk_mgpu import KERNEL_NAME as TOPK
@@ -80,3 +82,9 @@ def test_tokamax_is_a_mosaic_call_that_is_none_of_ours():
   assert parts_ran(tokamax)["experts"] == "tokamax (Mosaic GPU)"
   # a kernel module's file name in the text's stack frames is not a call
   assert parts_ran('1 {file_name="jax_mtp/kernels/mosaic_gpu_common.py"}')["experts"] == NOT_IN_PROGRAM
+
+
+def test_the_experts_kernels_of_ours_are_read_from_their_names():
+  """Our two grouped matmuls (FP8 codes, 16-bit weights) are Mosaic GPU calls too: named as ours, not as tokamax."""
+  assert parts_ran(_call(GROUPED16))["experts"] == "16-bit grouped matmul (Pallas Mosaic GPU)"
+  assert parts_ran(_call(GROUPED_FP8))["experts"] == "FP8 grouped matmul (Pallas Mosaic GPU)"
