@@ -1,7 +1,8 @@
 """The kernels `auto` promises on GPUs reach the user's path: the CLI's capacity rule rounds a DSA cache up to
 what the fused kernels take (any prompt length gets them), its compiled prefill and round for an H200 hold the
 Mosaic GPU index-scores kernel (not the Triton one) and the sparse-MLA kernel at an odd prompt length (with and
-without index_share_for_mtp_iteration) and the top-k's k-th key kernel from 64 queries a call, the reused shared selection runs through the kernel (padded to its blocks)
+without index_share_for_mtp_iteration), the top-k's k-th key kernel from 64 queries a call and the 16-bit experts
+kernel where `--moe-impl mosaic_gpu` names it, the reused shared selection runs through the kernel (padded to its blocks)
 with XLA's tokens, and an error inside a run is one line and exit 2."""
 
 import jax
@@ -12,6 +13,7 @@ import pytest
 import jax_mtp
 from jax_mtp import decode
 from jax_mtp.indexer import SCORE_BLOCK_SLOTS, Selection, kernel_capacity
+from jax_mtp.kernels.grouped_matmul_mgpu import KERNEL_NAME as GROUPED16
 from jax_mtp.kernels.index_scores import KERNEL_NAME as TRITON_INDEX_SCORES
 from jax_mtp.kernels.index_scores_mgpu import KERNEL_NAME as INDEX_SCORES
 from jax_mtp.kernels.sparse_mla_mgpu import KERNEL_NAME as SPARSE_MLA
@@ -59,6 +61,16 @@ def test_the_clis_gpu_programs_hold_both_kernels_at_an_odd_prompt_length(share):
   for name, module in modules.items():
     assert INDEX_SCORES in module and TRITON_INDEX_SCORES not in module, name  # auto's index scores: Mosaic GPU's
     assert SPARSE_MLA in module and "xla.gpu.triton" not in module, name  # no Pallas Triton kernel at all
+
+
+def test_the_clis_gpu_programs_hold_the_16_bit_experts_kernel_where_named():
+  """`--moe-impl mosaic_gpu` (kernels/grouped_matmul_mgpu.py, not yet `auto`'s): the CLI's prefill and round for an
+  H200 run the routed experts' products in it (a model whose hidden and expert sizes it takes: 128)."""
+  cfg = _kernel_cfg(moe_impl="mosaic_gpu", hidden_size=128, moe_intermediate_size=128)
+  modules = speculator_modules(cfg, [list(range(1, 38))], 20, 3)
+  for name, module in modules.items():
+    assert f"routed_experts_mosaic_gpu/{GROUPED16}/" in module, name  # the call, in the experts' named scope
+    assert "routed_experts_ragged_dot" not in module and "routed_experts_gather" not in module, name
 
 
 @pytest.mark.parametrize("rows", [1, 16])
