@@ -36,8 +36,6 @@ from jax_mtp.kernels.grouped_rows_mgpu import (BUSY_CTAS, MAX_ROW_TILE, ROW_TILE
                                                row_tile_for, split_k_for, store_rows, tiles_of_group)
 from jax_mtp.kernels.mosaic_gpu_common import interpret_params, operand_transforms
 
-__all__ = ["KERNEL_NAME", "ROW_TILES", "Config", "active_groups", "config_for", "fp8_grouped_matmul_mgpu"]
-
 KERNEL_NAME = "fp8_codes_gmm_mgpu"
 
 

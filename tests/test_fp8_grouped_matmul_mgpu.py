@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from jax_mtp.kernels.fp8_grouped_matmul import reference
-from jax_mtp.kernels.fp8_grouped_matmul_mgpu import (KERNEL_NAME, Config, active_groups, config_for,
-                                                     fp8_grouped_matmul_mgpu)
+from jax_mtp.kernels.fp8_grouped_matmul_mgpu import KERNEL_NAME, Config, config_for, fp8_grouped_matmul_mgpu
+from jax_mtp.kernels.grouped_rows_mgpu import active_groups
 from tests.fp8_matmul_cases import assert_equals_the_formula_and_the_dequantised_product, problem
 from tests.tolerances import assert_close
 
