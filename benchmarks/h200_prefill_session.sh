@@ -188,10 +188,10 @@ case "${1:?stage}" in
       --moe-impls auto mosaic_gpu --iters 10
     ;;
   gmm16t)  # (not run yet) gmm16 cut to what ~1 minute of device time holds: the 16-bit kernel's compiled tests and
-           # the experts' GPU tests through it, then the experts at 1,024 and 1 tokens beside tokamax
+           # the experts' GPU tests through it, then the experts at 1,024, 256 and 1 tokens beside tokamax
     run 60 gpu_tests_gmm16t.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 30 \
       tests/test_grouped_matmul_mgpu.py tests/test_experts_gpu.py -k "(equals or spanning or mosaic) and not lowers"
-    run 60 moe_gmm16t.md python3 -m benchmarks.moe_experts --batch 1024 1 --impls tokamax_gpu mosaic_gpu \
+    run 90 moe_gmm16t.md python3 -m benchmarks.moe_experts --batch 1024 256 1 --impls tokamax_gpu mosaic_gpu \
       --experts-only --iters 3
     ;;
   gmm16)  # (not run yet) the 16-bit grouped matmul on Mosaic GPU (kernels/grouped_matmul_mgpu.py, built 2026-12-06
