@@ -16,8 +16,8 @@ Which implementation runs is explicit (`MtpConfig.moe_impl`), never a silent fal
                  dequantised copy; on CPU in Pallas's interpreter, for tests)
   "mosaic_gpu"   16-bit weights: kernels/grouped_matmul_mgpu.py, a Pallas Mosaic  the picked experts once
                  GPU (Hopper) grouped matmul in the FP8 kernel's transposed rows
-                 (a few rows an expert cost an N of 8, not a 64-row tile); run
-                 only where named until timed against tokamax (on CPU in Pallas's
+                 (a few rows an expert cost an N of 8, not a 64-row tile); `auto`'s
+                 on Hopper GPUs at decode and verification sizes (on CPU in Pallas's
                  interpreter, for tests)
   "auto"         `resolve_expert_impl`'s table, per platform, weight dtype and dims, and token count
 
@@ -57,6 +57,26 @@ def uses_gathered_experts(tokens: int, experts_per_token: int, num_experts: int,
                                             and assignments * expert_bytes <= GATHER_BYTES)
 
 
+# Where `auto` runs our 16-bit grouped matmul (kernels/grouped_matmul_mgpu.py) instead of tokamax's on a Hopper GPU,
+# from the user's path timed on an H100 (2026-12-07, benchmarks/RESULTS.md, "The 16-bit Mosaic GPU experts kernel
+# on the user's path"): from 64 assignments (the draft step at B = 8 × top-8: 2,755 against 2,829 µs; at B = 1's 8
+# the step was 1,411 against 1,358, though the experts alone were 308 against 345) up to 32 rows an expert on
+# average (the verification forward at B = 256: 1,024 tokens × top-8 over 256 experts, 7,872 against 9,793 µs for
+# the experts; B = 64 over 4K and 32K caches 18.83 / 19.94 against 19.91 / 20.96 ms). A prefill chunk's 128 rows an
+# expert and more are untimed with it: tokamax's 64-row tiles read each expert fewer times there.
+MOSAIC_GPU_MIN_ASSIGNMENTS = 64
+MOSAIC_GPU_MAX_ROWS_PER_EXPERT = 32
+
+
+def uses_mosaic_gpu_experts(tokens: int, experts_per_token: int, num_local_experts: int) -> bool:
+  """Whether `auto` takes the 16-bit Mosaic GPU kernel over tokamax's at T = `tokens` (where both take the weights):
+  MOSAIC_GPU_MIN_ASSIGNMENTS ≤ T·K ≤ MOSAIC_GPU_MAX_ROWS_PER_EXPERT × the local experts. Under tp the T·K
+  assignments count every device's (the local share is about 1/tp of them), so tp > 1 leaves the kernel sooner than
+  it needs to: tp > 1 is untimed with it."""
+  assignments = tokens * experts_per_token
+  return MOSAIC_GPU_MIN_ASSIGNMENTS <= assignments <= MOSAIC_GPU_MAX_ROWS_PER_EXPERT * num_local_experts
+
+
 def tokamax_gpu_takes(w_gate_EDF) -> bool:
   """Whether tokamax's Mosaic-GPU kernel takes these expert weights: 16-bit (it rejects fp32
   precision), and output dims D and F each < 64 or a multiple of 64 (its output tiling: tokamax 0.0.17
@@ -82,9 +102,10 @@ def resolve_expert_impl(impl: str, platform: str, tokens: int, experts_per_token
   runs as asked (it may target another platform than this process's default, as an AOT compile
   for TPU from a CPU host does). "auto" (why: benchmarks/RESULTS.md, "Routed experts through tokamax's
   grouped matmul on one H200"):
-    gpu  tokamax_gpu at every T where the kernel takes the weights (`tokamax_gpu_takes`): it reads the
-         picked experts once, where gather reads them twice and CUDA's ragged_dot all E; other
-         weights as on cpu
+    gpu  mosaic_gpu (ours) where it takes the weights (`mosaic_gpu_takes`: 16-bit, D and F multiples of 128) at
+         decode and verification sizes (`uses_mosaic_gpu_experts`: 64 ≤ T·K ≤ 32 rows an expert), else
+         tokamax_gpu at every T where it takes the weights (`tokamax_gpu_takes`): both read the picked experts
+         once, where gather reads them twice and CUDA's ragged_dot all E; other weights as on cpu
     tpu  tokamax_tpu at every T where it takes the weights (`tokamax_tpu_takes`), else as on cpu
          (AOT-compiled for v5e and v5p, tools/tpu_aot_compile.py; not timed on a TPU)
     cpu  gather at decode sizes (`uses_gathered_experts`: T·K ≤ E/4, or ≤ 2E small experts within
@@ -106,6 +127,9 @@ def resolve_expert_impl(impl: str, platform: str, tokens: int, experts_per_token
     return "fp8_grouped_gpu"
   if fp8_codes and platform in ("gpu", "tpu") and tokens * experts_per_token <= w_gate_EDF.shape[0]:
     return "gather"
+  if (platform == "gpu" and hopper and mosaic_gpu_takes(w_gate_EDF)
+      and uses_mosaic_gpu_experts(tokens, experts_per_token, w_gate_EDF.shape[0])):
+    return "mosaic_gpu"
   if platform == "gpu" and hopper and tokamax_gpu_takes(w_gate_EDF):
     return "tokamax_gpu"
   if platform == "tpu" and tokamax_tpu_takes(w_gate_EDF):

@@ -8,6 +8,7 @@ import numpy as np
 from jax.sharding import AbstractMesh, AxisType
 
 import jax_mtp
+from jax_mtp.experts import resolve_expert_impl
 
 H200 = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
 V5E = jax.sharding.AbstractDevice(device_kind="TPU v5 lite", num_cores=1, platform="tpu")
@@ -15,8 +16,12 @@ DEVICES = {"cuda": H200, "tpu": V5E}  # the abstract device a program for each p
 
 
 def mtp_step_module(cfg: jax_mtp.MtpConfig, platform: str, batch: int, capacity: int, device=None) -> str:
-  """The MTP draft step (T = 1) for `platform` on `device` (default: DEVICES[platform]), as MLIR text."""
-  if cfg.moe_impl == "auto":  # GPU auto is tokamax's Mosaic GPU kernel, which reads the local GPU when traced
+  """The MTP draft step (T = 1) for `platform` on `device` (default: DEVICES[platform]), as MLIR text. `auto`
+  experts stay `auto` where a Hopper's `auto` runs our 16-bit kernel at this batch; elsewhere they become ragged_dot,
+  since tokamax's kernels read the local accelerator when traced."""
+  weights = jax.ShapeDtypeStruct((cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size), cfg.param_dtype)
+  ours = platform == "cuda" and resolve_expert_impl("auto", "gpu", batch, cfg.num_experts_per_tok, weights) == "mosaic_gpu"
+  if cfg.moe_impl == "auto" and not ours:
     cfg = cfg.replace(moe_impl="ragged_dot")
   params = jax.eval_shape(lambda key: jax_mtp.init_params(cfg, key), jax.random.key(0))
   caches = jax.eval_shape(lambda: jax_mtp.init_caches(cfg, batch, capacity))

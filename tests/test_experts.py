@@ -12,7 +12,9 @@ import pytest
 import jax_mtp
 from jax_mtp import moe
 from jax_mtp.config import ConfigError
-from jax_mtp.experts import resolve_expert_impl, routed_experts, tokamax_gpu_takes, uses_gathered_experts
+from jax_mtp.experts import (MOSAIC_GPU_MIN_ASSIGNMENTS, MOSAIC_GPU_MAX_ROWS_PER_EXPERT, resolve_expert_impl,
+                             mosaic_gpu_takes, routed_experts, tokamax_gpu_takes, uses_gathered_experts,
+                             uses_mosaic_gpu_experts)
 from tests.tolerances import assert_close
 
 CPU_IMPLS = ["gather", "ragged_dot"]  # tokamax_gpu / tokamax_tpu have no CPU form: test_experts_gpu, the AOT tests
@@ -191,9 +193,32 @@ def test_bad_impls_are_refused_by_name():
     ((256, 7168, 2048), jnp.bfloat16, True), ((256, 6144, 2048), jnp.float16, True),  # V3.2, GLM-5
     ((8, 64, 32), jnp.bfloat16, True), ((12, 192, 96), jnp.bfloat16, False), ((8, 64, 32), jnp.float32, False)])
 def test_what_the_gpu_kernel_takes(shape, dtype, takes):
+  """tokamax's kernel under `auto` where it takes the weights, at a prefill chunk's 4,096 tokens (past the 16-bit
+  Mosaic kernel's rows an expert)."""
   w = jax.ShapeDtypeStruct(shape, dtype)
   assert tokamax_gpu_takes(w) == takes
-  assert (resolve_expert_impl("auto", "gpu", 64, 8, w) == "tokamax_gpu") == takes
+  assert (resolve_expert_impl("auto", "gpu", 4096, 8, w) == "tokamax_gpu") == takes
+
+
+@pytest.mark.parametrize("shape,dtype,takes", [
+    ((256, 7168, 2048), jnp.bfloat16, True), ((256, 6144, 2048), jnp.float16, True),  # V3.2, GLM-5
+    ((8, 128, 256), jnp.bfloat16, True), ((8, 64, 128), jnp.bfloat16, False), ((8, 128, 192), jnp.bfloat16, False),
+    ((8, 128, 128), jnp.float32, False)])
+def test_auto_takes_the_16_bit_mosaic_kernel_at_decode_and_verification_sizes(shape, dtype, takes):
+  """On a Hopper GPU `auto` runs the 16-bit Mosaic kernel from MOSAIC_GPU_MIN_ASSIGNMENTS (64) assignments to
+  MOSAIC_GPU_MAX_ROWS_PER_EXPERT (32) rows an expert, where it takes the weights (16-bit, D and F multiples of 128);
+  tokamax's kernel outside that range or where only it takes them; neither on another GPU."""
+  w = jax.ShapeDtypeStruct(shape, dtype)
+  e, k = shape[0], 8
+  assert mosaic_gpu_takes(w) == takes
+  assert (MOSAIC_GPU_MIN_ASSIGNMENTS, MOSAIC_GPU_MAX_ROWS_PER_EXPERT) == (64, 32)
+  for tokens, inside in [(7, False), (8, True), (4 * e, True), (4 * e + 1, False)]:  # × top-8: 56, 64, 32E, 32E + 8
+    assert uses_mosaic_gpu_experts(tokens, k, e) == inside
+    otherwise = "tokamax_gpu" if tokamax_gpu_takes(w) else resolve_expert_impl("auto", "cpu", tokens, k, w)
+    want = "mosaic_gpu" if inside and takes else otherwise
+    assert resolve_expert_impl("auto", "gpu", tokens, k, w) == want, (tokens, shape, dtype)
+    assert resolve_expert_impl("auto", "gpu", tokens, k, w, hopper=False) in ("gather", "ragged_dot")
+  assert resolve_expert_impl("auto", "tpu", 8, k, w) != "mosaic_gpu"
 
 
 def mtp_layer_drafts(cfg, params, impl: str, batch: int):

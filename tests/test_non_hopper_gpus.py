@@ -46,8 +46,9 @@ def test_auto_keeps_off_the_mosaic_kernels_on_other_gpus():
   assert resolve_index_scores_impl(cfg, "gpu", 256, hopper=True) == "mosaic_gpu"
   assert resolve_index_scores_impl(cfg, "gpu", 256, hopper=False) == "xla"
   weights = jax.ShapeDtypeStruct((8, 256, 128), "bfloat16")
-  assert resolve_expert_impl("auto", "gpu", 64, 2, weights, hopper=True) == "tokamax_gpu"
-  assert resolve_expert_impl("auto", "gpu", 64, 2, weights, hopper=False) in ("gather", "ragged_dot")
+  for tokens, on_hopper in [(64, "mosaic_gpu"), (4096, "tokamax_gpu")]:  # a round's 128 assignments; a prefill chunk
+    assert resolve_expert_impl("auto", "gpu", tokens, 2, weights, hopper=True) == on_hopper
+    assert resolve_expert_impl("auto", "gpu", tokens, 2, weights, hopper=False) in ("gather", "ragged_dot")
 
 
 def test_an_explicit_mosaic_kernel_on_another_gpu_is_one_clear_error():

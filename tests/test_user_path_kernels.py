@@ -24,7 +24,7 @@ from jax_mtp.request import required_capacity
 from jax_mtp.topk import TOPK_KERNEL_MIN_QUERIES
 from tests.conftest import FULL_ONLY, FULL_TESTS
 from tests.greedy import greedy_margin
-from tests.lowered_step import speculator_modules
+from tests.lowered_step import kernel_calls, mtp_step_module, speculator_modules
 from tests.sparse_mla_cases import dsa_kernel_cfg as _kernel_cfg
 from tests.tolerances import GREEDY_MIN_MARGIN, assert_close
 
@@ -64,13 +64,25 @@ def test_the_clis_gpu_programs_hold_both_kernels_at_an_odd_prompt_length(share):
 
 
 def test_the_clis_gpu_programs_hold_the_16_bit_experts_kernel_where_named():
-  """`--moe-impl mosaic_gpu` (kernels/grouped_matmul_mgpu.py, not yet `auto`'s): the CLI's prefill and round for an
+  """`--moe-impl mosaic_gpu` (kernels/grouped_matmul_mgpu.py; `auto`'s at decode sizes, not at a prefill's): the CLI's prefill and round for an
   H200 run the routed experts' products in it (a model whose hidden and expert sizes it takes: 128)."""
   cfg = _kernel_cfg(moe_impl="mosaic_gpu", hidden_size=128, moe_intermediate_size=128)
   modules = speculator_modules(cfg, [list(range(1, 38))], 20, 3)
   for name, module in modules.items():
     assert f"routed_experts_mosaic_gpu/{GROUPED16}/" in module, name  # the call, in the experts' named scope
     assert "routed_experts_ragged_dot" not in module and "routed_experts_gather" not in module, name
+
+
+@pytest.mark.parametrize("batch", [32, 128])
+def test_auto_runs_the_draft_steps_experts_through_the_16_bit_kernel(batch):
+  """Under "auto" a Hopper's draft step at 64 to 32 × E assignments (8 experts, top-2: 32 to 128 rows) runs the
+  routed experts' three products through the 16-bit Mosaic kernel, as the explicit impl does (tokamax's kernel below
+  and above that range: `experts.uses_mosaic_gpu_experts`)."""
+  cfg = jax_mtp.tiny(dtype="bfloat16", param_dtype="bfloat16", hidden_size=128, moe_intermediate_size=128)
+  assert (cfg.n_routed_experts, cfg.num_experts_per_tok) == (8, 2)
+  auto, named = (mtp_step_module(cfg.replace(moe_impl=impl), "cuda", batch, 64) for impl in ("auto", "mosaic_gpu"))
+  assert kernel_calls(auto, GROUPED16) == kernel_calls(named, GROUPED16) == 3  # gate, up, down
+  assert "routed_experts_mosaic_gpu" in auto
 
 
 @pytest.mark.parametrize("rows", [1, 16])
