@@ -83,9 +83,10 @@
 #   topkforms2 (14:27 2026-12-06, an H100: cut in its tests by the budget) the k-th key kernel's packed sums and
 #            last-chunk step timed beside its old form (and packed_lazy since; its tests moved to topktests)
 #   topktests (not run yet) the top-k kernel's compiled tests
-#   gmm16v   (not run yet) the 16-bit Mosaic experts in the verification forward and the draft step
+#   gmm16e   (not run yet) the user's path (e2e B = 8, 64) and the experts' model-level GPU tests under the new auto
+#   gmm16v   (00:37 2026-12-07, an H100) the 16-bit Mosaic experts in the verification forward and the draft step
 #   gmm16t   (not run yet) gmm16 cut to ~2 minutes
-#   gmm16    (not run yet) the 16-bit Mosaic GPU grouped matmul: compiled tests, timed beside tokamax
+#   gmm16    (00:34 2026-12-07, an H100: 35 passed before its 100 s bound) the 16-bit Mosaic GPU grouped matmul: compiled tests, timed beside tokamax
 #   topkfit  (2026-12-06 evening) topktests' cut speculative test, fitcheck, verify4k at B = 8 and 64
 #   v4kfit   (not run yet) verify4k then fitcheck in one call
 #   fitcheck (not run yet) the weights-fit check against a GPU's allocator, the FP8 split-block refusals, convert
@@ -180,7 +181,16 @@ case "${1:?stage}" in
     run 170 verify_4k_b256.md python3 -m benchmarks.verify_forward --layers "$layers" -k 3 --forms absorbed \
       --batch 256 --capacity 4096 --profile --iters 5
     ;;
-  gmm16v)  # (not run yet; after gmm16's tests pass) the 16-bit Mosaic experts on the user's shapes beside tokamax: the
+  gmm16e)  # (not run yet) the user's path under auto since the 16-bit experts kernel took decode and verification
+           # sizes (2026-12-07): e2e at B = 8 and 64 over 4K prompts (the round's experts in our kernel, the prefill's
+           # in tokamax's, read from the compiled programs), then the experts' model-level tests with a CPU device
+           # beside the GPU (their per-token loop reference is a pure_callback, which needs one)
+    run 300 e2e_gmm16.md python3 -m benchmarks.e2e --prompt 4096 --batch 8 64 --iters 5
+    JAX_PLATFORMS=cuda,cpu run 200 gpu_tests_gmm16e.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider \
+      --timeout 120 tests/test_experts.py tests/test_experts_gpu.py tests/test_auto_gpu_paths.py \
+      -k "greedy_tokens or mtp_layer or speculative"
+    ;;
+  gmm16v)  # (00:37 2026-12-07, an H100; its 32K rows cut by the 200 s bound, run bare at 00:42) the 16-bit Mosaic experts on the user's shapes beside tokamax: the
            # verification forward at B = 64 over 4K and 32K caches, then the MTP draft step at B = 1 and 8
     run 200 verify_gmm16.md python3 -m benchmarks.verify_forward --layers 3 -k 3 --forms absorbed --batch 64 \
       --capacity 4096 32768 --moe-impls auto mosaic_gpu --iters 5
@@ -194,7 +204,7 @@ case "${1:?stage}" in
     run 90 moe_gmm16t.md python3 -m benchmarks.moe_experts --batch 1024 256 1 --impls tokamax_gpu mosaic_gpu \
       --experts-only --iters 3
     ;;
-  gmm16)  # (not run yet) the 16-bit grouped matmul on Mosaic GPU (kernels/grouped_matmul_mgpu.py, built 2026-12-06
+  gmm16)  # (00:34 2026-12-07, an H100) the 16-bit grouped matmul on Mosaic GPU (kernels/grouped_matmul_mgpu.py, built 2026-12-06
           # evening on a CPU): its compiled tests, the FP8 kernel's (their shared copy and store since), the experts'
           # GPU tests through it; the routed experts timed beside tokamax at 1, 256 and 1,024 tokens (B = 1's draft
           # step, B = 64's and B = 256's verification); last, topkfit's mended load-path tests
