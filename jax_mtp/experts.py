@@ -127,8 +127,8 @@ def resolve_expert_impl(impl: str, platform: str, tokens: int, experts_per_token
     return "fp8_grouped_gpu"
   if fp8_codes and platform in ("gpu", "tpu") and tokens * experts_per_token <= w_gate_EDF.shape[0]:
     return "gather"
-  if (platform == "gpu" and hopper and mosaic_gpu_takes(w_gate_EDF)
-      and uses_mosaic_gpu_experts(tokens, experts_per_token, w_gate_EDF.shape[0])):
+  if (platform == "gpu" and hopper and uses_mosaic_gpu_experts(tokens, experts_per_token, w_gate_EDF.shape[0])
+      and mosaic_gpu_takes(w_gate_EDF)):
     return "mosaic_gpu"
   if platform == "gpu" and hopper and tokamax_gpu_takes(w_gate_EDF):
     return "tokamax_gpu"

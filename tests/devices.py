@@ -6,6 +6,15 @@ import jax
 import pytest
 
 
+def needs_a_cpu_device(why: str) -> None:
+  """Skip the calling test (or fixture) unless a CPU device runs beside the accelerator: a host callback
+  (`jax.pure_callback`) needs one, and the device scripts' JAX_PLATFORMS=cuda has none (JAX_PLATFORMS=cuda,cpu does)."""
+  try:
+    jax.devices("cpu")
+  except RuntimeError:  # JAX_PLATFORMS names no cpu
+    pytest.skip(f"{why}, which needs a CPU device: JAX_PLATFORMS=cuda,cpu")
+
+
 def needs_devices(n: int) -> None:
   """Skip the calling test unless this machine has ≥ n devices."""
   if jax.device_count() < n:

@@ -19,10 +19,13 @@ def mtp_step_module(cfg: jax_mtp.MtpConfig, platform: str, batch: int, capacity:
   """The MTP draft step (T = 1) for `platform` on `device` (default: DEVICES[platform]), as MLIR text. `auto`
   experts stay `auto` where a Hopper's `auto` runs our 16-bit kernel at this batch; elsewhere they become ragged_dot,
   since tokamax's kernels read the local accelerator when traced."""
-  weights = jax.ShapeDtypeStruct((cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size), cfg.param_dtype)
-  ours = platform == "cuda" and resolve_expert_impl("auto", "gpu", batch, cfg.num_experts_per_tok, weights) == "mosaic_gpu"
-  if cfg.moe_impl == "auto" and not ours:
-    cfg = cfg.replace(moe_impl="ragged_dot")
+  if cfg.moe_impl == "auto":
+    weights = jax.ShapeDtypeStruct((cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size),
+                                   cfg.param_dtype)
+    ours = platform == "cuda" and resolve_expert_impl("auto", "gpu", batch, cfg.num_experts_per_tok,
+                                                      weights) == "mosaic_gpu"
+    if not ours:
+      cfg = cfg.replace(moe_impl="ragged_dot")
   params = jax.eval_shape(lambda key: jax_mtp.init_params(cfg, key), jax.random.key(0))
   caches = jax.eval_shape(lambda: jax_mtp.init_caches(cfg, batch, capacity))
   ids = jax.ShapeDtypeStruct((batch, 1), jnp.int32)

@@ -15,6 +15,7 @@ from jax_mtp.config import ConfigError
 from jax_mtp.experts import (MOSAIC_GPU_MIN_ASSIGNMENTS, MOSAIC_GPU_MAX_ROWS_PER_EXPERT, resolve_expert_impl,
                              mosaic_gpu_takes, routed_experts, tokamax_gpu_takes, uses_gathered_experts,
                              uses_mosaic_gpu_experts)
+from tests.devices import needs_a_cpu_device
 from tests.tolerances import assert_close
 
 CPU_IMPLS = ["gather", "ragged_dot"]  # tokamax_gpu / tokamax_tpu have no CPU form: test_experts_gpu, the AOT tests
@@ -253,22 +254,15 @@ def _loud_experts(params, gain: float = 4.0):
           for name, v in params.items()}
 
 
-def _has_a_cpu_device() -> bool:
-  try:
-    return bool(jax.devices("cpu"))
-  except RuntimeError:  # JAX_PLATFORMS names no cpu (the device scripts' "cuda")
-    return False
-
-
-# The loop reference runs on the host through jax.pure_callback, which needs a CPU device beside an accelerator
-# (on a GPU run JAX_PLATFORMS=cuda,cpu; with "cuda" alone these failed on the callback, 2026-12-07).
-needs_host_callbacks = pytest.mark.skipif(not _has_a_cpu_device(), reason="the per-token loop reference is a "
-                                          "jax.pure_callback, which needs a CPU device: JAX_PLATFORMS=cuda,cpu")
+# The loop reference runs on the host through jax.pure_callback (on a GPU run that needs JAX_PLATFORMS=cuda,cpu;
+# with "cuda" alone these failed on the callback, 2026-12-07).
+LOOP_ON_THE_HOST = "the per-token loop reference is a jax.pure_callback"
 
 
 @pytest.fixture(scope="module")
 def mtp_reference():
   """(cfg, params, hidden and drafts of the MTP layer with the loop as its experts); fp32 tiny model."""
+  needs_a_cpu_device(LOOP_ON_THE_HOST)
   cfg = jax_mtp.tiny()
   params = _loud_experts(jax_mtp.init_params(cfg, jax.random.key(0)))
   with pytest.MonkeyPatch.context() as patch:
@@ -276,7 +270,6 @@ def mtp_reference():
     return cfg, params, mtp_layer_drafts(cfg, params, "gather", 2)
 
 
-@needs_host_callbacks
 @pytest.mark.parametrize("impl", CPU_IMPLS)
 def test_mtp_layer_equals_the_layer_with_the_loop_as_its_experts(impl, mtp_reference):
   """The whole MTP layer (T = 6 > the gather bound: explicit impls run as asked) vs the loop's: hidden states at
@@ -301,10 +294,10 @@ def target_greedy_tokens(cfg, params, impl: str):
   return jax.jit(forward)(params)
 
 
-@needs_host_callbacks
 def test_greedy_tokens_are_the_same_through_every_impl_and_the_loop(monkeypatch):
   """A tiny fp32 target whose routed experts matter (`_loud_experts`): the greedy token ids at all 48 positions
   through gather, ragged_dot and the fp64 loop are identical (hidden states within the fp32 tolerance)."""
+  needs_a_cpu_device(LOOP_ON_THE_HOST)
   cfg = jax_mtp.tiny()
   params = _loud_experts(jax_mtp.init_target_params(cfg, jax.random.key(0)))
   runs = {impl: target_greedy_tokens(cfg, params, impl) for impl in CPU_IMPLS}

@@ -64,8 +64,9 @@ def test_the_clis_gpu_programs_hold_both_kernels_at_an_odd_prompt_length(share):
 
 
 def test_the_clis_gpu_programs_hold_the_16_bit_experts_kernel_where_named():
-  """`--moe-impl mosaic_gpu` (kernels/grouped_matmul_mgpu.py; `auto`'s at decode sizes, not at a prefill's): the CLI's prefill and round for an
-  H200 run the routed experts' products in it (a model whose hidden and expert sizes it takes: 128)."""
+  """`--moe-impl mosaic_gpu` (kernels/grouped_matmul_mgpu.py; `auto`'s at decode sizes, not at a prefill's): the CLI's
+  prefill and round for an H200 run the routed experts' products in it (a model whose hidden and expert sizes it
+  takes: 128)."""
   cfg = _kernel_cfg(moe_impl="mosaic_gpu", hidden_size=128, moe_intermediate_size=128)
   modules = speculator_modules(cfg, [list(range(1, 38))], 20, 3)
   for name, module in modules.items():
