@@ -198,6 +198,9 @@ class MtpConfig:
     return from_hf_config(source, **overrides)
 
 
+INT32_LIMIT = 2**31  # every integer size must index an int32 array
+
+
 def _validate(cfg: MtpConfig) -> None:
   if cfg.model_type not in SUPPORTED_MODEL_TYPES:
     raise ConfigError(f"model_type={cfg.model_type!r} is not supported; expected one of {SUPPORTED_MODEL_TYPES}")
@@ -214,6 +217,12 @@ def _validate(cfg: MtpConfig) -> None:
     value = getattr(cfg, name)
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
       raise ConfigError(f"{name}={value!r} must be a non-negative integer")
+  for name in (*positive, "first_k_dense_replace", "n_shared_experts", "index_n_heads", "index_head_dim",
+               "index_topk"):
+    # token ids, positions, slots and sizes are int32 on the device: a damaged config.json's vocab_size of 2**31
+    # was an OverflowError inside JAX's trace (found by tests/test_fuzz.py)
+    if getattr(cfg, name) >= INT32_LIMIT:
+      raise ConfigError(f"{name}={getattr(cfg, name)} must be below 2**31 (ids, positions and sizes are int32)")
   if cfg.qk_rope_head_dim % 2:
     raise ConfigError(f"qk_rope_head_dim={cfg.qk_rope_head_dim} must be even (RoPE rotates pairs)")
   if cfg.n_routed_experts % cfg.n_group:

@@ -295,6 +295,15 @@ def test_negative_or_non_int_count(key, value):
     from_hf_config(_hf(**{key: value}))
 
 
+@pytest.mark.parametrize("key", ["vocab_size", "max_position_embeddings", "index_topk"])
+def test_sizes_past_int32_are_named(key):
+  """Ids, positions and slots are int32 on the device: 2**31 is refused by name (a damaged config.json's vocab_size
+  of 2**31 was an OverflowError inside JAX's trace); 2**31 - 1 passes the bound."""
+  with _raises(f"{key}={2**31} must be below 2**31"):
+    from_hf_config(_hf("deepseek_v32", **{key: 2**31}))
+  assert getattr(from_hf_config(_hf("deepseek_v32", **{key: 2**31 - 1})), key) == 2**31 - 1
+
+
 def test_odd_qk_rope_head_dim():
   with _raises("qk_rope_head_dim=7 must be even"):
     from_hf_config(_hf(qk_rope_head_dim=7))
