@@ -50,11 +50,12 @@ def check_kernel_impls(cfg: jax_mtp.MtpConfig, capacity: int) -> None:
     check_gpu_kernel_takes(cfg.moe_impl, experts)
   except ValueError as e:  # before any weight is read, not at the first trace
     raise BadInput(str(e)) from None
+  named = [(flag, impl) for flag, impl, _ in checks if impl != "auto"]
+  if named and not cfg.has_indexer:  # a dense-MLA model (V3) runs no DSA part at any length, XLA's included
+    flag, impl = named[0]
+    raise BadInput(f"{flag}={impl} names a DSA part's implementation, and this model ({cfg.model_type}) has no DSA "
+                   f"indexer: nothing would run it")
   explicit = [(flag, impl, resolve) for flag, impl, resolve in checks if impl not in ("auto", "xla")]
-  if explicit and not cfg.has_indexer:  # a dense-MLA model (V3) runs neither DSA kernel at any length
-    flag, impl, _ = explicit[0]
-    raise BadInput(f"{flag}={impl} names a DSA kernel, and this model ({cfg.model_type}) has no DSA indexer: "
-                   f"nothing would run it")
   for flag, impl, _ in explicit:  # whatever the request's length: a short one would not reach the kernel
     if KERNEL_PLATFORMS[impl] != platform:
       raise BadInput(f"{flag}={impl} runs on {KERNEL_PLATFORMS[impl]}; this machine's JAX platform is {platform}")

@@ -192,11 +192,15 @@ def test_an_explicit_dsa_kernel_for_another_platform_is_refused_for_a_short_requ
 
 
 @pytest.mark.parametrize("impls", [dict(index_scores_impl="mosaic_gpu"), dict(sparse_attention_impl="mosaic_gpu"),
-                                   dict(index_scores_impl="pallas_tpu")])
-def test_an_explicit_dsa_kernel_for_a_model_without_an_indexer_is_refused(impls):
-  """A V3 model (dense MLA, no indexer) runs neither DSA kernel at any length: an explicit one was ignored."""
+                                   dict(index_scores_impl="pallas_tpu"), dict(index_scores_impl="xla"),
+                                   dict(sparse_attention_impl="xla"), dict(topk_impl="xla")])
+def test_an_explicit_dsa_impl_for_a_model_without_an_indexer_is_refused(impls):
+  """A V3 model (dense MLA, no indexer) runs no DSA part at any length: an explicit kernel was ignored, and so was an
+  explicit `xla` (accepted, naming XLA, which ran nothing)."""
   v3 = jax_mtp.tiny(model_type="deepseek_v3", index_n_heads=0, index_head_dim=0, index_topk=0, **impls)
-  with pytest.raises(decode.BadInput, match=r"names a DSA kernel, and this model \(deepseek_v3\) has no DSA indexer"):
+  (flag, impl), = ((f"--{k.replace('_', '-')}", v) for k, v in impls.items())
+  with pytest.raises(decode.BadInput, match=rf"^{flag}={impl} names a DSA part's implementation, and this model "
+                                            r"\(deepseek_v3\) has no DSA indexer"):
     decode.check_kernel_impls(v3, 40)
   decode.check_kernel_impls(jax_mtp.tiny(model_type="deepseek_v3", index_n_heads=0, index_head_dim=0, index_topk=0),
                             40)  # auto: nothing to refuse
