@@ -182,13 +182,14 @@ case "${1:?stage}" in
       --batch 256 --capacity 4096 --profile --iters 5
     ;;
   gmm16e)  # (not run yet) the user's path under auto since the 16-bit experts kernel took decode and verification
-           # sizes (2026-12-07): e2e at B = 8 and 64 over 4K prompts (the round's experts in our kernel, the prefill's
-           # in tokamax's, read from the compiled programs), then the experts' model-level tests with a CPU device
-           # beside the GPU (their per-token loop reference is a pure_callback, which needs one)
-    run 300 e2e_gmm16.md python3 -m benchmarks.e2e --prompt 4096 --batch 8 64 --iters 5
+           # sizes (2026-12-07): the experts' model-level tests with a CPU device beside the GPU (their per-token loop
+           # reference is a pure_callback, which needs one) first, as what auto's change must pass; then e2e at B = 8
+           # and 64 over 4K prompts (the round's experts in our kernel, the prefill's in tokamax's, read from the
+           # compiled programs)
     JAX_PLATFORMS=cuda,cpu run 200 gpu_tests_gmm16e.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider \
       --timeout 120 tests/test_experts.py tests/test_experts_gpu.py tests/test_auto_gpu_paths.py \
       -k "greedy_tokens or mtp_layer or speculative"
+    run 300 e2e_gmm16.md python3 -m benchmarks.e2e --prompt 4096 --batch 8 64 --iters 5
     ;;
   gmm16v)  # (00:37 2026-12-07, an H100; its 32K rows cut by the 200 s bound, run bare at 00:42) the 16-bit Mosaic experts on the user's shapes beside tokamax: the
            # verification forward at B = 64 over 4K and 32K caches, then the MTP draft step at B = 1 and 8
