@@ -1,4 +1,4 @@
-"""Every kernel `auto` runs on a GPU — the sparse-MLA attention and the DSA index scores (Mosaic GPU's kernels), the FP8 grouped matmul (routed experts and dense FP8 linears) — has a bounded CI test
+"""Every kernel `auto` runs on a GPU — the sparse-MLA attention and the DSA index scores (Mosaic GPU's kernels), the FP8 grouped matmul (routed experts and dense FP8 linears), our 16-bit grouped matmul (bf16 routed experts) — has a bounded CI test
 at the model level on a CPU host, beside the full form's longer decodes (docs/testing.md): a tiny model decoding
 speculatively through the kernel (Pallas interpret mode on CPU) gives the tokens of plain greedy decoding through the
 XLA path, on the smallest config the kernel takes, with random weights under which the layers decide the tokens
@@ -128,6 +128,45 @@ def test_speculative_decoding_through_the_fp8_kernel_gives_the_gather_impls_plai
   want = _plain(_fp8_cfg("gather"), target, prompts, 6)
   _assert_no_near_tie(_fp8_cfg("gather"), target, prompts, want)
   assert _speculative(cfg, target, mtp, prompts, 6) == want
+
+
+def _bf16_experts_cfg(moe_impl: str) -> jax_mtp.MtpConfig:
+  """`_fp8_cfg`'s model in bf16: the smallest whose experts the 16-bit Mosaic GPU kernel takes (D and F multiples
+  of 128)."""
+  return _fp8_cfg(moe_impl)
+
+
+# prompts long enough that, at the tiny model's 8 experts and top-2, the prefill's call (2 × 40 tokens: 160
+# assignments) is inside `auto`'s range for the 16-bit kernel on a Hopper GPU (64 to 32 × 8 = 256), as B = 8 to 256's
+# verification is at V3.2's 256 experts
+EXPERTS_PROMPTS = (33, 40)
+
+
+@pytest.mark.parametrize("impl", ["mosaic_gpu", "auto"])
+def test_speculative_decoding_through_the_16_bit_experts_kernel_gives_the_gather_impls_plain_tokens(impl):
+  """bf16 routed experts through our Mosaic GPU grouped matmul (kernels/grouped_matmul_mgpu.py; its interpreter on a
+  CPU), named or picked by `auto` on a Hopper GPU: speculative decoding gives the tokens of plain greedy decoding
+  with the gather impl. `auto` is a GPU case (on a CPU it resolves to gather / ragged_dot); the resolver's pick at
+  the prefill's call is asserted there, so the case cannot pass with the kernel out of the program."""
+  if impl == "auto":
+    if not ON_GPU:
+      pytest.skip("auto takes the 16-bit kernel on Hopper GPUs only (a CPU resolves it to gather / ragged_dot)")
+    from jax_mtp.experts import resolve_expert_impl  # noqa: PLC0415
+    from jax_mtp.platform import lowering_gpu_is_hopper  # noqa: PLC0415
+    cfg = _bf16_experts_cfg("auto")
+    w = jax.ShapeDtypeStruct((cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size), jnp.bfloat16)
+    tokens = len(EXPERTS_PROMPTS) * max(EXPERTS_PROMPTS)
+    assert resolve_expert_impl("auto", "gpu", tokens, cfg.num_experts_per_tok, w,
+                               hopper=lowering_gpu_is_hopper()) == "mosaic_gpu"
+  cfg = _bf16_experts_cfg(impl)
+  # the routed experts × 4 (`_loud_experts`): at init scale no token would depend on them (`_fp8_cfg`'s test)
+  target = _loud_experts(jax_mtp.init_target_params(cfg, jax.random.key(0)))
+  mtp = _loud_experts(jax_mtp.init_params(cfg, jax.random.key(1)))
+  prompts = _random_prompts(EXPERTS_PROMPTS, seed=13)  # seeds 5–12 leave a near-tie (< 2^-6) among the tokens
+  new = 6 if ON_GPU or FULL_TESTS else 3
+  want = _plain(_bf16_experts_cfg("gather"), target, prompts, 6)
+  _assert_no_near_tie(_bf16_experts_cfg("gather"), target, prompts, want)
+  assert _speculative(cfg, target, mtp, prompts, new) == [row[:new] for row in want]
 
 
 def _assert_no_near_tie(cfg, target, prompts, tokens) -> None:
