@@ -191,6 +191,13 @@ case "${1:?stage}" in
       -k "greedy_tokens or mtp_layer or speculative"
     run 300 e2e_gmm16.md python3 -m benchmarks.e2e --prompt 4096 --batch 8 64 --iters 5
     ;;
+  gmm16f)  # (not run yet) gmm16e cut to what ~7 minutes of device time hold: the auto path's GPU tests (the 16-bit
+           # experts kernel's speculative == plain cases, named and picked by auto, first), then e2e at B = 64 alone
+    JAX_PLATFORMS=cuda,cpu run 180 gpu_tests_gmm16f.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider \
+      --timeout 100 tests/test_auto_gpu_paths.py tests/test_experts_gpu.py tests/test_experts.py \
+      -k "16_bit_experts or mtp_layer or greedy_tokens or fp8_kernel_gives"
+    run 200 e2e_gmm16f.md python3 -m benchmarks.e2e --prompt 4096 --batch 64 --iters 5
+    ;;
   gmm16v)  # (00:37 2026-12-07, an H100; its 32K rows cut by the 200 s bound, run bare at 00:42) the 16-bit Mosaic experts on the user's shapes beside tokamax: the
            # verification forward at B = 64 over 4K and 32K caches, then the MTP draft step at B = 1 and 8
     run 200 verify_gmm16.md python3 -m benchmarks.verify_forward --layers 3 -k 3 --forms absorbed --batch 64 \
