@@ -213,12 +213,12 @@ def _validate(cfg: MtpConfig) -> None:
     value = getattr(cfg, name)
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
       raise ConfigError(f"{name}={value!r} must be a positive integer")
-  for name in ("first_k_dense_replace", "n_shared_experts", "index_n_heads", "index_head_dim", "index_topk"):
+  counts = ("first_k_dense_replace", "n_shared_experts", "index_n_heads", "index_head_dim", "index_topk")
+  for name in counts:
     value = getattr(cfg, name)
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
       raise ConfigError(f"{name}={value!r} must be a non-negative integer")
-  for name in (*positive, "first_k_dense_replace", "n_shared_experts", "index_n_heads", "index_head_dim",
-               "index_topk"):
+  for name in (*positive, *counts):
     # token ids, positions, slots and sizes are int32 on the device: a damaged config.json's vocab_size of 2**31
     # was an OverflowError inside JAX's trace (found by tests/test_fuzz.py)
     if getattr(cfg, name) >= INT32_LIMIT:

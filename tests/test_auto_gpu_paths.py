@@ -104,10 +104,10 @@ def test_an_fp8_key_cache_through_the_float8_dot_gives_plain_xla_tokens(dsa_plai
   assert _speculative(kernel, target, mtp, prompts, 4) == want
 
 
-def _fp8_cfg(moe_impl: str) -> jax_mtp.MtpConfig:
+def _grouped_matmul_cfg(moe_impl: str) -> jax_mtp.MtpConfig:
   """The smallest bf16 model whose experts and some dense linears the FP8 kernel takes (D = 256, F = 128: whole
-  128 × 128 blocks): one MoE target layer and the MTP layer; a dense MLA cache (index_topk above every position)
-  keeps the DSA kernels out of it."""
+  128 × 128 blocks), and whose experts the 16-bit kernel takes (D and F multiples of 128): one MoE target layer and
+  the MTP layer; a dense MLA cache (index_topk above every position) keeps the DSA kernels out of it."""
   return jax_mtp.tiny(vocab_size=VOCAB, hidden_size=256, moe_intermediate_size=128, num_hidden_layers=1,
                       first_k_dense_replace=0, dtype="bfloat16", param_dtype="bfloat16", index_topk=64,
                       moe_impl=moe_impl)
@@ -117,7 +117,7 @@ def test_speculative_decoding_through_the_fp8_kernel_gives_the_gather_impls_plai
   """FP8 codes + 128 × 128 block scales, as `--weights fp8` keeps them: the routed experts and the dense FP8
   linears through the FP8 grouped matmul (its Mosaic GPU kernel; Pallas's interpreter on CPU) decode speculatively
   the tokens of plain greedy decoding with the gather impl dequantising the same codes."""
-  cfg = _fp8_cfg("fp8_grouped_gpu")
+  cfg = _grouped_matmul_cfg("fp8_grouped_gpu")
   # the routed experts × 4 (`_loud_experts`): at init scale their output is ~1e-3 of the residual stream and no
   # token would depend on them, nor on the kernel that runs them
   target = fp8.as_checkpoint_fp8(_loud_experts(jax_mtp.init_target_params(cfg, jax.random.key(0))),
@@ -125,15 +125,9 @@ def test_speculative_decoding_through_the_fp8_kernel_gives_the_gather_impls_plai
   mtp = fp8.as_checkpoint_fp8(_loud_experts(jax_mtp.init_params(cfg, jax.random.key(1))), cfg.fp8_block,
                               fp8.quantize)
   prompts = _random_prompts((9, 14))
-  want = _plain(_fp8_cfg("gather"), target, prompts, 6)
-  _assert_no_near_tie(_fp8_cfg("gather"), target, prompts, want)
+  want = _plain(_grouped_matmul_cfg("gather"), target, prompts, 6)
+  _assert_no_near_tie(_grouped_matmul_cfg("gather"), target, prompts, want)
   assert _speculative(cfg, target, mtp, prompts, 6) == want
-
-
-def _bf16_experts_cfg(moe_impl: str) -> jax_mtp.MtpConfig:
-  """`_fp8_cfg`'s model in bf16: the smallest whose experts the 16-bit Mosaic GPU kernel takes (D and F multiples
-  of 128)."""
-  return _fp8_cfg(moe_impl)
 
 
 # prompts long enough that, at the tiny model's 8 experts and top-2, the prefill's call (2 × 40 tokens: 160
@@ -153,19 +147,20 @@ def test_speculative_decoding_through_the_16_bit_experts_kernel_gives_the_gather
       pytest.skip("auto takes the 16-bit kernel on Hopper GPUs only (a CPU resolves it to gather / ragged_dot)")
     from jax_mtp.experts import resolve_expert_impl  # noqa: PLC0415
     from jax_mtp.platform import lowering_gpu_is_hopper  # noqa: PLC0415
-    cfg = _bf16_experts_cfg("auto")
+    cfg = _grouped_matmul_cfg("auto")
     w = jax.ShapeDtypeStruct((cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size), jnp.bfloat16)
     tokens = len(EXPERTS_PROMPTS) * max(EXPERTS_PROMPTS)
     assert resolve_expert_impl("auto", "gpu", tokens, cfg.num_experts_per_tok, w,
                                hopper=lowering_gpu_is_hopper()) == "mosaic_gpu"
-  cfg = _bf16_experts_cfg(impl)
-  # the routed experts × 4 (`_loud_experts`): at init scale no token would depend on them (`_fp8_cfg`'s test)
+  cfg = _grouped_matmul_cfg(impl)
+  # the routed experts × 4 (`_loud_experts`): at init scale no token would depend on them (the FP8 kernel's test)
   target = _loud_experts(jax_mtp.init_target_params(cfg, jax.random.key(0)))
   mtp = _loud_experts(jax_mtp.init_params(cfg, jax.random.key(1)))
   prompts = _random_prompts(EXPERTS_PROMPTS, seed=13)  # seeds 5–12 leave a near-tie (< 2^-6) among the tokens
   new = 6 if ON_GPU or FULL_TESTS else 3
-  want = _plain(_bf16_experts_cfg("gather"), target, prompts, 6)
-  _assert_no_near_tie(_bf16_experts_cfg("gather"), target, prompts, want)
+  gather = _grouped_matmul_cfg("gather")
+  want = _plain(gather, target, prompts, 6)
+  _assert_no_near_tie(gather, target, prompts, want)
   assert _speculative(cfg, target, mtp, prompts, new) == [row[:new] for row in want]
 
 
@@ -192,8 +187,8 @@ def test_auto_puts_the_fp8_kernel_in_the_mtp_step_exported_for_an_h200():
   """moe_impl='auto' with FP8 weights, exported for an abstract H200 from this host: the kernel runs the three
   routed-expert projections and every dense FP8 linear it takes, as the explicit impl does; fp8_matmul_impl
   'mosaic_gpu' is the same program's kernel. No Pallas Triton kernel anywhere (that backend is deprecated)."""
-  modules = {impl: _fp8_step_for(_fp8_cfg(impl)) for impl in ("auto", "fp8_grouped_gpu", "gather")}
-  modules["mosaic_gpu"] = _fp8_step_for(_fp8_cfg("auto").replace(fp8_matmul_impl="mosaic_gpu"))
+  modules = {impl: _fp8_step_for(_grouped_matmul_cfg(impl)) for impl in ("auto", "fp8_grouped_gpu", "gather")}
+  modules["mosaic_gpu"] = _fp8_step_for(_grouped_matmul_cfg("auto").replace(fp8_matmul_impl="mosaic_gpu"))
   calls = {impl: kernel_calls(text, FP8_KERNEL) for impl, text in modules.items()}
   # gather dequantises the experts (the dense linears keep the kernel: the program is for a Hopper GPU)
   assert calls["auto"] == calls["fp8_grouped_gpu"] == calls["mosaic_gpu"] == calls["gather"] + 3 > 3, calls
@@ -204,7 +199,7 @@ def test_fp8_weights_on_a_gpu_without_wgmma_are_dequantised_in_the_program():
   """The same step exported for an A100 (no wgmma, no TMA: the FP8 kernel cannot run there): no FP8 kernel call; the
   codes are dequantised in the program (the experts gathered), as on a CPU."""
   a100 = jax.sharding.AbstractDevice(device_kind="NVIDIA A100-SXM4-80GB", num_cores=108, platform="cuda")
-  text = _fp8_step_for(_fp8_cfg("auto"), a100)
+  text = _fp8_step_for(_grouped_matmul_cfg("auto"), a100)
   assert kernel_calls(text, FP8_KERNEL) == 0 and FP8_KERNEL not in text
 
 
