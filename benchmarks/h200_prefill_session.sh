@@ -83,6 +83,8 @@
 #   topkforms2 (14:27 2026-12-06, an H100: cut in its tests by the budget) the k-th key kernel's packed sums and
 #            last-chunk step timed beside its old form (and packed_lazy since; its tests moved to topktests)
 #   topktests (not run yet) the top-k kernel's compiled tests
+#   gmm16g   (not run yet) gmm16f's tests, the verification forward at B = 256 (4K) with our experts kernel vs
+#            tokamax's, e2e at B = 64
 #   gmm16e   (not run yet) the user's path (e2e B = 8, 64) and the experts' model-level GPU tests under the new auto
 #   gmm16v   (00:37 2026-12-07, an H100) the 16-bit Mosaic experts in the verification forward and the draft step
 #   gmm16t   (not run yet) gmm16 cut to ~2 minutes
@@ -197,6 +199,17 @@ case "${1:?stage}" in
       --timeout 100 tests/test_auto_gpu_paths.py tests/test_experts_gpu.py tests/test_experts.py \
       -k "16_bit_experts or mtp_layer or greedy_tokens or fp8_kernel_gives"
     run 200 e2e_gmm16f.md python3 -m benchmarks.e2e --prompt 4096 --batch 64 --iters 5
+    ;;
+  gmm16g)  # (not run yet) what one call holds after two sessions without a GPU: gmm16f's tests (the 16-bit experts
+           # kernel's speculative == plain cases, auto's pick), then the verification forward at B = 256 over a 4K
+           # cache with our experts kernel beside tokamax's (issue 27's one open verification row), then e2e at B = 64
+    JAX_PLATFORMS=cuda,cpu run 160 gpu_tests_gmm16g.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider \
+      --timeout 100 tests/test_auto_gpu_paths.py tests/test_experts_gpu.py tests/test_experts.py \
+      -k "16_bit_experts or mtp_layer or greedy_tokens or fp8_kernel_gives"
+    layers=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | awk '{print ($1 > 120000) ? 4 : 3}')
+    run 200 verify_4k_b256_gmm16.md python3 -m benchmarks.verify_forward --layers "$layers" -k 3 --forms absorbed \
+      --batch 256 --capacity 4096 --moe-impls auto tokamax_gpu --profile --iters 5
+    run 190 e2e_gmm16g.md python3 -m benchmarks.e2e --prompt 4096 --batch 64 --iters 5
     ;;
   gmm16v)  # (00:37 2026-12-07, an H100; its 32K rows cut by the 200 s bound, run bare at 00:42) the 16-bit Mosaic experts on the user's shapes beside tokamax: the
            # verification forward at B = 64 over 4K and 32K caches, then the MTP draft step at B = 1 and 8
