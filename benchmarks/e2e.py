@@ -52,7 +52,7 @@ from jax_mtp.acceptance import Sampling
 from jax_mtp.sharding import SHARED_WITH_TARGET
 from jax_mtp.generate import TargetDecoder
 from jax_mtp.model import init_target_params
-from jax_mtp.prefill import prefill_plan
+from jax_mtp.prefill import prefill_budget, prefill_plan
 from jax_mtp.ran_kernels import parts_ran
 from jax_mtp.request import check_caches_fit, pack_prompts, required_capacity, stop_id_array
 from jax_mtp.sharding import tensor_parallel
@@ -191,6 +191,7 @@ def run_row(args, cfg, spec, params, prompt_len: int, batch: int, rng, peak: flo
   capacity = required_capacity(cfg, prompts, args.max_new, args.k)  # the CLI's rule
   check_caches_fit(cfg, batch, capacity, mesh.devices.flat)
   decode.check_kernel_impls(cfg, capacity)
+  budget = prefill_budget(cfg, batch, capacity, prompt_len, mesh.devices.flat)  # Speculator.generate's, as the CLI's
   prompt_BT, lengths_B = pack_prompts(prompts)
   stop_N = stop_id_array(cfg, [])
   row = {"weights": weights, "prompt": prompt_len, "batch": batch, "capacity": capacity, "k": args.k}
@@ -200,12 +201,12 @@ def run_row(args, cfg, spec, params, prompt_len: int, batch: int, rng, peak: flo
         cfg.replace(prefill_chunk=chunk), mesh, args.k)
     prefill_args = (*params, prompt_BT, lengths_B, jax.random.key(0), sampling, stop_N)
     start = time.perf_counter()
-    lowered = chunk_spec.program("prefill", capacity, sampled, prefill_args).lower(*prefill_args)
+    lowered = chunk_spec.program("prefill", capacity, sampled, prefill_args, budget).lower(*prefill_args)
     prefill = lowered.compile()
     compile_s = time.perf_counter() - start
     state = prefill(*prefill_args)
     seconds = _median_seconds(lambda prefill=prefill, a=prefill_args: prefill(*a), args.repeats)
-    used = prefill_plan(chunk_spec.cfg, batch, capacity, tensor_parallel(1))[0]
+    used = prefill_plan(chunk_spec.cfg, batch, capacity, tensor_parallel(1), budget)[0]
     prefills[chunk] = {"chunk": used, "seconds": seconds, "compile_s": compile_s,
                        "tokens_per_s": batch * prompt_len / seconds,
                        "mfu": batch * prefill_flops(cfg, prompt_len) / seconds / peak,
@@ -317,6 +318,8 @@ def main(argv=None) -> int:
                       "kernels' time per model part (indexer scores / top-k, sparse attention, experts, ...)")
   parser.add_argument("--out", help="also write the rows as JSON to this file")
   args = parser.parse_args(argv)
+  # --cli=--gpu-memory-fraction: JAX reads it when its GPU client starts, which the measurements below do
+  decode.set_gpu_memory_fraction(cli_flags(args).gpu_memory_fraction)
   device = jax.devices()[0]
   peak = bf16_peak(256 if args.small else 8192)
   bandwidth = copy_bandwidth()

@@ -102,7 +102,8 @@ def parser() -> argparse.ArgumentParser:
                       "keep them; the indexer's queries are then rounded to e4m3 too, as theirs are)")
   p.add_argument("--prefill-chunk", type=int, default=0, metavar="TOKENS",
                  help="prompt tokens per row per prefill call; 0 (default): sized to "
-                      f"{PREFILL_CHUNK_BYTES // 2**30} GiB of per-query buffers (jax_mtp.prefill)")
+                      f"{PREFILL_CHUNK_BYTES // 2**30} GiB of per-query buffers, or on a GPU / TPU with less "
+                      "left after the weights and caches to half of what is left (jax_mtp.prefill)")
   p.add_argument("--ignore-eos", action="store_true",
                  help="do not stop a row at the checkpoint's EOS ids (benchmarks, as vLLM's flag)")
   p.add_argument("--check", action="store_true",

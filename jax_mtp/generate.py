@@ -24,7 +24,7 @@ from jax_mtp.request import (check_caches_fit, pack_prompts, required_capacity, 
                              validate_prompts)
 from jax_mtp.sharding import (check_fp8_shares, jit_per_shard, param_specs_for, replicated, shard_params, tensor_parallel,
                               tp_size, validate_tp)
-from jax_mtp.prefill import target_prefill
+from jax_mtp.prefill import prefill_budget, target_prefill
 
 
 class TargetDecoder:
@@ -55,10 +55,12 @@ class TargetDecoder:
     max_new_tokens = int(max_new_tokens)  # a numpy / 0-d array value as Python's
     capacity = required_capacity(self.cfg, prompts, max_new_tokens, 0, capacity)
     check_caches_fit(self.cfg, len(prompts), capacity, self.mesh.devices.flat)
+    budget = prefill_budget(self.cfg, len(prompts), capacity, max(map(len, prompts)), self.mesh.devices.flat)
     check_fp8_shares(params, self.mesh, self.cfg.fp8_block)  # params not placed by `shard`: jit would split blocks
     prompt_BT, lengths_B = pack_prompts(prompts)
     structure = jax.tree.structure(params)  # the params' specs follow their tree (FP8: jax_mtp.fp8)
-    tokens_BO, length_B, next_B, caches, valid_B = self._prefill(capacity, structure)(params, prompt_BT, lengths_B)
+    tokens_BO, length_B, next_B, caches, valid_B = self._prefill(capacity, structure, budget)(params, prompt_BT,
+                                                                                             lengths_B)
     step = self._step(structure)
     for i in range(1, max_new_tokens):
       tokens_BO, length_B, next_B, caches, valid_B = step(params, np.int32(i), length_B, next_B, caches, tokens_BO,
@@ -72,25 +74,26 @@ class TargetDecoder:
     validate_prompts(self.cfg, prefixes)
     capacity = required_capacity(self.cfg, prefixes, 1, 0)
     prompt_BT, lengths_B = pack_prompts(prefixes)
-    fn = self._margins(capacity, jax.tree.structure(params))
+    budget = prefill_budget(self.cfg, len(prefixes), capacity, max(map(len, prefixes)), self.mesh.devices.flat)
+    fn = self._margins(capacity, jax.tree.structure(params), budget)
     token_B, margin_B = (np.asarray(x) for x in fn(params, prompt_BT, lengths_B))
     return [(int(t), float(m)) for t, m in zip(token_B, margin_B)]
 
   @functools.lru_cache(maxsize=None)
-  def _margins(self, capacity: int, structure):
-    fn = functools.partial(self._margins_per_shard, capacity=capacity)
+  def _margins(self, capacity: int, structure, budget: int):
+    fn = functools.partial(self._margins_per_shard, capacity=capacity, budget=budget)
     return jit_per_shard(fn, self.mesh, (param_specs_for(structure), replicated(), replicated()))
 
-  def _margins_per_shard(self, params, prompt_BT, lengths_B, *, capacity: int):
+  def _margins_per_shard(self, params, prompt_BT, lengths_B, *, capacity: int, budget: int):
     t_vars = {"params": params}
-    _, last_B1D, _ = target_prefill(self.target, t_vars, prompt_BT, lengths_B, capacity)
+    _, last_B1D, _ = target_prefill(self.target, t_vars, prompt_BT, lengths_B, capacity, budget=budget)
     logits_BV = self.target.apply(t_vars, last_B1D, method=TargetModel.compute_logits)[:, 0]
     (first_B, second_B), token_B = jax.lax.top_k(logits_BV, 2)[0].T, jnp.argmax(logits_BV, axis=-1)
     return token_B.astype(jnp.int32), (first_B - second_B) / jnp.abs(first_B)
 
   @functools.lru_cache(maxsize=None)
-  def _prefill(self, capacity: int, structure):
-    fn = functools.partial(self._prefill_per_shard, capacity=capacity)
+  def _prefill(self, capacity: int, structure, budget: int):
+    fn = functools.partial(self._prefill_per_shard, capacity=capacity, budget=budget)
     return jit_per_shard(fn, self.mesh, (param_specs_for(structure), replicated(), replicated()))
 
   @functools.lru_cache(maxsize=None)
@@ -99,9 +102,9 @@ class TargetDecoder:
     return jit_per_shard(self._step_per_shard, self.mesh, (param_specs_for(structure),) + (rep,) * 6,
                          donate_argnums=(4,))
 
-  def _prefill_per_shard(self, params, prompt_BT, lengths_B, *, capacity: int):
+  def _prefill_per_shard(self, params, prompt_BT, lengths_B, *, capacity: int, budget: int):
     t_vars = {"params": params}
-    _, last_B1D, caches = target_prefill(self.target, t_vars, prompt_BT, lengths_B, capacity)
+    _, last_B1D, caches = target_prefill(self.target, t_vars, prompt_BT, lengths_B, capacity, budget=budget)
     first_B = self.target.apply(t_vars, last_B1D, method=TargetModel.get_top_tokens)[:, 0]
     tokens_BO = jnp.zeros((prompt_BT.shape[0], capacity), jnp.int32).at[:, 0].set(first_B)
     valid_B = jnp.where(jnp.isfinite(last_B1D).all(axis=(1, 2)), capacity, 0)

@@ -66,7 +66,7 @@ from jax_mtp.metrics import SpecMetrics
 from jax_mtp.model import TargetModel
 from jax_mtp.mtp import MtpPredictor
 from jax_mtp.param_tree import check_param_tree, expected_target_tree
-from jax_mtp.prefill import apply_in_chunks, prefill_plan, target_prefill
+from jax_mtp.prefill import PREFILL_CHUNK_BYTES, apply_in_chunks, prefill_budget, prefill_plan, target_prefill
 from jax_mtp.ran_kernels import parts_ran
 from jax_mtp.request import (check_caches_fit, pack_prompts, required_capacity, stop_id_array, validate_positive,
                              validate_prompts, validate_seed, validate_temperature, validate_top_k, validate_top_p)
@@ -169,13 +169,14 @@ class Speculator:
     stop_N = stop_id_array(self.cfg, stop_ids)
     capacity = required_capacity(self.cfg, prompts, max_new_tokens, self.k, capacity)
     check_caches_fit(self.cfg, len(prompts), capacity, self.mesh.devices.flat)
+    budget = prefill_budget(self.cfg, len(prompts), capacity, max(map(len, prompts)), self.mesh.devices.flat)
     for tree in params:  # params not placed by `shard`: jit's placement would split FP8 blocks as they are
       check_fp8_shares(tree, self.mesh, self.cfg.fp8_block)
     prompt_BT, lengths_B = pack_prompts(prompts)
     sampled, max_new = temperature > 0, np.int32(max_new_tokens)
     sampling = Sampling.of(temperature, top_k, top_p, self.cfg.vocab_size)
     prefill_args = (*params, prompt_BT, lengths_B, jax.random.key(seed), sampling, stop_N)
-    prefill = self._compile("prefill", capacity, sampled, prefill_args)
+    prefill = self._compile("prefill", capacity, sampled, prefill_args, budget)
     one_round = self._compile("round", capacity, sampled, (*params, prefill.out_info, max_new, sampling, stop_N))
 
     total = max_new_tokens * len(prompts)
@@ -212,13 +213,13 @@ class Speculator:
     return SpecMetrics(self.k, int(stats.rounds_B.sum()), tuple(int(n) for n in stats.accepted_at_M), tokens,
                        seconds)
 
-  def _compile(self, name: str, capacity: int, sampled: bool, args):
-    """AOT-compiles the prefill or the round once per (capacity, greedy/sampled, argument shapes):
-    the timing of `generate` then excludes compilation."""
+  def _compile(self, name: str, capacity: int, sampled: bool, args, prefill_budget: int = PREFILL_CHUNK_BYTES):
+    """AOT-compiles the prefill or the round once per (capacity, greedy/sampled, argument shapes, the prefill's
+    byte budget): the timing of `generate` then excludes compilation."""
     shapes = tuple((jnp.shape(x), jnp.result_type(x)) for x in jax.tree.leaves(args))
-    key = (name, capacity, sampled, jax.tree.structure(args), shapes)
+    key = (name, capacity, sampled, jax.tree.structure(args), shapes, prefill_budget)
     if key not in self._compiled:
-      self._compiled[key] = self.program(name, capacity, sampled, args).lower(*args).compile()
+      self._compiled[key] = self.program(name, capacity, sampled, args, prefill_budget).lower(*args).compile()
     return self._compiled[key]
 
   def kernels_ran(self) -> dict[str, dict[str, str]]:
@@ -233,13 +234,14 @@ class Speculator:
           answers.append(what)
     return {name: {part: " / ".join(answers) for part, answers in parts.items()} for name, parts in found.items()}
 
-  def program(self, name: str, capacity: int, sampled: bool, args):
+  def program(self, name: str, capacity: int, sampled: bool, args, prefill_budget: int = PREFILL_CHUNK_BYTES):
     """The jitted prefill or round ("prefill" | "round") for these arguments, not yet lowered (an
-    AOT compile for another topology lowers it with abstract arguments: tools/tpu_aot_compile.py)."""
+    AOT compile for another topology lowers it with abstract arguments: tools/tpu_aot_compile.py); the
+    prefill's chunks sized to `prefill_budget` bytes (`jax_mtp.prefill.prefill_budget`)."""
     # the params' specs follow their tree (a FP8 tree has scale leaves, jax_mtp.fp8)
     rep, specs = replicated(), (param_specs(args[0]), param_specs(args[1]))
     if name == "prefill":
-      fn = functools.partial(self._prefill_per_shard, capacity=capacity, sampled=sampled)
+      fn = functools.partial(self._prefill_per_shard, capacity=capacity, sampled=sampled, budget=prefill_budget)
       return jit_per_shard(fn, self.mesh, (*specs, rep, rep, rep, rep, rep))
     fn = functools.partial(self._round_per_shard, sampled=sampled)
     return jit_per_shard(fn, self.mesh, (*specs, rep, rep, rep, rep), donate_argnums=(2,))
@@ -247,19 +249,21 @@ class Speculator:
   # --- per-shard functions (inside shard_map; every array but the params is replicated) ----------
 
   def _prefill_per_shard(self, target_params, drafter_params, prompt_BT, lengths_B, key, sampling, stop_N, *,
-                         capacity: int, sampled: bool) -> DecodeState:
-    """Target prefill, the first token, the drafter's catch-up over the prompt."""
+                         capacity: int, sampled: bool, budget: int) -> DecodeState:
+    """Target prefill, the first token, the drafter's catch-up over the prompt (both in chunks sized to
+    `budget`: the target's hidden states are left padded to whole chunks, which the catch-up reads as they are)."""
     b, t = prompt_BT.shape
     t_vars = {"params": target_params}
     d_vars = self.drafter.variables(drafter_params, target_params)
-    hidden_BTD, last_B1D, caches = target_prefill(self.target, t_vars, prompt_BT, lengths_B, capacity)
+    hidden_BTD, last_B1D, caches = target_prefill(self.target, t_vars, prompt_BT, lengths_B, capacity,
+                                                  budget=budget, whole_chunks=True)
     key, first_key = jax.random.split(key)
     first_B = self._choose(t_vars, last_B1D, first_key, sampling if sampled else None)[:, 0]
     # The prompt's (hidden at p, token at p + 1) pairs, with t1 after the last prompt token.
     next_BT = jnp.concatenate([prompt_BT[:, 1:], jnp.zeros((b, 1), jnp.int32)], axis=1)
     ids_BT = jnp.where(jnp.arange(t) == (lengths_B - 1)[:, None], first_B[:, None], next_BT)
     zeros_B = jnp.zeros((b,), jnp.int32)
-    d_caches = self._drafter_prefill(d_vars, ids_BT, hidden_BTD, capacity)
+    d_caches = self._drafter_prefill(d_vars, ids_BT, hidden_BTD, capacity, budget)
     w = self.k + 1
     window = Window(jnp.zeros((b, w), jnp.int32).at[:, 0].set(first_B),
                     jnp.zeros((b, w, self.cfg.hidden_size), hidden_BTD.dtype).at[:, 0].set(last_B1D[:, 0]),
@@ -270,11 +274,11 @@ class Speculator:
     return DecodeState(lengths_B, first_B, window, tokens_BO, jnp.where(failed_B, 0, 1),
                        _is_stop(first_B, stop_N) | failed_B, failed_B, caches, d_caches, stats, key)
 
-  def _drafter_prefill(self, d_vars, ids_BT, hidden_BTD, capacity: int):
+  def _drafter_prefill(self, d_vars, ids_BT, hidden_BTD, capacity: int, budget: int):
     """The drafter's catch-up over the prompt's (hidden at p, token at p + 1) pairs, in prefill
     chunks (jax_mtp.prefill); entries past a row's length are stale by the cache contract."""
     b = ids_BT.shape[0]
-    chunk, absorb = prefill_plan(self.cfg, b, capacity, self.target.tp)
+    chunk, absorb = prefill_plan(self.cfg, b, capacity, self.target.tp, budget)
 
     def run(inputs, positions_BC, caches):
       ids_BC, hidden_BCD = inputs

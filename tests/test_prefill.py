@@ -11,7 +11,9 @@ import pytest
 import jax_mtp
 from jax_mtp.config import ConfigError
 from jax_mtp.model import TargetModel, init_target_caches
-from jax_mtp.prefill import PREFILL_CHUNK_BYTES, TOPK_WORDS_PER_SLOT, auto_prefill_chunk, prefill_absorb, target_prefill
+from jax_mtp.prefill import (PREFILL_CHUNK_BYTES, PREFILL_SHARE_OF_FREE, TOPK_WORDS_PER_SLOT, auto_prefill_chunk,
+                             prefill_absorb, prefill_budget, target_prefill)
+from jax_mtp.request import cache_bytes, pack_prompts, required_capacity, stop_id_array
 from tests.tolerances import assert_close
 
 
@@ -41,6 +43,11 @@ def test_chunks_equal_one_call(capacity, chunk):
   for got, want in zip(jax.tree.leaves(caches), jax.tree.leaves(want_caches), strict=True):
     # slots ≥ t hold the padding's entries (stale by the cache contract, overwritten before read)
     assert_close(got[:, :t], want[:, :t], "float32", what=f"caches, chunk {chunk}")
+  # the speculator's form: the hidden states left padded to whole chunks, the same values before the padding
+  whole, _, _ = jax.jit(lambda p, x, n: target_prefill(TargetModel(cfg), {"params": p}, x, n, capacity,
+                                                       whole_chunks=True))(params, prompt, lengths)
+  assert whole.shape[1] == -(-t // chunk) * chunk
+  assert_close(whole[:, :t], want_hidden, "float32", what=f"whole chunks' hidden, chunk {chunk}")
 
 
 def test_speculative_with_chunked_prefill_equals_plain_greedy():
@@ -78,6 +85,67 @@ def test_auto_chunk_fits_the_budget():
   assert auto_prefill_chunk(v3, 1, 32768, local_heads=128) == 256
   assert auto_prefill_chunk(v3, 8, 131072, local_heads=128) == 16  # the floor: 16 tokens per row
   assert auto_prefill_chunk(jax_mtp.tiny(), 1, 64, local_heads=4) == 8192  # the ceiling
+
+
+def test_auto_chunk_fits_a_smaller_budget():
+  """The chunk for `prefill_budget`'s budget on a device with less memory left: the largest that fits it."""
+  v32 = jax_mtp.deepseek_v32()
+  with jax.sharding.use_abstract_mesh(_h200_mesh()):
+    full, half = (auto_prefill_chunk(v32, 8, 4608, 128, budget) for budget in (PREFILL_CHUNK_BYTES, 2**31))
+  assert (full, half) == (2048, 512)
+
+
+class _Accelerator:
+  """A device as `prefill_budget` reads one: its platform, process and allocator's statistics (a GPU's numbers
+  without a GPU)."""
+
+  def __init__(self, limit: int, in_use: int):
+    self.platform, self.process_index, self._stats = "gpu", 0, {"bytes_limit": limit, "bytes_in_use": in_use}
+
+  def memory_stats(self):
+    return self._stats
+
+
+def test_prefill_budget_is_a_share_of_the_memory_left_on_an_accelerator():
+  """2026-12-07, an 80 GB H100 holding a 2-layer full-width V3.2 target + MTP layer (51 GiB of its 60 GiB pool): the
+  fixed 8 GiB budget's chunk of 2,048 at B = 8 × 4K prompts ran out of memory; the budget is now half of what the
+  caches and the prompt's hidden states leave, a power of two, at most PREFILL_CHUNK_BYTES; a CPU keeps the fixed
+  one, as does an explicit chunk."""
+  cfg = jax_mtp.deepseek_v32().replace(num_hidden_layers=2, first_k_dense_replace=1)
+  gib, batch, capacity, prompt = 2**30, 8, 4608, 4096
+  h100 = _Accelerator(limit=int(59.7 * gib), in_use=51 * gib)
+  left = 8.7 * gib - cache_bytes(cfg, batch, capacity) - batch * prompt * cfg.hidden_size * 2
+  budget = prefill_budget(cfg, batch, capacity, prompt, [h100])
+  assert budget == 2**int(np.log2(left * PREFILL_SHARE_OF_FREE)) == 4 * gib
+  assert prefill_budget(cfg, batch, capacity, prompt, [_Accelerator(141 * gib, 51 * gib)]) == PREFILL_CHUNK_BYTES
+  assert prefill_budget(cfg, batch, capacity, prompt, jax.devices("cpu")) == PREFILL_CHUNK_BYTES
+  assert prefill_budget(cfg.replace(prefill_chunk=2048), batch, capacity, prompt, [h100]) == PREFILL_CHUNK_BYTES
+  full = _Accelerator(limit=int(59.7 * gib), in_use=int(59.6 * gib))  # nothing left: the smallest chunk
+  assert prefill_budget(cfg, batch, capacity, prompt, [full]) == 1
+  with jax.sharding.use_abstract_mesh(_h200_mesh()):
+    assert auto_prefill_chunk(cfg, batch, capacity, 128, budget) == 1024  # the chunk that ran on the H100
+
+
+def test_the_speculators_prefill_holds_the_prompts_hidden_states_once():
+  """Each prompt token adds one hidden state ([D] in the compute dtype) to the prefill's temporaries: the target's
+  output, which the MTP layer's catch-up reads in place. Splitting the prompt-wide arrays into chunks and joining
+  the outputs back, and slicing the padded hidden then padding it again for the catch-up, held it ~1.8 times
+  (measured by XLA's own count on this CPU, 2026-12-07: prompts of 300 and 600 tokens not a multiple of the chunk)."""
+  cfg = jax_mtp.tiny(hidden_size=1024, prefill_chunk=16)  # wide hidden states beside small chunk temporaries
+  spec = jax_mtp.Speculator(cfg, jax_mtp.make_mesh(1), 3)
+  target = jax.eval_shape(lambda: jax_mtp.init_target_params(cfg, jax.random.key(0)))
+  mtp = jax.eval_shape(lambda: jax_mtp.init_params(cfg, jax.random.key(1)))
+  batch = 16
+
+  def temporaries(prompt_len: int) -> int:
+    prompts = [[1] * prompt_len] * batch
+    capacity = required_capacity(cfg, prompts, 8, 3)
+    args = (target, mtp, *pack_prompts(prompts), jax.random.key(0), np.float32(0), stop_id_array(cfg, []))
+    compiled = spec.program("prefill", capacity, False, args).lower(*args).compile()
+    return compiled.memory_analysis().temp_size_in_bytes
+
+  per_token = (temporaries(600) - temporaries(300)) / (batch * 300)
+  assert per_token < 1.1 * cfg.hidden_size * jnp.dtype(cfg.dtype).itemsize, per_token
 
 
 @pytest.mark.parametrize("bad", [-1, 2.5, True])

@@ -332,6 +332,9 @@ def test_rejection_sampling_preserves_the_target_distribution():
   n, temperature = 60_000, 0.7
   logits_WV = jnp.asarray(np.random.default_rng(0).normal(0.0, 0.8, (3, 6)), jnp.float32)
   probs_WV = np.asarray(jax.nn.softmax(logits_WV / temperature, axis=-1), np.float64)
+  # in float64 each row sums to 1 within float32's rounding only, more than numpy's choice() accepts (its check
+  # is float64's 1.5e-8): renormalised, the same distributions
+  probs_WV /= probs_WV.sum(axis=-1, keepdims=True)
   drafts_M = jnp.array([np.argsort(probs_WV[0])[-2], np.argmax(probs_WV[1])])  # a likely and the top token
   a_B, emitted_BW = jax.jit(accept_sampled)(jnp.broadcast_to(drafts_M, (n, 2)),
                                             jnp.broadcast_to(logits_WV, (n, 3, 6)), Sampling(temperature),
