@@ -191,7 +191,7 @@ def run_row(args, cfg, spec, params, prompt_len: int, batch: int, rng, peak: flo
   capacity = required_capacity(cfg, prompts, args.max_new, args.k)  # the CLI's rule
   check_caches_fit(cfg, batch, capacity, mesh.devices.flat)
   decode.check_kernel_impls(cfg, capacity)
-  budget = prefill_budget(cfg, batch, capacity, prompt_len, mesh.devices.flat)  # Speculator.generate's, as the CLI's
+  budget = prefill_budget(cfg, batch, capacity, mesh.devices.flat)  # Speculator.generate's, as the CLI's
   prompt_BT, lengths_B = pack_prompts(prompts)
   stop_N = stop_id_array(cfg, [])
   row = {"weights": weights, "prompt": prompt_len, "batch": batch, "capacity": capacity, "k": args.k}

@@ -55,7 +55,7 @@ class TargetDecoder:
     max_new_tokens = int(max_new_tokens)  # a numpy / 0-d array value as Python's
     capacity = required_capacity(self.cfg, prompts, max_new_tokens, 0, capacity)
     check_caches_fit(self.cfg, len(prompts), capacity, self.mesh.devices.flat)
-    budget = prefill_budget(self.cfg, len(prompts), capacity, max(map(len, prompts)), self.mesh.devices.flat)
+    budget = prefill_budget(self.cfg, len(prompts), capacity, self.mesh.devices.flat)
     check_fp8_shares(params, self.mesh, self.cfg.fp8_block)  # params not placed by `shard`: jit would split blocks
     prompt_BT, lengths_B = pack_prompts(prompts)
     structure = jax.tree.structure(params)  # the params' specs follow their tree (FP8: jax_mtp.fp8)
@@ -74,7 +74,7 @@ class TargetDecoder:
     validate_prompts(self.cfg, prefixes)
     capacity = required_capacity(self.cfg, prefixes, 1, 0)
     prompt_BT, lengths_B = pack_prompts(prefixes)
-    budget = prefill_budget(self.cfg, len(prefixes), capacity, max(map(len, prefixes)), self.mesh.devices.flat)
+    budget = prefill_budget(self.cfg, len(prefixes), capacity, self.mesh.devices.flat)
     fn = self._margins(capacity, jax.tree.structure(params), budget)
     token_B, margin_B = (np.asarray(x) for x in fn(params, prompt_BT, lengths_B))
     return [(int(t), float(m)) for t, m in zip(token_B, margin_B)]

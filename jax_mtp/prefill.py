@@ -32,7 +32,7 @@ PREFILL_CHUNK_BYTES = 8 * 2**30
 # The radix top-k's per-slot words (jax_mtp.topk.topk_selection_radix): scores, visibility, keys, the
 # above / tied masks and their two prefix sums, the ranks, the slot ids it scatters
 TOPK_WORDS_PER_SLOT = 9
-# The share of the memory left after the weights, the caches and the prompt's hidden states that a chunk's
+# The share of the memory left after the weights and the caches that a chunk's
 # intermediates may count on: the per-query count below is an estimate (XLA's temporaries for a chunk came to
 # 0.9–1.4× it on an H100, 2026-12-07), and the allocator needs room to place them
 PREFILL_SHARE_OF_FREE = 0.5
@@ -65,23 +65,21 @@ def auto_prefill_chunk(cfg: MtpConfig, batch: int, capacity: int, local_heads: i
   return chunk
 
 
-def prefill_budget(cfg: MtpConfig, batch: int, capacity: int, prompt_len: int, devices) -> int:
+def prefill_budget(cfg: MtpConfig, batch: int, capacity: int, devices) -> int:
   """The bytes `auto_prefill_chunk` may size a chunk's intermediates to: PREFILL_CHUNK_BYTES, or less on an
   accelerator whose allocator reports its limit (GPU, TPU), once the weights are placed and before the caches
-  are: PREFILL_SHARE_OF_FREE of what its memory has left after the caches and the prompt's hidden states (the
-  target's, which the MTP layer's catch-up reads: [B, T, D] in the compute dtype). A power of two, so that a few
-  bytes more or less in use compile no other program. Without it an 80 GB H100 holding a 2-layer full-width V3.2
-  target and its MTP layer (51 GiB) ran out of memory at B = 8 × 4K prompts in the 8 GiB budget's chunk of 2,048,
-  where a chunk of 1,024 ran (benchmarks/RESULTS.md, 2026-12-07). A CPU keeps the fixed budget: its memory is the
-  host's, which pages."""
+  are: PREFILL_SHARE_OF_FREE of what its memory has left after the caches. A power of two, so that a few bytes
+  more or less in use compile no other program. With the fixed budget an 80 GB H100 holding a 2-layer full-width
+  V3.2 target and its MTP layer (51 GiB) ran out of memory at B = 8 × 4K prompts in its chunk of 2,048, where a
+  chunk of 1,024 ran (benchmarks/RESULTS.md, 2026-12-07). A CPU keeps the fixed budget: its memory is the host's,
+  which pages."""
   device = next((d for d in devices if d.process_index == jax.process_index()), None)
   if device is None or device.platform == "cpu" or cfg.prefill_chunk:
     return PREFILL_CHUNK_BYTES
   free = device_free_bytes(device)
   if free is None:
     return PREFILL_CHUNK_BYTES
-  hidden = batch * prompt_len * cfg.hidden_size * jnp.dtype(cfg.dtype).itemsize
-  left = int((free - cache_bytes(cfg, batch, capacity) - hidden) * PREFILL_SHARE_OF_FREE)
+  left = int((free - cache_bytes(cfg, batch, capacity)) * PREFILL_SHARE_OF_FREE)
   return min(PREFILL_CHUNK_BYTES, 1 << max(left, 1).bit_length() - 1)
 
 
@@ -98,51 +96,46 @@ def prefill_plan(cfg: MtpConfig, batch: int, capacity: int, tp, budget: int = PR
   return prefill_chunk(cfg, batch, capacity, heads, budget), prefill_absorb(cfg, capacity)
 
 
-def apply_in_chunks(apply_chunk, inputs, caches, chunk: int, *, whole_chunks: bool = False):
+def apply_in_chunks(apply_chunk, inputs, caches, chunk: int):
   """Runs `apply_chunk(inputs_chunk, positions_BC, caches) -> (outputs, caches)` over `inputs` (a
-  pytree of [B, ≤ T, ...] arrays at positions 0..T−1, T the longest) `chunk` tokens at a time, in one loop.
+  pytree of [B, T, ...] arrays at positions 0..T−1) `chunk` tokens at a time, in one scan.
 
-  Each chunk's inputs are sliced out of `inputs` (zero-padded once to whole chunks) and its outputs written into
-  one [B, T, ...] buffer the loop carries, so the prompt-wide arrays are held once each: splitting them into a
-  [n, B, chunk, ...] stack and joining the outputs back were two more copies of the prompt's hidden states (4 of
-  them in the speculator's prefill, 15 GB at B = 64 × 4K on V3.2's width, more than an 80 GB GPU holding a 2-layer
-  target and its MTP layer had left).
-
-  Returns (outputs [B, T, ...] — with `whole_chunks`, [B, whole chunks' tokens ≥ T, ...], its tail padding, which
-  another call's inputs take as they are instead of a sliced and re-padded copy — and the caches)."""
-  b, t = jax.tree.leaves(inputs)[0].shape[0], max(x.shape[1] for x in jax.tree.leaves(inputs))
+  Returns (outputs concatenated back to [B, T, ...], caches)."""
+  b, t = jax.tree.leaves(inputs)[0].shape[:2]
   if t <= chunk:
     return apply_chunk(inputs, jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t)), caches)
   n = -(-t // chunk)
-  padded = jax.tree.map(lambda x: x if x.shape[1] == n * chunk else
-                        jnp.pad(x, [(0, 0), (0, n * chunk - x.shape[1])] + [(0, 0)] * (x.ndim - 2)), inputs)
 
-  def positions(i):
-    return jnp.broadcast_to(i * chunk + jnp.arange(chunk, dtype=jnp.int32), (b, chunk))
+  def split(x):  # [B, T, ...] → [n, B, chunk, ...], zero-padded to n · chunk tokens
+    x = jnp.pad(x, [(0, 0), (0, n * chunk - t)] + [(0, 0)] * (x.ndim - 2))
+    return x.reshape(b, n, chunk, *x.shape[2:]).swapaxes(0, 1)
 
-  def chunk_of(i):
-    return jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, i * chunk, chunk, axis=1), padded)
+  def body(caches, xs):
+    i, inputs_chunk = xs
+    positions_BC = jnp.broadcast_to(i * chunk + jnp.arange(chunk, dtype=jnp.int32), (b, chunk))
+    outputs, caches = apply_chunk(inputs_chunk, positions_BC, caches)
+    return caches, outputs
 
-  out_types = jax.eval_shape(lambda x, c: apply_chunk(x, positions(0), c)[0], chunk_of(0), caches)
-  outputs = jax.tree.map(lambda s: jnp.zeros((b, n * chunk, *s.shape[2:]), s.dtype), out_types)
+  caches, outputs = jax.lax.scan(body, caches, (jnp.arange(n, dtype=jnp.int32), jax.tree.map(split, inputs)))
+  join = lambda y: y.swapaxes(0, 1).reshape(b, n * chunk, *y.shape[3:])[:, :t]  # noqa: E731
+  return jax.tree.map(join, outputs), caches
 
-  def body(i, carry):
-    caches, outputs = carry
-    out_chunk, caches = apply_chunk(chunk_of(i), positions(i), caches)
-    return caches, jax.tree.map(lambda o, y: jax.lax.dynamic_update_slice_in_dim(o, y, i * chunk, axis=1), outputs,
-                                out_chunk)
 
-  caches, outputs = jax.lax.fori_loop(0, n, body, (caches, outputs))
-  return (outputs if whole_chunks else jax.tree.map(lambda y: y[:, :t], outputs)), caches
+def with_last_hidden(hidden_BCD, positions_BC, lengths_B, last_B1D):
+  """`last_B1D` with each row's hidden state at its last prompt position (length − 1) taken from this chunk where
+  the chunk holds it: a chunked prefill's last hidden states without the prompt-wide ones."""
+  offset_B = lengths_B - 1 - positions_BC[:, 0]
+  held_B = (offset_B >= 0) & (offset_B < hidden_BCD.shape[1])
+  picked_B1D = jnp.take_along_axis(hidden_BCD, jnp.clip(offset_B, 0, hidden_BCD.shape[1] - 1)[:, None, None], axis=1)
+  return jnp.where(held_B[:, None, None], picked_B1D.astype(last_B1D.dtype), last_B1D)
 
 
 def target_prefill(target: TargetModel, t_vars: dict, prompt_BT, lengths_B, capacity: int, *,
-                   budget: int = PREFILL_CHUNK_BYTES, whole_chunks: bool = False):
+                   budget: int = PREFILL_CHUNK_BYTES):
   """Runs the padded prompts at positions 0..T−1 into fresh caches, in chunks of `prefill_plan`'s size for
   `budget`.
 
-  Returns (hidden [B, T, D] — with `whole_chunks`, padded to whole chunks as `apply_in_chunks` leaves it —,
-  hidden of each row's last prompt token [B, 1, D], caches).
+  Returns (hidden [B, T, D], hidden of each row's last prompt token [B, 1, D], caches).
   """
   cfg, b = target.cfg, prompt_BT.shape[0]
   chunk, absorb = prefill_plan(cfg, b, capacity, target.tp, budget)
@@ -151,7 +144,6 @@ def target_prefill(target: TargetModel, t_vars: dict, prompt_BT, lengths_B, capa
     out = target.apply(t_vars, ids_BC, positions_BC, caches, absorb=absorb)
     return out.hidden_BTD, out.caches
 
-  hidden_BTD, caches = apply_in_chunks(run, prompt_BT, init_target_caches(cfg, b, capacity), chunk,
-                                       whole_chunks=whole_chunks)
+  hidden_BTD, caches = apply_in_chunks(run, prompt_BT, init_target_caches(cfg, b, capacity), chunk)
   last_B1D = jnp.take_along_axis(hidden_BTD, (lengths_B - 1)[:, None, None], axis=1)
   return hidden_BTD, last_B1D, caches

@@ -63,10 +63,10 @@ from jax_mtp.drafter import MtpDrafter, Window
 from jax_mtp.experts import check_runs_on
 from jax_mtp.kernels.fused_allreduce_rmsnorm import check_impl_runtime
 from jax_mtp.metrics import SpecMetrics
-from jax_mtp.model import TargetModel
+from jax_mtp.model import TargetModel, init_target_caches
 from jax_mtp.mtp import MtpPredictor
 from jax_mtp.param_tree import check_param_tree, expected_target_tree
-from jax_mtp.prefill import PREFILL_CHUNK_BYTES, apply_in_chunks, prefill_budget, prefill_plan, target_prefill
+from jax_mtp.prefill import PREFILL_CHUNK_BYTES, apply_in_chunks, prefill_budget, prefill_plan, with_last_hidden
 from jax_mtp.ran_kernels import parts_ran
 from jax_mtp.request import (check_caches_fit, pack_prompts, required_capacity, stop_id_array, validate_positive,
                              validate_prompts, validate_seed, validate_temperature, validate_top_k, validate_top_p)
@@ -169,7 +169,7 @@ class Speculator:
     stop_N = stop_id_array(self.cfg, stop_ids)
     capacity = required_capacity(self.cfg, prompts, max_new_tokens, self.k, capacity)
     check_caches_fit(self.cfg, len(prompts), capacity, self.mesh.devices.flat)
-    budget = prefill_budget(self.cfg, len(prompts), capacity, max(map(len, prompts)), self.mesh.devices.flat)
+    budget = prefill_budget(self.cfg, len(prompts), capacity, self.mesh.devices.flat)
     for tree in params:  # params not placed by `shard`: jit's placement would split FP8 blocks as they are
       check_fp8_shares(tree, self.mesh, self.cfg.fp8_block)
     prompt_BT, lengths_B = pack_prompts(prompts)
@@ -250,44 +250,41 @@ class Speculator:
 
   def _prefill_per_shard(self, target_params, drafter_params, prompt_BT, lengths_B, key, sampling, stop_N, *,
                          capacity: int, sampled: bool, budget: int) -> DecodeState:
-    """Target prefill, the first token, the drafter's catch-up over the prompt (both in chunks sized to
-    `budget`: the target's hidden states are left padded to whole chunks, which the catch-up reads as they are)."""
+    """The target's prefill and the drafter's catch-up over the prompt, a chunk (sized to `budget`) at a time, then
+    the first token. Each chunk's target hidden states go straight into the catch-up's (hidden at p, prompt token at
+    p + 1) pairs, so no prompt-wide hidden states are held (at V3.2's width 3.8 GB at B = 64 × 4K, held ~1.8 times
+    before 2026-12-07). At a row's last position the token after it (t1) is chosen only after the whole prompt; that
+    entry is the first round's to write: its window starts there (length − 1, t1) and its catch-up writes it before
+    any query reads it."""
     b, t = prompt_BT.shape
     t_vars = {"params": target_params}
     d_vars = self.drafter.variables(drafter_params, target_params)
-    hidden_BTD, last_B1D, caches = target_prefill(self.target, t_vars, prompt_BT, lengths_B, capacity,
-                                                  budget=budget, whole_chunks=True)
+    chunk, absorb = prefill_plan(self.cfg, b, capacity, self.target.tp, budget)
+    next_BT = jnp.concatenate([prompt_BT[:, 1:], jnp.zeros((b, 1), jnp.int32)], axis=1)
+
+    def run(inputs, positions_BC, carry):
+      (ids_BC, next_BC), (caches, d_caches, last_B1D) = inputs, carry
+      out = self.target.apply(t_vars, ids_BC, positions_BC, caches, absorb=absorb)
+      count_B = jnp.full((b,), ids_BC.shape[1], jnp.int32)
+      _, d_caches = self.drafter.catch_up(d_vars, Window(next_BC, out.hidden_BTD, positions_BC[:, 0], count_B),
+                                          d_caches, absorb=absorb)
+      return (), (out.caches, d_caches, with_last_hidden(out.hidden_BTD, positions_BC, lengths_B, last_B1D))
+
+    empty = (init_target_caches(self.cfg, b, capacity), self.drafter.init_caches(b, capacity),
+             jnp.zeros((b, 1, self.cfg.hidden_size), jnp.dtype(self.cfg.dtype)))
+    _, (caches, d_caches, last_B1D) = apply_in_chunks(run, (prompt_BT, next_BT), empty, chunk)
     key, first_key = jax.random.split(key)
     first_B = self._choose(t_vars, last_B1D, first_key, sampling if sampled else None)[:, 0]
-    # The prompt's (hidden at p, token at p + 1) pairs, with t1 after the last prompt token.
-    next_BT = jnp.concatenate([prompt_BT[:, 1:], jnp.zeros((b, 1), jnp.int32)], axis=1)
-    ids_BT = jnp.where(jnp.arange(t) == (lengths_B - 1)[:, None], first_B[:, None], next_BT)
     zeros_B = jnp.zeros((b,), jnp.int32)
-    d_caches = self._drafter_prefill(d_vars, ids_BT, hidden_BTD, capacity, budget)
     w = self.k + 1
     window = Window(jnp.zeros((b, w), jnp.int32).at[:, 0].set(first_B),
-                    jnp.zeros((b, w, self.cfg.hidden_size), hidden_BTD.dtype).at[:, 0].set(last_B1D[:, 0]),
+                    jnp.zeros((b, w, self.cfg.hidden_size), last_B1D.dtype).at[:, 0].set(last_B1D[:, 0]),
                     lengths_B - 1, zeros_B + 1)
     failed_B = ~_finite_rows(last_B1D)  # no first token from a non-finite hidden: the row emits nothing
     tokens_BO = jnp.zeros((b, capacity), jnp.int32).at[:, 0].set(first_B)
     stats = RoundStats(zeros_B, jnp.zeros((self.k,), jnp.int32))
     return DecodeState(lengths_B, first_B, window, tokens_BO, jnp.where(failed_B, 0, 1),
                        _is_stop(first_B, stop_N) | failed_B, failed_B, caches, d_caches, stats, key)
-
-  def _drafter_prefill(self, d_vars, ids_BT, hidden_BTD, capacity: int, budget: int):
-    """The drafter's catch-up over the prompt's (hidden at p, token at p + 1) pairs, in prefill
-    chunks (jax_mtp.prefill); entries past a row's length are stale by the cache contract."""
-    b = ids_BT.shape[0]
-    chunk, absorb = prefill_plan(self.cfg, b, capacity, self.target.tp, budget)
-
-    def run(inputs, positions_BC, caches):
-      ids_BC, hidden_BCD = inputs
-      count_B = jnp.full((b,), ids_BC.shape[1], jnp.int32)
-      _, caches = self.drafter.catch_up(d_vars, Window(ids_BC, hidden_BCD, positions_BC[:, 0], count_B), caches,
-                                        absorb=absorb)
-      return (), caches
-
-    return apply_in_chunks(run, (ids_BT, hidden_BTD), self.drafter.init_caches(b, capacity), chunk)[1]
 
   def _round_per_shard(self, target_params, drafter_params, state: DecodeState, max_new, sampling, stop_N, *,
                        sampled: bool) -> tuple[DecodeState, jax.Array]:
