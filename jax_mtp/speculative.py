@@ -256,7 +256,7 @@ class Speculator:
     before 2026-12-07). At a row's last position the token after it (t1) is chosen only after the whole prompt; that
     entry is the first round's to write: its window starts there (length − 1, t1) and its catch-up writes it before
     any query reads it."""
-    b, t = prompt_BT.shape
+    b = prompt_BT.shape[0]
     t_vars = {"params": target_params}
     d_vars = self.drafter.variables(drafter_params, target_params)
     chunk, absorb = prefill_plan(self.cfg, b, capacity, self.target.tp, budget)
