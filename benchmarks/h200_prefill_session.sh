@@ -83,7 +83,7 @@
 #   topkforms2 (14:27 2026-12-06, an H100: cut in its tests by the budget) the k-th key kernel's packed sums and
 #            last-chunk step timed beside its old form (and packed_lazy since; its tests moved to topktests)
 #   topktests (not run yet) the top-k kernel's compiled tests
-#   gmm16m   (not run yet) the FP8 case alone, then e2e at B = 8 at the memory-sized auto chunk
+#   gmm16m   (not run yet) the FP8 case alone, then e2e at B = 8, 64 at the memory-sized auto chunk
 #   gmm16k   (not run yet) gmm16g's FP8 failure in full, the 16-bit auto case
 #   gmm16g   (06:04 2026-12-07, an H100) gmm16f's tests, the verification forward at B = 256 (4K) with our experts kernel vs
 #            tokamax's, e2e at B = 64
@@ -202,12 +202,12 @@ case "${1:?stage}" in
       -k "16_bit_experts or mtp_layer or greedy_tokens or fp8_kernel_gives"
     run 200 e2e_gmm16f.md python3 -m benchmarks.e2e --prompt 4096 --batch 64 --iters 5
     ;;
-  gmm16m)  # (not run yet) gmm16k cut to what ~4 minutes hold: the FP8 kernel's speculative == plain case alone, its
-           # traceback in full; then e2e at B = 8 over 4K prompts at the auto chunk now sized to the memory left
-           # (06:16 2026-12-07: the 8 GiB budget's chunk ran an H100 out of memory)
+  gmm16m)  # (not run yet) the FP8 kernel's speculative == plain case alone, its traceback in full (~1.5 minutes);
+           # then e2e at B = 8 and 64 over 4K prompts at the auto chunk now sized to the memory left, the prefill
+           # without prompt-wide hidden states (06:12–06:16 2026-12-07: both ran an H100 out of memory)
     JAX_PLATFORMS=cuda,cpu run 90 gpu_tests_gmm16m.txt python3 -m pytest -v -rfE --tb=long -p no:cacheprovider \
       --timeout 80 tests/test_auto_gpu_paths.py -k "fp8_kernel_gives"
-    run 150 e2e_gmm16m.md python3 -m benchmarks.e2e --prompt 4096 --batch 8 --iters 5
+    run 280 e2e_gmm16m.md python3 -m benchmarks.e2e --prompt 4096 --batch 8 64 --iters 5
     ;;
   gmm16k)  # (not run yet) gmm16g's tests cut by its bound (06:04 2026-12-07, an H100): why the FP8 kernel's
            # speculative == plain case failed (its reason in full, with a CPU device beside the GPU and without), and the
