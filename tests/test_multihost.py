@@ -34,6 +34,12 @@ def _free_port() -> int:
 def _env() -> dict:
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
   env.pop("XLA_FLAGS", None)  # the CLI asks for its own share of CPU devices
+  # no persistent compilation cache (conftest sets one for this process): on jax 0.12.1 two CPU processes that load
+  # their programs from a warm cache hang after connecting (reproduced by hand on 2026-12-07: 19 s with a cold cache,
+  # killed after 120 s with a warm one; jax 0.12.0.1, which CI's main suite resolves, ran them)
+  for name in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+               "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"):
+    env.pop(name, None)
   return env
 
 
