@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 import jax_mtp
-from jax_mtp.prefill import prefill_chunk
+from jax_mtp.prefill import prefill_budget, prefill_chunk
 
 
 def main(argv=None) -> int:
@@ -49,12 +49,13 @@ def main(argv=None) -> int:
     prompt = [int(t) for t in rng.integers(0, cfg.vocab_size, length)]
     capacity = length + args.max_new + args.k
     before = (device.memory_stats() or {}).get("peak_bytes_in_use", 0)  # the weights' init may set it
+    budget = prefill_budget(cfg, 1, capacity, [device])  # as generate sizes its chunk: before its caches exist
     start = time.perf_counter()
     result = spec.generate(params, [prompt], args.max_new)
     seconds = time.perf_counter() - start  # includes compilation: the Speculator compiles per shape
     stats = device.memory_stats() or {}
     peak = stats.get("peak_bytes_in_use", 0)
-    print(f"| {length} | {capacity} | {prefill_chunk(cfg, 1, capacity, cfg.num_attention_heads)} | "
+    print(f"| {length} | {capacity} | {prefill_chunk(cfg, 1, capacity, cfg.num_attention_heads, budget)} | "
           f"{result.metrics.seconds:.2f} (wall with compile {seconds:.1f}) | {len(result.tokens[0])} | "
           f"{before / 2**30:.1f} | {peak / 2**30:.1f} | {(peak - weights) / 2**30:.1f} |", flush=True)
   return 0

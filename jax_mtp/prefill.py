@@ -127,7 +127,7 @@ def with_last_hidden(hidden_BCD, positions_BC, lengths_B, last_B1D):
   offset_B = lengths_B - 1 - positions_BC[:, 0]
   held_B = (offset_B >= 0) & (offset_B < hidden_BCD.shape[1])
   picked_B1D = jnp.take_along_axis(hidden_BCD, jnp.clip(offset_B, 0, hidden_BCD.shape[1] - 1)[:, None, None], axis=1)
-  return jnp.where(held_B[:, None, None], picked_B1D.astype(last_B1D.dtype), last_B1D)
+  return jnp.where(held_B[:, None, None], picked_B1D, last_B1D)
 
 
 def target_prefill(target: TargetModel, t_vars: dict, prompt_BT, lengths_B, capacity: int, *,

@@ -125,8 +125,9 @@ def test_speculative_decoding_through_the_fp8_kernel_gives_the_gather_impls_plai
   mtp = fp8.as_checkpoint_fp8(_loud_experts(jax_mtp.init_params(cfg, jax.random.key(1))), cfg.fp8_block,
                               fp8.quantize)
   prompts = _random_prompts((9, 14))
-  want = _plain(_grouped_matmul_cfg("gather"), target, prompts, 6)
-  _assert_no_near_tie(_grouped_matmul_cfg("gather"), target, prompts, want)
+  gather = _grouped_matmul_cfg("gather")
+  want = _plain(gather, target, prompts, 6)
+  _assert_no_near_tie(gather, target, prompts, want)
   assert _speculative(cfg, target, mtp, prompts, 6) == want
 
 
