@@ -11,8 +11,12 @@ in each of its 16 passes and launches ~5 kernels a pass. A pass's counts are per
 summed over the warpgroup at its end; two of the three travel as one int32's 16-bit halves (`Config.counts`), since
 the sums, not the compares, held the pass back: two sums a pass instead of three made the kernel 1.36-1.47x faster
 at verification's 256 queries (RESULTS, 2026-12-06). The loop over a row steps through it `chunk` keys at a time
-(`config_for`), the last step over the row's last chunk where the chunk does not divide it. The compaction (the
-slots above the k-th key, ties to the lowest) stays in XLA (`topk.select_from_kth`).
+(`config_for`). Where the chunk does not divide the row, shared memory holds the row padded to a multiple of it with
+`_PAD_KEY`, below every candidate and every k-th key a pass or the search compares with, so no test counts a pad
+slot and no step needs a mask. (A masked last step over the row's last chunk, as before 2026-12-07, made Mosaic GPU's
+layout inference take ~9 s more per kernel: 11 s to lower at the CLI's 4,864-slot capacity against 2.7 s padded,
+and the CLI's round at B = 64 over 4K prompts 225 s to lower on an H100's host.) The compaction (the slots above the
+k-th key, ties to the lowest) stays in XLA (`topk.select_from_kth`).
 
 Why: on an H100 at verification's 256 queries over a 32K cache, XLA's radix select took 345 µs a layer, 5 % of the
 verification forward at B = 64 (274 kernels a step over 3 layers). How far this got, and why not further (a row runs
@@ -33,7 +37,8 @@ count and two scans at 64, 256 and 2,048 queries (RESULTS, 2026-12-06; one slowe
 
 Keys are held as signed int32: the unsigned key with its top bit flipped has the same order, and int32 arrays are
 what the kernel was written and checked with (Pallas's GPU interpreter, both jax versions' CUDA lowering, the H100).
-The row lives in shared memory, so a row of S slots takes 4·S bytes of it: S ≤ MAX_SLOTS.
+The row lives in shared memory, so a row of S slots takes 4·S bytes of it, padded to whole chunks: S ≤ MAX_SLOTS,
+and the padding adds less than a chunk (≤ 4,096 slots), ≤ 208 KiB in all (a Hopper CTA holds up to 227 KiB).
 """
 
 from __future__ import annotations
@@ -51,6 +56,9 @@ KERNEL_NAME = "dsa_topk_kth_mgpu"
 MAX_SLOTS = 49152  # 192 KiB of keys in shared memory (a Hopper CTA holds up to 227 KiB)
 _FLIP = np.int32(np.uint32(0x80000000).view(np.int32))  # unsigned → signed order: x ^ 0x80000000
 _NEG_INF_KEY = np.int32(np.uint32(0xFF800000 ^ 0x7FFFFFFF).view(np.int32))  # −inf's key, signed (order_keys's ^ flip)
+# the padding's key: unsigned 0, the least key. Every candidate has a nonzero digit (≥ 1 unsigned), so no pass counts
+# it; the search counts keys above the k-th (never this one) and tied keys only at slots < S (never the padding's)
+_PAD_KEY = np.int32(np.iinfo(np.int32).min)
 
 
 # Keys a warpgroup holds in registers at once (32 … 1 a thread), widest first: a pass's loop step. A CTA runs one
@@ -66,23 +74,33 @@ CHUNKS = (4096, 2048, 1024, 512, 256, 128)
 COUNT_FORMS = ("packed", "separate", "packed_lazy")
 
 
+# The 16 passes as a `fori_loop` ("loop") or unrolled in the kernel's body ("unrolled", the form timed 2026-12-06).
+# Unrolled, Mosaic GPU's layout inference took ~3.3 s to lower one kernel on this project's CPU (7 s inside the CLI's
+# round, once per layer: minutes for a deep model's round); as a loop, 0.15-0.3 s (2026-12-07). A pass is a loop over
+# the row's keys ending in warpgroup sums, so the outer loop's branch and shift are a small part of it: the loop is
+# the default, untimed against the unrolled form on a GPU until stage `topkpass` runs.
+PASS_FORMS = ("loop", "unrolled")
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
   """Launch parameters. `chunk` = 0: `config_for` picks it."""
 
   chunk: int = 0  # keys a pass's loop step holds in registers (a multiple of 128, ≤ 4,096 and ≤ the row)
   counts: str = "packed"  # COUNT_FORMS
+  passes: str = "loop"  # PASS_FORMS
 
 
 def config_for(slots: int, config: Config | None = None) -> Config:
   """The widest of CHUNKS whose steps read at most an eighth more keys than the row, unless `config` names one.
 
-  A row the chunk does not divide ends in one more step over its last `chunk` slots, the ones already counted
-  masked: it re-reads keys, and fewer, wider steps pay for that (the CLI's 33,280-slot cache for a 32K prompt: 9
-  steps of 4,096 keys a pass, 10.8 % re-read, 1.69x faster than 65 steps of 512 at a 2,048-query prefill chunk) until
-  they do not (4,608 slots: 2 steps of 4,096, 78 % re-read, 1.27x slower than 9 of 512). Between the two the eighth is
-  untimed (4,608 slots take 5 steps of 1,024, 11.1 %): RESULTS.md, 2026-12-06. A chunk dividing the row re-reads
-  nothing, so the rule always ends at one (128 divides every row the kernel takes)."""
+  A row the chunk does not divide ends in one more step, over padding beyond the row (until 2026-12-07 over the
+  row's last `chunk` slots, the ones already counted masked: the same keys read a pass). Fewer, wider steps pay for
+  the extra keys (the CLI's 33,280-slot cache for a 32K prompt: 9 steps of 4,096 keys a pass, 10.8 % more, 1.69x
+  faster than 65 steps of 512 at a 2,048-query prefill chunk) until they do not (4,608 slots: 2 steps of 4,096, 78 %
+  more, 1.27x slower than 9 of 512). Between the two the eighth is untimed (4,608 slots take 5 steps of 1,024,
+  11.1 %): RESULTS.md, 2026-12-06, timed with the masked step. A chunk dividing the row reads nothing more, so the
+  rule always ends at one (128 divides every row the kernel takes)."""
   config = config or Config()
   if config.chunk:
     return config
@@ -128,6 +146,8 @@ def check_operands(scores_BTS: jax.Array, positions_BT: jax.Array, k: int, confi
     raise ValueError(f"k={k} must be in [1, {s}]")
   if config.counts not in COUNT_FORMS:
     raise ValueError(f"counts={config.counts!r} is not one of {COUNT_FORMS}")
+  if config.passes not in PASS_FORMS:
+    raise ValueError(f"passes={config.passes!r} is not one of {PASS_FORMS}")
 
 
 def kth_key_mgpu(scores_BTS: jax.Array, positions_BT: jax.Array, k: int, *, config: Config | None = None,
@@ -177,9 +197,8 @@ def _row_kernel(scores_BTS, positions_BT, k: int, config: Config | None, interpr
   check_operands(scores_BTS, positions_BT, k, config)
   b, t, s = scores_BTS.shape
   ch = config.chunk
-  steps = s // ch  # a pass's loop steps over whole chunks
-  tail = s - steps * ch  # slots after them (a multiple of 128): one more step over the row's last `ch` slots
-  tail_load = next(c for c in CHUNKS if tail % c == 0) if tail else 0  # the tail's load steps (once, not a pass)
+  steps = -(-s // ch)  # a pass's loop steps: the row padded to whole chunks (`_PAD_KEY`)
+  padded = steps * ch  # ≤ MAX_SLOTS, which every chunk divides
   search_steps = max(1, (s - 1).bit_length())  # halvings of [0, S) to one slot
   scores = scores_BTS.reshape(b * t, s)
   positions = positions_BT.reshape(b * t).astype(jnp.int32)
@@ -194,27 +213,28 @@ def _row_kernel(scores_BTS, positions_BT, k: int, config: Config | None, interpr
       slots = lax.broadcasted_iota(jnp.int32, (width,), 0) + start
       keys_smem[pl.ds(start, width)] = jnp.where(slots <= position, keys, _NEG_INF_KEY)
 
-    pl.loop(0, steps)(lambda c: load(c * ch, ch))
-    if tail:
-      pl.loop(0, tail // tail_load)(lambda c: load(steps * ch + c * tail_load, tail_load))
+    def pad(start, width):
+      keys_smem[pl.ds(start, width)] = jnp.full((width,), _PAD_KEY, jnp.int32)
+
+    def in_steps(start, end, step):  # step(start, width) over [start, end), in the widest of CHUNKS dividing it
+      width = next(c for c in CHUNKS if (end - start) % c == 0)
+      pl.loop(0, (end - start) // width)(lambda c: step(start + c * width, width))
+
+    whole = s // ch * ch  # the row's slots in whole chunks; then the rest (a multiple of 128); then the padding
+    for start, end, step in ((0, whole, load), (whole, s, load), (s, padded, pad)):
+      if end > start:
+        in_steps(start, end, step)
 
     def row_partials(tests, with_slots=False):
       """Each thread's partial counts ([chunk] int32) of the row's keys passing each test (keys[, slots] → a bool a
       key, counted as 1, or an int32 a key, summed)."""
-      def window(start, counts, fresh=None):  # `fresh`: the window's slots not counted by an earlier step
+      def window(start, counts):
         keys = keys_smem[pl.ds(start, ch)]
         args = (keys, lax.broadcasted_iota(jnp.int32, (ch,), 0) + start) if with_slots else (keys,)
+        values = (test(*args) for test in tests)
+        return tuple(n + (jnp.where(v, 1, 0) if v.dtype == jnp.bool_ else v) for n, v in zip(counts, values, strict=True))
 
-        def count(value):
-          if value.dtype == jnp.bool_:
-            return jnp.where(value if fresh is None else value & fresh, 1, 0)
-          return value if fresh is None else jnp.where(fresh, value, 0)
-        return tuple(n + count(test(*args)) for n, test in zip(counts, tests, strict=True))
-
-      counts = lax.fori_loop(0, steps, lambda c, n: window(c * ch, n), (jnp.zeros((ch,), jnp.int32),) * len(tests))
-      if tail:
-        counts = window(s - ch, counts, fresh=lax.broadcasted_iota(jnp.int32, (ch,), 0) >= ch - tail)
-      return counts
+      return lax.fori_loop(0, steps, lambda c, n: window(c * ch, n), (jnp.zeros((ch,), jnp.int32),) * len(tests))
 
     def row_counts(tests, with_slots=False):  # the row's totals: each test's partial counts summed
       return [jnp.sum(n) for n in row_partials(tests, with_slots)]
@@ -238,7 +258,7 @@ def _row_kernel(scores_BTS, positions_BT, k: int, config: Config | None, interpr
     def one_pass(index, carry):  # the k-th key's next 2-bit digit, `index` 0 … 15 from the top
       kth, at_or_above = carry  # the k-th key so far (unsigned domain, as int32 bits); keys at or above it
       shift = 30 - 2 * index
-      candidates = [(kth | np.int32(np.uint32(d << shift).view(np.int32))) ^ _FLIP for d in (1, 2, 3)]
+      candidates = [(kth | (jnp.int32(d) << shift)) ^ _FLIP for d in (1, 2, 3)]
       totals = candidate_totals(candidates)
       digit = sum(jnp.where(n >= k, 1, 0) for n in totals)
       kth = kth | (jnp.int32(digit) << shift)
@@ -249,9 +269,12 @@ def _row_kernel(scores_BTS, positions_BT, k: int, config: Config | None, interpr
 
     plgpu.commit_smem()
     carry = (jnp.int32(0), jnp.int32(s))
-    for index in range(16):  # unrolled, as timed (2026-12-06)
-      carry = one_pass(index, carry)
-    kth, at_or_above = carry
+    if config.passes == "loop":
+      kth, at_or_above = lax.fori_loop(0, 16, one_pass, carry)
+    else:  # "unrolled", as timed before 2026-12-07
+      for index in range(16):
+        carry = one_pass(index, carry)
+      kth, at_or_above = carry
 
     def search():  # the (k − above)-th tied slot
       kth_signed = kth ^ _FLIP
@@ -284,7 +307,7 @@ def _row_kernel(scores_BTS, positions_BT, k: int, config: Config | None, interpr
   kernel = plgpu.kernel(
       body,
       out_type=jax.ShapeDtypeStruct((b * t, 128), jnp.int32),
-      scratch_types=[plgpu.SMEM((s,), jnp.int32), plgpu.SMEM((128,), jnp.int32)],
+      scratch_types=[plgpu.SMEM((padded,), jnp.int32), plgpu.SMEM((128,), jnp.int32)],
       grid=(b * t,),
       grid_names=("q",),
       kernel_name=KERNEL_NAME,

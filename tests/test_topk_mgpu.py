@@ -34,13 +34,14 @@ def _row(b, t, s, seed):
   return jnp.asarray(scores), jnp.asarray(positions)
 
 
-# Rows the chunk does not divide (1,152 / 640 / 1,408 slots: a last step over the row's last chunk, its counted slots
-# masked) and both count forms (packed: two counts an int32, the default; separate)
+# Rows the chunk does not divide (1,152 / 640 / 1,408 slots: a last step over padding beyond the row), each count form
+# (packed: two counts an int32, the default; separate; packed_lazy) and both pass forms (a loop, the default; unrolled)
 @pytest.mark.parametrize("b,t,s,k,config", [
     (1, 1, 128, 1, Config()), (2, 3, 384, 64, Config(chunk=128)), (1, 4, 1152, 1152, Config()),
     (3, 2, 1024, 100, Config(chunk=256)), (2, 2, 2048, 2048, Config()), (1, 2, 8192, 700, Config()),
     (2, 1, 8192, 2048, Config(chunk=1024)), (3, 2, 640, 90, Config(chunk=256, counts="separate")),
-    (2, 2, 1408, 300, Config(chunk=512)), (2, 3, 1152, 200, Config(counts="packed_lazy"))])
+    (2, 2, 1408, 300, Config(chunk=512)), (2, 3, 1152, 200, Config(counts="packed_lazy")),
+    (2, 2, 1408, 300, Config(chunk=512, passes="unrolled"))])
 def test_kth_key_equals_the_sort_and_the_radix_passes(b, t, s, k, config):
   scores, positions = _row(b, t, s, s + k)
   got = kth_key_mgpu(scores, positions, k, config=config, interpret=not ON_GPU)
@@ -80,7 +81,8 @@ def _tied_rows(b, t, s, seed):
 @pytest.mark.parametrize("b,t,s,k,config", [
     (2, 3, 384, 64, Config(chunk=128)), (1, 4, 1024, 1024, Config()), (2, 2, 2048, 700, Config()),
     (3, 2, 512, 90, Config(chunk=128)), (3, 2, 640, 90, Config(chunk=256)), (3, 2, 1152, 300, Config()),
-    (2, 3, 384, 64, Config(chunk=128, counts="separate")), (3, 2, 640, 90, Config(chunk=256, counts="packed_lazy"))])
+    (2, 3, 384, 64, Config(chunk=128, counts="separate")), (3, 2, 640, 90, Config(chunk=256, counts="packed_lazy")),
+    (3, 2, 640, 90, Config(chunk=256, passes="unrolled"))])
 def test_the_tie_cutoff_is_the_last_tied_slot_kept(b, t, s, k, config):
   """The kernel's tie cutoff is the reference's (the (k − above)-th tied slot, S where every tie is kept) on rows
   whose k-th key has ties dropped, rows with fewer visible slots than k, visible −inf scores, none visible and
@@ -110,8 +112,8 @@ def test_selection_by_the_tie_cutoff_equals_xlas_radix_select():
 @pytest.mark.skipif(ON_GPU, reason="the interpreter's race detector (on a CPU)")
 def test_no_shared_memory_race():
   """The GPU interpreter's race detector (every shared-memory access, the copy out included, the tie cutoff's
-  search too) finds no unordered access over several loop steps and a last step over the row's last chunk (640
-  slots in chunks of 256); it raises at the first race."""
+  search too) finds no unordered access over several loop steps and a last step over padding beyond the row (640
+  slots in chunks of 256: the padding's stores too); it raises at the first race."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # noqa: PLC0415
   scores, positions = _row(2, 1, 640, 3)
   detect = plgpu.InterpretGPUParams(detect_races=True)
@@ -127,10 +129,12 @@ def test_no_shared_memory_race():
 @pytest.mark.parametrize("b,t,s,config", [
     (64, 4, 32768, Config()), (1, 1, 4608, Config()), (8, 4, 49152, Config()), (64, 4, 32768, Config(chunk=512)),
     (1, 1, 4608, Config(chunk=512)), (8, 4, 49152, Config(chunk=512)), (16, 4, 33280, Config()),
-    (1, 2048, 33280, Config()), (64, 4, 32768, Config(counts="separate")), (64, 4, 33024, Config(counts="packed_lazy"))])
+    (1, 2048, 33280, Config()), (64, 4, 32768, Config(counts="separate")), (64, 4, 33024, Config(counts="packed_lazy")),
+    (64, 4, 4864, Config()), (64, 4, 4864, Config(passes="unrolled"))])
 def test_kth_key_at_v32_shapes_on_the_gpu(b, t, s, config):
-  """Verification's rows over 4,608 / 32K / 48K slots, and over the CLI's 33,280 slots for a 32K prompt (a last
-  step over the row's last chunk) as verification and as a prefill chunk's 2,048 queries; tie cutoffs too."""
+  """Verification's rows over 4,608 / 32K / 48K slots, and over the CLI's 33,280 and 4,864 slots for 32K and 4K
+  prompts (a last step over padding beyond the row) as verification and as a prefill chunk's 2,048 queries, the
+  passes a loop and unrolled; tie cutoffs too."""
   scores, _ = _row(b, t, s, 0)
   positions = jnp.asarray(np.random.default_rng(1).integers(s // 2, s, (b, t)), jnp.int32).at[0, 0].set(s - 1)
   got = jax.jit(lambda x, p: kth_key_mgpu(x, p, 2048, config=config))(scores, positions)
@@ -172,19 +176,20 @@ def test_the_kernel_is_in_the_lowered_step_when_asked_for():
   assert KERNEL_NAME in mtp_step_module(cfg.replace(topk_impl="auto"), "cuda", 64, 512)  # 64: the kernel
 
 
-@pytest.mark.parametrize("kernel,counts", [(kth_key_mgpu, "packed")] + [(kth_key_and_tie_cutoff_mgpu, counts)
-                                                                         for counts in COUNT_FORMS])
-def test_lowered_for_cuda_names_the_kernel(kernel, counts):
+@pytest.mark.parametrize("kernel,counts,passes", [(kth_key_mgpu, "packed", "loop")] + [
+    (kth_key_and_tie_cutoff_mgpu, counts, "loop") for counts in COUNT_FORMS] + [
+    (kth_key_and_tie_cutoff_mgpu, "packed", "unrolled")])
+def test_lowered_for_cuda_names_the_kernel(kernel, counts, passes):
   """The kernel lowers for CUDA (Mosaic GPU's own checks: layouts, barriers) in each form, over the CLI's 33,024
-  slots for a 32K prompt (a last step over the row's last chunk)."""
-  fn = jax.jit(lambda x, p: kernel(x, p, 2048, config=Config(counts=counts)))
+  slots for a 32K prompt (a last step over padding beyond the row)."""
+  fn = jax.jit(lambda x, p: kernel(x, p, 2048, config=Config(counts=counts, passes=passes)))
   args = jax.ShapeDtypeStruct((64, 4, 33024), jnp.float32), jax.ShapeDtypeStruct((64, 4), jnp.int32)
   assert KERNEL_NAME in fn.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
 
 def test_config_for_takes_the_widest_chunk_reading_at_most_an_eighth_more():
-  """A row the chunk does not divide ends in one step over its last chunk, re-reading keys: 33,280 slots (the CLI's
-  cache for a 32K prompt) take 4,096 (10.8 % re-read); 4,608 take 1,024 (11.1 %), not 4,096 (78 %)."""
+  """A row the chunk does not divide ends in one step over padding, reading more keys: 33,280 slots (the CLI's
+  cache for a 32K prompt) take 4,096 (10.8 % more); 4,608 take 1,024 (11.1 %), not 4,096 (78 %)."""
   assert [config_for(s).chunk for s in (32768, 33280, 4608, 1152, 384)] == [4096, 4096, 1024, 256, 128]
   assert config_for(4096, Config(chunk=256)).chunk == 256
   assert config_for(4096).counts == "packed"
@@ -199,6 +204,7 @@ def test_config_for_takes_the_widest_chunk_reading_at_most_an_eighth_more():
     ((1, 1, 256), (1, 1), 0, None, "k=0"),
     ((1, 1, 512), (1, 1), 8, Config(chunk=640), "chunk=640"),
     ((1, 1, 512), (1, 1), 8, Config(counts="bytes"), "counts='bytes'"),
+    ((1, 1, 512), (1, 1), 8, Config(passes="scan"), "passes='scan'"),
 ])
 def test_operands_it_cannot_take_are_named(scores, positions, k, config, match):
   dtype = jnp.bfloat16 if match.startswith("scores bfloat16") else jnp.float32
