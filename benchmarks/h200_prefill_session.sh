@@ -83,7 +83,11 @@
 #   topkforms2 (14:27 2026-12-06, an H100: cut in its tests by the budget) the k-th key kernel's packed sums and
 #            last-chunk step timed beside its old form (and packed_lazy since; its tests moved to topktests)
 #   topktests (not run yet) the top-k kernel's compiled tests
-#   gmm16m   (not run yet) the FP8 case alone, then e2e at B = 8, 64 at the memory-sized auto chunk
+#   topkpass (not run yet; its first command's tests ran bare at 09:43 2026-12-07 on an H100: 36 passed) the top-k
+#            kernel padded and its passes a loop (2026-12-07): its compiled tests, e2e at B = 64 (whose round took
+#            225 s to lower before), the pass forms timed
+#   gmm16m   (08:45 2026-12-07, an H100) the FP8 case alone (it passed in 32 s with its compile cached: the failure
+#            was the 80 s bound on its compile), then e2e at B = 8 (ran) and 64 (cut: its round lowered in 225 s)
 #   gmm16k   (not run yet) gmm16g's FP8 failure in full, the 16-bit auto case
 #   gmm16g   (06:04 2026-12-07, an H100) gmm16f's tests, the verification forward at B = 256 (4K) with our experts kernel vs
 #            tokamax's, e2e at B = 64
@@ -202,7 +206,15 @@ case "${1:?stage}" in
       -k "16_bit_experts or mtp_layer or greedy_tokens or fp8_kernel_gives"
     run 200 e2e_gmm16f.md python3 -m benchmarks.e2e --prompt 4096 --batch 64 --iters 5
     ;;
-  gmm16m)  # (not run yet) the FP8 kernel's speculative == plain case alone, its traceback in full (~1.5 minutes);
+  topkpass)  # (not run yet) the top-k kernel since 2026-12-07 (its row padded in shared memory, its passes a loop:
+              # 0.2 s to lower, not 11): its compiled tests, the 4,864-slot cases with padding among them; e2e at
+              # B = 64 over 4K prompts (the row lowering cut at 08:52 and 09:02); the pass forms timed
+    run 170 gpu_tests_topkpass.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 100 \
+      tests/test_topk_mgpu.py -k "gpu or tie_cutoff or equals"
+    run 220 e2e_topkpass.md python3 -m benchmarks.e2e --prompt 4096 --batch 64 --iters 5
+    run 180 topk_passes.md python3 -m benchmarks.topk_forms --iters 20
+    ;;
+  gmm16m)  # (08:45 2026-12-07, an H100; see the header) the FP8 kernel's speculative == plain case alone, its traceback in full (~1.5 minutes);
            # then e2e at B = 8 and 64 over 4K prompts at the auto chunk now sized to the memory left, the prefill
            # without prompt-wide hidden states (06:12–06:16 2026-12-07: both ran an H100 out of memory)
     JAX_PLATFORMS=cuda,cpu run 90 gpu_tests_gmm16m.txt python3 -m pytest -v -rfE --tb=long -p no:cacheprovider \

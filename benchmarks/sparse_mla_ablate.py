@@ -76,16 +76,20 @@ def parse(row: str) -> tuple[str, ...]:
 
 @contextlib.contextmanager
 def ablated(parts: tuple[str, ...]):
-  """The kernel body with `parts` removed while inside (kernels built inside are traced from the patched body)."""
+  """The kernel body with `parts` removed while inside (kernels built inside are traced from the patched body). The
+  kernel's entry is jitted (`mosaic_gpu_common.lowered_once_per_launch`), so jax's caches are cleared on the way in
+  and out: a trace cached from the other body is never reused."""
   patches = [patch for p in parts for patch in _REPLACEMENTS[p]]
   saved = [(module, name, getattr(module, name)) for module, name, _ in patches]
   try:
     for module, name, fn in patches:
       setattr(module, name, fn)
+    jax.clear_caches()
     yield
   finally:
     for module, name, fn in saved:
       setattr(module, name, fn)
+    jax.clear_caches()
 
 
 def main(argv=None) -> int:

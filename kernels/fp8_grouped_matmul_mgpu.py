@@ -34,7 +34,7 @@ from jax.experimental import pallas as pl
 from jax_mtp.kernels.fp8_grouped_matmul import BLOCK, check_shapes
 from jax_mtp.kernels.grouped_rows_mgpu import (BUSY_CTAS, MAX_ROW_TILE, ROW_TILES, active_groups, copy_step,
                                                row_tile_for, split_k_for, store_rows, tiles_of_group)
-from jax_mtp.kernels.mosaic_gpu_common import interpret_params, operand_transforms
+from jax_mtp.kernels.mosaic_gpu_common import interpret_params, lowered_once_per_launch, operand_transforms
 
 KERNEL_NAME = "fp8_codes_gmm_mgpu"
 
@@ -99,6 +99,7 @@ def check_operands(x_AK, codes_EKN, scale_EkN, group_sizes_E, config: Config) ->
     raise ValueError(f"subtiles={config.subtiles} must be ≥ 1")
 
 
+@lowered_once_per_launch('config', 'interpret')
 def fp8_grouped_matmul_mgpu(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: jax.Array, group_sizes_E: jax.Array,
                             *, config: Config | None = None, interpret=False) -> jax.Array:
   """fp32 [A, N]: the rows of group e (sorted, consecutive) times expert e's FP8 weight (e4m3 codes [E, K, N],

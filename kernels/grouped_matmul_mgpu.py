@@ -30,7 +30,7 @@ from jax.experimental import pallas as pl
 
 from jax_mtp.kernels.grouped_rows_mgpu import (BLOCK, BUSY_CTAS, ROW_TILES, active_groups, copy_step, row_tile_for,
                                                split_k_for, store_rows, tiles_of_group)
-from jax_mtp.kernels.mosaic_gpu_common import interpret_params, operand_transforms
+from jax_mtp.kernels.mosaic_gpu_common import interpret_params, lowered_once_per_launch, operand_transforms
 
 KERNEL_NAME = "gmm16_mgpu"  # bf16 or fp16
 DTYPES = (jnp.bfloat16, jnp.float16)
@@ -105,6 +105,7 @@ def check_operands(x_AK, w_EKN, group_sizes_E, config: Config) -> None:
     raise ValueError(f"stages={config.stages} and row_programs={config.row_programs} must be ≥ 1")
 
 
+@lowered_once_per_launch('config', 'interpret')
 def grouped_matmul_mgpu(x_AK: jax.Array, w_EKN: jax.Array, group_sizes_E: jax.Array, *, config: Config | None = None,
                         interpret=False) -> jax.Array:
   """fp32 [A, N]: the rows of group e (sorted, consecutive) times expert e's weight [K, N] (x and w one 16-bit

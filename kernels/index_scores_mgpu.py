@@ -28,7 +28,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from jax_mtp.kernels.index_scores import check_shapes
-from jax_mtp.kernels.mosaic_gpu_common import interpret_params, operand_transforms
+from jax_mtp.kernels.mosaic_gpu_common import interpret_params, lowered_once_per_launch, operand_transforms
 
 KERNEL_NAME = "dsa_scores_mgpu"  # not containing the Triton kernel's name: a test can tell them apart
 FLOAT8_DOT_SUFFIX = "_float8_dot"  # a launch's name: KERNEL_NAME + this where q is float8 (a float8 × float8 wgmma)
@@ -134,6 +134,7 @@ def check_operands(q_BTIJ, k_BSJ, w_BTI, *, k_scale_BS, positions_BT, config: Co
     raise ValueError(f"positions_BT of shape {positions_BT.shape} does not match the queries' {(b, t)}")
 
 
+@lowered_once_per_launch('scale', 'config', 'interpret')
 def index_scores_mgpu(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, scale: float, *,
                       k_scale_BS: jax.Array | None = None, positions_BT: jax.Array | None = None,
                       config: Config | None = None, interpret=False) -> jax.Array:

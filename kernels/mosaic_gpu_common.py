@@ -3,7 +3,18 @@ shared-memory layout of a wgmma operand, and their `interpret=` argument."""
 
 from __future__ import annotations
 
+import functools
+
+import jax
 import jax.numpy as jnp
+
+
+def lowered_once_per_launch(*static_argnames: str):
+  """A kernel's entry point jitted with its launch arguments (`static_argnames`) static. jit's trace cache gives
+  every call with the same shapes, dtypes and launch arguments one jaxpr, which jax lowers once and calls from each
+  site: a deep model's identical layers lower each kernel once, not once a layer (Mosaic GPU lowers a kernel in
+  Python, ~0.1-0.2 s each; V3.2's 61 layers made that most of the CLI's lowering, benchmarks.lowering_time)."""
+  return functools.partial(jax.jit, static_argnames=static_argnames)
 
 
 def operand_transforms(plgpu, dtype, minor: int):

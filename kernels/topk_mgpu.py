@@ -50,7 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_mtp.kernels.mosaic_gpu_common import interpret_params
+from jax_mtp.kernels.mosaic_gpu_common import interpret_params, lowered_once_per_launch
 
 KERNEL_NAME = "dsa_topk_kth_mgpu"
 MAX_SLOTS = 49152  # 192 KiB of keys in shared memory (a Hopper CTA holds up to 227 KiB)
@@ -187,6 +187,7 @@ def reference_tie_cutoff(scores_BTS: jax.Array, positions_BT: jax.Array, k: int)
   return jnp.where(tied_upto[..., -1] == wanted, s, cutoff)
 
 
+@lowered_once_per_launch('k', 'config', 'interpret', 'tie_cutoff')
 def _row_kernel(scores_BTS, positions_BT, k: int, config: Config | None, interpret, *, tie_cutoff: bool):
   """int32 [B·T, 128]: a row's k-th key (signed-domain bits of the unsigned key) in lane 0, its tie cutoff in lane 1
   (`tie_cutoff`)."""

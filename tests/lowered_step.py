@@ -2,6 +2,9 @@
 the CLI's prefill and round, for the tests that prove a kernel is in the lowered program where its impl (or
 `auto`, which follows the program's platform: jax_mtp.platform) asks for it."""
 
+import functools
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -72,6 +75,22 @@ def speculator_modules(cfg: jax_mtp.MtpConfig, prompts, max_new_tokens: int, k: 
 
 
 def kernel_calls(module_text: str, kernel_name: str) -> int:
-  """How many Mosaic GPU custom calls of a lowered or exported module launch the kernel named `kernel_name` (each call
-  is one line of the module text, holding its serialized kernel and so its name)."""
-  return sum(kernel_name in line for line in module_text.splitlines() if "custom_call @mosaic_gpu" in line)
+  """How many times a lowered or exported module launches the Mosaic GPU kernel named `kernel_name`, counted by call
+  site: a kernel's custom call (one line of the text, holding its serialized kernel and so its name) sits in the
+  private function of its jitted entry point (`mosaic_gpu_common.lowered_once_per_launch`: the same launch lowered
+  once, called from each layer), so each function's launches are weighted by the calls reaching it from `main`."""
+  body: dict[str, list[str]] = {}
+  name = None
+  for line in module_text.splitlines():
+    if found := re.search(r"func\.func (?:public |private )?@([^\s(]+)\(", line):
+      name = found.group(1)
+      body[name] = []
+    elif name is not None:
+      body[name].append(line)
+
+  @functools.cache
+  def launches(func: str) -> int:
+    own = sum(kernel_name in line for line in body[func] if "custom_call @mosaic_gpu" in line)
+    callees = (callee for line in body[func] for callee in re.findall(r"(?<!custom_)call @([^\s(]+)\(", line))
+    return own + sum(launches(callee) for callee in callees)
+  return launches("main")

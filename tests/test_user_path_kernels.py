@@ -3,7 +3,8 @@ what the fused kernels take (any prompt length gets them), its compiled prefill 
 Mosaic GPU index-scores kernel (not the Triton one) and the sparse-MLA kernel at an odd prompt length (with and
 without index_share_for_mtp_iteration), the top-k's k-th key kernel from 64 queries a call and the 16-bit experts
 kernel where `--moe-impl mosaic_gpu` names it, the reused shared selection runs through the kernel (padded to its blocks)
-with XLA's tokens, and an error inside a run is one line and exit 2."""
+with XLA's tokens, each kernel launch is lowered once however many layers repeat it, and an error inside a run is one
+line and exit 2."""
 
 import jax
 import jax.numpy as jnp
@@ -70,8 +71,24 @@ def test_the_clis_gpu_programs_hold_the_16_bit_experts_kernel_where_named():
   cfg = _kernel_cfg(moe_impl="mosaic_gpu", hidden_size=128, moe_intermediate_size=128)
   modules = speculator_modules(cfg, [list(range(1, 38))], 20, 3)
   for name, module in modules.items():
-    assert f"routed_experts_mosaic_gpu/{GROUPED16}/" in module, name  # the call, in the experts' named scope
+    assert kernel_calls(module, GROUPED16) >= 3, name  # gate, up, down of each MoE layer
+    # the calls, in the experts' named scope (the kernel's entry is jitted: mosaic_gpu_common.lowered_once_per_launch)
+    assert "routed_experts_mosaic_gpu/jit(grouped_matmul_mgpu)" in module, name
     assert "routed_experts_ragged_dot" not in module and "routed_experts_gather" not in module, name
+
+
+def test_each_kernel_launch_is_lowered_once_however_many_layers_repeat_it():
+  """Each Mosaic GPU kernel's entry is jitted with its launch arguments static
+  (`mosaic_gpu_common.lowered_once_per_launch`): the CLI's programs for an H200 with 3 MoE layers hold each kernel's
+  lowering fewer times than they launch it (once per distinct launch, called from every layer), so a deep model
+  lowers a kernel once, not once a layer (V3.2's 61 layers: ~104 s to ~11 s, benchmarks.lowering_time). Each call
+  that lowered its own kernel would make the two counts equal."""
+  cfg = _kernel_cfg(moe_impl="mosaic_gpu", hidden_size=128, moe_intermediate_size=128, num_hidden_layers=3,
+                    first_k_dense_replace=0)
+  for name, module in speculator_modules(cfg, [list(range(1, 38))], 20, 3).items():
+    for kernel in (GROUPED16, SPARSE_MLA, INDEX_SCORES):
+      lowered = sum(kernel in line for line in module.splitlines() if "custom_call @mosaic_gpu" in line)
+      assert 0 < lowered < kernel_calls(module, kernel), (name, kernel, lowered)
 
 
 @pytest.mark.parametrize("batch", [32, 128])

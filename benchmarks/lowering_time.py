@@ -1,0 +1,130 @@
+"""Seconds to lower the CLI's two programs (the speculator's prefill and its greedy round) for a CUDA GPU, and which
+Mosaic GPU kernels those seconds went to: the part of a first request's wait that runs in Python before XLA
+compiles anything. Runs on any host (a CPU too): the programs are traced for an abstract H200 with abstract weights.
+
+    python -m benchmarks.lowering_time --layers 2 --batch 64 --prompt 4096
+    python -m benchmarks.lowering_time --layers 61 --batch 8 --prompt 4096      # V3.2's full depth
+
+Why it exists: on 2026-12-07 the CLI's round at B = 64 over 4K prompts took 225 s to lower on an H100's host, most of
+it Mosaic GPU's layout inference for the top-k kernel (11 s per layer and program); the kernel now lowers in
+0.15-0.3 s (kernels/topk_mgpu.py). A kernel whose lowering grows with its body's size shows here before a user waits.
+
+Per program: the export's seconds (trace + lowering to MLIR, as `jax.export` does; the CLI's `.lower()` does the
+same work), then per kernel name the Mosaic GPU lowerings' count, total and slowest seconds. Kernel times come from
+wrapping `jax._src.pallas.mosaic_gpu.lowering.lower_jaxpr_to_module` (a private function: where a jax lacks it the
+table says so rather than showing zeros).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import AbstractMesh, AxisType
+
+import jax_mtp
+from jax_mtp.model import init_target_params
+from jax_mtp.request import pack_prompts, required_capacity, stop_id_array
+from jax_mtp.sharding import SHARED_WITH_TARGET
+from jax_mtp.speculative import SpecParams
+
+H200 = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
+
+
+class KernelClock:
+  """Seconds each Mosaic GPU kernel's lowering took, by kernel name, while installed."""
+
+  def __init__(self):
+    self.seconds: dict[str, list[float]] = collections.defaultdict(list)
+    try:
+      from jax._src.pallas.mosaic_gpu import lowering  # noqa: PLC0415 (private: see the module's docstring)
+    except ImportError:
+      lowering = None
+    self._module = lowering if lowering is not None and hasattr(lowering, "lower_jaxpr_to_module") else None
+    self.available = self._module is not None
+
+  def __enter__(self):
+    if self.available:
+      original = self._original = self._module.lower_jaxpr_to_module
+
+      def timed(*args, **kwargs):
+        start = time.perf_counter()
+        result = original(*args, **kwargs)
+        jaxpr = args[7] if len(args) > 7 else kwargs["jaxpr"]
+        name = jaxpr.debug_info.func_name if jaxpr.debug_info else "?"
+        self.seconds[name].append(time.perf_counter() - start)
+        return result
+      self._module.lower_jaxpr_to_module = timed
+    return self
+
+  def __exit__(self, *exc):
+    if self.available:
+      self._module.lower_jaxpr_to_module = self._original
+
+
+def _abstract(x):
+  return x if isinstance(x, jax.ShapeDtypeStruct) else jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x))
+
+
+def export_programs(cfg: jax_mtp.MtpConfig, batch: int, prompt: int, max_new: int, k: int):
+  """[(name, seconds, {kernel: [seconds]}, kernel clock available)] for the CLI's prefill and round, exported for an
+  abstract H200 at the capacity the CLI's request rule gives `batch` prompts of `prompt` tokens."""
+  mesh = AbstractMesh((1,), ("tp",), axis_types=(AxisType.Auto,), abstract_device=H200)
+  spec = jax_mtp.Speculator(cfg, mesh, k)
+  prompts = [[5] * prompt] * batch
+  capacity = required_capacity(cfg, prompts, max_new, k)
+  mtp = jax.eval_shape(lambda key: jax_mtp.init_params(cfg, key), jax.random.key(1))
+  params = SpecParams(jax.eval_shape(lambda key: init_target_params(cfg, key), jax.random.key(0)),
+                      {name: x for name, x in mtp.items() if name not in SHARED_WITH_TARGET})
+  prompt_BT, lengths_B = pack_prompts(prompts)
+  greedy, stop_N = np.float32(0), stop_id_array(cfg, [])
+  args = jax.tree.map(_abstract, (*params, prompt_BT, lengths_B, jax.eval_shape(lambda: jax.random.key(0)), greedy,
+                                  stop_N))
+  checks = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
+  rows = []
+  with jax.sharding.use_abstract_mesh(mesh):
+    for name in ("prefill", "round"):
+      with KernelClock() as clock:
+        start = time.perf_counter()
+        exported = jax.export.export(spec.program(name, capacity, False, args), platforms=["cuda"],
+                                     disabled_checks=checks)(*args)
+        rows.append((name, time.perf_counter() - start, dict(clock.seconds), clock.available))
+      if name == "prefill":
+        state = jax.tree.unflatten(exported.out_tree, exported.out_avals)
+        args = jax.tree.map(_abstract, (*params, state, np.int32(max_new), greedy, stop_N))
+  return capacity, rows
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--layers", type=int, default=2, help="target layers (the first dense, the rest MoE)")
+  parser.add_argument("--batch", type=int, default=64)
+  parser.add_argument("--prompt", type=int, default=4096, help="prompt tokens per row")
+  parser.add_argument("--max-new", type=int, default=512)
+  parser.add_argument("-k", type=int, default=3)
+  parser.add_argument("--moe-impl", default="mosaic_gpu", choices=jax_mtp.config.MOE_IMPLS,
+                      help="routed experts (GPU `auto` reads the local GPU when traced: name one here)")
+  args = parser.parse_args(argv)
+  cfg = jax_mtp.deepseek_v32().replace(num_hidden_layers=args.layers, first_k_dense_replace=min(1, args.layers - 1),
+                                       moe_impl=args.moe_impl)
+  capacity, rows = export_programs(cfg, args.batch, args.prompt, args.max_new, args.k)
+  print(f"lowering for an abstract H200 on {jax.devices()[0].device_kind}, jax {jax.__version__}: V3.2 width, "
+        f"{args.layers} target layers + the MTP layer, B = {args.batch}, prompt {args.prompt}, capacity {capacity}, "
+        f"k = {args.k}, experts {args.moe_impl}\n")
+  print("| program | export s | Mosaic GPU kernel | lowerings | total s | slowest s |\n|---|---:|---|---:|---:|---:|")
+  for name, seconds, kernels, available in rows:
+    if not available:
+      print(f"| {name} | {seconds:.1f} | (this jax has no lower_jaxpr_to_module to time) | | | |")
+      continue
+    for kernel, times in sorted(kernels.items(), key=lambda item: -sum(item[1])):
+      print(f"| {name} | {seconds:.1f} | {kernel} | {len(times)} | {sum(times):.2f} | {max(times):.2f} |")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,21 @@
+"""benchmarks.lowering_time on a CPU (its whole work: it exports for an abstract H200): the CLI's two programs at V3.2's
+width list each Mosaic GPU kernel's lowerings, and their count does not grow with the model's depth (each launch is
+lowered once: `mosaic_gpu_common.lowered_once_per_launch`)."""
+
+from benchmarks.lowering_time import main
+
+
+def _lowerings(capsys, layers: int) -> dict[tuple[str, str], int]:
+  # a 2,100-token prompt: past index_topk (2,048), so the indexer's kernels run; the prefill's top-k from 64 queries
+  assert main(["--layers", str(layers), "--batch", "2", "--prompt", "2100", "--max-new", "8"]) == 0
+  rows = [line.split("|") for line in capsys.readouterr().out.splitlines() if line.startswith("| prefill")
+          or line.startswith("| round")]
+  return {(row[1].strip(), row[3].strip()): int(row[4]) for row in rows}
+
+
+def test_kernel_lowerings_do_not_grow_with_depth(capsys):
+  two, four = _lowerings(capsys, 2), _lowerings(capsys, 4)
+  ours = {"gmm16_mgpu", "dsa_scores_mgpu", "dsa_sparse_mla_mgpu_two_sets"}
+  assert {kernel for (program, kernel) in two if program == "round"} == ours  # B · 4 = 8 queries: XLA's top-k
+  assert {kernel for (program, kernel) in two if program == "prefill"} == ours | {"dsa_topk_kth_mgpu"}
+  assert two == four
