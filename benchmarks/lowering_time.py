@@ -71,12 +71,13 @@ def _abstract(x):
   return x if isinstance(x, jax.ShapeDtypeStruct) else jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x))
 
 
-def export_programs(cfg: jax_mtp.MtpConfig, batch: int, prompt: int, max_new: int, k: int):
-  """[(name, seconds, {kernel: [seconds]}, kernel clock available)] for the CLI's prefill and round, exported for an
-  abstract H200 at the capacity the CLI's request rule gives `batch` prompts of `prompt` tokens."""
+def export_programs(cfg: jax_mtp.MtpConfig, prompts, max_new: int, k: int):
+  """(capacity, [(name, exported, seconds, {kernel: [seconds]} or None where this jax has no hook to time them)]) for
+  the CLI's prefill and greedy round, exported for an abstract H200 at the capacity the CLI's request rule gives
+  `prompts` (`request.required_capacity`). `cfg.moe_impl` must be explicit: tokamax's Mosaic GPU kernel (GPU `auto`)
+  reads the local GPU when traced. (tests/lowered_step.py reads the same programs' MLIR.)"""
   mesh = AbstractMesh((1,), ("tp",), axis_types=(AxisType.Auto,), abstract_device=H200)
   spec = jax_mtp.Speculator(cfg, mesh, k)
-  prompts = [[5] * prompt] * batch
   capacity = required_capacity(cfg, prompts, max_new, k)
   mtp = jax.eval_shape(lambda key: jax_mtp.init_params(cfg, key), jax.random.key(1))
   params = SpecParams(jax.eval_shape(lambda key: init_target_params(cfg, key), jax.random.key(0)),
@@ -93,7 +94,7 @@ def export_programs(cfg: jax_mtp.MtpConfig, batch: int, prompt: int, max_new: in
         start = time.perf_counter()
         exported = jax.export.export(spec.program(name, capacity, False, args), platforms=["cuda"],
                                      disabled_checks=checks)(*args)
-        rows.append((name, time.perf_counter() - start, dict(clock.seconds), clock.available))
+        rows.append((name, exported, time.perf_counter() - start, dict(clock.seconds) if clock.available else None))
       if name == "prefill":
         state = jax.tree.unflatten(exported.out_tree, exported.out_avals)
         args = jax.tree.map(_abstract, (*params, state, np.int32(max_new), greedy, stop_N))
@@ -112,13 +113,13 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
   cfg = jax_mtp.deepseek_v32().replace(num_hidden_layers=args.layers, first_k_dense_replace=min(1, args.layers - 1),
                                        moe_impl=args.moe_impl)
-  capacity, rows = export_programs(cfg, args.batch, args.prompt, args.max_new, args.k)
+  capacity, rows = export_programs(cfg, [[5] * args.prompt] * args.batch, args.max_new, args.k)
   print(f"lowering for an abstract H200 on {jax.devices()[0].device_kind}, jax {jax.__version__}: V3.2 width, "
         f"{args.layers} target layers + the MTP layer, B = {args.batch}, prompt {args.prompt}, capacity {capacity}, "
         f"k = {args.k}, experts {args.moe_impl}\n")
   print("| program | export s | Mosaic GPU kernel | lowerings | total s | slowest s |\n|---|---:|---|---:|---:|---:|")
-  for name, seconds, kernels, available in rows:
-    if not available:
+  for name, _, seconds, kernels in rows:
+    if kernels is None:
       print(f"| {name} | {seconds:.1f} | (this jax has no lower_jaxpr_to_module to time) | | | |")
       continue
     for kernel, times in sorted(kernels.items(), key=lambda item: -sum(item[1])):

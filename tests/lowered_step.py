@@ -7,13 +7,12 @@ import re
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import AbstractMesh, AxisType
 
 import jax_mtp
+from benchmarks.lowering_time import H200, export_programs
 from jax_mtp.experts import resolve_expert_impl
 
-H200 = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
 V5E = jax.sharding.AbstractDevice(device_kind="TPU v5 lite", num_cores=1, platform="tpu")
 DEVICES = {"cuda": H200, "tpu": V5E}  # the abstract device a program for each platform is traced on
 
@@ -41,37 +40,13 @@ def mtp_step_module(cfg: jax_mtp.MtpConfig, platform: str, batch: int, capacity:
     return exported(params, ids, ids, hidden, caches).mlir_module()
 
 
-def _abstract(x):
-  return x if isinstance(x, jax.ShapeDtypeStruct) else jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x))
-
-
 def speculator_modules(cfg: jax_mtp.MtpConfig, prompts, max_new_tokens: int, k: int) -> dict[str, str]:
   """The CLI's two programs — the prefill and the greedy round, at the capacity the CLI's request rule gives
-  these prompts (`request.required_capacity`) — exported for an abstract H200, as MLIR text by name.
-  `cfg.moe_impl` must be explicit: tokamax's Mosaic GPU kernel (GPU `auto`) reads the local GPU when traced."""
-  from jax_mtp.sharding import SHARED_WITH_TARGET  # noqa: PLC0415
-  from jax_mtp.model import init_target_params  # noqa: PLC0415
-  from jax_mtp.request import pack_prompts, required_capacity, stop_id_array  # noqa: PLC0415
-  from jax_mtp.speculative import SpecParams  # noqa: PLC0415
-  mesh = AbstractMesh((1,), ("tp",), axis_types=(AxisType.Auto,), abstract_device=H200)
-  spec = jax_mtp.Speculator(cfg, mesh, k)
-  capacity = required_capacity(cfg, prompts, max_new_tokens, k)
-  mtp = jax.eval_shape(lambda key: jax_mtp.init_params(cfg, key), jax.random.key(1))
-  params = SpecParams(jax.eval_shape(lambda key: init_target_params(cfg, key), jax.random.key(0)),
-                      {name: x for name, x in mtp.items() if name not in SHARED_WITH_TARGET})
-  prompt_BT, lengths_B = pack_prompts(prompts)
-  greedy, stop_N = np.float32(0), stop_id_array(cfg, [])
-  prefill_args = jax.tree.map(_abstract, (*params, prompt_BT, lengths_B, jax.eval_shape(lambda: jax.random.key(0)),
-                                          greedy, stop_N))
-  checks = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
-  with jax.sharding.use_abstract_mesh(mesh):
-    prefill = jax.export.export(spec.program("prefill", capacity, False, prefill_args), platforms=["cuda"],
-                                disabled_checks=checks)(*prefill_args)
-    state = jax.tree.unflatten(prefill.out_tree, prefill.out_avals)
-    round_args = jax.tree.map(_abstract, (*params, state, np.int32(max_new_tokens), greedy, stop_N))
-    one_round = jax.export.export(spec.program("round", capacity, False, round_args), platforms=["cuda"],
-                                  disabled_checks=checks)(*round_args)
-  return {"prefill": prefill.mlir_module(), "round": one_round.mlir_module()}
+  these prompts (`request.required_capacity`) — exported for an abstract H200 (`benchmarks.lowering_time`, which
+  times the same export), as MLIR text by name. `cfg.moe_impl` must be explicit: tokamax's Mosaic GPU kernel (GPU
+  `auto`) reads the local GPU when traced."""
+  _, programs = export_programs(cfg, prompts, max_new_tokens, k)
+  return {name: exported.mlir_module() for name, exported, *_ in programs}
 
 
 def kernel_calls(module_text: str, kernel_name: str) -> int:
