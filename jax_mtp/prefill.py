@@ -24,7 +24,7 @@ from jax_mtp.indexer import selects_all
 from jax_mtp.mla import resolve_sparse_attention_impl
 from jax_mtp.model import TargetModel, init_target_caches
 from jax_mtp.platform import lowering_gpu_is_hopper, lowering_platform
-from jax_mtp.request import cache_bytes, device_free_bytes
+from jax_mtp.request import caches_against_free_memory
 
 # One chunk's per-query intermediates per device: larger chunks keep the experts' and attention's matmuls on the
 # tensor cores (benchmarks/RESULTS.md, issue 27: the 32K prompt's chunks of 2,048 / 4,096 / 8,192 tokens)
@@ -73,13 +73,10 @@ def prefill_budget(cfg: MtpConfig, batch: int, capacity: int, devices) -> int:
   V3.2 target and its MTP layer (51 GiB) ran out of memory at B = 8 × 4K prompts in its chunk of 2,048, where a
   chunk of 1,024 ran (benchmarks/RESULTS.md, 2026-12-07). A CPU keeps the fixed budget: its memory is the host's,
   which pages."""
-  device = next((d for d in devices if d.process_index == jax.process_index()), None)
-  if device is None or device.platform == "cpu" or cfg.prefill_chunk:
+  device, caches, free = caches_against_free_memory(cfg, batch, capacity, devices)
+  if free is None or device.platform == "cpu" or cfg.prefill_chunk:
     return PREFILL_CHUNK_BYTES
-  free = device_free_bytes(device)
-  if free is None:
-    return PREFILL_CHUNK_BYTES
-  left = int((free - cache_bytes(cfg, batch, capacity)) * PREFILL_SHARE_OF_FREE)
+  left = int((free - caches) * PREFILL_SHARE_OF_FREE)
   return min(PREFILL_CHUNK_BYTES, 1 << max(left, 1).bit_length() - 1)
 
 

@@ -180,13 +180,18 @@ def device_free_bytes(device) -> int | None:
   return None
 
 
+def caches_against_free_memory(cfg: MtpConfig, batch: int, capacity: int, devices) -> tuple[object, int, int | None]:
+  """(device, need, free): the first of `devices` this process drives (None where it drives none: another host's
+  devices cannot be asked, jax.distributed), the caches' bytes per device, and its free bytes (None where there is no
+  device or its allocator does not say)."""
+  device = next((d for d in devices if d.process_index == jax.process_index()), None)
+  return device, cache_bytes(cfg, batch, capacity), None if device is None else device_free_bytes(device)
+
+
 def check_caches_fit(cfg: MtpConfig, batch: int, capacity: int, devices) -> None:
   """A clear error, before anything is allocated, when the caches alone cannot fit the memory of the
-  first of `devices` this process drives (another host's devices cannot be asked: jax.distributed)."""
-  device = next((d for d in devices if d.process_index == jax.process_index()), None)
-  if device is None:
-    return
-  need, free = cache_bytes(cfg, batch, capacity), device_free_bytes(device)
+  first of `devices` this process drives (`caches_against_free_memory`)."""
+  device, need, free = caches_against_free_memory(cfg, batch, capacity, devices)
   if free is not None and need > free:
     raise ValueError(f"the decode caches for {batch} row(s) × {capacity:,} positions need {need / 2**30:.2f} GiB "
                      f"per device ({cfg.num_hidden_layers} target + {cfg.num_nextn_predict_layers} MTP layers, "
