@@ -128,6 +128,8 @@ def _print_text(result: Gathered, model_line: str, prompts: list[list[int]], tex
           f"1 to k + 1 = {k + 1}; per position: how often the j-th draft was accepted)")
     print(f"{m.tokens_per_second:.1f} tokens/s = {m.tokens_per_second_per_acceptance_length:.1f} rounds/s (summed "
           f"over rows) × acceptance length {m.acceptance_length_mean:.2f}")
+  if m.compile_seconds:
+    print(f"compiling the prefill and the round took {m.compile_seconds:.1f} s before the prefill (not in tokens/s)")
   if result.matches is not None:
     ties = " up to near-ties (below)" if result.matches and result.differences else ""
     print(f"check: the output {'matches' if result.matches else 'DIFFERS FROM'} plain greedy decoding with the "

@@ -310,12 +310,12 @@ def gather(tp: int, rows: list[int], result, check: tuple[bool, list[dict]] | No
   all must call it); `result` is None for a replica with no rows. One process: the result as it is."""
   replicas, per, _ = _replica_layout(tp)
   matches, differences = (None, []) if check is None else check
-  mine = {"rows": rows, "tokens": [], "stopped": [], "failed": [], "metrics": [0, [0] * k, 0, 0.0], "matches": matches,
+  mine = {"rows": rows, "tokens": [], "stopped": [], "failed": [], "metrics": [0, [0] * k, 0, 0.0, 0.0], "matches": matches,
           "differences": differences}
   if result is not None:
     m = result.metrics
     mine.update(tokens=result.tokens, stopped=result.stopped_rows, failed=[rows[i] for i in result.failed_rows],
-                metrics=[m.rounds, list(m.accepted_per_position), m.tokens_generated, m.seconds])
+                metrics=[m.rounds, list(m.accepted_per_position), m.tokens_generated, m.seconds, m.compile_seconds])
   if jax.process_count() == 1:  # one process is one replica
     payloads = [mine]
   else:
@@ -331,7 +331,7 @@ def gather(tp: int, rows: list[int], result, check: tuple[bool, list[dict]] | No
   rounds = sum(p["metrics"][0] for p in payloads)
   accepted = tuple(int(x) for x in np.sum([p["metrics"][1] for p in payloads], axis=0))
   metrics = SpecMetrics(k, rounds, accepted, sum(p["metrics"][2] for p in payloads),
-                        max(p["metrics"][3] for p in payloads))
+                        max(p["metrics"][3] for p in payloads), max(p["metrics"][4] for p in payloads))
   checks = [p["matches"] for p in payloads if p["rows"]]
   found = tuple(sorted((d for p in payloads for d in p["differences"]), key=lambda d: d["row"]))
   return Gathered(tokens, stopped, sorted(r for p in payloads for r in p["failed"]), metrics,

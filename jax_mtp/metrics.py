@@ -24,6 +24,9 @@ stop token, and it never schedules fewer than k drafts near max_tokens (only nea
     tokens_per_second_per_acceptance_length   tokens_per_second / acceptance_length_mean, i.e. target
                                   forwards per second: comparable across runs whose drafts differ
 
+    compile_seconds               seconds this call spent compiling its prefill and round (0 where they were
+                                  compiled before, for the same shapes): the first request's wait before its prefill
+
 One rule of ours has no vLLM counterpart: a round in which a row fails (a non-finite target hidden,
 `DecodeState.failed_B`) counts only the drafts judged on finite hiddens before the first bad one.
 """
@@ -42,6 +45,7 @@ class SpecMetrics:
   accepted_per_position: tuple[int, ...]  # rounds in which the target accepted draft i (emitted or not), i < k
   tokens_generated: int  # over all rows, including each row's first token (from the prefill)
   seconds: float  # prefill + rounds, compilation excluded
+  compile_seconds: float = 0.0  # compiling this call's programs (0 where cached), before the prefill
 
   @property
   def draft_tokens_proposed(self) -> int:
@@ -78,4 +82,5 @@ class SpecMetrics:
         "draft_tokens_proposed": self.draft_tokens_proposed,
         "draft_tokens_accepted": self.draft_tokens_accepted,
         "tokens_per_second": self.tokens_per_second,
+        "compile_seconds": self.compile_seconds,
     }

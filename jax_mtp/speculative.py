@@ -176,8 +176,10 @@ class Speculator:
     sampled, max_new = temperature > 0, np.int32(max_new_tokens)
     sampling = Sampling.of(temperature, top_k, top_p, self.cfg.vocab_size)
     prefill_args = (*params, prompt_BT, lengths_B, jax.random.key(seed), sampling, stop_N)
-    prefill = self._compile("prefill", capacity, sampled, prefill_args, budget)
-    one_round = self._compile("round", capacity, sampled, (*params, prefill.out_info, max_new, sampling, stop_N))
+    prefill, prefill_seconds = self._compile("prefill", capacity, sampled, prefill_args, budget)
+    one_round, round_seconds = self._compile("round", capacity, sampled,
+                                             (*params, prefill.out_info, max_new, sampling, stop_N))
+    compile_seconds = prefill_seconds + round_seconds
 
     total = max_new_tokens * len(prompts)
     start = time.perf_counter()
@@ -206,21 +208,24 @@ class Speculator:
     tokens = _committed(state, max_new_tokens)
     if on_tokens is not None:
       on_tokens(tokens)
-    return SpecResult(tokens, self._metrics(state, sum(map(len, tokens)), seconds), state)
+    return SpecResult(tokens, self._metrics(state, sum(map(len, tokens)), seconds, compile_seconds), state)
 
-  def _metrics(self, state: DecodeState, tokens: int, seconds: float) -> SpecMetrics:
+  def _metrics(self, state: DecodeState, tokens: int, seconds: float, compile_seconds: float) -> SpecMetrics:
     stats = jax.tree.map(np.asarray, state.stats)
     return SpecMetrics(self.k, int(stats.rounds_B.sum()), tuple(int(n) for n in stats.accepted_at_M), tokens,
-                       seconds)
+                       seconds, compile_seconds)
 
   def _compile(self, name: str, capacity: int, sampled: bool, args, prefill_budget: int = PREFILL_CHUNK_BYTES):
-    """AOT-compiles the prefill or the round once per (capacity, greedy/sampled, argument shapes, the prefill's
-    byte budget): the timing of `generate` then excludes compilation."""
+    """(program, seconds spent compiling it now: 0 where compiled before): the prefill or the round AOT-compiled once
+    per (capacity, greedy/sampled, argument shapes, the prefill's byte budget); the timing of `generate` then
+    excludes compilation."""
     shapes = tuple((jnp.shape(x), jnp.result_type(x)) for x in jax.tree.leaves(args))
     key = (name, capacity, sampled, jax.tree.structure(args), shapes, prefill_budget)
-    if key not in self._compiled:
-      self._compiled[key] = self.program(name, capacity, sampled, args, prefill_budget).lower(*args).compile()
-    return self._compiled[key]
+    if key in self._compiled:
+      return self._compiled[key], 0.0
+    start = time.perf_counter()
+    self._compiled[key] = self.program(name, capacity, sampled, args, prefill_budget).lower(*args).compile()
+    return self._compiled[key], time.perf_counter() - start
 
   def kernels_ran(self) -> dict[str, dict[str, str]]:
     """{"prefill" / "round": {part: what ran}} over the programs `generate` compiled (`jax_mtp.ran_kernels`: read

@@ -6,7 +6,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -122,7 +122,8 @@ for program, parts in spec.kernels_ran().items():
 # * `acceptance_rate_per_position[i]`: the fraction of rounds in which draft i was accepted. Draft i
 #   counts only if drafts 0 … i−1 were too, so the rates never increase with i.
 # * `draft_tokens_proposed` = k · rounds, `draft_tokens_accepted` = Σ a.
-# * `tokens_per_second` excludes compilation (the prefill and the round are compiled ahead of time).
+# * `tokens_per_second` excludes compilation (the prefill and the round are compiled ahead of time);
+#   `compile_seconds` is what this call spent compiling them (0 when a call of the same shapes did).
 
 # %%
 m = result.metrics

@@ -21,7 +21,7 @@ from jax_mtp.errors import first_line
 
 VOCAB = jax_mtp.tiny().vocab_size
 METRIC_KEYS = {"acceptance_length_mean", "acceptance_rate_per_position", "draft_tokens_proposed",
-               "draft_tokens_accepted", "tokens_per_second"}
+               "draft_tokens_accepted", "tokens_per_second", "compile_seconds"}
 
 
 def _json_run(capsys, argv: list[str]) -> dict:
@@ -50,6 +50,7 @@ def test_random_tiny_run_prints_tokens_and_metrics(capsys):
   _assert_tokens([[int(t) for t in match.group(1).split(",")]], 1, 32)
   assert re.search(r"acceptance length \d\.\d\d · per position \[.*\] · drafts accepted \d+/\d+", out), out
   assert re.search(r"[0-9.]+ tokens/s = [0-9.]+ rounds/s \(summed over rows\) × acceptance length \d\.\d\d", out), out
+  assert re.search(r"compiling the prefill and the round took \d+\.\d s before the prefill", out), out
 
 
 def test_json_batch_with_check(capsys):
@@ -68,6 +69,7 @@ def test_json_batch_with_check(capsys):
   assert result["draft_tokens_accepted"] <= result["draft_tokens_proposed"]
   assert result["acceptance_length_mean"] == pytest.approx(1 + result["draft_tokens_accepted"] / rounds, rel=1e-12)
   assert result["tokens_per_second"] > 0
+  assert result["compile_seconds"] > 0  # a fresh Speculator compiles its two programs
 
 
 def test_check_at_tp2(capsys):

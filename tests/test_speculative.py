@@ -304,6 +304,7 @@ def test_no_recompilation_per_token():
     long = spec.generate(params, other_prompts, 30, capacity=CAPACITY)
   assert compiled == [], compiled
   assert long.metrics.rounds > 3 * short.metrics.rounds
+  assert short.metrics.compile_seconds > 0 and long.metrics.compile_seconds == 0  # the metric says which compiled
 
 
 def test_compilations_are_counted():
