@@ -36,6 +36,7 @@ import jax.numpy as jnp
 
 from jax_mtp import fp8
 from jax_mtp.config import MOE_IMPLS as EXPERT_IMPLS
+from jax_mtp.kernels.mosaic_gpu_common import lowered_once_per_launch
 from jax_mtp.platform import NOT_HOPPER, backend_name
 
 _HIGHEST = jax.lax.Precision.HIGHEST
@@ -312,9 +313,11 @@ def _lax_grouped_matmul(lhs_AX, w_EXY, group_sizes_E):
 TOKAMAX_GPU_BLOCKS = (64, 128, 128, 4)
 
 
+@lowered_once_per_launch("blocks", "persistent")
 def tokamax_gpu_grouped_matmul(lhs_AX, w_EXY, group_sizes_E, *, blocks=TOKAMAX_GPU_BLOCKS, persistent=False):
   """tokamax's Mosaic-GPU grouped matmul with an explicit block config (block_m, block_n, block_k,
-  num_stages); fp32 out. The defaults are the production choice; benchmarks sweep others."""
+  num_stages); fp32 out. The defaults are the production choice; benchmarks sweep others. Jitted, as our kernels'
+  entries are (`lowered_once_per_launch`): every layer's identical call lowers tokamax's kernel once."""
   import tokamax  # imported here: `import jax_mtp` stays light where no tokamax kernel runs
   # tokamax.ops.gpu re-exports these but also imports its Triton kernels (jax_triton); the module
   # that defines them does not.
@@ -328,7 +331,9 @@ def tokamax_gpu_grouped_matmul(lhs_AX, w_EXY, group_sizes_E, *, blocks=TOKAMAX_G
                             preferred_element_type=jnp.float32, implementation=[kernel])
 
 
+@lowered_once_per_launch()
 def _tokamax_tpu_grouped_matmul(lhs_AX, w_EXY, group_sizes_E):
+  """tokamax's Mosaic-TPU grouped matmul; fp32 out; jitted to lower once per shape (as the GPU form)."""
   import tokamax
 
   return tokamax.ragged_dot(lhs_AX, w_EXY, group_sizes_E, precision=_precision(w_EXY.dtype),
