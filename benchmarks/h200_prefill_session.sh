@@ -83,6 +83,8 @@
 #   topkforms2 (14:27 2026-12-06, an H100: cut in its tests by the budget) the k-th key kernel's packed sums and
 #            last-chunk step timed beside its old form (and packed_lazy since; its tests moved to topktests)
 #   topktests (not run yet) the top-k kernel's compiled tests
+#   lower61  (not run yet) V3.2's 61 layers: the CLI's prefill and round lowered and compiled on the GPU (abstract
+#            weights), `auto` experts, B = 8 and 64 over 4K prompts: the first request's wait, XLA's part included
 #   topkpass (not run yet; its first command's tests ran bare at 09:43 2026-12-07 on an H100: 36 passed) the top-k
 #            kernel padded and its passes a loop (2026-12-07): its compiled tests, e2e at B = 64 (whose round took
 #            225 s to lower before), the pass forms timed
@@ -205,6 +207,14 @@ case "${1:?stage}" in
       --timeout 100 tests/test_auto_gpu_paths.py tests/test_experts_gpu.py tests/test_experts.py \
       -k "16_bit_experts or mtp_layer or greedy_tokens or fp8_kernel_gives"
     run 200 e2e_gmm16f.md python3 -m benchmarks.e2e --prompt 4096 --batch 64 --iters 5
+    ;;
+  lower61)  # (not run yet) the CLI's two programs for V3.2's 61 layers compiled on this GPU from abstract weights
+             # (benchmarks.lowering_time --compile): the lowering (11 s on a CPU since 2026-12-07, 104 s before) and
+             # XLA's compile, which no CPU can time for a GPU; tokamax's jitted prefill experts under auto
+    run 280 lower61_b8.md python3 -m benchmarks.lowering_time --layers 61 --batch 8 --prompt 4096 --moe-impl auto \
+      --compile
+    run 280 lower61_b64.md python3 -m benchmarks.lowering_time --layers 61 --batch 64 --prompt 4096 --moe-impl auto \
+      --compile
     ;;
   topkpass)  # (not run yet) the top-k kernel since 2026-12-07 (its row padded in shared memory, its passes a loop:
               # 0.2 s to lower, not 11): its compiled tests, the 4,864-slot cases with padding among them; e2e at

@@ -4,6 +4,7 @@ compiles anything. Runs on any host (a CPU too): the programs are traced for an 
 
     python -m benchmarks.lowering_time --layers 2 --batch 64 --prompt 4096
     python -m benchmarks.lowering_time --layers 61 --batch 8 --prompt 4096      # V3.2's full depth
+    python -m benchmarks.lowering_time --layers 61 --batch 8 --moe-impl auto --compile   # on a GPU: XLA's part too
 
 Why it exists: on 2026-12-07 the CLI's round at B = 64 over 4K prompts took 225 s to lower on an H100's host, most of
 it Mosaic GPU's layout inference for the top-k kernel (11 s per layer and program); the kernel now lowers in
@@ -71,6 +72,22 @@ def _abstract(x):
   return x if isinstance(x, jax.ShapeDtypeStruct) else jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x))
 
 
+def _program_args(cfg: jax_mtp.MtpConfig, prompts):
+  """(params, the prefill's arguments, greedy, stop ids): abstract, as `Speculator.generate` passes them."""
+  mtp = jax.eval_shape(lambda key: jax_mtp.init_params(cfg, key), jax.random.key(1))
+  params = SpecParams(jax.eval_shape(lambda key: init_target_params(cfg, key), jax.random.key(0)),
+                      {name: x for name, x in mtp.items() if name not in SHARED_WITH_TARGET})
+  prompt_BT, lengths_B = pack_prompts(prompts)
+  greedy, stop_N = np.float32(0), stop_id_array(cfg, [])
+  args = jax.tree.map(_abstract, (*params, prompt_BT, lengths_B, jax.eval_shape(lambda: jax.random.key(0)), greedy,
+                                  stop_N))
+  return params, args, greedy, stop_N
+
+
+def _round_args(params, state, max_new: int, greedy, stop_N):
+  return jax.tree.map(_abstract, (*params, state, np.int32(max_new), greedy, stop_N))
+
+
 def export_programs(cfg: jax_mtp.MtpConfig, prompts, max_new: int, k: int):
   """(capacity, [(name, exported, seconds, {kernel: [seconds]} or None where this jax has no hook to time them)]) for
   the CLI's prefill and greedy round, exported for an abstract H200 at the capacity the CLI's request rule gives
@@ -79,13 +96,7 @@ def export_programs(cfg: jax_mtp.MtpConfig, prompts, max_new: int, k: int):
   mesh = AbstractMesh((1,), ("tp",), axis_types=(AxisType.Auto,), abstract_device=H200)
   spec = jax_mtp.Speculator(cfg, mesh, k)
   capacity = required_capacity(cfg, prompts, max_new, k)
-  mtp = jax.eval_shape(lambda key: jax_mtp.init_params(cfg, key), jax.random.key(1))
-  params = SpecParams(jax.eval_shape(lambda key: init_target_params(cfg, key), jax.random.key(0)),
-                      {name: x for name, x in mtp.items() if name not in SHARED_WITH_TARGET})
-  prompt_BT, lengths_B = pack_prompts(prompts)
-  greedy, stop_N = np.float32(0), stop_id_array(cfg, [])
-  args = jax.tree.map(_abstract, (*params, prompt_BT, lengths_B, jax.eval_shape(lambda: jax.random.key(0)), greedy,
-                                  stop_N))
+  params, args, greedy, stop_N = _program_args(cfg, prompts)
   checks = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
   rows = []
   with jax.sharding.use_abstract_mesh(mesh):
@@ -96,8 +107,29 @@ def export_programs(cfg: jax_mtp.MtpConfig, prompts, max_new: int, k: int):
                                      disabled_checks=checks)(*args)
         rows.append((name, exported, time.perf_counter() - start, dict(clock.seconds) if clock.available else None))
       if name == "prefill":
-        state = jax.tree.unflatten(exported.out_tree, exported.out_avals)
-        args = jax.tree.map(_abstract, (*params, state, np.int32(max_new), greedy, stop_N))
+        args = _round_args(params, jax.tree.unflatten(exported.out_tree, exported.out_avals), max_new, greedy, stop_N)
+  return capacity, rows
+
+
+def compile_programs(cfg: jax_mtp.MtpConfig, prompts, max_new: int, k: int):
+  """(capacity, [(name, lowering seconds, XLA's compile seconds, {kernel: [seconds]} or None)]) for the same two
+  programs on this process's first device, as `Speculator.generate` compiles them (`cfg.moe_impl` may be `auto`
+  here); the arguments stay abstract, so no weights are allocated (a 61-layer V3.2 compiles on one GPU). The
+  prefill's chunk follows the fixed byte budget: with no weights placed, the memory-sized one would be the same."""
+  spec = jax_mtp.Speculator(cfg, jax_mtp.make_mesh(1), k)
+  capacity = required_capacity(cfg, prompts, max_new, k)
+  params, args, greedy, stop_N = _program_args(cfg, prompts)
+  rows = []
+  for name in ("prefill", "round"):
+    with KernelClock() as clock:
+      start = time.perf_counter()
+      lowered = spec.program(name, capacity, False, args).lower(*args)
+    lowered_at = time.perf_counter()
+    compiled = lowered.compile()
+    rows.append((name, lowered_at - start, time.perf_counter() - lowered_at,
+                 dict(clock.seconds) if clock.available else None))
+    if name == "prefill":
+      args = _round_args(params, compiled.out_info, max_new, greedy, stop_N)
   return capacity, rows
 
 
@@ -110,20 +142,32 @@ def main(argv=None) -> int:
   parser.add_argument("-k", type=int, default=3)
   parser.add_argument("--moe-impl", default="mosaic_gpu", choices=jax_mtp.config.MOE_IMPLS,
                       help="routed experts (GPU `auto` reads the local GPU when traced: name one here)")
+  parser.add_argument("--compile", action="store_true",
+                      help="lower and compile for this process's first device (a GPU: XLA's compile time too; "
+                           "`--moe-impl auto` allowed) instead of exporting for an abstract H200")
   args = parser.parse_args(argv)
   cfg = jax_mtp.deepseek_v32().replace(num_hidden_layers=args.layers, first_k_dense_replace=min(1, args.layers - 1),
                                        moe_impl=args.moe_impl)
-  capacity, rows = export_programs(cfg, [[5] * args.prompt] * args.batch, args.max_new, args.k)
-  print(f"lowering for an abstract H200 on {jax.devices()[0].device_kind}, jax {jax.__version__}: V3.2 width, "
-        f"{args.layers} target layers + the MTP layer, B = {args.batch}, prompt {args.prompt}, capacity {capacity}, "
-        f"k = {args.k}, experts {args.moe_impl}\n")
-  print("| program | export s | Mosaic GPU kernel | lowerings | total s | slowest s |\n|---|---:|---|---:|---:|---:|")
-  for name, _, seconds, kernels in rows:
+  prompts = [[5] * args.prompt] * args.batch
+  if args.compile:
+    capacity, rows = compile_programs(cfg, prompts, args.max_new, args.k)
+    target = f"compiled for {jax.devices()[0].device_kind}"
+  else:
+    capacity, exported = export_programs(cfg, prompts, args.max_new, args.k)
+    rows = [(name, seconds, None, kernels) for name, _, seconds, kernels in exported]
+    target = f"exported for an abstract H200 on {jax.devices()[0].device_kind}"
+  print(f"the CLI's programs {target}, jax {jax.__version__}: V3.2 width, {args.layers} target layers + the MTP layer, "
+        f"B = {args.batch}, prompt {args.prompt}, capacity {capacity}, k = {args.k}, experts {args.moe_impl}\n")
+  print("| program | lowering s | XLA compile s | Mosaic GPU kernel | lowerings | total s | slowest s |\n"
+        "|---|---:|---:|---|---:|---:|---:|")
+  for name, seconds, xla, kernels in rows:
+    head = f"| {name} | {seconds:.1f} | {'—' if xla is None else f'{xla:.1f}'} |"
     if kernels is None:
-      print(f"| {name} | {seconds:.1f} | (this jax has no lower_jaxpr_to_module to time) | | | |")
-      continue
-    for kernel, times in sorted(kernels.items(), key=lambda item: -sum(item[1])):
-      print(f"| {name} | {seconds:.1f} | {kernel} | {len(times)} | {sum(times):.2f} | {max(times):.2f} |")
+      print(f"{head} (this jax has no lower_jaxpr_to_module to time) | | | |")
+    for kernel, times in sorted((kernels or {}).items(), key=lambda item: -sum(item[1])):
+      print(f"{head} {kernel} | {len(times)} | {sum(times):.2f} | {max(times):.2f} |")
+    if kernels == {}:
+      print(f"{head} none | | | |")
   return 0
 
 

@@ -10,7 +10,7 @@ def _lowerings(capsys, layers: int) -> dict[tuple[str, str], int]:
   assert main(["--layers", str(layers), "--batch", "2", "--prompt", "2100", "--max-new", "8"]) == 0
   rows = [line.split("|") for line in capsys.readouterr().out.splitlines() if line.startswith("| prefill")
           or line.startswith("| round")]
-  return {(row[1].strip(), row[3].strip()): int(row[4]) for row in rows}
+  return {(row[1].strip(), row[4].strip()): int(row[5]) for row in rows}
 
 
 def test_kernel_lowerings_do_not_grow_with_depth(capsys):
@@ -19,3 +19,13 @@ def test_kernel_lowerings_do_not_grow_with_depth(capsys):
   assert {kernel for (program, kernel) in two if program == "round"} == ours  # B · 4 = 8 queries: XLA's top-k
   assert {kernel for (program, kernel) in two if program == "prefill"} == ours | {"dsa_topk_kth_mgpu"}
   assert two == four
+
+
+def test_compile_programs_compiles_what_generate_runs():
+  """`--compile`'s path on this CPU at the tiny model's width: the two programs lower and compile for the local
+  device from abstract arguments, the round's from the compiled prefill's outputs (a GPU adds XLA's GPU compile)."""
+  import jax_mtp  # noqa: PLC0415
+  from benchmarks.lowering_time import compile_programs  # noqa: PLC0415
+  capacity, rows = compile_programs(jax_mtp.tiny(), [[1, 2, 3], [4, 5]], 4, 2)
+  assert capacity == 3 + 4 + 2 and [name for name, *_ in rows] == ["prefill", "round"]
+  assert all(lowering > 0 and xla > 0 for _, lowering, xla, _ in rows)
