@@ -29,6 +29,7 @@ import numpy as np
 from jax.sharding import AbstractMesh, AxisType
 
 import jax_mtp
+from jax_mtp import fp8
 from jax_mtp.model import init_target_params
 from jax_mtp.request import pack_prompts, required_capacity, stop_id_array
 from jax_mtp.sharding import SHARED_WITH_TARGET
@@ -72,11 +73,15 @@ def _abstract(x):
   return x if isinstance(x, jax.ShapeDtypeStruct) else jax.ShapeDtypeStruct(jnp.shape(x), jnp.result_type(x))
 
 
-def _program_args(cfg: jax_mtp.MtpConfig, prompts):
-  """(params, the prefill's arguments, greedy, stop ids): abstract, as `Speculator.generate` passes them."""
+def _program_args(cfg: jax_mtp.MtpConfig, prompts, weights: str = "bf16"):
+  """(params, the prefill's arguments, greedy, stop ids): abstract, as `Speculator.generate` passes them; `weights`
+  "fp8": the tree `--weights fp8` loads (codes + block scales)."""
   mtp = jax.eval_shape(lambda key: jax_mtp.init_params(cfg, key), jax.random.key(1))
-  params = SpecParams(jax.eval_shape(lambda key: init_target_params(cfg, key), jax.random.key(0)),
-                      {name: x for name, x in mtp.items() if name not in SHARED_WITH_TARGET})
+  target = jax.eval_shape(lambda key: init_target_params(cfg, key), jax.random.key(0))
+  drafter = {name: x for name, x in mtp.items() if name not in SHARED_WITH_TARGET}
+  if weights == "fp8":
+    target, drafter = (fp8.as_checkpoint_fp8(tree, cfg.fp8_block, fp8.abstract_fp8) for tree in (target, drafter))
+  params = SpecParams(target, drafter)
   prompt_BT, lengths_B = pack_prompts(prompts)
   greedy, stop_N = np.float32(0), stop_id_array(cfg, [])
   args = jax.tree.map(_abstract, (*params, prompt_BT, lengths_B, jax.eval_shape(lambda: jax.random.key(0)), greedy,
@@ -88,15 +93,16 @@ def _round_args(params, state, max_new: int, greedy, stop_N):
   return jax.tree.map(_abstract, (*params, state, np.int32(max_new), greedy, stop_N))
 
 
-def export_programs(cfg: jax_mtp.MtpConfig, prompts, max_new: int, k: int):
+def export_programs(cfg: jax_mtp.MtpConfig, prompts, max_new: int, k: int, weights: str = "bf16"):
   """(capacity, [(name, exported, seconds, {kernel: [seconds]} or None where this jax has no hook to time them)]) for
   the CLI's prefill and greedy round, exported for an abstract H200 at the capacity the CLI's request rule gives
   `prompts` (`request.required_capacity`). `cfg.moe_impl` must be explicit: tokamax's Mosaic GPU kernel (GPU `auto`)
-  reads the local GPU when traced. (tests/lowered_step.py reads the same programs' MLIR.)"""
+  reads the local GPU when traced. `weights`: as `_program_args`. (tests/lowered_step.py reads the same programs'
+  MLIR.)"""
   mesh = AbstractMesh((1,), ("tp",), axis_types=(AxisType.Auto,), abstract_device=H200)
   spec = jax_mtp.Speculator(cfg, mesh, k)
   capacity = required_capacity(cfg, prompts, max_new, k)
-  params, args, greedy, stop_N = _program_args(cfg, prompts)
+  params, args, greedy, stop_N = _program_args(cfg, prompts, weights)
   checks = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
   rows = []
   with jax.sharding.use_abstract_mesh(mesh):
@@ -111,14 +117,14 @@ def export_programs(cfg: jax_mtp.MtpConfig, prompts, max_new: int, k: int):
   return capacity, rows
 
 
-def compile_programs(cfg: jax_mtp.MtpConfig, prompts, max_new: int, k: int):
+def compile_programs(cfg: jax_mtp.MtpConfig, prompts, max_new: int, k: int, weights: str = "bf16"):
   """(capacity, [(name, lowering seconds, XLA's compile seconds, {kernel: [seconds]} or None)]) for the same two
   programs on this process's first device, as `Speculator.generate` compiles them (`cfg.moe_impl` may be `auto`
   here); the arguments stay abstract, so no weights are allocated (a 61-layer V3.2 compiles on one GPU). The
   prefill's chunk follows the fixed byte budget: with no weights placed, the memory-sized one would be the same."""
   spec = jax_mtp.Speculator(cfg, jax_mtp.make_mesh(1), k)
   capacity = required_capacity(cfg, prompts, max_new, k)
-  params, args, greedy, stop_N = _program_args(cfg, prompts)
+  params, args, greedy, stop_N = _program_args(cfg, prompts, weights)
   rows = []
   for name in ("prefill", "round"):
     with KernelClock() as clock:
@@ -142,6 +148,9 @@ def main(argv=None) -> int:
   parser.add_argument("-k", type=int, default=3)
   parser.add_argument("--moe-impl", default="mosaic_gpu", choices=jax_mtp.config.MOE_IMPLS,
                       help="routed experts (GPU `auto` reads the local GPU when traced: name one here)")
+  parser.add_argument("--weights", default="bf16", choices=("bf16", "fp8"),
+                      help="fp8: the weights `--weights fp8` keeps (codes + block scales; experts `auto` = the FP8 "
+                           "kernel on a Hopper)")
   parser.add_argument("--compile", action="store_true",
                       help="lower and compile for this process's first device (a GPU: XLA's compile time too; "
                            "`--moe-impl auto` allowed) instead of exporting for an abstract H200")
@@ -150,14 +159,15 @@ def main(argv=None) -> int:
                                        moe_impl=args.moe_impl)
   prompts = [[5] * args.prompt] * args.batch
   if args.compile:
-    capacity, rows = compile_programs(cfg, prompts, args.max_new, args.k)
+    capacity, rows = compile_programs(cfg, prompts, args.max_new, args.k, args.weights)
     target = f"compiled for {jax.devices()[0].device_kind}"
   else:
-    capacity, exported = export_programs(cfg, prompts, args.max_new, args.k)
+    capacity, exported = export_programs(cfg, prompts, args.max_new, args.k, args.weights)
     rows = [(name, seconds, None, kernels) for name, _, seconds, kernels in exported]
     target = f"exported for an abstract H200 on {jax.devices()[0].device_kind}"
   print(f"the CLI's programs {target}, jax {jax.__version__}: V3.2 width, {args.layers} target layers + the MTP layer, "
-        f"B = {args.batch}, prompt {args.prompt}, capacity {capacity}, k = {args.k}, experts {args.moe_impl}\n")
+        f"B = {args.batch}, prompt {args.prompt}, capacity {capacity}, k = {args.k}, {args.weights} weights, experts "
+        f"{args.moe_impl}\n")
   print("| program | lowering s | XLA compile s | Mosaic GPU kernel | lowerings | total s | slowest s |\n"
         "|---|---:|---:|---|---:|---:|---:|")
   for name, seconds, xla, kernels in rows:

@@ -29,3 +29,17 @@ def test_compile_programs_compiles_what_generate_runs():
   capacity, rows = compile_programs(jax_mtp.tiny(), [[1, 2, 3], [4, 5]], 4, 2)
   assert capacity == 3 + 4 + 2 and [name for name, *_ in rows] == ["prefill", "round"]
   assert all(lowering > 0 and xla > 0 for _, lowering, xla, _ in rows)
+
+
+def test_fp8_weights_lower_the_fp8_kernel_once_per_launch(capsys):
+  """`--weights fp8` (the tree `--weights fp8` loads): the round's FP8 grouped matmul (experts and dense linears) is
+  lowered once per distinct launch, so 2 and 4 layers lower it equally often."""
+  def lowerings(layers):
+    assert main(["--layers", str(layers), "--batch", "2", "--prompt", "2100", "--max-new", "8", "--weights", "fp8",
+                 "--moe-impl", "auto"]) == 0
+    out = capsys.readouterr().out
+    assert "fp8 weights" in out
+    return {line.split("|")[4].strip(): int(line.split("|")[5]) for line in out.splitlines()
+            if line.startswith("| round")}
+  two = lowerings(2)
+  assert two["fp8_codes_gmm_mgpu"] > 0 and two == lowerings(4)
