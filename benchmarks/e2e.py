@@ -9,7 +9,8 @@ token: time to first token) in seconds, tokens/s and MFU; the round (k draft ste
 acceptance) beside its floor; the plain target step; tokens/s at the published acceptance lengths (random
 weights accept no drafts, and a round does the same work whatever is accepted: DeepSeek-V3.2's mean
 acceptance length 1.92 at k = 1, vLLM PR #25982; 2.96 at k = 3, SGLang PR #15307); and which implementation
-each part ran, read from the compiled programs' HLO (the kernels' names), not from the config.
+each part ran, read from the compiled programs' HLO (the kernels' names), not from the config; and the seconds to
+lower and compile the prefill and the round (what a first request waits before its prefill).
 
 Counts (stated, per token, all multiply-adds × 2):
   prefill FLOPs  every matmul a token runs in each target layer and the MTP layer (q_a, q_b, kv_a, the
@@ -218,7 +219,9 @@ def run_row(args, cfg, spec, params, prompt_len: int, batch: int, rng, peak: flo
   row["prefill"] = prefills
   state = prefill(*prefill_args)
   round_args = (*params, state, max_new, sampling, stop_N)
+  start = time.perf_counter()
   one_round = spec.program("round", capacity, sampled, round_args).lower(*round_args).compile()
+  row["round_compile_s"] = time.perf_counter() - start  # lowering + XLA's compile: a first request waits for both
   row["round_impls"] = parts_ran(one_round.as_text())
   state, _ = one_round(*params, state, max_new, sampling, stop_N)
   runs = []
@@ -280,10 +283,11 @@ def _acceptance(k: int) -> list[float]:
 def print_header(args) -> None:
   lengths = ", ".join(f"{length}" for length in _acceptance(args.k))
   print("| weights | prompt | B | capacity | prefill chunk | prefill s (TTFT) | prefill tok/s | MFU | round ms | "
-        f"round floor ms | floor / round | plain step ms | tok/s at L = {lengths} | plain tok/s | "
+        f"round floor ms | floor / round | plain step ms | tok/s at L = {lengths} | plain tok/s | compile s "
+        "(prefill + round) | "
         "prefill: index scores / top-k / sparse attn / dense attn / experts | round: index scores / top-k / sparse attn "
         "/ dense attn / experts |")
-  print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
+  print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
 
 
 def print_row(row: dict, flush: bool = False) -> None:
@@ -295,7 +299,8 @@ def print_row(row: dict, flush: bool = False) -> None:
           f"{prefill['seconds']:.3f} | {prefill['tokens_per_s']:,.0f} | {prefill['mfu']:.1%} | "
           f"{row['round_s'] * 1e3:.2f} | {row['round_floor_s'] * 1e3:.2f} | "
           f"{row['round_floor_s'] / row['round_s']:.2f} | "
-          f"{row['plain_step_s'] * 1e3:.2f} | {tps} | {row['plain_tokens_per_s']:,.0f} | {p_impls} | {r_impls} |",
+          f"{row['plain_step_s'] * 1e3:.2f} | {tps} | {row['plain_tokens_per_s']:,.0f} | "
+          f"{prefill['compile_s']:.1f} + {row['round_compile_s']:.1f} | {p_impls} | {r_impls} |",
           flush=flush)
 
 
