@@ -304,7 +304,7 @@ def test_no_recompilation_per_token():
     long = spec.generate(params, other_prompts, 30, capacity=CAPACITY)
   assert compiled == [], compiled
   assert long.metrics.rounds > 3 * short.metrics.rounds
-  assert short.metrics.compile_seconds > 0 and long.metrics.compile_seconds == 0  # the metric says which compiled
+  assert long.metrics.compile_seconds == 0  # the metric says so too
 
 
 def test_compilations_are_counted():
@@ -316,6 +316,7 @@ def test_compilations_are_counted():
     result = spec.generate(spec.shard(target_params, {}), _prompts(SMALL_VOCAB), MAX_NEW, capacity=CAPACITY)
   assert result.metrics.rounds == len(PROMPT_LENGTHS) * (MAX_NEW - 1)  # always wrong: 1 token per round
   assert compiled.count("jit(_round_per_shard)") == 1 and compiled.count("jit(_prefill_per_shard)") == 1, compiled
+  assert result.metrics.compile_seconds > 0  # and the metric counts them
 
 
 def test_greedy_acceptance_is_the_longest_matching_prefix_plus_bonus():
