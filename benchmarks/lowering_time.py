@@ -1,6 +1,7 @@
 """Seconds to lower the CLI's two programs (the speculator's prefill and its greedy round) for a CUDA GPU, and which
 Mosaic GPU kernels those seconds went to: the part of a first request's wait that runs in Python before XLA
-compiles anything. Runs on any host (a CPU too): the programs are traced for an abstract H200 with abstract weights.
+compiles anything. Runs on any host (a CPU too): the programs are traced for an abstract H200 with abstract weights;
+`--compile` lowers and compiles them for this process's own device instead, so on a GPU XLA's part is timed too.
 
     python -m benchmarks.lowering_time --layers 2 --batch 64 --prompt 4096
     python -m benchmarks.lowering_time --layers 61 --batch 8 --prompt 4096      # V3.2's full depth
@@ -10,8 +11,9 @@ Why it exists: on 2026-12-07 the CLI's round at B = 64 over 4K prompts took 225 
 it Mosaic GPU's layout inference for the top-k kernel (11 s per layer and program); the kernel now lowers in
 0.15-0.3 s (kernels/topk_mgpu.py). A kernel whose lowering grows with its body's size shows here before a user waits.
 
-Per program: the export's seconds (trace + lowering to MLIR, as `jax.export` does; the CLI's `.lower()` does the
-same work), then per kernel name the Mosaic GPU lowerings' count, total and slowest seconds. Kernel times come from
+Per program: the lowering's seconds (trace + lowering to MLIR: `jax.export`'s, or with `--compile` the `.lower()`
+the CLI runs), XLA's compile seconds (`--compile` only), then per kernel name the Mosaic GPU lowerings' count, total
+and slowest seconds. Kernel times come from
 wrapping `jax._src.pallas.mosaic_gpu.lowering.lower_jaxpr_to_module` (a private function: where a jax lacks it the
 table says so rather than showing zeros).
 """
@@ -48,7 +50,10 @@ class KernelClock:
     except ImportError:
       lowering = None
     self._module = lowering if lowering is not None and hasattr(lowering, "lower_jaxpr_to_module") else None
-    self.available = self._module is not None
+
+  @property
+  def available(self) -> bool:
+    return self._module is not None
 
   def __enter__(self):
     if self.available:

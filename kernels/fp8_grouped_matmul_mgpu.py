@@ -99,7 +99,7 @@ def check_operands(x_AK, codes_EKN, scale_EkN, group_sizes_E, config: Config) ->
     raise ValueError(f"subtiles={config.subtiles} must be ≥ 1")
 
 
-@lowered_once_per_launch('config', 'interpret')
+@lowered_once_per_launch("config", "interpret")
 def fp8_grouped_matmul_mgpu(x_AK: jax.Array, codes_EKN: jax.Array, scale_EkN: jax.Array, group_sizes_E: jax.Array,
                             *, config: Config | None = None, interpret=False) -> jax.Array:
   """fp32 [A, N]: the rows of group e (sorted, consecutive) times expert e's FP8 weight (e4m3 codes [E, K, N],

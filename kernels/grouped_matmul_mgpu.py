@@ -105,7 +105,7 @@ def check_operands(x_AK, w_EKN, group_sizes_E, config: Config) -> None:
     raise ValueError(f"stages={config.stages} and row_programs={config.row_programs} must be ≥ 1")
 
 
-@lowered_once_per_launch('config', 'interpret')
+@lowered_once_per_launch("config", "interpret")
 def grouped_matmul_mgpu(x_AK: jax.Array, w_EKN: jax.Array, group_sizes_E: jax.Array, *, config: Config | None = None,
                         interpret=False) -> jax.Array:
   """fp32 [A, N]: the rows of group e (sorted, consecutive) times expert e's weight [K, N] (x and w one 16-bit

@@ -134,7 +134,7 @@ def check_operands(q_BTIJ, k_BSJ, w_BTI, *, k_scale_BS, positions_BT, config: Co
     raise ValueError(f"positions_BT of shape {positions_BT.shape} does not match the queries' {(b, t)}")
 
 
-@lowered_once_per_launch('scale', 'config', 'interpret')
+@lowered_once_per_launch("scale", "config", "interpret")
 def index_scores_mgpu(q_BTIJ: jax.Array, k_BSJ: jax.Array, w_BTI: jax.Array, scale: float, *,
                       k_scale_BS: jax.Array | None = None, positions_BT: jax.Array | None = None,
                       config: Config | None = None, interpret=False) -> jax.Array:

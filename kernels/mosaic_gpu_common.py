@@ -1,5 +1,6 @@
-"""What the Mosaic GPU kernels share (`index_scores_mgpu.py`, `sparse_mla_mgpu.py`, `fp8_grouped_matmul_mgpu.py`): the
-shared-memory layout of a wgmma operand, and their `interpret=` argument."""
+"""What the Mosaic GPU kernels share (`index_scores_mgpu.py`, `sparse_mla_mgpu.py`, `fp8_grouped_matmul_mgpu.py`,
+`grouped_matmul_mgpu.py`, `topk_mgpu.py`): the shared-memory layout of a wgmma operand, their `interpret=` argument,
+and their entry points jitted to lower once per launch."""
 
 from __future__ import annotations
 

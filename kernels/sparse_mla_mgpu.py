@@ -193,7 +193,7 @@ def smem_bytes(c: int, r: int, e: int, latent_itemsize: int, scale_groups: int =
   return sum(map(kib, buffers)) + 8 * (5 + 4 * sets)  # barriers of 8 bytes
 
 
-@lowered_once_per_launch('scale', 'config', 'out_dtype', 'interpret', 'profile_dir')
+@lowered_once_per_launch("scale", "config", "out_dtype", "interpret", "profile_dir")
 def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax.Array, k_pe_BSR: jax.Array,
                     slots_BTK: jax.Array, scale: float, *, latent_scale_BSG: jax.Array | None = None,
                     config: Config | None = None, out_dtype=jnp.float32, interpret=False,

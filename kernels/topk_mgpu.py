@@ -187,7 +187,7 @@ def reference_tie_cutoff(scores_BTS: jax.Array, positions_BT: jax.Array, k: int)
   return jnp.where(tied_upto[..., -1] == wanted, s, cutoff)
 
 
-@lowered_once_per_launch('k', 'config', 'interpret', 'tie_cutoff')
+@lowered_once_per_launch("k", "config", "interpret", "tie_cutoff")
 def _row_kernel(scores_BTS, positions_BT, k: int, config: Config | None, interpret, *, tie_cutoff: bool):
   """int32 [B·T, 128]: a row's k-th key (signed-domain bits of the unsigned key) in lane 0, its tie cutoff in lane 1
   (`tie_cutoff`)."""

@@ -49,6 +49,12 @@ def speculator_modules(cfg: jax_mtp.MtpConfig, prompts, max_new_tokens: int, k: 
   return {name: exported.mlir_module() for name, exported, *_ in programs}
 
 
+def kernel_lowerings(module_text: str, kernel_name: str) -> int:
+  """How many Mosaic GPU custom calls of the kernel named `kernel_name` a module's text holds (each is one line,
+  holding its serialized kernel and so its name): one per distinct launch, however many sites call it."""
+  return sum(kernel_name in line for line in module_text.splitlines() if "custom_call @mosaic_gpu" in line)
+
+
 def kernel_calls(module_text: str, kernel_name: str) -> int:
   """How many times a lowered or exported module launches the Mosaic GPU kernel named `kernel_name`, counted by call
   site: a kernel's custom call (one line of the text, holding its serialized kernel and so its name) sits in the
@@ -65,7 +71,7 @@ def kernel_calls(module_text: str, kernel_name: str) -> int:
 
   @functools.cache
   def launches(func: str) -> int:
-    own = sum(kernel_name in line for line in body[func] if "custom_call @mosaic_gpu" in line)
+    own = kernel_lowerings("\n".join(body[func]), kernel_name)
     callees = (callee for line in body[func] for callee in re.findall(r"(?<!custom_)call @([^\s(]+)\(", line))
     return own + sum(launches(callee) for callee in callees)
   return launches("main")

@@ -29,7 +29,7 @@ from tests import fp8_matmul_cases as fp8_cases
 from tests.conftest import FULL_ONLY, FULL_TESTS
 from tests.devices import needs_devices
 from tests.hf_checkpoint import write_checkpoint
-from tests.lowered_step import kernel_calls
+from tests.lowered_step import H200, kernel_calls
 from tests.tolerances import assert_close
 
 CFG = jax_mtp.tiny(vocab_size=250)
@@ -357,8 +357,7 @@ def test_fp8_grouped_kernel_is_in_the_lowered_cuda_step():
     caches = jax.eval_shape(lambda: jax_mtp.init_caches(cfg, 2, 64))
     ids, hidden = jax.ShapeDtypeStruct((2, 1), jnp.int32), jax.ShapeDtypeStruct((2, 1, 256), jnp.bfloat16)
     step = jax.jit(lambda p, i, pos, h, c: jax_mtp.MtpPredictor(cfg).apply({"params": p}, i, pos, h, c).hidden_BTD)
-    device = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
-    mesh = AbstractMesh((1,), ("tp",), axis_types=(AxisType.Auto,), abstract_device=device)
+    mesh = AbstractMesh((1,), ("tp",), axis_types=(AxisType.Auto,), abstract_device=H200)
     with jax.sharding.use_abstract_mesh(mesh):
       module = jax.export.export(step, platforms=["cuda"])(params, ids, ids, hidden, caches).mlir_module()
     return kernel_calls(module, FP8_KERNEL), params
@@ -389,8 +388,7 @@ def test_auto_runs_a_prefill_chunks_rows_through_xlas_gemm_and_decode_rows_throu
   def kernel_calls(shape, **kwargs):
     module = Linear(256, 384, "bfloat16", "bfloat16", (128, 128), **kwargs)
     step = jax.jit(lambda p, x: module.apply({"params": p}, x))
-    device = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
-    mesh = AbstractMesh((1,), ("tp",), axis_types=(AxisType.Auto,), abstract_device=device)
+    mesh = AbstractMesh((1,), ("tp",), axis_types=(AxisType.Auto,), abstract_device=H200)
     with jax.sharding.use_abstract_mesh(mesh):
       text = jax.export.export(step, platforms=["cuda"])(params, jax.ShapeDtypeStruct((*shape, 256),
                                                                                      jnp.bfloat16)).mlir_module()

@@ -24,10 +24,10 @@ from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu_common import KERNEL_NAME, MAX_
 from jax_mtp import ShardedMtp
 from jax_mtp.sharding import make_mesh
 from tests.test_kernel_lowering import _abstract_args
+from tests.lowered_step import H200
 from tests.tolerances import assert_close
 
 EPS = 1e-6
-H200 = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
 ON_GPU = jax.devices()[0].platform == "gpu"
 # (push, entry_barrier): the kernel's protocols for tp > 1; the first is the default.
 PROTOCOLS = [("tma", False), ("st", True), ("tma", True), ("st", False)]

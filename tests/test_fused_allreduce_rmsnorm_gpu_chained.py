@@ -27,10 +27,10 @@ from jax_mtp.kernels.fused_allreduce_rmsnorm_gpu_chained import (CHAIN_MAX_ROWS,
                                                                 workspace_copies)
 from jax_mtp.model import TargetModel, init_target_caches, init_target_params
 from jax_mtp.sharding import jit_per_shard, make_mesh, param_specs, replicated, tensor_parallel
+from tests.lowered_step import H200
 from tests.tolerances import assert_close
 
 EPS = 1e-6
-H200 = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="cuda")
 ON_GPU = jax.devices()[0].platform == "gpu"
 
 

@@ -5,11 +5,14 @@ lowered once: `mosaic_gpu_common.lowered_once_per_launch`)."""
 from benchmarks.lowering_time import main
 
 
-def _lowerings(capsys, layers: int) -> dict[tuple[str, str], int]:
+def _lowerings(capsys, layers: int, weights: str = "bf16", moe_impl: str = "mosaic_gpu") -> dict[tuple[str, str], int]:
+  """{(program, kernel): lowerings} from the table of a run at `layers` (its header naming `weights`)."""
   # a 2,100-token prompt: past index_topk (2,048), so the indexer's kernels run; the prefill's top-k from 64 queries
-  assert main(["--layers", str(layers), "--batch", "2", "--prompt", "2100", "--max-new", "8"]) == 0
-  rows = [line.split("|") for line in capsys.readouterr().out.splitlines() if line.startswith("| prefill")
-          or line.startswith("| round")]
+  assert main(["--layers", str(layers), "--batch", "2", "--prompt", "2100", "--max-new", "8", "--weights", weights,
+               "--moe-impl", moe_impl]) == 0
+  out = capsys.readouterr().out
+  assert f"{weights} weights" in out
+  rows = [line.split("|") for line in out.splitlines() if line.startswith("| prefill") or line.startswith("| round")]
   return {(row[1].strip(), row[4].strip()): int(row[5]) for row in rows}
 
 
@@ -34,12 +37,5 @@ def test_compile_programs_compiles_what_generate_runs():
 def test_fp8_weights_lower_the_fp8_kernel_once_per_launch(capsys):
   """`--weights fp8` (the tree `--weights fp8` loads): the round's FP8 grouped matmul (experts and dense linears) is
   lowered once per distinct launch, so 2 and 4 layers lower it equally often."""
-  def lowerings(layers):
-    assert main(["--layers", str(layers), "--batch", "2", "--prompt", "2100", "--max-new", "8", "--weights", "fp8",
-                 "--moe-impl", "auto"]) == 0
-    out = capsys.readouterr().out
-    assert "fp8 weights" in out
-    return {line.split("|")[4].strip(): int(line.split("|")[5]) for line in out.splitlines()
-            if line.startswith("| round")}
-  two = lowerings(2)
-  assert two["fp8_codes_gmm_mgpu"] > 0 and two == lowerings(4)
+  two = _lowerings(capsys, 2, "fp8", "auto")
+  assert two[("round", "fp8_codes_gmm_mgpu")] > 0 and two == _lowerings(capsys, 4, "fp8", "auto")

@@ -25,7 +25,7 @@ from jax_mtp.request import required_capacity
 from jax_mtp.topk import TOPK_KERNEL_MIN_QUERIES
 from tests.conftest import FULL_ONLY, FULL_TESTS
 from tests.greedy import greedy_margin
-from tests.lowered_step import kernel_calls, mtp_step_module, speculator_modules
+from tests.lowered_step import kernel_calls, kernel_lowerings, mtp_step_module, speculator_modules
 from tests.sparse_mla_cases import dsa_kernel_cfg as _kernel_cfg
 from tests.tolerances import GREEDY_MIN_MARGIN, assert_close
 
@@ -87,7 +87,7 @@ def test_each_kernel_launch_is_lowered_once_however_many_layers_repeat_it():
                     first_k_dense_replace=0)
   for name, module in speculator_modules(cfg, [list(range(1, 38))], 20, 3).items():
     for kernel in (GROUPED16, SPARSE_MLA, INDEX_SCORES):
-      lowered = sum(kernel in line for line in module.splitlines() if "custom_call @mosaic_gpu" in line)
+      lowered = kernel_lowerings(module, kernel)
       assert 0 < lowered < kernel_calls(module, kernel), (name, kernel, lowered)
 
 
