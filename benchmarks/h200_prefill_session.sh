@@ -208,6 +208,22 @@ case "${1:?stage}" in
       -k "16_bit_experts or mtp_layer or greedy_tokens or fp8_kernel_gives"
     run 200 e2e_gmm16f.md python3 -m benchmarks.e2e --prompt 4096 --batch 64 --iters 5
     ;;
+  jitted)  # (not run yet) the kernels' entries jitted per launch (2026-12-07) on a GPU: e2e at B = 64 over 4K prompts
+           # (issue 27's round row; its round took 225 s to lower before), then the model-level GPU tests of every
+           # auto path (speculative == plain through each kernel, tokamax's and our experts, the top-k kernel's)
+    run 230 e2e_jitted.md python3 -m benchmarks.e2e --prompt 4096 --batch 64 --iters 5
+    JAX_PLATFORMS=cuda,cpu run 330 gpu_tests_jitted.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider \
+      --timeout 150 tests/test_auto_gpu_paths.py tests/test_experts_gpu.py tests/test_topk_mgpu.py \
+      -k "not tpu and (speculative or mtp_layer or model_top_k or ragged_dot or compiled_program or h200 or wgmma)"
+    ;;
+  jitkern)  # (not run yet) the jitted kernels' own compiled tests (index scores, sparse MLA, both grouped matmuls),
+            # then the top-k pass forms timed (a loop vs unrolled)
+    run 330 gpu_tests_jitkern.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 120 \
+      tests/test_index_scores_mgpu.py tests/test_sparse_mla_mgpu.py tests/test_fp8_grouped_matmul_mgpu.py \
+      tests/test_grouped_matmul_mgpu.py -k "equals or positions_bound or weighs_nothing or rounded or on_the_gpu \
+      or leaves or models_attention or ids_loaded or double_buffered or one_buffer or copy_variants"
+    run 200 topk_passes.md python3 -m benchmarks.topk_forms --iters 20
+    ;;
   lower61)  # (not run yet) the CLI's two programs for V3.2's 61 layers compiled on this GPU from abstract weights
              # (benchmarks.lowering_time --compile): the lowering (11 s on a CPU since 2026-12-07, 104 s before) and
              # XLA's compile, which no CPU can time for a GPU; tokamax's jitted prefill experts under auto
