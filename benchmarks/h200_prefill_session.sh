@@ -216,6 +216,18 @@ case "${1:?stage}" in
       --timeout 150 tests/test_auto_gpu_paths.py tests/test_experts_gpu.py tests/test_topk_mgpu.py \
       -k "not tpu and (speculative or mtp_layer or model_top_k or ragged_dot or compiled_program or h200 or wgmma)"
     ;;
+  cache61)  # (not run yet) V3.2's 61 layers' two programs lowered and compiled on this GPU from abstract weights, twice
+           # over one persistent compilation cache (the CLI's --compilation-cache since 2026-12-07): cold, then what a
+           # second run of the same shapes waits; then the CLI twice over a fresh cache (its JSON's programs_read,
+           # the same tokens)
+    JAX_COMPILATION_CACHE_DIR=/tmp/jax_mtp_cc61 run 280 lower61_b8_cold.md python3 -m benchmarks.lowering_time \
+      --layers 61 --batch 8 --prompt 4096 --moe-impl auto --compile
+    JAX_COMPILATION_CACHE_DIR=/tmp/jax_mtp_cc61 run 150 lower61_b8_warm.md python3 -m benchmarks.lowering_time \
+      --layers 61 --batch 8 --prompt 4096 --moe-impl auto --compile
+    for i in 1 2; do
+      run 60 cli_cache$i.json python3 -m jax_mtp.decode --random-tiny --json --compilation-cache /tmp/jax_mtp_cli_cc
+    done
+    ;;
   jitkern)  # (not run yet) the jitted kernels' own compiled tests (index scores, sparse MLA, both grouped matmuls),
             # then the top-k pass forms timed (a loop vs unrolled)
     run 330 gpu_tests_jitkern.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 120 \

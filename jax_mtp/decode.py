@@ -33,11 +33,11 @@ from typing import NamedTuple
 import jax
 
 import jax_mtp
-from jax_mtp import distributed, fp8, generation_defaults, greedy_check, loader
+from jax_mtp import compile_cache, distributed, fp8, generation_defaults, greedy_check, loader
 from jax_mtp.decode_flags import BadInput, parser
 from jax_mtp.decode_kernels import check_kernel_impls, check_norm_impl
 from jax_mtp.decode_prompts import ChatRequest, prompts_from
-from jax_mtp.decode_output import Progress, TextStream, exit_code, print_result
+from jax_mtp.decode_output import CacheUse, Progress, TextStream, exit_code, print_result
 from jax_mtp.errors import first_line
 from jax_mtp.generate import TargetDecoder
 from jax_mtp.request import (cache_bytes, check_caches_fit, required_capacity, stop_id_array, validate_prompts,
@@ -127,6 +127,9 @@ def _main(argv: list[str] | None) -> int:
       except RuntimeError:  # JAX already running (tests, a notebook): keep the devices it has
         pass
     distributed.initialize(args)  # several processes: before JAX touches a device
+    cache_folder, cache_note = compile_cache.configure(args.compilation_cache)
+    if cache_note and distributed.is_primary():
+      print(cache_note, file=sys.stderr)
     request = validate(args)
     built = build(request)
     for note in request.notes if distributed.is_primary() else ():
@@ -140,6 +143,7 @@ def _main(argv: list[str] | None) -> int:
   except jax.errors.JaxRuntimeError as e:  # placing the weights (device memory exhausted): XLA's first line
     print(f"error: {first_line(e)}", file=sys.stderr)
     return 2
+  read_before, _ = compile_cache.reads()
   try:
     result, streamed = run(request, built)
   except (ValueError, jax.errors.JaxRuntimeError) as e:  # a kernel refusing a shape, device memory: one line
@@ -149,7 +153,8 @@ def _main(argv: list[str] | None) -> int:
     return exit_code(result)
   return print_result(result, as_json=request.settings.json, model_line=_model_line(request.settings, built.cfg),
                       prompts=request.prompts, texts=request.texts, codec=request.codec, streamed=streamed,
-                      kernels=_kernels_ran(built.spec))
+                      kernels=_kernels_ran(built.spec),
+                      cache=CacheUse(cache_folder, compile_cache.reads()[0] - read_before))
 
 
 def _kernels_ran(spec: Speculator) -> dict[str, dict[str, str]] | None:

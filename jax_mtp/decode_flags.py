@@ -114,5 +114,9 @@ def parser() -> argparse.ArgumentParser:
                       "before JAX starts, as vLLM's --gpu-memory-utilization); default: JAX's own (0.75 unless that "
                       "variable is set). Long contexts at large batches need more: on an H200 a 4-layer V3.2 target "
                       "with B = 256 × 32K caches ran at 0.95")
+  p.add_argument("--compilation-cache", metavar="DIR|off", default=None,
+                 help="where XLA's compiled prefill and round are kept, so the next run of the same shapes skips "
+                      "compiling them (JAX's persistent cache); default: JAX_COMPILATION_CACHE_DIR if set, else "
+                      "$XDG_CACHE_HOME/jax_mtp/xla (~/.cache); `off`: none (jax_mtp.compile_cache)")
   distributed.add_arguments(p)
   return p

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+import typing
 
 from jax_mtp.distributed import Gathered
 from jax_mtp.ran_kernels import summary
@@ -55,14 +56,15 @@ class TextStream:
 
 def print_result(result: Gathered, *, as_json: bool, model_line: str, prompts: list[list[int]],
                  texts: list[str] | None, codec: TextCodec | None, streamed: bool,
-                 kernels: dict[str, dict[str, str]] | None = None) -> int:
+                 kernels: dict[str, dict[str, str]] | None = None, cache: CacheUse | None = None) -> int:
   """Prints every row's outcome (JSON or text), one stderr line per failed row and one for a failed
   --check; returns `exit_code(result)`. `texts`: the --prompt texts when `codec` encoded them. `kernels`: what
-  the prefill and the round ran (`Speculator.kernels_ran`)."""
+  the prefill and the round ran (`Speculator.kernels_ran`); `cache`: the compilation cache the run used."""
   if as_json:
-    print(json.dumps({**_json_object(result, codec), **({"kernels": kernels} if kernels else {})}))
+    print(json.dumps({**_json_object(result, codec), **({"kernels": kernels} if kernels else {}),
+                      **({"compilation_cache": cache._asdict()} if cache else {})}))
   else:
-    _print_text(result, model_line, prompts, texts, codec, streamed)
+    _print_text(result, model_line, prompts, texts, codec, streamed, cache)
     if kernels:
       print(f"ran (read from the compiled programs): {summary(kernels)}")
   for i in result.failed_rows:
@@ -73,6 +75,21 @@ def print_result(result: Gathered, *, as_json: bool, model_line: str, prompts: l
     print("error: --check: the speculative output differs from plain greedy decoding with the target (they must "
           "match token for token, up to near-ties of the target's top two logits in a 16-bit model)", file=sys.stderr)
   return exit_code(result)
+
+
+class CacheUse(typing.NamedTuple):
+  """The persistent compilation cache a run used (jax_mtp.compile_cache): its folder (None: none) and how many
+  programs were read from it instead of compiled."""
+  folder: str | None
+  programs_read: int
+
+
+def _cache_words(cache: CacheUse | None) -> str:
+  if cache is None:
+    return ""
+  if cache.folder is None:
+    return "; no compilation cache"
+  return f"; {cache.programs_read} program(s) read from the compilation cache {cache.folder}"
 
 
 def difference_line(d: dict) -> str:
@@ -106,7 +123,7 @@ def _json_object(result: Gathered, codec: TextCodec | None) -> dict:
 
 
 def _print_text(result: Gathered, model_line: str, prompts: list[list[int]], texts: list[str] | None,
-                codec: TextCodec | None, streamed: bool) -> None:
+                codec: TextCodec | None, streamed: bool, cache: CacheUse | None) -> None:
   m = result.metrics
   if streamed:  # the model line and the prompt were printed before the streamed text
     print("\n" + "─" * 40)
@@ -129,7 +146,8 @@ def _print_text(result: Gathered, model_line: str, prompts: list[list[int]], tex
     print(f"{m.tokens_per_second:.1f} tokens/s = {m.tokens_per_second_per_acceptance_length:.1f} rounds/s (summed "
           f"over rows) × acceptance length {m.acceptance_length_mean:.2f}")
   if m.compile_seconds:
-    print(f"compiling the prefill and the round took {m.compile_seconds:.1f} s before the prefill (not in tokens/s)")
+    print(f"compiling the prefill and the round took {m.compile_seconds:.1f} s before the prefill (not in "
+          f"tokens/s{_cache_words(cache)})")
   if result.matches is not None:
     ties = " up to near-ties (below)" if result.matches and result.differences else ""
     print(f"check: the output {'matches' if result.matches else 'DIFFERS FROM'} plain greedy decoding with the "

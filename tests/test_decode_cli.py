@@ -21,7 +21,7 @@ from jax_mtp.errors import first_line
 
 VOCAB = jax_mtp.tiny().vocab_size
 METRIC_KEYS = {"acceptance_length_mean", "acceptance_rate_per_position", "draft_tokens_proposed",
-               "draft_tokens_accepted", "tokens_per_second", "compile_seconds"}
+               "draft_tokens_accepted", "tokens_per_second", "compile_seconds", "compilation_cache"}
 
 
 def _json_run(capsys, argv: list[str]) -> dict:

@@ -1,0 +1,83 @@
+"""The CLI's persistent compilation cache: XLA's compiled prefill and round kept on disk, so a second run of the same
+request shape does not compile them again.
+
+Why: before its first token a request waits for its two programs. For V3.2's 61 layers their lowering (jax → MLIR)
+takes ~10 s, and XLA's compile on a GPU (fusion, GEMM autotuning, each Mosaic GPU kernel's PTX) comes on top. JAX's
+persistent cache keys a compiled program by its lowered module, the jax / jaxlib versions, the devices and XLA's
+flags, so a run with the same model, flags, batch and capacity reads XLA's work back; the lowering still runs (it
+makes the key). On a GPU JAX also keeps XLA's per-fusion autotuning results in the same folder, which helps programs
+that differ. vLLM keeps its compiled graphs the same way (~/.cache/vllm).
+
+`--compilation-cache`: unset, JAX's own setting where one was made (JAX_COMPILATION_CACHE_DIR, or a notebook's
+`jax.config`), else `$XDG_CACHE_HOME/jax_mtp/xla` (~/.cache when unset); a folder; or `off`. JAX writes a program
+only when it compiled for ≥ 1 s (`jax_persistent_cache_min_compile_time_secs`), so the embedded default's small
+prefill is not written. Entries are never evicted: delete the folder to reclaim its space.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import jax
+from jax.experimental.compilation_cache import compilation_cache
+
+from jax_mtp.decode_flags import BadInput
+
+OFF = "off"
+_HIT, _REQUEST = "/jax/compilation_cache/cache_hits", "/jax/compilation_cache/compile_requests_use_cache"
+_events = {_HIT: 0, _REQUEST: 0}
+
+
+def _count(event: str, **_) -> None:
+  if event in _events:
+    _events[event] += 1
+
+
+jax.monitoring.register_event_listener(_count)  # once, at import: JAX has no call to list its listeners
+
+
+def default_dir(environ=os.environ) -> pathlib.Path:
+  return pathlib.Path(environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache") / "jax_mtp" / "xla"
+
+
+def configure(choice: str | None, environ=os.environ) -> tuple[str | None, str | None]:
+  """Points JAX's persistent cache where `--compilation-cache` says (module docstring): (the folder, or None for
+  none; a note for stderr, or None). A folder named by the flag that cannot be made is bad input; the default one
+  is skipped with a note instead (a read-only home must not stop a run)."""
+  if choice == OFF:
+    _use(None)
+    return None, None
+  if choice is None and jax.config.jax_compilation_cache_dir and jax.config.jax_enable_compilation_cache:
+    return jax.config.jax_compilation_cache_dir, None  # the user's JAX setting wins over our default
+  folder = pathlib.Path(choice).expanduser() if choice is not None else default_dir(environ)
+  try:
+    if folder.exists() and not folder.is_dir():
+      raise NotADirectoryError(20, "it is a file, not a folder", str(folder))
+    folder.mkdir(parents=True, exist_ok=True)
+    if not os.access(folder, os.W_OK | os.X_OK):
+      raise PermissionError(13, "not writable", str(folder))
+  except OSError as e:
+    why = f"cannot use {str(folder)!r} as the compilation cache: {e.strerror or e}"
+    if choice is not None:
+      raise BadInput(f"--compilation-cache: {why} (give a writable folder, or `off`)") from None
+    _use(None)
+    return None, f"note: {why}; the programs will not be kept (--compilation-cache DIR picks another folder)"
+  _use(str(folder))
+  return str(folder), None
+
+
+def _use(folder: str | None) -> None:
+  """JAX's cache at `folder`, or none. JAX opens its cache and decides whether it is used once per process, so a
+  change (a test's, a notebook's second run) resets it to be opened again."""
+  if (jax.config.jax_enable_compilation_cache, jax.config.jax_compilation_cache_dir) == (folder is not None, folder):
+    return
+  jax.config.update("jax_enable_compilation_cache", folder is not None)
+  if folder is not None:
+    compilation_cache.set_cache_dir(folder)
+  compilation_cache.reset_cache()
+
+
+def reads() -> tuple[int, int]:
+  """(programs read from the persistent cache, programs looked up there) so far in this process."""
+  return _events[_HIT], _events[_REQUEST]
