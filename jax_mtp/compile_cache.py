@@ -11,7 +11,8 @@ that differ. vLLM keeps its compiled graphs the same way (~/.cache/vllm).
 `--compilation-cache`: unset, JAX's own setting where one was made (JAX_COMPILATION_CACHE_DIR, or a notebook's
 `jax.config`), else `$XDG_CACHE_HOME/jax_mtp/xla` (~/.cache when unset); a folder; or `off`. JAX writes a program
 only when it compiled for ≥ 1 s (`jax_persistent_cache_min_compile_time_secs`), so the embedded default's small
-prefill is not written. Entries are never evicted: delete the folder to reclaim its space.
+prefill is not written. Entries are never evicted: delete the folder to reclaim its space. With several processes
+(`--num-processes`) JAX writes from process 0 only, so the others read only from a folder they share with it.
 """
 
 from __future__ import annotations
