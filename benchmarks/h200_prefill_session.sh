@@ -232,8 +232,8 @@ case "${1:?stage}" in
   jitkern)  # (not run yet) the jitted kernels' own compiled tests (index scores, sparse MLA, both grouped matmuls),
             # then the top-k pass forms timed (a loop vs unrolled)
     run 330 gpu_tests_jitkern.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 120 \
-      tests/test_index_scores_mgpu.py tests/test_sparse_mla_mgpu.py tests/test_fp8_grouped_matmul_mgpu.py \
-      tests/test_grouped_matmul_mgpu.py -k "equals or positions_bound or weighs_nothing or rounded or on_the_gpu \
+      tests/test_grouped_matmul_mgpu.py tests/test_fp8_grouped_matmul_mgpu.py tests/test_sparse_mla_mgpu.py \
+      tests/test_index_scores_mgpu.py -k "equals or positions_bound or weighs_nothing or rounded or on_the_gpu \
       or leaves or models_attention or ids_loaded or double_buffered or one_buffer or copy_variants"
     run 200 topk_passes.md python3 -m benchmarks.topk_forms --iters 20
     ;;
