@@ -211,10 +211,14 @@ case "${1:?stage}" in
   jitted)  # (not run yet) the kernels' entries jitted per launch (2026-12-07) on a GPU: the model-level GPU tests of
            # every auto path (speculative == plain through each kernel, tokamax's and our experts, the top-k
            # kernel's), then e2e at B = 64 over 4K prompts (issue 27's round row; its round took 225 s to lower before)
-    JAX_PLATFORMS=cuda,cpu run 320 gpu_tests_jitted.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider \
-      --timeout 150 tests/test_auto_gpu_paths.py tests/test_experts_gpu.py tests/test_topk_mgpu.py \
-      -k "not tpu and (speculative or mtp_layer or model_top_k or ragged_dot or compiled_program or h200 or wgmma)"
-    run 240 e2e_jitted.md python3 -m benchmarks.e2e --prompt 4096 --batch 64 --iters 5
+    JAX_PLATFORMS=cuda,cpu run 230 gpu_tests_jitted.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider \
+      --timeout 120 tests/test_auto_gpu_paths.py tests/test_experts_gpu.py tests/test_topk_mgpu.py \
+      -k "not tpu and (speculative or mtp_layer or compiled_program)"
+    run 220 e2e_jitted.md python3 -m benchmarks.e2e --prompt 4096 --batch 64 --iters 5
+    for i in 1 2; do  # --compilation-cache on a GPU; the tiny model compiles under JAX's 1 s threshold for writing
+      JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 run 45 cli_cache$i.json python3 -m jax_mtp.decode --random-tiny \
+        --json --compilation-cache /tmp/jax_mtp_cli_cc
+    done
     ;;
   cache61)  # (not run yet) V3.2's 61 layers' two programs lowered and compiled on this GPU from abstract weights, twice
            # over one persistent compilation cache (the CLI's --compilation-cache since 2026-12-07): cold, then what a
