@@ -26,13 +26,14 @@ from jax.experimental.compilation_cache import compilation_cache
 from jax_mtp.decode_flags import BadInput
 
 OFF = "off"
-_HIT, _REQUEST = "/jax/compilation_cache/cache_hits", "/jax/compilation_cache/compile_requests_use_cache"
-_events = {_HIT: 0, _REQUEST: 0}
+_HIT = "/jax/compilation_cache/cache_hits"
+_hits = 0
 
 
 def _count(event: str, **_) -> None:
-  if event in _events:
-    _events[event] += 1
+  global _hits
+  if event == _HIT:
+    _hits += 1
 
 
 jax.monitoring.register_event_listener(_count)  # once, at import: JAX has no call to list its listeners
@@ -79,6 +80,6 @@ def _use(folder: str | None) -> None:
   compilation_cache.reset_cache()
 
 
-def reads() -> tuple[int, int]:
-  """(programs read from the persistent cache, programs looked up there) so far in this process."""
-  return _events[_HIT], _events[_REQUEST]
+def programs_read() -> int:
+  """Programs read from the persistent cache instead of compiled, so far in this process."""
+  return _hits

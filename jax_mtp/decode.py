@@ -143,7 +143,7 @@ def _main(argv: list[str] | None) -> int:
   except jax.errors.JaxRuntimeError as e:  # placing the weights (device memory exhausted): XLA's first line
     print(f"error: {first_line(e)}", file=sys.stderr)
     return 2
-  read_before, _ = compile_cache.reads()
+  read_before = compile_cache.programs_read()
   try:
     result, streamed = run(request, built)
   except (ValueError, jax.errors.JaxRuntimeError) as e:  # a kernel refusing a shape, device memory: one line
@@ -154,7 +154,7 @@ def _main(argv: list[str] | None) -> int:
   return print_result(result, as_json=request.settings.json, model_line=_model_line(request.settings, built.cfg),
                       prompts=request.prompts, texts=request.texts, codec=request.codec, streamed=streamed,
                       kernels=_kernels_ran(built.spec),
-                      cache=CacheUse(cache_folder, compile_cache.reads()[0] - read_before))
+                      cache=CacheUse(cache_folder, compile_cache.programs_read() - read_before))
 
 
 def _kernels_ran(spec: Speculator) -> dict[str, dict[str, str]] | None:
