@@ -13,6 +13,11 @@ that differ. vLLM keeps its compiled graphs the same way (~/.cache/vllm).
 only when it compiled for ≥ 1 s (`jax_persistent_cache_min_compile_time_secs`), so the embedded default's small
 prefill is not written. Entries are never evicted: delete the folder to reclaim its space. With several processes
 (`--num-processes`) JAX writes from process 0 only, so the others read only from a folder they share with it.
+
+Several CPU processes run without a cache (a note; naming a folder is bad input). JAX keys a CPU program by its
+process's devices (on GPUs it strips them from the key), so only process 0 ever reads one, and the others compile
+anyway: no run gets shorter. And on jax 0.12.1 the processes hang in a program's first run when one read it from the
+cache and another compiled it (two CPU processes over gloo, reproduced 2026-12-07; 0.11.2 ran them).
 """
 
 from __future__ import annotations
@@ -43,13 +48,25 @@ def default_dir(environ=os.environ) -> pathlib.Path:
   return pathlib.Path(environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache") / "jax_mtp" / "xla"
 
 
-def configure(choice: str | None, environ=os.environ) -> tuple[str | None, str | None]:
+SEVERAL_CPU_PROCESSES = ("several CPU processes cannot share one: JAX keys a CPU program by its process's devices, "
+                         "so the others would compile anyway, and on jax 0.12.1 the processes hang when one reads a "
+                         "program from the cache and another compiles it")
+
+
+def configure(choice: str | None, environ=os.environ, processes: int | None = None,
+              platform: str | None = None) -> tuple[str | None, str | None]:
   """Points JAX's persistent cache where `--compilation-cache` says (module docstring): (the folder, or None for
   none; a note for stderr, or None). A folder named by the flag that cannot be made is bad input; the default one
-  is skipped with a note instead (a read-only home must not stop a run)."""
+  is skipped with a note instead (a read-only home must not stop a run). `processes` and `platform` default to
+  JAX's (after `jax.distributed.initialize`)."""
   if choice == OFF:
     _use(None)
     return None, None
+  if _several_cpu_processes(processes, platform):
+    if choice is not None:
+      raise BadInput(f"--compilation-cache {choice}: {SEVERAL_CPU_PROCESSES} (give `off`)")
+    _use(None)
+    return None, f"note: no compilation cache: {SEVERAL_CPU_PROCESSES}"
   if choice is None and jax.config.jax_compilation_cache_dir and jax.config.jax_enable_compilation_cache:
     return jax.config.jax_compilation_cache_dir, None  # the user's JAX setting wins over our default
   folder = pathlib.Path(choice).expanduser() if choice is not None else default_dir(environ)
@@ -67,6 +84,21 @@ def configure(choice: str | None, environ=os.environ) -> tuple[str | None, str |
     return None, f"note: {why}; the programs will not be kept (--compilation-cache DIR picks another folder)"
   _use(str(folder))
   return str(folder), None
+
+
+def off_for_several_cpu_processes(processes: int | None = None, platform: str | None = None) -> str | None:
+  """JAX's own cache turned off where several CPU processes run (module docstring), for the commands without
+  `--compilation-cache` (`jax_mtp.convert`): the note saying so where it was on, else None."""
+  if not _several_cpu_processes(processes, platform):
+    return None
+  was_on = bool(jax.config.jax_enable_compilation_cache and jax.config.jax_compilation_cache_dir)
+  _use(None)
+  return f"note: no compilation cache: {SEVERAL_CPU_PROCESSES}" if was_on else None
+
+
+def _several_cpu_processes(processes: int | None, platform: str | None) -> bool:
+  processes = jax.process_count() if processes is None else processes
+  return processes > 1 and (jax.default_backend() if platform is None else platform) == "cpu"
 
 
 def _use(folder: str | None) -> None:

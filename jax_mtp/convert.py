@@ -32,7 +32,7 @@ import sys
 import jax
 import numpy as np
 
-from jax_mtp import distributed, fp8, loader
+from jax_mtp import compile_cache, distributed, fp8, loader
 from jax_mtp.decode import jax_settings
 from jax_mtp.decode_flags import BadInput, OneLineParser
 from jax_mtp.errors import first_line
@@ -118,6 +118,9 @@ def _start(args: argparse.Namespace) -> None:
     except RuntimeError:  # JAX already running (tests): keep the devices it has
       pass
   distributed.initialize(args)
+  note = compile_cache.off_for_several_cpu_processes()  # JAX's own cache, where set: hangs there (compile_cache)
+  if note and distributed.is_primary():
+    print(note, file=sys.stderr)
 
 
 def _tp(tp: int | None) -> int:

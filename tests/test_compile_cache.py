@@ -69,3 +69,26 @@ def test_a_default_folder_that_cannot_be_made_is_a_note_and_the_run_goes_on(tmp_
   folder, note = compile_cache.configure(None, environ={"XDG_CACHE_HOME": str(tmp_path / "f")})
   assert folder is None and not jax.config.jax_enable_compilation_cache
   assert note.startswith(f"note: cannot use {str(tmp_path / 'f' / 'jax_mtp' / 'xla')!r} as the compilation cache")
+
+
+def test_several_cpu_processes_run_without_one_and_naming_a_folder_for_them_is_bad_input(tmp_path):
+  """compile_cache's docstring: their programs' keys differ by process, and jax 0.12.1 hung on a half-read cache."""
+  folder, note = compile_cache.configure(None, environ={"XDG_CACHE_HOME": str(tmp_path)}, processes=2, platform="cpu")
+  assert (folder, note) == (None, f"note: no compilation cache: {compile_cache.SEVERAL_CPU_PROCESSES}")
+  assert not jax.config.jax_enable_compilation_cache and not any(tmp_path.iterdir())
+  with pytest.raises(decode.BadInput, match=r"^--compilation-cache .*: several CPU processes cannot share one"):
+    compile_cache.configure(str(tmp_path), processes=2, platform="cpu")
+  assert compile_cache.configure("off", processes=2, platform="cpu") == (None, None)
+  on_gpus = compile_cache.configure(str(tmp_path), processes=2, platform="gpu")  # one key for every process there
+  assert on_gpus == (str(tmp_path), None) and jax.config.jax_enable_compilation_cache
+
+
+def test_jaxs_own_cache_is_turned_off_for_several_cpu_processes_with_a_note(tmp_path):
+  compile_cache.configure(str(tmp_path))
+  assert compile_cache.off_for_several_cpu_processes(processes=1, platform="cpu") is None
+  assert compile_cache.off_for_several_cpu_processes(processes=2, platform="tpu") is None
+  assert jax.config.jax_enable_compilation_cache
+  note = compile_cache.off_for_several_cpu_processes(processes=2, platform="cpu")
+  assert note == f"note: no compilation cache: {compile_cache.SEVERAL_CPU_PROCESSES}"
+  assert not jax.config.jax_enable_compilation_cache
+  assert compile_cache.off_for_several_cpu_processes(processes=2, platform="cpu") is None  # already off: no note

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from jax_mtp import decode, decode_flags, distributed
+from jax_mtp import compile_cache, decode, decode_flags, distributed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DECODE = [sys.executable, "-m", "jax_mtp.decode", "--random-tiny", "--tp", "8", "--json", "--num-speculative-tokens", "2",
@@ -34,12 +34,8 @@ def _free_port() -> int:
 def _env() -> dict:
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
   env.pop("XLA_FLAGS", None)  # the CLI asks for its own share of CPU devices
-  # no persistent compilation cache (conftest sets one for this process): on jax 0.12.1 two CPU processes that load
-  # their programs from a warm cache hang after connecting (reproduced by hand on 2026-12-07: 19 s with a cold cache,
-  # killed after 120 s with a warm one; jax 0.12.0.1, which CI's main suite resolves, ran them)
-  for name in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
-               "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"):
-    env.pop(name, None)
+  # the suite's compilation cache (tests/conftest.py) stays set: one process reads it, several turn it off
+  # (jax_mtp.compile_cache: on jax 0.12.1 they hung when one read a program that another compiled)
   return env
 
 
@@ -97,6 +93,29 @@ def test_decode_across_processes_gives_the_tokens_of_one_process(n, one_process,
   if n == 2:
     assert primary["matches_target"] is True
   assert all(_json(out) is None for _, out, _ in runs[1:])
+
+
+def test_several_cpu_processes_run_without_a_compilation_cache_the_second_time_too(tmp_path):
+  """JAX's cache set (every program written): the processes turn it off with a note, so a second run cannot find
+  process 0's programs in it while the others compile theirs, which hung on jax 0.12.1 (jax_mtp.compile_cache)."""
+  folder = tmp_path / "jax_cache"
+  env = {"JAX_COMPILATION_CACHE_DIR": str(folder), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+  for attempt in ("first", "second"):
+    logs = tmp_path / attempt
+    logs.mkdir()
+    runs = _wait(_start(2, DECODE, logs, env=env), logs, timeout=TIMEOUT_S // 2)
+    for i, (rc, _, err) in enumerate(runs):
+      assert rc == 0, f"{attempt} run, process {i}: {err[-3000:]}"
+    assert f"note: no compilation cache: {compile_cache.SEVERAL_CPU_PROCESSES}\n" in runs[0][2]
+    assert _json(runs[0][1])["compilation_cache"] == {"folder": None, "programs_read": 0}
+  assert not folder.exists() or not any(folder.iterdir())
+
+
+def test_a_compilation_cache_named_for_several_cpu_processes_is_one_error(tmp_path):
+  runs = _wait(_start(2, DECODE + ["--compilation-cache", str(tmp_path / "cc")], tmp_path), tmp_path)
+  for rc, out, err in runs:
+    assert rc == 2 and _json(out) is None and err.strip().splitlines()[-1] == (
+        f"error: --compilation-cache {tmp_path / 'cc'}: {compile_cache.SEVERAL_CPU_PROCESSES} (give `off`)"), err
 
 
 def test_processes_that_disagree_stop_with_one_clear_error(tmp_path):
