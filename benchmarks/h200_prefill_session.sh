@@ -103,6 +103,9 @@
 #   topk5    (not run yet) e2e at a 32K prompt, B = 1, the top-k auto and the kernel forced
 #   capacities (not run yet) the index scores and the top-k at the CLI's real capacities beside the round ones
 #   uneven   (not run yet) the index scores' uneven splits: compiled tests, swept at the CLI's capacities
+#   padsel   (not run yet) the sparse MLA over selections padded to whole steps vs to padded_entries' width
+#            (index_share's 2,050 entries, a short request's 1,059 slots), then the kernel's and the index-sharing
+#            compiled tests
 #   fp8gpu   (21:28 2026-12-04) the FP8 paths' GPU tests (the prefill rule and the bounded bytes layout)
 #   fp8q     (not run yet) the index scores' float8 × float8 form timed and tested; the user path's GPU tests
 #   fp8round (not run yet) the draft step per part with FP8 and bf16 weights at B = 64 (the FP8 round's 0.58)
@@ -879,6 +882,14 @@ case "${1:?stage}" in
     run 320 dense_gemms_256.md python3 -m benchmarks.dense_gemms --rows 256 --iters 20
     run 240 dense_gemms_64_1024.md python3 -m benchmarks.dense_gemms --rows 64 1024 --iters 20 \
       --only q_b_proj o_proj "dense MLP" head
+    ;;
+  padsel)  # (not run yet; built 2026-12-07 evening on a CPU) the model pads a selection that does not come in whole
+           # splits (index_share's 2,050 entries at k = 3; a short request's every visible slot) to
+           # sparse_mla_mgpu.padded_entries' width, which buys splits where the CTAs do not fill a wave, instead of
+           # to whole steps (33 steps of 64 at B = 1: one split, 2 CTAs): both widths timed, then the compiled tests
+    run 200 sparse_mla_padding.md python3 -m benchmarks.sparse_mla_padding --iters 20
+    run 200 gpu_tests_padsel.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 100 \
+      tests/test_sparse_mla_mgpu.py tests/test_user_path_kernels.py -k "not tpu and (padded or index_sharing or equals)"
     ;;
   *) echo "unknown stage $1"; exit 2 ;;
 esac

@@ -181,10 +181,11 @@ def attend_selected_by_kernel(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, selec
   cache's codes (`latent_scale_BSG` beside them) are dequantised inside it."""
   dtype = k_pe_BSR.dtype  # the cache's 16-bit dtype (an fp8 cache keeps its rope part in it)
   attended_BTK = jnp.where(selection.valid_BTK, selection.slots_BTK, -1)
-  config = sparse_mla_mgpu.Config()
+  b, t, n, c = q_lat_BTNC.shape
+  width = sparse_mla_mgpu.padded_entries(b * t, n, attended_BTK.shape[-1], c)
   return sparse_mla_mgpu.sparse_mla_mgpu(
       q_lat_BTNC.astype(dtype), q_pe_BTNR.astype(dtype), latent_BSC, k_pe_BSR,
-      pad_slots(attended_BTK, config.block_entries), scale, latent_scale_BSG=latent_scale_BSG, config=config,
+      pad_slots(attended_BTK, width), scale, latent_scale_BSG=latent_scale_BSG, config=sparse_mla_mgpu.Config(),
       out_dtype=dtype, interpret=lowering_platform() == "cpu")
 
 
@@ -240,12 +241,12 @@ def every_visible_slot(visible_BTS: jax.Array) -> Selection:
   return Selection(jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, t, s)), visible_BTS)
 
 
-def pad_slots(slots_BTK: jax.Array, multiple: int) -> jax.Array:
-  """The selection's slot ids padded with −1 (not attended) to a multiple of `multiple` entries: the kernel
-  takes whole blocks of entries, and a selection need not come in them (index_share_for_mtp_iteration's
-  reused top-k holds index_topk + the drafts written since step 0)."""
-  k = slots_BTK.shape[-1]
-  return jnp.pad(slots_BTK, [(0, 0), (0, 0), (0, -k % multiple)], constant_values=-1)
+def pad_slots(slots_BTK: jax.Array, width: int) -> jax.Array:
+  """The selection's slot ids padded with −1 (not attended) to `width` entries (`sparse_mla_mgpu.padded_entries`):
+  the kernel takes whole blocks of entries and splits them evenly, and a selection need not come in them
+  (index_share_for_mtp_iteration's reused top-k holds index_topk + the drafts written since step 0; a short
+  request's every visible slot, its capacity)."""
+  return jnp.pad(slots_BTK, [(0, 0), (0, 0), (0, width - slots_BTK.shape[-1])], constant_values=-1)
 
 
 def _mosaic_sparse_problems(cfg: MtpConfig) -> list[str]:

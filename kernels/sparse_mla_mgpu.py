@@ -131,6 +131,28 @@ def config_for(queries: int, heads: int, entries: int, latent_width: int, config
   return dataclasses.replace(config, block_entries=block_entries, splits=splits, contiguous_relayout=contiguous)
 
 
+def padded_entries(queries: int, heads: int, entries: int, latent_width: int, wave: int = ONE_WAVE_CTAS) -> int:
+  """The selection width a call of `entries` selected slots is padded to (−1 ids, not attended): of the widths a
+  step × 1, 2, 4 … MAX_SPLITS divides, at least `entries`, the one whose `config_for` leaves a CTA the fewest
+  steps (ties: the fewest entries). Why: the splits must divide the steps, so an odd step count runs one split,
+  and where the CTAs do not fill a wave a few padded steps buy many splits: index_share's reused selection of
+  2,050 entries is 33 steps of 64 (at B = 1, T = 1 two CTAs on 132 cores, each 33 steps) where 3,072 run 16 splits
+  of 3 steps; a 1,059-slot request attended over every slot at B = 8, T = 1 gets 8 splits of 5 steps of 32 at
+  1,280, against 2 of 17 at 1,088. Where the CTAs fill the wave (B · T · head blocks ≥ 66) it is the step's
+  multiple. Not timed against the step's multiple yet (stage `padsel`)."""
+  form = config_for(queries, heads, entries, latent_width)
+  step = DOUBLE_BUFFERED_ENTRIES if form.double_buffered else Config().block_entries  # a whole step, even past K
+  best = None
+  multiple = 1
+  while multiple <= MAX_SPLITS:
+    width = -(-entries // (step * multiple)) * step * multiple
+    config = config_for(queries, heads, width, latent_width, wave=wave)
+    key = (width // (config.block_entries * config.splits), width)
+    best = min(best or key, key)
+    multiple *= 2
+  return best[1]
+
+
 def check_operands(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, config: Config,
                    latent_scale_BSG=None) -> None:
   """A ValueError naming the offending value where the kernel cannot take these operands."""

@@ -16,7 +16,7 @@ import pytest
 
 import jax_mtp
 from jax_mtp.kernels.sparse_mla import combine_splits, dequantize_latent, reference
-from jax_mtp.kernels.sparse_mla_mgpu import FORM_SUFFIXES, KERNEL_NAME, Config, config_for, form_of, sparse_mla_mgpu
+from jax_mtp.kernels.sparse_mla_mgpu import FORM_SUFFIXES, KERNEL_NAME, Config, config_for, form_of, padded_entries, sparse_mla_mgpu
 from jax_mtp.mla import quantize_latent, resolve_sparse_attention_impl
 from tests.conftest import FULL_ONLY, FULL_TESTS
 from tests.lowered_step import mtp_step_module
@@ -211,6 +211,22 @@ def test_config_fills_one_wave():
   assert [config_for(q, 128, 2048, 512, one).contiguous_relayout for q in (1, 2, 4, 8, 31, 32, 64, 256)] == \
       [True] + [False] * 4 + [True] * 3
   assert not config_for(256, 128, 2048, 512, Config(contiguous_relayout=False)).contiguous_relayout
+
+
+def test_a_selection_is_padded_to_the_width_leaving_a_cta_the_fewest_steps():
+  """padded_entries: index_share's 2,050 entries and a short request's 1,059 slots (odd step counts, one or two
+  splits) padded to widths that split into one wave; where the CTAs fill it, only to whole steps."""
+  def steps_a_cta(queries, entries):
+    width = padded_entries(queries, 128, entries, 512)
+    config = config_for(queries, 128, width, 512)
+    assert width >= entries and width % (config.block_entries * config.splits) == 0
+    return width, config.splits, width // (config.block_entries * config.splits)
+  assert steps_a_cta(1, 2050) == (3072, 16, 3)  # 33 steps of 64 would run 1 split: 2 CTAs of 33 steps
+  assert steps_a_cta(1, 2048) == (2048, 16, 2)  # a whole top-k: unpadded
+  assert steps_a_cta(8, 1059) == (1280, 8, 5)  # 1,088 = 34 steps of 32: 2 splits of 17
+  assert steps_a_cta(4, 2050) == (2560, 16, 5)
+  assert steps_a_cta(256, 2050) == (2080, 1, 65)  # 512 CTAs fill the wave: whole steps only
+  assert padded_entries(2, 16, 18, 512) == 32 and padded_entries(1, 64, 18, 128) == 64  # one whole step of the form
 
 
 def test_config_double_buffers_a_512_wide_latent_from_two_queries():

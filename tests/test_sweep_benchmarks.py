@@ -4,7 +4,7 @@ kernel takes) and, for the MLA projections, that the laid-out-ahead forms comput
 import jax
 import jax.numpy as jnp
 
-from benchmarks import index_scores_splits, mla_projections, sparse_mla, sparse_mla_splits
+from benchmarks import index_scores_splits, mla_projections, sparse_mla, sparse_mla_padding, sparse_mla_splits
 from jax_mtp.kernels import index_scores_mgpu, sparse_mla_mgpu
 from tests.tolerances import TOLERANCE, assert_close
 
@@ -15,6 +15,18 @@ def test_sparse_mla_splits_brackets_auto():
   assert sparse_mla_splits.candidate_splits(auto) == [1, 2, 4, 8]
   one = sparse_mla_mgpu.config_for(1, 128, 2048, 512)  # one set of 64 entries: 32 steps, 16 splits
   assert sparse_mla_splits.candidate_splits(one) == [4, 8, 16]  # never past MAX_SPLITS
+
+
+def test_sparse_mla_padding_times_both_widths_in_the_interpreter(capsys):
+  """A CPU smoke run of stage `padsel`'s command: 300 entries at B = 1, T = 1 (5 steps of 64: one split) padded
+  to whole steps (320) and to padded_entries' width (512: 8 splits of one step), each within XLA's output."""
+  assert sparse_mla_padding.main(["--rows", "1x1x300", "--capacity", "512", "--iters", "1",
+                                  "--backend", "interpret"]) == 0
+  rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in capsys.readouterr().out.splitlines()
+          if line.startswith("| 1 | 1 |")]
+  assert [(row[3], row[4], row[5], row[6]) for row in rows] == [
+      ("XLA", "300", "", ""), ("whole steps", "320", "1", "5"), ("padded_entries", "512", "8", "1")]
+  assert all(float(row[-1]) <= TOLERANCE["bfloat16"]["rtol"] for row in rows[1:])
 
 
 def test_index_scores_splits_keep_the_kernels_rules():
