@@ -44,8 +44,8 @@ class Config:
   block_tokens: int = 4  # queries per CTA: q [tb, I, J] stays in shared memory
   # CTAs per (row, query block), each over ⌈steps / splits⌉ key blocks, the last over what is left where the split
   # does not divide the steps (with bound_reads only: its window ends at the row's end, its pipeline as long as its
-  # share). `config_for` takes only divisors, as timed; the uneven ones are for the CLI's capacities (4,352 slots = 34
-  # steps: 2 or 34 CTAs a query block as divisors), untimed (docs/mosaic_gpu_notes.md, 2026-12-06)
+  # share). `config_for` takes an uneven one where no divisor fills two waves: the CLI's capacities (4,352 slots = 34
+  # steps: 2 or 34 CTAs a query block as divisors; docs/mosaic_gpu_notes.md)
   splits: int = 0
   max_concurrent_steps: int = 4  # key blocks in flight
   # With positions: True shortens the pipeline to the seen steps, so their keys are never read; False streams every
@@ -87,9 +87,12 @@ def config_for(batch: int, tokens: int, slots: int, config: Config | None = None
                float8_keys: bool = False) -> Config:
   """The call's launch: query blocks of min(T, block_tokens); `splits` the smallest divisor of the row's steps
   that gives ≥ 2 CTAs per core while each CTA keeps ≥ MIN_STEPS_PER_CTA steps (its q block is loaded once per CTA:
-  64 KiB at V3.2 widths, as much as two steps of keys), else the most CTAs that rule allows. (A CTA holds ~192 KiB
+  64 KiB at V3.2 widths, as much as two steps of keys), else the most CTAs that rule allows; where no divisor
+  reaches two CTAs a core, the same rule over the uneven splits too (`uneven_splits`; bound_reads only). (A CTA holds ~192 KiB
   of shared memory at V3.2's widths, so one runs a core at a time and this is two waves; swept on the H200,
-  2026-12-04 18:39, no other split count was faster across B and T: benchmarks.index_scores_splits.)
+  2026-12-04 18:39, no other divisor was faster across B and T: benchmarks.index_scores_splits. The uneven
+  fallback: the CLI's capacities have few divisors, 4,352 slots = 34 steps left B = 1 and 8 two CTAs a query block
+  where 9 uneven ones ran 1.1–2.3× faster at T = 1 and 4 on an H100, 2026-12-07 15:27, RESULTS.)
   `keys_in_registers` unset: on for 16-bit keys, off for float8 ones (`float8_keys`), as timed (Config)."""
   config = config or Config()
   tb = min(tokens, config.block_tokens)
@@ -98,9 +101,19 @@ def config_for(batch: int, tokens: int, slots: int, config: Config | None = None
     steps = max(slots // config.block_slots, 1)
     query_blocks = batch * -(-tokens // tb)
     allowed = allowed_splits(steps)
-    splits = next((d for d in allowed if query_blocks * d >= 2 * cores), allowed[-1])
+    splits = next((d for d in allowed if query_blocks * d >= 2 * cores), None)
+    if splits is None:  # the same rule over the uneven splits too
+      candidates = uneven_splits(steps) if config.bound_reads else allowed
+      splits = next((s for s in candidates if query_blocks * s >= 2 * cores), candidates[-1])
   registers = (not float8_keys) if config.keys_in_registers is None else config.keys_in_registers
   return dataclasses.replace(config, block_tokens=tb, splits=splits, keys_in_registers=registers)
+
+
+def uneven_splits(steps: int) -> list[int]:
+  """The split counts a row of `steps` key blocks takes with `bound_reads`: each CTA ⌈steps / splits⌉ blocks, at
+  least MIN_STEPS_PER_CTA of them (or one CTA), the last CTA at least one; fewest first (divisors among them)."""
+  return [s for s in range(1, steps + 1)
+          if (-(-steps // s) >= MIN_STEPS_PER_CTA or s == 1) and not leaves_a_cta_empty(steps, s)]
 
 
 def check_operands(q_BTIJ, k_BSJ, w_BTI, *, k_scale_BS, positions_BT, config: Config) -> None:

@@ -12,7 +12,8 @@ import jax_mtp
 from jax_mtp import indexer
 from jax_mtp.indexer import quantize_queries, resolve_index_scores_impl
 from jax_mtp.kernels.index_scores import KERNEL_NAME as TPU_KERNEL
-from jax_mtp.kernels.index_scores_mgpu import FLOAT8_DOT_SUFFIX, KERNEL_NAME, Config, config_for, index_scores_mgpu
+from jax_mtp.kernels.index_scores_mgpu import (FLOAT8_DOT_SUFFIX, KERNEL_NAME, MIN_STEPS_PER_CTA, Config, config_for,
+                                              index_scores_mgpu, leaves_a_cta_empty, uneven_splits)
 from tests.index_scores_cases import (assert_equals_xla_and_the_formula, assert_positions_bound_the_scored_slots,
                                        inputs, keys_as)
 from tests.lowered_step import mtp_step_module
@@ -162,6 +163,20 @@ def test_config_fills_the_machine():
   assert config_for(64, 4, 131072).block_tokens == 4 and config_for(2, 3, 256).block_tokens == 3
   assert config_for(1, 1, 256).splits == 1  # 2 steps: one CTA
   assert config_for(8, 1, 4096).splits == 8  # 32 steps: 8 × 8 = 64 CTAs of 4 steps
+
+
+def test_config_splits_unevenly_where_no_divisor_fills_two_waves():
+  """The CLI's capacities (a 4K prompt: 4,352 slots = 34 steps; 32K: 33,024 = 258): where no divisor of the steps
+  gives two CTAs a core with ≥ 4 steps each, the same rule over uneven splits (RESULTS 2026-12-07 15:27: 9 uneven
+  CTAs 1.1–2.3× faster than 2 at B = 1 and 8)."""
+  assert uneven_splits(34)[-1] == 9 and leaves_a_cta_empty(34, 10)  # ⌈34 / 10⌉ = 4: the tenth CTA would get none
+  assert [config_for(b, 4, 4352).splits for b in (1, 8, 64)] == [9, 9, 5]  # 64 × 5 = 320 ≥ 264: the fewest
+  assert config_for(1, 4, 33024).splits == 65 and config_for(8, 4, 33024).splits == 43  # 8 × 43 ≥ 264: a divisor
+  assert config_for(1, 4, 4352, Config(bound_reads=False)).splits == 2  # an uneven split needs bound_reads
+  assert config_for(1, 1, 4096).splits == 8 and config_for(8, 1, 32768).splits == 64  # divisors as before
+  for steps in (34, 66, 258, 1026):
+    assert all(-(-steps // s) >= MIN_STEPS_PER_CTA and not leaves_a_cta_empty(steps, s)
+               for s in uneven_splits(steps)[1:])
 
 
 def test_config_reads_16_bit_keys_into_registers_and_widens_float8_ones_in_shared_memory():

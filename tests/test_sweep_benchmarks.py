@@ -35,10 +35,11 @@ def test_index_scores_splits_keep_the_kernels_rules():
   chosen = index_scores_splits.candidate_splits(auto, steps)
   assert auto.splits in chosen and len(chosen) >= 3
   assert all(steps % d == 0 and steps // d >= index_scores_mgpu.MIN_STEPS_PER_CTA for d in chosen)
-  # the CLI's 4,352 slots (34 key blocks): with --uneven also 9, 6 and 5 CTAs (4, 6, 7 blocks each, the last fewer)
+  # the CLI's 4,352 slots (34 key blocks): auto's 9 uneven CTAs (4 blocks each, the last 2) beside the divisor 2;
+  # with --uneven also 6 and 5 CTAs (6, 7 blocks each)
   auto = index_scores_mgpu.config_for(1, 4, 4352)
-  assert auto.splits == 2 and index_scores_splits.candidate_splits(auto, 34) == [1, 2]
-  assert index_scores_splits.candidate_splits(auto, 34, uneven=True) == [1, 2, 5, 6, 9]
+  assert auto.splits == 9 and index_scores_splits.candidate_splits(auto, 34) == [2, 9]
+  assert index_scores_splits.candidate_splits(auto, 34, uneven=True) == [2, 5, 6, 9]
 
 
 def test_index_scores_splits_runs_every_key_form_in_the_interpreter(capsys):
