@@ -92,7 +92,7 @@ def config_for(batch: int, tokens: int, slots: int, config: Config | None = None
   of shared memory at V3.2's widths, so one runs a core at a time and this is two waves; swept on the H200,
   2026-12-04 18:39, no other divisor was faster across B and T: benchmarks.index_scores_splits. The uneven
   fallback: the CLI's capacities have few divisors, 4,352 slots = 34 steps left B = 1 and 8 two CTAs a query block
-  where 9 uneven ones ran 1.1–2.3× faster at T = 1 and 4 on an H100, 2026-12-07 15:27, RESULTS.)
+  where 9 uneven ones ran 1.1–2.3× faster in 10 of 12 rows at T = 1 and 4 on an H100, 2026-12-07 15:27, RESULTS.)
   `keys_in_registers` unset: on for 16-bit keys, off for float8 ones (`float8_keys`), as timed (Config)."""
   config = config or Config()
   tb = min(tokens, config.block_tokens)
