@@ -101,9 +101,9 @@
 #   v4kfit   (not run yet) verify4k then fitcheck in one call
 #   fitcheck (not run yet) the weights-fit check against a GPU's allocator, the FP8 split-block refusals, convert
 #   topk5    (not run yet) e2e at a 32K prompt, B = 1, the top-k auto and the kernel forced
-#   capacities (not run yet) the index scores and the top-k at the CLI's real capacities beside the round ones
-#   uneven   (not run yet) the index scores' uneven splits: compiled tests, swept at the CLI's capacities
-#   padsel   (not run yet) the sparse MLA over selections padded to whole steps vs to padded_entries' width
+#   capacities (15:20 2026-12-07, an H100; cut in its 32,768 rows) the index scores and the top-k at the CLI's real capacities beside the round ones
+#   uneven   (its sweep ran bare at 15:27 2026-12-07, an H100; its tests not yet) the index scores' uneven splits: compiled tests, swept at the CLI's capacities
+#   padsel   (15:15 2026-12-07, an H100; its index-sharing test cut by the bound) the sparse MLA over selections padded to whole steps vs to padded_entries' width
 #            (index_share's 2,050 entries, a short request's 1,059 slots), then the kernel's and the index-sharing
 #            compiled tests
 #   fp8gpu   (21:28 2026-12-04) the FP8 paths' GPU tests (the prefill rule and the bounded bytes layout)
@@ -755,14 +755,14 @@ case "${1:?stage}" in
     run 520 gpu_tests_topk3.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 100 \
       tests/test_topk_mgpu.py -k "not lowered_step and not lowered_for"
     ;;
-  capacities)  # (not run yet) the index scores and the top-k at the CLI's real capacities beside the round ones the
+  capacities)  # (15:20 2026-12-07, an H100: cut by its bound in the 32,768 rows; RESULTS) the index scores and the top-k at the CLI's real capacities beside the round ones the
                # benchmarks used (4,352 / 33,024 slots: 4K / 32K prompts at --max-new-tokens 32, the CLI's default):
                # the index scores' splits must divide S / 128, so 4,352 (34 steps) gives B = 1 two CTAs of 17 steps
                # where 4,096 gave eight of 4 (docs/mosaic_gpu_notes.md, "The kernels at the CLI's capacities")
     run 420 dsa_capacities.md python3 -m benchmarks.dsa_parts --capacity 4096 4352 32768 33024 --batch 1 8 64 \
       --tokens 1 4 --parts scores top-k --topk-forms library-kernel --iters 20
     ;;
-  uneven)  # (not run yet) the index scores' uneven splits (built 2026-12-06 on a CPU; `auto` still takes divisors
+  uneven)  # (its sweep ran bare at 15:27 2026-12-07 on an H100, B = 1 and 8: now auto; its compiled tests not yet) the index scores' uneven splits (built 2026-12-06 on a CPU; `auto` still takes divisors
            # only): their compiled tests, then swept beside the divisors at the CLI's capacities for 4K and 32K
            # prompts; if faster at B = 1 and 8, config_for may take them (waves × blocks a CTA)
     run 200 gpu_tests_uneven.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 100 \
@@ -883,7 +883,7 @@ case "${1:?stage}" in
     run 240 dense_gemms_64_1024.md python3 -m benchmarks.dense_gemms --rows 64 1024 --iters 20 \
       --only q_b_proj o_proj "dense MLP" head
     ;;
-  padsel)  # (not run yet; built 2026-12-07 evening on a CPU) the model pads a selection that does not come in whole
+  padsel)  # (15:15 2026-12-07, an H100: padded_entries 3.1-8.5x faster at B = 1 and 8; the index-sharing test cut by the bound) the model pads a selection that does not come in whole
            # splits (index_share's 2,050 entries at k = 3; a short request's every visible slot) to
            # sparse_mla_mgpu.padded_entries' width, which buys splits where the CTAs do not fill a wave, instead of
            # to whole steps (33 steps of 64 at B = 1: one split, 2 CTAs): both widths timed, then the compiled tests
