@@ -103,6 +103,7 @@
 #   topk5    (not run yet) e2e at a 32K prompt, B = 1, the top-k auto and the kernel forced
 #   capacities (15:20 2026-12-07, an H100; cut in its 32,768 rows) the index scores and the top-k at the CLI's real capacities beside the round ones
 #   uneven   (its sweep ran bare at 15:27 2026-12-07, an H100; its tests not yet) the index scores' uneven splits: compiled tests, swept at the CLI's capacities
+#   e2eidx   (not run yet) e2e at B = 1 over 4K prompts under auto, then with the index scores in XLA
 #   padsel   (15:15 2026-12-07, an H100; its index-sharing test cut by the bound) the sparse MLA over selections padded to whole steps vs to padded_entries' width
 #            (index_share's 2,050 entries, a short request's 1,059 slots), then the kernel's and the index-sharing
 #            compiled tests
@@ -882,6 +883,13 @@ case "${1:?stage}" in
     run 320 dense_gemms_256.md python3 -m benchmarks.dense_gemms --rows 256 --iters 20
     run 240 dense_gemms_64_1024.md python3 -m benchmarks.dense_gemms --rows 64 1024 --iters 20 \
       --only q_b_proj o_proj "dense MLP" head
+    ;;
+  e2eidx)  # (not run yet) the user's path at B = 1 over 4K prompts under auto (the index-scores kernel), then with
+           # --index-scores-impl xla: `capacities` (2026-12-07 15:20) put XLA's scores dot 10-40 µs a call ahead of the
+           # kernel at B = 1 over 4K caches; whether a 2-layer round shows it, and B = 8 beside it
+    run 250 e2e_idx_auto.md python3 -m benchmarks.e2e --prompt 4096 --batch 1 8 --iters 5 --out "$OUT/e2e_idx_auto.json"
+    run 250 e2e_idx_xla.md python3 -m benchmarks.e2e --prompt 4096 --batch 1 8 --iters 5 \
+      --cli=--index-scores-impl --cli=xla --out "$OUT/e2e_idx_xla.json"
     ;;
   padsel)  # (15:15 2026-12-07, an H100: padded_entries 3.1-8.5x faster at B = 1 and 8; the index-sharing test cut by the bound) the model pads a selection that does not come in whole
            # splits (index_share's 2,050 entries at k = 3; a short request's every visible slot) to
