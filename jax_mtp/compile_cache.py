@@ -56,9 +56,9 @@ SEVERAL_CPU_PROCESSES = ("several CPU processes cannot share one: JAX keys a CPU
 def configure(choice: str | None, environ=os.environ, processes: int | None = None,
               platform: str | None = None) -> tuple[str | None, str | None]:
   """Points JAX's persistent cache where `--compilation-cache` says (module docstring): (the folder, or None for
-  none; a note for stderr, or None). A folder named by the flag that cannot be made is bad input; the default one
-  is skipped with a note instead (a read-only home must not stop a run). `processes` and `platform` default to
-  JAX's (after `jax.distributed.initialize`)."""
+  none; a note for stderr, or None). A folder named by the flag that cannot be made is bad input; JAX's own or the
+  default one is skipped with a note instead (a read-only home must not stop a run). A URL (`gs://…`) goes to JAX
+  unchecked. `processes` and `platform` default to JAX's (after `jax.distributed.initialize`)."""
   if choice == OFF:
     _use(None)
     return None, None
@@ -68,22 +68,49 @@ def configure(choice: str | None, environ=os.environ, processes: int | None = No
     _use(None)
     return None, f"note: no compilation cache: {SEVERAL_CPU_PROCESSES}"
   if choice is None and jax.config.jax_compilation_cache_dir and jax.config.jax_enable_compilation_cache:
-    return jax.config.jax_compilation_cache_dir, None  # the user's JAX setting wins over our default
+    return _jaxs_own(jax.config.jax_compilation_cache_dir)  # the user's JAX setting wins over our default
+  if choice is not None and _is_url(choice):  # gs://…: JAX reads and writes it through etils' epath, unchecked here
+    _use(choice)
+    return choice, None
   folder = pathlib.Path(choice).expanduser() if choice is not None else default_dir(environ)
-  try:
-    if folder.exists() and not folder.is_dir():
-      raise NotADirectoryError(20, "it is a file, not a folder", str(folder))
-    folder.mkdir(parents=True, exist_ok=True)
-    if not os.access(folder, os.W_OK | os.X_OK):
-      raise PermissionError(13, "not writable", str(folder))
-  except OSError as e:
-    why = f"cannot use {str(folder)!r} as the compilation cache: {e.strerror or e}"
+  why = _unusable(folder)
+  if why:
+    why = f"cannot use {str(folder)!r} as the compilation cache: {why}"
     if choice is not None:
-      raise BadInput(f"--compilation-cache: {why} (give a writable folder, or `off`)") from None
+      raise BadInput(f"--compilation-cache: {why} (give a writable folder, or `off`)")
     _use(None)
     return None, f"note: {why}; the programs will not be kept (--compilation-cache DIR picks another folder)"
   _use(str(folder))
   return str(folder), None
+
+
+def _jaxs_own(folder: str) -> tuple[str | None, str | None]:
+  """JAX's own cache folder (JAX_COMPILATION_CACHE_DIR, a notebook's jax.config), checked as the default is: JAX
+  only warns about one it cannot use, and the run would report reading from it."""
+  why = None if _is_url(folder) else _unusable(pathlib.Path(folder).expanduser())
+  if why is None:
+    return folder, None
+  _use(None)
+  return None, (f"note: cannot use {folder!r} (JAX's jax_compilation_cache_dir, e.g. JAX_COMPILATION_CACHE_DIR) as "
+                f"the compilation cache: {why}; the programs will not be kept (--compilation-cache DIR picks another "
+                "folder)")
+
+
+def _is_url(folder: str) -> bool:
+  return "://" in folder
+
+
+def _unusable(folder: pathlib.Path) -> str | None:
+  """Why `folder` cannot hold the cache (made if missing), or None."""
+  try:
+    if folder.exists() and not folder.is_dir():
+      return "it is a file, not a folder"
+    folder.mkdir(parents=True, exist_ok=True)
+    if not os.access(folder, os.W_OK | os.X_OK):
+      return "not writable"
+  except OSError as e:
+    return e.strerror or str(e)
+  return None
 
 
 def off_for_several_cpu_processes(processes: int | None = None, platform: str | None = None) -> str | None:

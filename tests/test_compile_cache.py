@@ -92,3 +92,20 @@ def test_jaxs_own_cache_is_turned_off_for_several_cpu_processes_with_a_note(tmp_
   assert note == f"note: no compilation cache: {compile_cache.SEVERAL_CPU_PROCESSES}"
   assert not jax.config.jax_enable_compilation_cache
   assert compile_cache.off_for_several_cpu_processes(processes=2, platform="cpu") is None  # already off: no note
+
+
+def test_jaxs_own_folder_that_cannot_be_used_is_a_note_not_a_cache_the_run_claims_to_read(tmp_path):
+  """JAX only warns about such a folder; the CLI's compile line would have said "0 programs read from" it."""
+  (tmp_path / "f").write_text("")
+  jax.config.update("jax_compilation_cache_dir", str(tmp_path / "f"))
+  folder, note = compile_cache.configure(None, environ={})
+  assert folder is None and not jax.config.jax_enable_compilation_cache
+  assert note == (f"note: cannot use {str(tmp_path / 'f')!r} (JAX's jax_compilation_cache_dir, e.g. "
+                  "JAX_COMPILATION_CACHE_DIR) as the compilation cache: it is a file, not a folder; the programs will "
+                  "not be kept (--compilation-cache DIR picks another folder)")
+
+
+def test_a_url_goes_to_jax_unchecked(tmp_path):
+  """JAX reads and writes gs://… folders through etils; a local check would have made a folder named `gs:`."""
+  assert compile_cache.configure("gs://bucket/jax_mtp") == ("gs://bucket/jax_mtp", None)
+  assert jax.config.jax_compilation_cache_dir == "gs://bucket/jax_mtp" and not pathlib.Path("gs:").exists()
