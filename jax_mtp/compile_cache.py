@@ -12,7 +12,9 @@ that differ. vLLM keeps its compiled graphs the same way (~/.cache/vllm).
 `jax.config`), else `$XDG_CACHE_HOME/jax_mtp/xla` (~/.cache when unset); a folder; or `off`. JAX writes a program
 only when it compiled for ≥ 1 s (`jax_persistent_cache_min_compile_time_secs`), so the embedded default's small
 prefill is not written. Entries are never evicted: delete the folder to reclaim its space. With several processes
-(`--num-processes`) JAX writes from process 0 only, so the others read only from a folder they share with it.
+(`--num-processes`) JAX writes from process 0 only, so the others read only from a folder they share with it: there
+the default folder (each host's own home) is not used, only one the flag or JAX's setting names (a note says so).
+Whether GPU or TPU processes that disagree on reading a program (one reads, another compiles) run on is untested.
 
 Several CPU processes run without a cache (a note; naming a folder is bad input). JAX keys a CPU program by its
 process's devices (on GPUs it strips them from the key), so only process 0 ever reads one, and the others compile
@@ -51,6 +53,10 @@ def default_dir(environ=os.environ) -> pathlib.Path:
 SEVERAL_CPU_PROCESSES = ("several CPU processes cannot share one: JAX keys a CPU program by its process's devices, "
                          "so the others would compile anyway, and on jax 0.12.1 the processes hang when one reads a "
                          "program from the cache and another compiles it")
+SEVERAL_PROCESSES_DEFAULT = ("several processes use only a folder named for them (--compilation-cache DIR, or JAX's "
+                             "own setting), one they all see: JAX writes from process 0 only, so in a folder of each "
+                             "host's own (the default, under the home) the other hosts would compile while process 0 "
+                             "read, which hung on CPUs")
 
 
 def configure(choice: str | None, environ=os.environ, processes: int | None = None,
@@ -72,6 +78,9 @@ def configure(choice: str | None, environ=os.environ, processes: int | None = No
   if choice is not None and _is_url(choice):  # gs://…: JAX reads and writes it through etils' epath, unchecked here
     _use(choice)
     return choice, None
+  if choice is None and _process_count(processes) > 1:
+    _use(None)
+    return None, f"note: no compilation cache: {SEVERAL_PROCESSES_DEFAULT}"
   folder = pathlib.Path(choice).expanduser() if choice is not None else default_dir(environ)
   why = _unusable(folder)
   if why:
@@ -124,8 +133,11 @@ def off_for_several_cpu_processes(processes: int | None = None, platform: str | 
 
 
 def _several_cpu_processes(processes: int | None, platform: str | None) -> bool:
-  processes = jax.process_count() if processes is None else processes
-  return processes > 1 and (jax.default_backend() if platform is None else platform) == "cpu"
+  return _process_count(processes) > 1 and (jax.default_backend() if platform is None else platform) == "cpu"
+
+
+def _process_count(processes: int | None) -> int:
+  return jax.process_count() if processes is None else processes
 
 
 def _use(folder: str | None) -> None:

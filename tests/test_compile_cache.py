@@ -109,3 +109,14 @@ def test_a_url_goes_to_jax_unchecked(tmp_path):
   """JAX reads and writes gs://… folders through etils; a local check would have made a folder named `gs:`."""
   assert compile_cache.configure("gs://bucket/jax_mtp") == ("gs://bucket/jax_mtp", None)
   assert jax.config.jax_compilation_cache_dir == "gs://bucket/jax_mtp" and not pathlib.Path("gs:").exists()
+
+
+def test_several_processes_use_only_a_folder_named_for_them(tmp_path):
+  """The default folder is each host's own; only process 0 writes, so the others would compile where it reads."""
+  jax.config.update("jax_compilation_cache_dir", None)
+  folder, note = compile_cache.configure(None, environ={"XDG_CACHE_HOME": str(tmp_path)}, processes=2, platform="gpu")
+  assert (folder, note) == (None, f"note: no compilation cache: {compile_cache.SEVERAL_PROCESSES_DEFAULT}")
+  assert not jax.config.jax_enable_compilation_cache and not any(tmp_path.iterdir())
+  jax.config.update("jax_compilation_cache_dir", str(tmp_path / "shared"))  # JAX's own setting: the user's choice
+  jax.config.update("jax_enable_compilation_cache", True)  # JAX's default, as a fresh process has it
+  assert compile_cache.configure(None, environ={}, processes=2, platform="gpu") == (str(tmp_path / "shared"), None)
