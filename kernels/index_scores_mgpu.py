@@ -87,12 +87,13 @@ def config_for(batch: int, tokens: int, slots: int, config: Config | None = None
                float8_keys: bool = False) -> Config:
   """The call's launch: query blocks of min(T, block_tokens); `splits` the smallest divisor of the row's steps
   that gives ≥ 2 CTAs per core while each CTA keeps ≥ MIN_STEPS_PER_CTA steps (its q block is loaded once per CTA:
-  64 KiB at V3.2 widths, as much as two steps of keys), else the most CTAs that rule allows; where no divisor
-  reaches two CTAs a core, the same rule over the uneven splits too (`uneven_splits`; bound_reads only). (A CTA holds ~192 KiB
-  of shared memory at V3.2's widths, so one runs a core at a time and this is two waves; swept on the H200,
-  2026-12-04 18:39, no other divisor was faster across B and T: benchmarks.index_scores_splits. The uneven
-  fallback: the CLI's capacities have few divisors, 4,352 slots = 34 steps left B = 1 and 8 two CTAs a query block
-  where 9 uneven ones ran 1.1–2.3× faster in 10 of 12 rows at T = 1 and 4 on an H100, 2026-12-07 15:27, RESULTS.)
+  64 KiB at V3.2 widths, as much as two steps of keys). (A CTA holds ~192 KiB of shared memory at V3.2's widths, so
+  one runs a core at a time and this is two waves; swept on the H200, 2026-12-04 18:39, no other divisor was faster
+  across B and T: benchmarks.index_scores_splits.) Where no divisor reaches two CTAs a core, the split of the fewest
+  waves × steps a CTA (ties: the most CTAs), uneven ones included (`uneven_splits`; bound_reads only): the CLI's
+  capacities have few divisors, 4,352 slots = 34 steps left B = 1 and 8 two CTAs a query block where 9 uneven ones
+  ran 1.1–2.3× faster in 10 of 12 rows at T = 1 and 4 (an H100, 2026-12-07 15:27, RESULTS); at B = 64 it keeps the
+  2 (one wave of 17 steps, where 5 would be three waves of 7; not timed against them).
   `keys_in_registers` unset: on for 16-bit keys, off for float8 ones (`float8_keys`), as timed (Config)."""
   config = config or Config()
   tb = min(tokens, config.block_tokens)
@@ -102,9 +103,9 @@ def config_for(batch: int, tokens: int, slots: int, config: Config | None = None
     query_blocks = batch * -(-tokens // tb)
     allowed = allowed_splits(steps)
     splits = next((d for d in allowed if query_blocks * d >= 2 * cores), None)
-    if splits is None:  # the same rule over the uneven splits too
+    if splits is None:  # the fewest waves × steps a CTA, uneven splits too (one CTA a core: ~192 KiB each)
       candidates = uneven_splits(steps) if config.bound_reads else allowed
-      splits = next((s for s in candidates if query_blocks * s >= 2 * cores), candidates[-1])
+      splits = min(candidates, key=lambda s: (-(-query_blocks * s // cores) * -(-steps // s), -s))
   registers = (not float8_keys) if config.keys_in_registers is None else config.keys_in_registers
   return dataclasses.replace(config, block_tokens=tb, splits=splits, keys_in_registers=registers)
 

@@ -167,10 +167,11 @@ def test_config_fills_the_machine():
 
 def test_config_splits_unevenly_where_no_divisor_fills_two_waves():
   """The CLI's capacities (a 4K prompt: 4,352 slots = 34 steps; 32K: 33,024 = 258): where no divisor of the steps
-  gives two CTAs a core with ≥ 4 steps each, the same rule over uneven splits (RESULTS 2026-12-07 15:27: 9 uneven
-  CTAs 1.1–2.3× faster than 2 at B = 1 and 8)."""
+  gives two CTAs a core with ≥ 4 steps each, the fewest waves × steps a CTA over uneven splits too (RESULTS
+  2026-12-07 15:27: 9 uneven CTAs 1.1–2.3× faster than 2 at B = 1 and 8)."""
   assert uneven_splits(34)[-1] == 9 and leaves_a_cta_empty(34, 10)  # ⌈34 / 10⌉ = 4: the tenth CTA would get none
-  assert [config_for(b, 4, 4352).splits for b in (1, 8, 64)] == [9, 9, 5]  # 64 × 5 = 320 ≥ 264: the fewest
+  # B = 1, 8: one wave of 4 steps; B = 64: 2 splits, one wave of 17 steps (5 would be 3 waves of 7)
+  assert [config_for(b, 4, 4352).splits for b in (1, 8, 64)] == [9, 9, 2]
   assert config_for(1, 4, 33024).splits == 65 and config_for(8, 4, 33024).splits == 43  # 8 × 43 ≥ 264: a divisor
   assert config_for(1, 4, 4352, Config(bound_reads=False)).splits == 2  # an uneven split needs bound_reads
   assert config_for(1, 1, 4096).splits == 8 and config_for(8, 1, 32768).splits == 64  # divisors as before
