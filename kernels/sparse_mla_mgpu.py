@@ -138,19 +138,18 @@ def padded_entries(queries: int, heads: int, entries: int, latent_width: int, wa
   and where the CTAs do not fill a wave a few padded steps buy many splits: index_share's reused selection of
   2,050 entries is 33 steps of 64 (at B = 1, T = 1 two CTAs on 132 cores, each 33 steps) where 3,072 run 16 splits
   of 3 steps; a 1,059-slot request attended over every slot at B = 8, T = 1 gets 8 splits of 5 steps of 32 at
-  1,280, against 2 of 17 at 1,088. Where the CTAs fill the wave (B · T · head blocks ≥ 66) it is the step's
-  multiple. Not timed against the step's multiple yet (stage `padsel`)."""
+  1,280, against 2 of 17 at 1,088. Where the CTAs fill the wave (more than 66 head blocks × queries) it is the
+  step's multiple. Timed against the step's multiple on an H100 (2026-12-07 15:15, RESULTS,
+  `benchmarks.sparse_mla_padding`): 3.1–3.7× faster at B = 1 and 8 over 2,050 entries, 8.5× over 1,059."""
   form = config_for(queries, heads, entries, latent_width)
   step = DOUBLE_BUFFERED_ENTRIES if form.double_buffered else Config().block_entries  # a whole step, even past K
-  best = None
-  multiple = 1
-  while multiple <= MAX_SPLITS:
-    width = -(-entries // (step * multiple)) * step * multiple
+  widths = [-(-entries // (step * m)) * step * m for m in (2**i for i in range(MAX_SPLITS.bit_length()))]
+
+  def steps_a_cta(width: int) -> int:
     config = config_for(queries, heads, width, latent_width, wave=wave)
-    key = (width // (config.block_entries * config.splits), width)
-    best = min(best or key, key)
-    multiple *= 2
-  return best[1]
+    return width // (config.block_entries * config.splits)
+
+  return min(widths, key=lambda width: (steps_a_cta(width), width))
 
 
 def check_operands(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, config: Config,
