@@ -2,7 +2,7 @@
 what the fused kernels take (any prompt length gets them), its compiled prefill and round for an H200 hold the
 Mosaic GPU index-scores kernel (not the Triton one) and the sparse-MLA kernel at an odd prompt length (with and
 without index_share_for_mtp_iteration), the top-k's k-th key kernel from 64 queries a call and the 16-bit experts
-kernel where `--moe-impl mosaic_gpu` names it, the reused shared selection runs through the kernel (padded to its blocks)
+kernel where `--moe-impl mosaic_gpu` names it, the reused shared selection runs through the kernel (padded to `padded_entries`' width)
 with XLA's tokens, each kernel launch is lowered once however many layers repeat it, and an error inside a run is one
 line and exit 2."""
 
@@ -162,7 +162,7 @@ def test_attention_within_index_topk_through_the_kernel_equals_xlas_dense_form(k
 
 def test_index_sharing_runs_through_the_kernel_with_xlas_tokens():
   """k = 3 with the shared top-k end to end: draft steps 2 and 3 attend over index_topk + 1 and + 2 slots, which
-  the kernel takes padded to its blocks (interpret mode on CPU); the greedy tokens equal XLA's attention's. The
+  the kernel takes padded to `padded_entries`' width (interpret mode on CPU); the greedy tokens equal XLA's attention's. The
   MTP caches are not compared here: the draft tokens are argmaxes of bf16 logits, whose ties a rounding flips
   (on the H200 a tie changed a draft slot's whole latent, 2026-12-03), and the speculative output is the target's
   greedy output whatever the drafts; the next test compares the reused selection's attention itself. On a CPU in the
