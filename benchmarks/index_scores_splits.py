@@ -33,8 +33,9 @@ I, J = 64, 128  # V3.2's indexer heads and head dim
 
 def candidate_splits(auto: mgpu.Config, steps: int, uneven: bool = False) -> list[int]:
   """Auto's splits (a divisor of the steps or, where none fills two waves, an uneven one), half and a quarter of
-  them, and twice them: the divisors the kernel's rule allows (`index_scores_mgpu.allowed_splits`). `uneven`: also the split counts that give each CTA ⌈steps / splits⌉ = 4, 6
-  or 8 key blocks where they do not divide the steps (the last CTA fewer; `Config.splits`)."""
+  them, and twice them: the divisors the kernel's rule allows (`index_scores_mgpu.allowed_splits`). `uneven`: also
+  the split counts that give each CTA ⌈steps / splits⌉ = 4, 6 or 8 key blocks where they do not divide the steps
+  (the last CTA fewer; `Config.splits`)."""
   wanted = {max(1, auto.splits // 4), max(1, auto.splits // 2), auto.splits, auto.splits * 2}
   chosen = wanted & set(mgpu.allowed_splits(steps)) | {auto.splits}
   if uneven:

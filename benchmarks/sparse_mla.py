@@ -70,11 +70,12 @@ def main(argv=None) -> int:
   return 0
 
 
-def floor_us(b: int, t: int, bandwidth: float, flops: float, fp8: bool = False) -> float:
+def floor_us(b: int, t: int, bandwidth: float, flops: float, fp8: bool = False, k: int = K_TOP) -> float:
+  """`k` selected entries a query (padding, where a kernel adds it, is work the floor does not count)."""
   queries = b * t
   entry = C + C // 128 * 4 + R * 2 if fp8 else (C + R) * 2  # fp8: codes, 4 fp32 scales, bf16 rope (656 B)
-  nbytes = queries * (K_TOP * entry + N * (C + R) * 2 + N * C * 2)  # entries, queries, bf16 output
-  work = queries * N * K_TOP * (C + R + C) * 2
+  nbytes = queries * (k * entry + N * (C + R) * 2 + N * C * 2)  # entries, queries, bf16 output
+  work = queries * N * k * (C + R + C) * 2
   return max(nbytes / bandwidth, work / flops) * 1e6
 
 
@@ -106,10 +107,10 @@ def kernel_operands(args):
   return problem, (ql, qp, latent, kp, slots, scales)
 
 
-def _problem(b: int, t: int, s: int):
+def _problem(b: int, t: int, s: int, k: int = K_TOP):
   keys = iter(jax.random.split(jax.random.key(b * 10 + t), 6))
   normal = lambda shape, scale=1.0: (jax.random.normal(next(keys), shape) * scale).astype(jnp.bfloat16)  # noqa: E731
-  slots = jnp.argsort(jax.random.uniform(next(keys), (b, t, s)), axis=-1)[..., :K_TOP].astype(jnp.int32)
+  slots = jnp.argsort(jax.random.uniform(next(keys), (b, t, s)), axis=-1)[..., :k].astype(jnp.int32)
   return normal((b, t, N, C), 0.05), normal((b, t, N, R), 0.05), normal((b, s, C)), normal((b, s, R)), slots
 
 

@@ -19,7 +19,7 @@ import argparse
 import jax
 import jax.numpy as jnp
 
-from benchmarks.sparse_mla import C, N, R, SCALE, _cells, _time_mosaic
+from benchmarks.sparse_mla import C, N, SCALE, _cells, _problem, _time_mosaic, floor_us
 from benchmarks.timing import measured_ceilings, time_in_loop
 from jax_mtp.kernels import sparse_mla_mgpu as mgpu
 from jax_mtp.kernels.sparse_mla import reference as sparse_mla_reference
@@ -38,21 +38,6 @@ def _row(text: str) -> tuple[int, int, int]:
   return b, t, k
 
 
-def _problem(b: int, t: int, k: int, capacity: int):
-  keys = iter(jax.random.split(jax.random.key(b * 100 + t * 10 + k), 6))
-  normal = lambda shape, scale=1.0: (jax.random.normal(next(keys), shape) * scale).astype(jnp.bfloat16)  # noqa: E731
-  slots = jnp.argsort(jax.random.uniform(next(keys), (b, t, capacity)), axis=-1)[..., :k].astype(jnp.int32)
-  return normal((b, t, N, C), 0.05), normal((b, t, N, R), 0.05), normal((b, capacity, C)), normal((b, capacity, R)), slots
-
-
-def floor_us(b: int, t: int, k: int, bandwidth: float, flops: float) -> float:
-  """The real entries' bytes and FLOPs (padding is work the floor does not count)."""
-  queries = b * t
-  nbytes = queries * (k * (C + R) * 2 + N * (C + R) * 2 + N * C * 2)
-  work = queries * N * k * (C + R + C) * 2
-  return max(nbytes / bandwidth, work / flops) * 1e6
-
-
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--rows", type=_row, nargs="+", default=[_row(r) for r in DEFAULT_ROWS], metavar="BxTxENTRIES")
@@ -64,16 +49,15 @@ def main(argv=None) -> int:
   print("| B | T | entries | padding | width | splits | steps a CTA | µs | floor µs | floor / time | rel err vs XLA |")
   print("|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
   for b, t, k in args.rows:
-    q_lat, q_pe, latent, k_pe, slots = _problem(b, t, k, args.capacity)
+    q_lat, q_pe, latent, k_pe, slots = _problem(b, t, args.capacity, k)
     xla = jax.jit(lambda ql, qp, lat, kp, sl: sparse_mla_reference(ql, qp, lat, kp, sl, sl >= 0, SCALE,
                                                                    dot_dtype=jnp.bfloat16))
     base = xla(q_lat, q_pe, latent, k_pe, slots)
-    floor = floor_us(b, t, k, bandwidth, flops)
+    floor = floor_us(b, t, bandwidth, flops, k=k)
     seconds = time_in_loop(xla, (q_lat, q_pe, latent, k_pe, slots), args.iters)
     print(f"| {b} | {t} | {k:,} | XLA | {k:,} | | | {seconds * 1e6:,.1f} | {floor:,.1f} | "
           f"{floor / seconds / 1e6:.2f} | |", flush=True)
-    form = mgpu.config_for(b * t, N, k, C)
-    step = mgpu.DOUBLE_BUFFERED_ENTRIES if form.double_buffered else mgpu.Config().block_entries
+    step = mgpu.whole_step(b * t, N, k, C)
     widths = {"whole steps": -(-k // step) * step, "padded_entries": mgpu.padded_entries(b * t, N, k, C)}
     for name, width in widths.items():
       config = mgpu.config_for(b * t, N, width, C)

@@ -131,6 +131,13 @@ def config_for(queries: int, heads: int, entries: int, latent_width: int, config
   return dataclasses.replace(config, block_entries=block_entries, splits=splits, contiguous_relayout=contiguous)
 
 
+def whole_step(queries: int, heads: int, entries: int, latent_width: int) -> int:
+  """Entries a step of the form `config_for` picks for this call takes: a whole step, even where `entries` is
+  fewer (config_for's own `block_entries` is then `entries`)."""
+  form = config_for(queries, heads, entries, latent_width)
+  return DOUBLE_BUFFERED_ENTRIES if form.double_buffered else Config().block_entries
+
+
 def padded_entries(queries: int, heads: int, entries: int, latent_width: int, wave: int = ONE_WAVE_CTAS) -> int:
   """The selection width a call of `entries` selected slots is padded to (−1 ids, not attended): of the widths a
   step × 1, 2, 4 … MAX_SPLITS divides, at least `entries`, the one whose `config_for` leaves a CTA the fewest
@@ -141,8 +148,7 @@ def padded_entries(queries: int, heads: int, entries: int, latent_width: int, wa
   1,280, against 2 of 17 at 1,088. Where the CTAs fill the wave (more than 66 head blocks × queries) it is the
   step's multiple. Timed against the step's multiple on an H100 (2026-12-07 15:15, RESULTS,
   `benchmarks.sparse_mla_padding`): 3.1–3.7× faster at B = 1 and 8 over 2,050 entries, 8.5× over 1,059."""
-  form = config_for(queries, heads, entries, latent_width)
-  step = DOUBLE_BUFFERED_ENTRIES if form.double_buffered else Config().block_entries  # a whole step, even past K
+  step = whole_step(queries, heads, entries, latent_width)
   widths = [-(-entries // (step * m)) * step * m for m in (2**i for i in range(MAX_SPLITS.bit_length()))]
 
   def steps_a_cta(width: int) -> int:
