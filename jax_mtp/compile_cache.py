@@ -73,36 +73,29 @@ def configure(choice: str | None, environ=os.environ, processes: int | None = No
       raise BadInput(f"--compilation-cache {choice}: {SEVERAL_CPU_PROCESSES} (give `off`)")
     _use(None)
     return None, f"note: no compilation cache: {SEVERAL_CPU_PROCESSES}"
-  if choice is None and jax.config.jax_compilation_cache_dir and jax.config.jax_enable_compilation_cache:
-    return _jaxs_own(jax.config.jax_compilation_cache_dir)  # the user's JAX setting wins over our default
-  if choice is not None and _is_url(choice):  # gs://…: JAX reads and writes it through etils' epath, unchecked here
-    _use(choice)
-    return choice, None
-  if choice is None and _process_count(processes) > 1:
+  jaxs_own = choice is None and jax.config.jax_compilation_cache_dir and jax.config.jax_enable_compilation_cache
+  if choice is None and not jaxs_own and _process_count(processes) > 1:
     _use(None)
     return None, f"note: no compilation cache: {SEVERAL_PROCESSES_DEFAULT}"
-  folder = pathlib.Path(choice).expanduser() if choice is not None else default_dir(environ)
-  why = _unusable(folder)
+  # the user's JAX setting wins over our default; it is checked as the default is (JAX only warns about a folder it
+  # cannot use, and the run would have reported reading from it)
+  folder = choice if choice is not None else (jax.config.jax_compilation_cache_dir if jaxs_own
+                                             else default_dir(environ))
+  if _is_url(str(folder)):  # gs://…: JAX reads and writes it through etils' epath, unchecked here
+    _use(folder)
+    return folder, None
+  path = pathlib.Path(folder).expanduser()
+  kept = folder if jaxs_own else str(path)  # JAX's own setting stays as the user wrote it
+  why = _unusable(path)
   if why:
-    why = f"cannot use {str(folder)!r} as the compilation cache: {why}"
+    whose = " (JAX's jax_compilation_cache_dir, e.g. JAX_COMPILATION_CACHE_DIR)" if jaxs_own else ""
+    why = f"cannot use {kept!r}{whose} as the compilation cache: {why}"
     if choice is not None:
       raise BadInput(f"--compilation-cache: {why} (give a writable folder, or `off`)")
     _use(None)
     return None, f"note: {why}; the programs will not be kept (--compilation-cache DIR picks another folder)"
-  _use(str(folder))
-  return str(folder), None
-
-
-def _jaxs_own(folder: str) -> tuple[str | None, str | None]:
-  """JAX's own cache folder (JAX_COMPILATION_CACHE_DIR, a notebook's jax.config), checked as the default is: JAX
-  only warns about one it cannot use, and the run would report reading from it."""
-  why = None if _is_url(folder) else _unusable(pathlib.Path(folder).expanduser())
-  if why is None:
-    return folder, None
-  _use(None)
-  return None, (f"note: cannot use {folder!r} (JAX's jax_compilation_cache_dir, e.g. JAX_COMPILATION_CACHE_DIR) as "
-                f"the compilation cache: {why}; the programs will not be kept (--compilation-cache DIR picks another "
-                "folder)")
+  _use(kept)
+  return kept, None
 
 
 def _is_url(folder: str) -> bool:
