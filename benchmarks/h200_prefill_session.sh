@@ -899,5 +899,19 @@ case "${1:?stage}" in
     run 200 gpu_tests_padsel.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 100 \
       tests/test_sparse_mla_mgpu.py tests/test_user_path_kernels.py -k "not tpu and (padded or index_sharing or equals)"
     ;;
+  autochk)  # (2026-12-07 evening) the compiled tests of what auto took on 2026-12-07 from an H100 sweep: the index
+            # scores' uneven splits (`uneven`'s tests) and the padded selection's index-sharing model test alone
+            # (~200 s to compile; `padsel`'s bound cut it)
+    run 200 gpu_tests_uneven.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 100 \
+      tests/test_index_scores_mgpu.py -k "640 or uneven or positions_bound"
+    run 330 gpu_tests_index_sharing.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 320 \
+      tests/test_user_path_kernels.py -k index_sharing
+    ;;
+  idxauto)  # (2026-12-07 evening) where the index scores' `auto` should leave the kernel for the model's XLA path:
+            # `capacities` (15:20, an H100) put XLA's bf16 dot 10-40 µs ahead at B = 1 over 4K caches; auto beside
+            # XLA at the CLI's capacities for 2K-32K prompts (+ 32 new + k, rounded to 256), B = 1-16, T = 1 and 4
+    run 560 index_scores_auto.md python3 -m benchmarks.index_scores_splits --capacity 2304 4352 8448 16640 33024 \
+      --batch 1 2 4 8 16 --tokens 1 4 --no-sweep --beside-xla --forms bf16 "fp8 q" --iters 20
+    ;;
   *) echo "unknown stage $1"; exit 2 ;;
 esac

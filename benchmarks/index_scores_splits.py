@@ -24,11 +24,12 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks.timing import measured_ceilings, time_in_loop
-from jax_mtp.indexer import quantize_keys, quantize_queries
+from jax_mtp.indexer import quantize_keys, quantize_queries, score_chunk
 from jax_mtp.kernels.index_scores import reference as index_scores
 from jax_mtp.kernels import index_scores_mgpu as mgpu
 
 I, J = 64, 128  # V3.2's indexer heads and head dim
+FORMS = ("bf16", "fp8", "fp8 q")
 
 
 def candidate_splits(auto: mgpu.Config, steps: int, uneven: bool = False) -> list[int]:
@@ -58,6 +59,10 @@ def main(argv=None) -> int:
                       help="also split counts that do not divide the row's key blocks (the CLI's capacities)")
   parser.add_argument("--keys-in-registers", action="store_true",
                       help="at T > 1 also auto with keys_in_registers flipped")
+  parser.add_argument("--forms", nargs="+", default=list(FORMS), choices=FORMS, help="the key forms to time")
+  parser.add_argument("--beside-xla", action="store_true",
+                      help="also time the model's XLA path (indexer.score_chunk's chunks, a bf16 dot): where "
+                           "`auto` should leave the kernel")
   args = parser.parse_args(argv)
   bandwidth, peak = measured_ceilings("index scores' splits")
   print("| S | B | T | keys | splits | CTAs | µs | bytes floor µs | FLOPs floor µs | floor / time | rel err vs XLA |")
@@ -73,6 +78,8 @@ def main(argv=None) -> int:
         q8, w8 = quantize_queries(q.astype(jnp.float32), w, jnp.float8_e4m3fn)
         for name, q_, w_, k, k_scale in [("bf16", q, w, k32.astype(jnp.bfloat16), None), ("fp8", q, w, k8, scale),
                                          ("fp8 q", q8, w8, k8, scale)]:
+          if name not in args.forms:
+            continue
           auto = mgpu.config_for(b, t, s, float8_keys=k_scale is not None)
           query_blocks = b * -(-t // auto.block_tokens)
           xla = index_scores(q_, k, w_, J**-0.5, k_scale_BS=k_scale, dot_dtype=jnp.bfloat16)
@@ -82,7 +89,7 @@ def main(argv=None) -> int:
           configs = [] if args.no_sweep else [dataclasses.replace(auto, splits=d)
                                                for d in candidate_splits(auto, s // auto.block_slots, args.uneven)]
           configs = configs or [auto]
-          if t > 1:  # query n + 1's dot overlapping query n's epilogue (auto's), and the queries in turn
+          if t > 1 and not args.beside_xla:  # query n + 1's dot overlapping query n's epilogue (auto's), and the queries in turn
             configs.append(dataclasses.replace(auto, overlap_queries=not auto.overlap_queries))
             if args.keys_in_registers and q_.dtype != k8.dtype:  # the step's keys read once into wgmma's register
               # operand, or not (16-bit keys only: float8 q multiplies the keys as they landed)
@@ -100,6 +107,13 @@ def main(argv=None) -> int:
             mark = " (auto)" if config == auto else "".join(f", {c}" for c in changed)
             print(f"| {s} | {b} | {t} | {name} | {splits}{mark} | {query_blocks * splits} | {seconds * 1e6:,.1f} | "
                   f"{bytes_floor:,.1f} | {flops_floor:,.1f} | {floor / seconds / 1e6:.2f} | {err:.1e} |", flush=True)
+          if args.beside_xla:  # the model's own XLA path: its chunking and its bf16 dot (`Indexer._scores`)
+            chunk = score_chunk(b, t, I, s)
+            fn = jax.jit(lambda q, k, w, ks, chunk=chunk: index_scores(q, k, w, J**-0.5, chunk=chunk, k_scale_BS=ks,
+                                                                       dot_dtype=jnp.bfloat16))
+            seconds = time_in_loop(fn, (q_, k, w_, k_scale), args.iters)
+            print(f"| {s} | {b} | {t} | {name} | XLA (the model's path) | - | {seconds * 1e6:,.1f} | "
+                  f"{bytes_floor:,.1f} | {flops_floor:,.1f} | {floor / seconds / 1e6:.2f} | - |", flush=True)
   return 0
 
 
