@@ -207,7 +207,7 @@ def run_row(args, cfg, spec, params, prompt_len: int, batch: int, rng, peak: flo
     compile_s = time.perf_counter() - start
     state = prefill(*prefill_args)
     seconds = _median_seconds(lambda prefill=prefill, a=prefill_args: prefill(*a), args.repeats)
-    used = prefill_plan(chunk_spec.cfg, batch, capacity, tensor_parallel(1), budget)[0]
+    used = prefill_plan(chunk_spec.cfg, batch, capacity, tensor_parallel(1), budget, tokens=prompt_len)[0]
     prefills[chunk] = {"chunk": used, "seconds": seconds, "compile_s": compile_s,
                        "tokens_per_s": batch * prompt_len / seconds,
                        "mfu": batch * prefill_flops(cfg, prompt_len) / seconds / peak,

@@ -6,12 +6,12 @@ one call over the whole prompt (jax_mtp.cache: slot s holds position s). The pro
 whole number of chunks; padding tokens sit at positions ≥ its length, which the cache contract
 already treats as stale (overwritten before they are read) and writes past the capacity drop.
 
-MLA's form per chunk: with a DSA cache (capacity > index_topk) the sparse absorbed form — each query
-attends over its ≤ index_topk selected entries, as vLLM's sparse FlashMLA prefill does — since the
-naive form would expand kv_b_proj over every slot and score all of them for every chunk; dense
-caches (V3, or capacity ≤ index_topk) keep the naive form. The chunk size comes from
-`cfg.prefill_chunk`, or (0) from `auto_prefill_chunk`: the largest power of two ≤ 8192 whose
-attention intermediates fit PREFILL_CHUNK_BYTES.
+MLA's form per chunk (`prefill_plan`): with a DSA cache (capacity > index_topk) the sparse absorbed form — each
+query attends over its ≤ index_topk selected entries, as vLLM's sparse FlashMLA prefill does — since the naive form
+would expand kv_b_proj over every slot and score all of them for every chunk; dense caches (V3, or capacity ≤
+index_topk) take the naive form unless its expansion does not fit or costs more than the absorbed form
+(`dense_cache_plan`). The chunk size comes from `cfg.prefill_chunk`, or (0) from `auto_prefill_chunk`: the largest
+power of two ≤ 8192 whose attention intermediates fit the budget (PREFILL_CHUNK_BYTES, or `prefill_budget`'s).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from jax_mtp.config import MtpConfig
 from jax_mtp.indexer import selects_all
-from jax_mtp.mla import resolve_sparse_attention_impl
+from jax_mtp.mla import attends_every_slot_by_kernel, resolve_sparse_attention_impl
 from jax_mtp.model import TargetModel, init_target_caches
 from jax_mtp.platform import lowering_gpu_is_hopper, lowering_platform
 from jax_mtp.request import caches_against_free_memory
@@ -39,28 +39,76 @@ PREFILL_SHARE_OF_FREE = 0.5
 _MIN_CHUNK, _MAX_CHUNK = 16, 8192
 
 
-def prefill_absorb(cfg: MtpConfig, capacity: int) -> bool:
-  """MLA's form for prefill chunks: absorbed (sparse) for DSA caches, naive for dense ones."""
-  return not selects_all(cfg, capacity)
-
-
 def auto_prefill_chunk(cfg: MtpConfig, batch: int, capacity: int, local_heads: int,
-                       budget: int = PREFILL_CHUNK_BYTES) -> int:
-  """Tokens per row per chunk: the largest power of two in [16, 8192] whose per-query intermediates fit
-  `budget` bytes for `batch` rows. Per query: with a dense cache (naive form) N × S fp32 scores and
-  probabilities; with a DSA cache the indexer's fp32 scores over the S slots and the top-k's temporaries
-  (TOPK_WORDS_PER_SLOT words a slot), plus XLA's sparse attention's K gathered [latent; k_pe] entries and
-  N × K fp32 scores and probabilities — or, where the fused kernel runs it (it gathers in registers), only
-  its [N, C] fp32 output."""
-  if not prefill_absorb(cfg, capacity):
-    per_token = 2 * local_heads * capacity * 4
-  else:
-    k, topk_bytes = cfg.index_topk, TOPK_WORDS_PER_SLOT * 4 * capacity
-    impl = resolve_sparse_attention_impl(cfg, lowering_platform(), hopper=lowering_gpu_is_hopper())
-    per_token = topk_bytes + (k * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * 4 + 2 * local_heads * k * 4
-                              if impl == "xla" else local_heads * cfg.kv_lora_rank * 4)
+                       budget: int = PREFILL_CHUNK_BYTES, tokens: int | None = None) -> int:
+  """Tokens per row per chunk: the largest power of two in [16, 8192] whose per-query intermediates (and, in the
+  naive form, its expansion of the cache) fit `budget` bytes for `batch` rows. Per query: over a DSA cache the
+  indexer's fp32 scores over the S slots and the top-k's temporaries (TOPK_WORDS_PER_SLOT words a slot), plus XLA's
+  sparse attention's K gathered [latent; k_pe] entries and N × K fp32 scores and probabilities — or, where the fused
+  kernel runs it (it gathers in registers), only its [N, C] fp32 output. Over a dense cache: `dense_cache_plan`."""
+  if selects_all(cfg, capacity):
+    return dense_cache_plan(cfg, batch, capacity, local_heads, tokens, budget)[0]
+  k, topk_bytes = cfg.index_topk, TOPK_WORDS_PER_SLOT * 4 * capacity
+  per_token = topk_bytes + (k * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * 4 + 2 * local_heads * k * 4
+                            if resolve_sparse_attention_impl(cfg, lowering_platform(), hopper=lowering_gpu_is_hopper())
+                            == "xla" else local_heads * cfg.kv_lora_rank * 4)
+  return _largest_chunk(batch * per_token, budget)
+
+
+def dense_cache_plan(cfg: MtpConfig, batch: int, capacity: int, heads: int, tokens: int | None = None,
+                     budget: int = PREFILL_CHUNK_BYTES) -> tuple[int, bool]:
+  """(tokens per row per chunk, absorbed?) of a prefill over a dense cache (no selection: every visible slot is
+  attended) of `capacity` slots for a `tokens`-token prompt (None: as long as the cache), each form's chunk the
+  largest that fits `budget` bytes:
+    naive     kv_b_proj expands the whole cache each chunk, [B, S, N, P + H] in the model's dtype (at B = 64 over a
+              1K prompt's 1,283 slots, 5.0 GiB a layer: an 80 GB H100 holding a 2-layer V3.2 in bf16 ran out of
+              memory in it on 2026-12-07, when this budget counted only the N × S fp32 scores and probabilities a
+              query); then those N × S scores and probabilities a query;
+    absorbed  the sparse-MLA kernel over every visible slot where it runs the model's absorbed calls
+              (`mla.attends_every_slot_by_kernel`): its [N, C] fp32 output and an [S] selection a query; else XLA's
+              `dense_latent_attention`: N × S fp32 scores and probabilities and the probabilities' two 16-bit parts.
+  The naive form unless it does not fit at the smallest chunk (the absorbed form then, whatever it costs), or the
+  prompt takes more than one of its chunks and the absorbed form's multiply-adds are fewer (`_attention_macs`): the
+  naive form pays its expansion once a chunk, so it loses where the memory leaves only chunks much shorter than the
+  prompt. Counted, not timed: both forms run on the tensor cores (cuBLAS's GEMMs, the kernel's wgmma). Where the
+  naive form's expansion is paid once it stays, as before 2026-12-07, whatever the count says (at a small model's
+  proportions, C · (P + H) a slot against the same a query, the count favours the absorbed form at any S > T)."""
+  tokens = capacity if tokens is None else tokens
+  itemsize = jnp.dtype(cfg.dtype).itemsize
+  dequantised = batch * capacity * cfg.kv_lora_rank * itemsize if cfg.mla_cache_dtype != cfg.dtype else 0
+  expansion = batch * capacity * heads * (cfg.qk_nope_head_dim + cfg.v_head_dim) * itemsize + dequantised
+  naive_token = 2 * heads * capacity * 4
+  by_kernel = attends_every_slot_by_kernel(cfg, queries=batch * (cfg.prefill_chunk or _MIN_CHUNK))
+  absorbed_token = (heads * cfg.kv_lora_rank * 4 + capacity * 5 if by_kernel
+                    else 2 * heads * capacity * (4 + itemsize))
+  absorbed_fixed = 0 if by_kernel else dequantised
+  naive = cfg.prefill_chunk or _largest_chunk(batch * naive_token, budget - expansion)
+  absorbed = cfg.prefill_chunk or _largest_chunk(batch * absorbed_token, budget - absorbed_fixed)
+  if expansion + batch * naive * naive_token > budget:  # not even the smallest chunk fits
+    return absorbed, True
+  passes = 1 if by_kernel or jnp.dtype(cfg.dtype) == jnp.float32 else 2  # split16's two parts a dot
+  if tokens > naive and (_attention_macs(cfg, capacity, tokens, absorbed, passes)
+                         < _attention_macs(cfg, capacity, tokens, naive)):
+    return absorbed, True
+  return naive, False
+
+
+def _attention_macs(cfg: MtpConfig, capacity: int, tokens: int, chunk: int, passes: int | None = None) -> int:
+  """A head's multiply-adds over a `tokens`-token prompt in chunks of `chunk` over a dense `capacity`-slot cache:
+  naive (`passes` None): one expansion of every slot a chunk, S · C · (P + H), and S · (P + R + H) a query;
+  absorbed: C · (P + H) a query (q~ and the output's W_UV) and S · (2C + R) — each of the two latent dots `passes`
+  times."""
+  c, p, r, h = cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+  if passes is None:
+    return -(-tokens // chunk) * capacity * c * (p + h) + tokens * capacity * (p + r + h)
+  return tokens * (c * (p + h) + capacity * (2 * c * passes + r))
+
+
+def _largest_chunk(bytes_per_token: int, budget: int) -> int:
+  """The largest power of two in [_MIN_CHUNK, _MAX_CHUNK] with chunk · bytes_per_token ≤ budget (_MIN_CHUNK if
+  none)."""
   chunk = _MAX_CHUNK
-  while chunk > _MIN_CHUNK and batch * chunk * per_token > budget:
+  while chunk > _MIN_CHUNK and chunk * bytes_per_token > budget:
     chunk //= 2
   return chunk
 
@@ -81,16 +129,19 @@ def prefill_budget(cfg: MtpConfig, batch: int, capacity: int, devices) -> int:
 
 
 def prefill_chunk(cfg: MtpConfig, batch: int, capacity: int, local_heads: int,
-                  budget: int = PREFILL_CHUNK_BYTES) -> int:
-  return cfg.prefill_chunk or auto_prefill_chunk(cfg, batch, capacity, local_heads, budget)
+                  budget: int = PREFILL_CHUNK_BYTES, tokens: int | None = None) -> int:
+  return cfg.prefill_chunk or auto_prefill_chunk(cfg, batch, capacity, local_heads, budget, tokens)
 
 
-def prefill_plan(cfg: MtpConfig, batch: int, capacity: int, tp, budget: int = PREFILL_CHUNK_BYTES) -> tuple[int, bool]:
-  """(tokens per chunk, MLA's absorbed form?) of a prompt prefill — the target's and the drafter's
-  (the MTP layer has the target's heads) — under the `TensorParallel` `tp`, its intermediates sized to `budget`
-  bytes (`prefill_budget`)."""
+def prefill_plan(cfg: MtpConfig, batch: int, capacity: int, tp, budget: int = PREFILL_CHUNK_BYTES,
+                 tokens: int | None = None) -> tuple[int, bool]:
+  """(tokens per chunk, MLA's absorbed form?) of a `tokens`-token prompt's prefill (None: as long as the cache) —
+  the target's and the drafter's (the MTP layer has the target's heads) — under the `TensorParallel` `tp`, its
+  intermediates sized to `budget` bytes (`prefill_budget`)."""
   heads = tp.local(cfg.num_attention_heads, "num_attention_heads")
-  return prefill_chunk(cfg, batch, capacity, heads, budget), prefill_absorb(cfg, capacity)
+  if selects_all(cfg, capacity):
+    return dense_cache_plan(cfg, batch, capacity, heads, tokens, budget)
+  return prefill_chunk(cfg, batch, capacity, heads, budget), True
 
 
 def apply_in_chunks(apply_chunk, inputs, caches, chunk: int):
@@ -135,7 +186,7 @@ def target_prefill(target: TargetModel, t_vars: dict, prompt_BT, lengths_B, capa
   Returns (hidden [B, T, D], hidden of each row's last prompt token [B, 1, D], caches).
   """
   cfg, b = target.cfg, prompt_BT.shape[0]
-  chunk, absorb = prefill_plan(cfg, b, capacity, target.tp, budget)
+  chunk, absorb = prefill_plan(cfg, b, capacity, target.tp, budget, tokens=prompt_BT.shape[1])
 
   def run(ids_BC, positions_BC, caches):
     out = target.apply(t_vars, ids_BC, positions_BC, caches, absorb=absorb)

@@ -264,7 +264,7 @@ class Speculator:
     b = prompt_BT.shape[0]
     t_vars = {"params": target_params}
     d_vars = self.drafter.variables(drafter_params, target_params)
-    chunk, absorb = prefill_plan(self.cfg, b, capacity, self.target.tp, budget)
+    chunk, absorb = prefill_plan(self.cfg, b, capacity, self.target.tp, budget, tokens=prompt_BT.shape[1])
     next_BT = jnp.concatenate([prompt_BT[:, 1:], jnp.zeros((b, 1), jnp.int32)], axis=1)
 
     def run(inputs, positions_BC, carry):

@@ -11,8 +11,9 @@ import pytest
 import jax_mtp
 from jax_mtp.config import ConfigError
 from jax_mtp.model import TargetModel, init_target_caches
-from jax_mtp.prefill import (PREFILL_CHUNK_BYTES, PREFILL_SHARE_OF_FREE, TOPK_WORDS_PER_SLOT, auto_prefill_chunk,
-                             prefill_absorb, prefill_budget, target_prefill)
+from jax_mtp.prefill import (PREFILL_CHUNK_BYTES, PREFILL_SHARE_OF_FREE, TOPK_WORDS_PER_SLOT, apply_in_chunks,
+                             auto_prefill_chunk, dense_cache_plan, prefill_budget, prefill_plan, target_prefill)
+from jax_mtp.sharding import tensor_parallel
 from jax_mtp.request import cache_bytes, pack_prompts, required_capacity, stop_id_array
 from tests.tolerances import assert_close
 
@@ -22,7 +23,7 @@ def _one_call(cfg, params, prompt, capacity):
   b, t = prompt.shape
   positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
   out = TargetModel(cfg).apply({"params": params}, prompt, positions, init_target_caches(cfg, b, capacity),
-                               absorb=prefill_absorb(cfg, capacity))
+                               absorb=prefill_plan(cfg, b, capacity, tensor_parallel(1), tokens=t)[1])
   return out.hidden_BTD, out.caches
 
 
@@ -76,10 +77,77 @@ def test_auto_chunk_fits_the_budget():
   per_token = topk_bytes + 128 * v32.kv_lora_rank * 4
   assert kernel_chunk * per_token <= PREFILL_CHUNK_BYTES < 2 * kernel_chunk * per_token
   assert kernel_chunk > chunk
-  v3 = jax_mtp.deepseek_v32(model_type="deepseek_v3", index_n_heads=0, index_head_dim=0, index_topk=0)  # dense: N × S scores per query
-  assert auto_prefill_chunk(v3, 1, 32768, local_heads=128) == 256
+  v3 = _v3()  # dense: the naive form's expansion of the cache, then N × S scores per query
+  assert auto_prefill_chunk(v3, 1, 32768, local_heads=128) == 128  # 2 GiB of expansion leave 6 GiB: 128, not 256
   assert auto_prefill_chunk(v3, 8, 131072, local_heads=128) == 16  # the floor: 16 tokens per row
   assert auto_prefill_chunk(jax_mtp.tiny(), 1, 64, local_heads=4) == 8192  # the ceiling
+
+
+def _v3():
+  return jax_mtp.deepseek_v32(model_type="deepseek_v3", index_n_heads=0, index_head_dim=0, index_topk=0)
+
+
+def _naive_bytes(cfg, batch, capacity, chunk, heads=128):
+  """The naive form's bytes as `dense_cache_plan` counts them: [B, S, N, P + H] expanded, N × S fp32 scores and
+  probabilities a query."""
+  expansion = batch * capacity * heads * (cfg.qk_nope_head_dim + cfg.v_head_dim) * 2
+  return expansion + batch * chunk * 2 * heads * capacity * 4
+
+
+@pytest.mark.parametrize("model", ["deepseek_v32", "deepseek_v3"])
+def test_a_dense_cache_counts_the_naive_forms_expansion(model):
+  """A 1K prompt's 1,283-slot cache (within index_topk: no selection) at B = 64: on 2026-12-07 an 80 GB H100 holding a
+  2-layer V3.2 in bf16 ran out of memory in the naive form's expansion of the cache, [64, 1283, 128, 256] bf16 (5.0
+  GiB a layer), which the budget did not count. The plan now counts it: at B = 64 it leaves the naive form only
+  chunks of 32 (32 expansions of the cache for 1,024 tokens), so the absorbed form runs — the sparse-MLA kernel
+  over every visible slot on an H200 (its [N, C] output a query: chunks of 256), XLA's dense form elsewhere. At
+  B = 1 and 8 the naive form fits in one and two chunks and stays."""
+  cfg = jax_mtp.deepseek_v32() if model == "deepseek_v32" else _v3()
+  budget, capacity, tokens = PREFILL_CHUNK_BYTES, 1283, 1024
+  assert _naive_bytes(cfg, 64, capacity, 0) > 5 * 2**30
+  with jax.sharding.use_abstract_mesh(_h200_mesh()):
+    chunk, absorbed = dense_cache_plan(cfg, 64, capacity, 128, tokens, budget)
+    by_kernel = model == "deepseek_v32"  # a V3 model's dense form is not a selection: XLA's dense form
+    assert (chunk, absorbed) == ((256, True) if by_kernel else (64, True))
+    for batch, want in [(8, 512), (1, 4096)]:
+      chunk, absorbed = dense_cache_plan(cfg, batch, capacity, 128, tokens, budget)
+      assert (chunk, absorbed) == (want, False)
+      assert _naive_bytes(cfg, batch, capacity, chunk) <= budget < _naive_bytes(cfg, batch, capacity, 2 * chunk)
+  # the CLI's own question, through the speculator's plan: the absorbed form at B = 64 on a CPU too (XLA's form)
+  assert prefill_plan(cfg, 64, capacity, tensor_parallel(1), budget, tokens=tokens) == (64, True)
+
+
+def test_the_naive_form_stays_where_its_expansion_is_paid_once():
+  """One chunk holds the whole prompt: the naive form, whatever the count says (at a small model's proportions it
+  favours the absorbed form at any S > T); two chunks of a small model: the absorbed form, its count smaller."""
+  cfg = jax_mtp.tiny(model_type="deepseek_v3", index_n_heads=0, index_head_dim=0, index_topk=0)
+  assert dense_cache_plan(cfg, 2, 40, 8, tokens=37) == (8192, False)
+  assert dense_cache_plan(cfg.replace(prefill_chunk=16), 2, 40, 8, tokens=37) == (16, True)
+  assert dense_cache_plan(cfg.replace(prefill_chunk=64), 2, 40, 8, tokens=37) == (64, False)
+
+
+@pytest.mark.parametrize("absorb", [False, True])
+def test_a_dense_caches_chunks_equal_one_call_in_both_forms(absorb):
+  """Over a dense cache (a V3 model) the naive and the absorbed forms in chunks of 8 give the hidden states and
+  caches of one call in the same form; the two forms agree to fp32 rounding."""
+  cfg = jax_mtp.tiny(model_type="deepseek_v3", index_n_heads=0, index_head_dim=0, index_topk=0)
+  params = jax_mtp.init_target_params(cfg, jax.random.key(0))
+  capacity, t = 40, 37
+  prompt = jnp.asarray(np.random.default_rng(5).integers(0, cfg.vocab_size, (2, t)), jnp.int32)
+  positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (2, t))
+  model = TargetModel(cfg)
+
+  def run(ids_BC, positions_BC, caches, absorb=absorb):
+    out = model.apply({"params": params}, ids_BC, positions_BC, caches, absorb=absorb)
+    return out.hidden_BTD, out.caches
+
+  hidden, caches = jax.jit(lambda x: apply_in_chunks(run, x, init_target_caches(cfg, 2, capacity), 8))(prompt)
+  want_hidden, want_caches = run(prompt, positions, init_target_caches(cfg, 2, capacity))
+  assert_close(hidden, want_hidden, "float32", what=f"hidden, absorb={absorb}")
+  for got, want in zip(jax.tree.leaves(caches), jax.tree.leaves(want_caches), strict=True):
+    assert_close(got[:, :t], want[:, :t], "float32", what="caches")
+  other, _ = run(prompt, positions, init_target_caches(cfg, 2, capacity), absorb=not absorb)
+  assert_close(hidden, other, "float32", what="naive against absorbed")
 
 
 def test_auto_chunk_fits_a_smaller_budget():
