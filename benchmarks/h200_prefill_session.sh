@@ -913,5 +913,10 @@ case "${1:?stage}" in
     run 560 index_scores_auto.md python3 -m benchmarks.index_scores_splits --capacity 2304 4352 8448 16640 33024 \
       --batch 1 2 4 8 16 --tokens 1 4 --no-sweep --beside-xla --forms bf16 "fp8 q" --iters 20
     ;;
+  shortfix)  # (2026-12-07 evening) shortbf16 (17:46, an H100) ran out of memory at B = 64 over 1K prompts in the naive
+             # prefill's expansion of the cache (5.0 GiB a layer, uncounted); since then prefill.dense_cache_plan
+             # counts it and takes the absorbed form (the sparse-MLA kernel over every visible slot) there
+    run 300 e2e_short_fix.md python3 -m benchmarks.e2e --prompt 1024 --batch 64 8 --iters 5
+    ;;
   *) echo "unknown stage $1"; exit 2 ;;
 esac
