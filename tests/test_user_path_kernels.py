@@ -132,6 +132,21 @@ def test_a_short_requests_gpu_round_attends_through_the_sparse_kernel_from_8_que
   assert all(INDEX_SCORES not in module for module in modules.values())
 
 
+@pytest.mark.parametrize("chunk, absorbed", [(8, True), (64, False)])
+def test_a_short_requests_gpu_prefill_takes_the_kernel_where_the_naive_form_would_expand_the_cache_per_chunk(
+    chunk, absorbed):
+  """A 37-token prompt in a 45-slot cache within index_topk (64): no indexer runs. In chunks of 8 the naive form
+  would expand the whole cache by kv_b_proj five times (`prefill.dense_cache_plan` counts more multiply-adds than
+  the absorbed form's), so the CLI's prefill attends over every visible slot through the sparse-MLA kernel; in one
+  chunk of 64 the naive form's one expansion stays (no sparse-MLA kernel in the prefill)."""
+  cfg = _kernel_cfg(moe_impl="ragged_dot", index_topk=64, prefill_chunk=chunk)
+  prompts = [list(range(1, 38))]
+  assert required_capacity(cfg, prompts, 5, 3) == 45 <= cfg.index_topk
+  modules = speculator_modules(cfg, prompts, 5, 3)
+  assert (SPARSE_MLA in modules["prefill"]) == absorbed
+  assert INDEX_SCORES not in modules["prefill"]
+
+
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
 def test_attention_within_index_topk_through_the_kernel_equals_xlas_dense_form(kv_cache_dtype):
   """One MTP draft step over a cache of index_topk slots (every visible slot attended, rows at different lengths)
