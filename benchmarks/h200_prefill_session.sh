@@ -254,7 +254,7 @@ case "${1:?stage}" in
     run 280 lower61_b64.md python3 -m benchmarks.lowering_time --layers 61 --batch 64 --prompt 4096 --moe-impl auto \
       --compile
     ;;
-  topkpass)  # (not run yet) the top-k kernel since 2026-12-07 (its row padded in shared memory, its passes a loop:
+  topkpass)  # (its tests and pass forms ran bare at 17:41 2026-12-07 on an H100: 55 passed; the loop as fast) the top-k kernel since 2026-12-07 (its row padded in shared memory, its passes a loop:
               # 0.2 s to lower, not 11): its compiled tests, the 4,864-slot cases with padding among them; e2e at
               # B = 64 over 4K prompts (the row lowering cut at 08:52 and 09:02); the pass forms timed
     run 170 gpu_tests_topkpass.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 100 \
@@ -612,7 +612,7 @@ case "${1:?stage}" in
       -k "short_request or within_index_topk or odd_prompt or reused_selection"
     run 300 e2e_fp8_b64_short.md python3 -m benchmarks.e2e --weights fp8 --prompt 1024 --batch 64 --iters 5
     ;;
-  shortbf16)  # (not run yet) the user's path with bf16 weights at 1K prompts (B = 64, 8) since a cache within index_topk is
+  shortbf16)  # (its first command ran bare at 17:46 2026-12-07 on an H100: B = 64 out of memory in the naive prefill; see shortfix) the user's path with bf16 weights at 1K prompts (B = 64, 8) since a cache within index_topk is
               # attended by the sparse kernel from 8 queries a call (shortreq timed FP8 weights only)
     run 300 e2e_short_bf16.md python3 -m benchmarks.e2e --prompt 1024 --batch 64 8 --iters 5
     # sampled at DeepSeek's suggested settings: the round with top-p's sort of the vocabulary, beside greedy's above
@@ -763,7 +763,7 @@ case "${1:?stage}" in
     run 420 dsa_capacities.md python3 -m benchmarks.dsa_parts --capacity 4096 4352 32768 33024 --batch 1 8 64 \
       --tokens 1 4 --parts scores top-k --topk-forms library-kernel --iters 20
     ;;
-  uneven)  # (its sweep ran bare at 15:27 2026-12-07 on an H100, B = 1 and 8: now auto; its compiled tests not yet) the index scores' uneven splits (built 2026-12-06 on a CPU; `auto` still takes divisors
+  uneven)  # (its sweep ran bare at 15:27 2026-12-07 on an H100, B = 1 and 8: now auto; its compiled tests in autochk at 17:35) the index scores' uneven splits (built 2026-12-06 on a CPU; `auto` still takes divisors
            # only): their compiled tests, then swept beside the divisors at the CLI's capacities for 4K and 32K
            # prompts; if faster at B = 1 and 8, config_for may take them (waves × blocks a CTA)
     run 200 gpu_tests_uneven.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 100 \
@@ -884,7 +884,7 @@ case "${1:?stage}" in
     run 240 dense_gemms_64_1024.md python3 -m benchmarks.dense_gemms --rows 64 1024 --iters 20 \
       --only q_b_proj o_proj "dense MLP" head
     ;;
-  e2eidx)  # (not run yet) the user's path at B = 1 over 4K prompts under auto (the index-scores kernel), then with
+  e2eidx)  # (17:37 2026-12-07, an H100: the round equal, 7.18 against 7.20 ms at B = 1; auto kept) the user's path at B = 1 over 4K prompts under auto (the index-scores kernel), then with
            # --index-scores-impl xla: `capacities` (2026-12-07 15:20) put XLA's scores dot 10-40 µs a call ahead of the
            # kernel at B = 1 over 4K caches; whether a 2-layer round shows it, and B = 8 beside it
     run 250 e2e_idx_auto.md python3 -m benchmarks.e2e --prompt 4096 --batch 1 8 --iters 5 --out "$OUT/e2e_idx_auto.json"
@@ -899,7 +899,7 @@ case "${1:?stage}" in
     run 200 gpu_tests_padsel.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 100 \
       tests/test_sparse_mla_mgpu.py tests/test_user_path_kernels.py -k "not tpu and (padded or index_sharing or equals)"
     ;;
-  autochk)  # (2026-12-07 evening) the compiled tests of what auto took on 2026-12-07 from an H100 sweep: the index
+  autochk)  # (17:35 2026-12-07, an H100: 28 passed; the index-sharing test passed) the compiled tests of what auto took on 2026-12-07 from an H100 sweep: the index
             # scores' uneven splits (`uneven`'s tests) and the padded selection's index-sharing model test alone
             # (~200 s to compile; `padsel`'s bound cut it)
     run 200 gpu_tests_uneven.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 100 \
@@ -907,7 +907,7 @@ case "${1:?stage}" in
     run 330 gpu_tests_index_sharing.txt python3 -m pytest -v -rfE --tb=short -p no:cacheprovider --timeout 320 \
       tests/test_user_path_kernels.py -k index_sharing
     ;;
-  idxauto)  # (2026-12-07 evening) where the index scores' `auto` should leave the kernel for the model's XLA path:
+  idxauto)  # (17:28 2026-12-07, an H100; RESULTS) where the index scores' `auto` should leave the kernel for the model's XLA path:
             # `capacities` (15:20, an H100) put XLA's bf16 dot 10-40 µs ahead at B = 1 over 4K caches; auto beside
             # XLA at the CLI's capacities for 2K-32K prompts (+ 32 new + k, rounded to 256), B = 1-16, T = 1 and 4
     run 560 index_scores_auto.md python3 -m benchmarks.index_scores_splits --capacity 2304 4352 8448 16640 33024 \
