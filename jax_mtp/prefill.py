@@ -65,7 +65,8 @@ def dense_cache_plan(cfg: MtpConfig, batch: int, capacity: int, heads: int, toke
               memory in it on 2026-12-07, when this budget counted only the N × S fp32 scores and probabilities a
               query); then those N × S scores and probabilities a query;
     absorbed  the sparse-MLA kernel over every visible slot where it runs the model's absorbed calls
-              (`mla.attends_every_slot_by_kernel`): its [N, C] fp32 output and an [S] selection a query; else XLA's
+              (`mla.attends_every_slot_by_kernel`): q~ [N, C] in fp32 and in the kernel's 16-bit dtype, its 16-bit
+              output, and the [S] selection (ids, their padded copy, the mask) a query; else XLA's
               `dense_latent_attention`: N × S fp32 scores and probabilities and the probabilities' two 16-bit parts.
   The naive form unless it does not fit at the smallest chunk (the absorbed form then, whatever it costs), or the
   prompt takes more than one of its chunks and the absorbed form's multiply-adds are fewer (`_attention_macs`): the
@@ -79,7 +80,7 @@ def dense_cache_plan(cfg: MtpConfig, batch: int, capacity: int, heads: int, toke
   expansion = batch * capacity * heads * (cfg.qk_nope_head_dim + cfg.v_head_dim) * itemsize + dequantised
   naive_token = 2 * heads * capacity * 4
   by_kernel = attends_every_slot_by_kernel(cfg, queries=batch * (cfg.prefill_chunk or _MIN_CHUNK))
-  absorbed_token = (heads * cfg.kv_lora_rank * 4 + capacity * 5 if by_kernel
+  absorbed_token = (heads * cfg.kv_lora_rank * (4 + 2 * itemsize) + capacity * 9 if by_kernel
                     else 2 * heads * capacity * (4 + itemsize))
   absorbed_fixed = 0 if by_kernel else dequantised
   naive = cfg.prefill_chunk or _largest_chunk(batch * naive_token, budget - expansion)

@@ -100,7 +100,7 @@ def test_a_dense_cache_counts_the_naive_forms_expansion(model):
   2-layer V3.2 in bf16 ran out of memory in the naive form's expansion of the cache, [64, 1283, 128, 256] bf16 (5.0
   GiB a layer), which the budget did not count. The plan now counts it: at B = 64 it leaves the naive form only
   chunks of 32 (32 expansions of the cache for 1,024 tokens), so the absorbed form runs — the sparse-MLA kernel
-  over every visible slot on an H200 (its [N, C] output a query: chunks of 256), XLA's dense form elsewhere. At
+  over every visible slot on an H200 (q~ and its output, [N, C] each, a query: chunks of 128), XLA's dense form elsewhere. At
   B = 1 and 8 the naive form fits in one and two chunks and stays."""
   cfg = jax_mtp.deepseek_v32() if model == "deepseek_v32" else _v3()
   budget, capacity, tokens = PREFILL_CHUNK_BYTES, 1283, 1024
@@ -108,7 +108,7 @@ def test_a_dense_cache_counts_the_naive_forms_expansion(model):
   with jax.sharding.use_abstract_mesh(_h200_mesh()):
     chunk, absorbed = dense_cache_plan(cfg, 64, capacity, 128, tokens, budget)
     by_kernel = model == "deepseek_v32"  # a V3 model's dense form is not a selection: XLA's dense form
-    assert (chunk, absorbed) == ((256, True) if by_kernel else (64, True))
+    assert (chunk, absorbed) == ((128, True) if by_kernel else (64, True))
     for batch, want in [(8, 512), (1, 4096)]:
       chunk, absorbed = dense_cache_plan(cfg, batch, capacity, 128, tokens, budget)
       assert (chunk, absorbed) == (want, False)
