@@ -68,12 +68,13 @@ def dense_cache_plan(cfg: MtpConfig, batch: int, capacity: int, heads: int, toke
               (`mla.attends_every_slot_by_kernel`): q~ [N, C] in fp32 and in the kernel's 16-bit dtype, its 16-bit
               output, and the [S] selection (ids, their padded copy, the mask) a query; else XLA's
               `dense_latent_attention`: N × S fp32 scores and probabilities and the probabilities' two 16-bit parts.
-  The naive form unless it does not fit at the smallest chunk (the absorbed form then, whatever it costs), or the
-  prompt takes more than one of its chunks and the absorbed form's multiply-adds are fewer (`_attention_macs`): the
-  naive form pays its expansion once a chunk, so it loses where the memory leaves only chunks much shorter than the
-  prompt. Counted, not timed: both forms run on the tensor cores (cuBLAS's GEMMs, the kernel's wgmma). Where the
-  naive form's expansion is paid once it stays, as before 2026-12-07, whatever the count says (at a small model's
-  proportions, C · (P + H) a slot against the same a query, the count favours the absorbed form at any S > T)."""
+  The naive form, unless it does not fit at its smallest chunk (then the absorbed form, whatever it costs) or the
+  prompt takes several of its chunks and the absorbed form counts fewer multiply-adds (`_attention_macs`): the naive
+  form pays its expansion once a chunk, so it loses where the memory leaves it chunks much shorter than the prompt
+  (at B = 64 over 1,283 slots, 32 expansions for 1,024 tokens). In one chunk it stays whatever the count says: that
+  is the form's purpose (prefill expands keys once a token), and at a small model's proportions (P + R + H = 2C + R)
+  the count would take the absorbed form at any S > T. Counted, not timed: both forms run on the tensor cores
+  (cuBLAS's GEMMs, the kernel's wgmma)."""
   tokens = capacity if tokens is None else tokens
   itemsize = jnp.dtype(cfg.dtype).itemsize
   dequantised = batch * capacity * cfg.kv_lora_rank * itemsize if cfg.mla_cache_dtype != cfg.dtype else 0
