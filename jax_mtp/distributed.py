@@ -252,6 +252,26 @@ def check_agreement(items: dict[str, object]) -> None:
                      f"checkpoint and prompts")
 
 
+def smallest_over_devices(value: int, devices) -> int:
+  """The smallest non-negative `value` of the processes driving `devices` (a mesh's: every one of those processes
+  must call it, as they all run the mesh's programs); `value` where one process drives them all. A collective over
+  those devices only, not every process: with several replicas (`share`) each replica's processes agree among
+  themselves, and a replica with no rows calls nothing. Gathered as two 31-bit words a device: JAX's default 32-bit
+  integers would cut a byte count above 2 GiB."""
+  devices = list(devices)
+  if len({d.process_index for d in devices}) == 1:
+    return value
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: PLC0415 (only with several processes)
+  mesh = Mesh(np.asarray(devices), ("devices",))
+  words = np.asarray([[value >> 31, value & 0x7FFFFFFF]], np.int32)
+  mine = [jax.device_put(words, d) for d in devices if d.process_index == jax.process_index()]
+  spread = jax.make_array_from_single_device_arrays((len(devices), 2), NamedSharding(mesh, PartitionSpec("devices")),
+                                                     mine)
+  every = jax.jit(lambda x: x, out_shardings=NamedSharding(mesh, PartitionSpec()))(spread)  # an all-gather
+  every = np.asarray(every.addressable_data(0)).astype(np.int64)
+  return int(np.min((every[:, 0] << 31) | every[:, 1]))
+
+
 def checkpoint_listing(directory: str | None) -> list | None:
   """What identifies a checkpoint cheaply: its files' names and sizes, and config.json's text."""
   if directory is None:

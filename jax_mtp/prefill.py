@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_mtp.config import MtpConfig
+from jax_mtp.distributed import smallest_over_devices
 from jax_mtp.indexer import selects_all
 from jax_mtp.mla import attends_every_slot_by_kernel, resolve_sparse_attention_impl
 from jax_mtp.model import TargetModel, init_target_caches
@@ -122,12 +123,18 @@ def prefill_budget(cfg: MtpConfig, batch: int, capacity: int, devices) -> int:
   more or less in use compile no other program. With the fixed budget an 80 GB H100 holding a 2-layer full-width
   V3.2 target and its MTP layer (51 GiB) ran out of memory at B = 8 × 4K prompts in its chunk of 2,048, where a
   chunk of 1,024 ran (benchmarks/RESULTS.md, 2026-12-07). A CPU keeps the fixed budget: its memory is the host's,
-  which pages."""
+  which pages. Where the mesh spans several processes (one per host), the smallest of theirs: each reads only its
+  own devices, and hosts whose free memory falls on either side of a power of two would otherwise compile prefills
+  of different chunks, whose collectives would not match. Every process of the mesh must call it (a collective)."""
+  devices = list(devices)  # read twice (a mesh's `devices.flat` is an iterator that keeps its place)
   device, caches, free = caches_against_free_memory(cfg, batch, capacity, devices)
   if free is None or device.platform == "cpu" or cfg.prefill_chunk:
-    return PREFILL_CHUNK_BYTES
-  left = int((free - caches) * PREFILL_SHARE_OF_FREE)
-  return min(PREFILL_CHUNK_BYTES, 1 << max(left, 1).bit_length() - 1)
+    budget = PREFILL_CHUNK_BYTES
+  else:
+    left = int((free - caches) * PREFILL_SHARE_OF_FREE)
+    budget = min(PREFILL_CHUNK_BYTES, 1 << max(left, 1).bit_length() - 1)
+  # every process of the mesh compiles the same prefill (its chunk and form come from this budget): the smallest one's
+  return smallest_over_devices(budget, devices)
 
 
 def prefill_chunk(cfg: MtpConfig, batch: int, capacity: int, local_heads: int,

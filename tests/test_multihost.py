@@ -359,3 +359,33 @@ def test_a_negative_process_id_under_a_launcher_is_named(monkeypatch):
   args = decode_flags.parser().parse_args(["--random-tiny", "--process-id", "-1"])
   with pytest.raises(ValueError, match=re.escape("--process-id=-1 must be ≥ 0")):
     distributed.validate(args)
+
+
+AGREED_BUDGET = """
+import sys
+import jax
+jax.config.update("jax_cpu_collectives_implementation", "gloo")
+port, pid = sys.argv[1], int(sys.argv[2])
+jax.distributed.initialize(f"localhost:{port}", num_processes=2, process_id=pid)
+from jax_mtp.distributed import smallest_over_devices
+
+mine = [4, 8][pid] * 2**30  # each host's own budget (free memory on either side of a power of two)
+print("mesh", smallest_over_devices(mine, jax.devices()))  # one mesh over both processes' devices
+print("replica", smallest_over_devices(mine, jax.local_devices()))  # each process its own replica
+"""
+
+
+def test_the_processes_of_a_mesh_agree_on_the_smallest_prefill_budget(tmp_path):
+  """`prefill.prefill_budget` reads only this process's GPU; hosts whose free memory falls on either side of a power
+  of two (budgets of 4 and 8 GiB) would compile prefills of different chunks, whose collectives do not match. The
+  processes of one mesh agree on the smallest (4 GiB: above 2^31, so the gather must not cut it to 32 bits); a
+  replica of one process keeps its own, and calls no collective (a replica with no rows runs nothing)."""
+  script, port = tmp_path / "budget.py", _free_port()
+  script.write_text(AGREED_BUDGET)
+  procs = [subprocess.Popen([sys.executable, str(script), str(port), str(i)], cwd=ROOT, env=_env(),
+                            stdout=open(tmp_path / f"out{i}", "w"), stderr=open(tmp_path / f"err{i}", "w"))
+           for i in range(2)]
+  for i, (code, out, err) in enumerate(_wait(procs, tmp_path, timeout=120)):
+    assert code == 0, err[-2000:]
+    assert re.findall(r"^mesh (\d+)$", out, re.M) == [str(4 * 2**30)], out
+    assert re.findall(r"^replica (\d+)$", out, re.M) == [str([4, 8][i] * 2**30)], out
