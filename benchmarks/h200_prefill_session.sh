@@ -918,5 +918,14 @@ case "${1:?stage}" in
              # counts it and takes the absorbed form (the sparse-MLA kernel over every visible slot) there
     run 300 e2e_short_fix.md python3 -m benchmarks.e2e --prompt 1024 --batch 64 8 --iters 5
     ;;
+  flashprobe)  # (not run yet) whether tokamax's attention takes MLA's naive prefill (192-wide q·k, 128-wide v, a
+               # position mask) and how fast, beside the model's naive form, which holds N × S fp32 scores a query and
+               # so gives a V3 model's 32K prompt chunks of 128, each expanding the whole cache (issue 27's prefill of
+               # dense caches); then a V3.2 short request's cache at B = 64
+    run 330 naive_prefill_attention.md python3 -m benchmarks.naive_prefill_attention --batch 1 --chunk 128 2048 \
+      --capacity 32768 --iters 10
+    run 200 naive_prefill_attention_short.md python3 -m benchmarks.naive_prefill_attention --batch 64 --chunk 64 512 \
+      --capacity 1280 --iters 10
+    ;;
   *) echo "unknown stage $1"; exit 2 ;;
 esac

@@ -4,7 +4,8 @@ kernel takes) and, for the MLA projections, that the laid-out-ahead forms comput
 import jax
 import jax.numpy as jnp
 
-from benchmarks import index_scores_splits, mla_projections, sparse_mla, sparse_mla_padding, sparse_mla_splits
+from benchmarks import (index_scores_splits, mla_projections, naive_prefill_attention, sparse_mla, sparse_mla_padding,
+                        sparse_mla_splits)
 from jax_mtp.kernels import index_scores_mgpu, sparse_mla_mgpu
 from tests.tolerances import TOLERANCE, assert_close
 
@@ -82,3 +83,14 @@ def test_a_refused_sparse_mla_config_is_a_row_of_the_same_cells():
 def test_the_copies_column_counts_copy_and_transpose_instructions():
   assert mla_projections.layout_copies("  %t = f32[2,3]{0,1} transpose(%p), dimensions={1,0}\n"
                                        "  ROOT %c = f32[2,3]{1,0} copy(%t)\n  %d = f32[2,2]{1,0} dot(%a, %b)") == 2
+
+
+def test_naive_prefill_attention_probe_runs_the_naive_form_and_tokamaxs_on_a_cpu(capsys):
+  """A CPU smoke run of stage `flashprobe`'s command: a 16-token chunk at the end of a 256-slot cache, the model's
+  naive form beside tokamax's XLA forms (its GPU forms run on a GPU only), each equal to the naive form's output."""
+  assert naive_prefill_attention.main(["--batch", "1", "--chunk", "16", "--capacity", "256", "--iters", "1",
+                                       "--forms", "xla_chunked", "xla"]) == 0
+  rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in capsys.readouterr().out.splitlines()
+          if line.startswith("| 1 | 16 |")]
+  assert [row[3] for row in rows] == ["naive (the model's)", "tokamax xla_chunked", "tokamax xla"]
+  assert all(float(row[-1]) <= TOLERANCE["bfloat16"]["rtol"] for row in rows)

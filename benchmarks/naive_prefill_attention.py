@@ -1,0 +1,100 @@
+"""MLA's naive prefill attention (the model's `MLAttention._naive` after kv_b_proj's expansion) beside tokamax's
+`dot_product_attention` forms, at the shapes of a prefill chunk over a dense cache:
+
+    python -m benchmarks.naive_prefill_attention --batch 1 --chunk 128 2048 --capacity 32768
+
+Why: over a dense cache (V3 models; V3.2 prompts within index_topk) the naive form holds N × S fp32 scores and
+probabilities a query, so `prefill.dense_cache_plan` gives a 32K prompt chunks of 128 tokens, and the form's expansion
+of the whole cache by kv_b_proj — once a chunk — is paid 256 times (2026-12-07: by count, ~3× the attention's own
+multiply-adds). An attention that keeps no scores (flash attention: tokamax's `mosaic`, `triton`, `cudnn`,
+`xla_chunked` forms) would take chunks of thousands of tokens and pay the expansion a few times. This probe says
+which of tokamax's forms take MLA's shapes (192-wide q and k, 128-wide v, a mask of slots ≤ each query's position, the
+chunk at the end of the cache), whether they equal the naive form, how long they take and how much temporary memory
+their compiled program asks for (XLA's memory analysis), before the model takes one.
+
+Each row: the chunk (T queries at positions S − T … S − 1, every slot ≤ its position visible), the form, µs, the
+FLOPs floor (2 · B · T · S · N · (192 + 128) over the bf16 GEMM rate measured in this run; the masked half included,
+as the naive form computes it), the compiled program's temporary bytes, and the relative error against the naive
+form's output. A form tokamax does not run here says why in its row."""
+
+from __future__ import annotations
+
+import argparse
+
+import jax
+import jax.numpy as jnp
+
+from benchmarks.timing import measured_ceilings, time_in_loop
+from jax_mtp.mla import masked_softmax
+
+N, QK, V = 128, 192, 128  # V3 / V3.2's heads, q·k width (nope + rope) and value width
+FORMS = ("mosaic", "triton", "cudnn", "xla_chunked", "xla")
+
+
+def naive(q_BTNK, k_BSNK, v_BSNH, visible_BTS, scale):
+  """The model's naive form: fp32 scores, the masked softmax, the probabilities in the values' dtype (`_naive`)."""
+  scores_BNTS = jnp.einsum("btnk,bsnk->bnts", q_BTNK, k_BSNK, preferred_element_type=jnp.float32)
+  probs_BNTS = masked_softmax(scores_BNTS * scale, visible_BTS)
+  return jnp.einsum("bnts,bsnh->btnh", probs_BNTS.astype(v_BSNH.dtype), v_BSNH, preferred_element_type=jnp.float32)
+
+
+def tokamax_form(form: str):
+  """tokamax's attention through one named implementation, the mask [B, 1, T, S] shared by the heads."""
+  import tokamax  # noqa: PLC0415 (the benchmark's only use)
+
+  def attend(q_BTNK, k_BSNK, v_BSNH, visible_BTS, scale):
+    return tokamax.dot_product_attention(q_BTNK, k_BSNK, v_BSNH, mask=visible_BTS[:, None], scale=scale,
+                                         implementation=form).astype(jnp.float32)
+  return attend
+
+
+def problem(batch: int, chunk: int, capacity: int, seed: int = 0):
+  keys = iter(jax.random.split(jax.random.key(seed), 3))
+  q = jax.random.normal(next(keys), (batch, chunk, N, QK), jnp.float32).astype(jnp.bfloat16)
+  k = jax.random.normal(next(keys), (batch, capacity, N, QK), jnp.float32).astype(jnp.bfloat16)
+  v = jax.random.normal(next(keys), (batch, capacity, N, V), jnp.float32).astype(jnp.bfloat16)
+  positions = capacity - chunk + jnp.arange(chunk)
+  visible = jnp.broadcast_to(jnp.arange(capacity)[None, :] <= positions[:, None], (batch, chunk, capacity))
+  return q, k, v, visible
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--batch", type=int, nargs="+", default=[1])
+  parser.add_argument("--chunk", type=int, nargs="+", default=[128, 2048])
+  parser.add_argument("--capacity", type=int, nargs="+", default=[32768])
+  parser.add_argument("--forms", nargs="+", default=list(FORMS), choices=FORMS)
+  parser.add_argument("--iters", type=int, default=10)
+  args = parser.parse_args(argv)
+  _, peak = measured_ceilings("MLA's naive prefill attention beside tokamax's forms")
+  print("| B | T | S | form | µs | FLOPs floor µs | floor / time | temp GiB | rel err vs naive |")
+  print("|---:|---:|---:|---|---:|---:|---:|---:|---:|")
+  scale = QK**-0.5
+  for s in args.capacity:
+    for b in args.batch:
+      for t in args.chunk:
+        operands = problem(b, t, s)
+        floor = 2 * b * t * s * N * (QK + V) / peak
+        want = None
+        for name, fn in [("naive (the model's)", naive)] + [(f"tokamax {f}", tokamax_form(f)) for f in args.forms]:
+          row = f"| {b} | {t} | {s} | {name} |"
+          try:
+            jitted = jax.jit(lambda q, k, v, m, fn=fn: fn(q, k, v, m, scale))
+            compiled = jitted.lower(*operands).compile()
+            temp = compiled.memory_analysis().temp_size_in_bytes / 2**30
+            out = jitted(*operands)
+            seconds = time_in_loop(jitted, operands, args.iters)
+          except Exception as e:  # noqa: BLE001 (a form tokamax cannot run here is a row saying why)
+            print(f"{row} not run: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''} | | | | |",
+                  flush=True)
+            continue
+          want = out if want is None else want
+          err = float(jnp.max(jnp.abs(out - want)) / jnp.max(jnp.abs(want)))
+          print(f"{row} {seconds * 1e6:,.1f} | {floor * 1e6:,.1f} | {floor / seconds:.2f} | {temp:.2f} | {err:.1e} |",
+                flush=True)
+        del operands
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
