@@ -25,37 +25,39 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks.timing import measured_ceilings, time_in_loop
-from jax_mtp.mla import masked_softmax
+from jax_mtp.mla import naive_attention
 
-N, QK, V = 128, 192, 128  # V3 / V3.2's heads, q·k width (nope + rope) and value width
+N, P, R, V = 128, 128, 64, 128  # V3 / V3.2's heads, q·k widths (nope, rope: 192 in all) and value width
+QK = P + R
 FORMS = ("mosaic", "triton", "cudnn", "xla_chunked", "xla")
 
 
-def naive(q_BTNK, k_BSNK, v_BSNH, visible_BTS, scale):
-  """The model's naive form: fp32 scores, the masked softmax, the probabilities in the values' dtype (`_naive`)."""
-  scores_BNTS = jnp.einsum("btnk,bsnk->bnts", q_BTNK, k_BSNK, preferred_element_type=jnp.float32)
-  probs_BNTS = masked_softmax(scores_BNTS * scale, visible_BTS)
-  return jnp.einsum("bnts,bsnh->btnh", probs_BNTS.astype(v_BSNH.dtype), v_BSNH, preferred_element_type=jnp.float32)
+def naive(q_nope_BTNP, q_pe_BTNR, k_nope_BSNP, k_pe_BSR, v_BSNH, visible_BTS, scale):
+  """The model's naive form (`mla.naive_attention`, which `MLAttention._naive` runs after the expansion)."""
+  return naive_attention(q_nope_BTNP, q_pe_BTNR, k_nope_BSNP, k_pe_BSR, v_BSNH, visible_BTS, scale)[0]
 
 
 def tokamax_form(form: str):
-  """tokamax's attention through one named implementation, the mask [B, 1, T, S] shared by the heads."""
+  """tokamax's attention through one named implementation: q and k as [nope; rope] (the rope key broadcast over
+  the heads, inside the timed call), the mask [B, 1, T, S] shared by the heads."""
   import tokamax  # noqa: PLC0415 (the benchmark's only use)
 
-  def attend(q_BTNK, k_BSNK, v_BSNH, visible_BTS, scale):
-    return tokamax.dot_product_attention(q_BTNK, k_BSNK, v_BSNH, mask=visible_BTS[:, None], scale=scale,
-                                         implementation=form).astype(jnp.float32)
+  def attend(q_nope_BTNP, q_pe_BTNR, k_nope_BSNP, k_pe_BSR, v_BSNH, visible_BTS, scale):
+    k_pe_BSNR = jnp.broadcast_to(k_pe_BSR[:, :, None], (*k_nope_BSNP.shape[:3], R))
+    return tokamax.dot_product_attention(jnp.concatenate([q_nope_BTNP, q_pe_BTNR], -1),
+                                         jnp.concatenate([k_nope_BSNP, k_pe_BSNR], -1), v_BSNH,
+                                         mask=visible_BTS[:, None], scale=scale, implementation=form
+                                         ).astype(jnp.float32)
   return attend
 
 
 def problem(batch: int, chunk: int, capacity: int, seed: int = 0):
-  keys = iter(jax.random.split(jax.random.key(seed), 3))
-  q = jax.random.normal(next(keys), (batch, chunk, N, QK), jnp.float32).astype(jnp.bfloat16)
-  k = jax.random.normal(next(keys), (batch, capacity, N, QK), jnp.float32).astype(jnp.bfloat16)
-  v = jax.random.normal(next(keys), (batch, capacity, N, V), jnp.float32).astype(jnp.bfloat16)
+  keys = iter(jax.random.split(jax.random.key(seed), 5))
+  normal = lambda *shape: jax.random.normal(next(keys), shape, jnp.float32).astype(jnp.bfloat16)  # noqa: E731
   positions = capacity - chunk + jnp.arange(chunk)
   visible = jnp.broadcast_to(jnp.arange(capacity)[None, :] <= positions[:, None], (batch, chunk, capacity))
-  return q, k, v, visible
+  return (normal(batch, chunk, N, P), normal(batch, chunk, N, R), normal(batch, capacity, N, P),
+          normal(batch, capacity, R), normal(batch, capacity, N, V), visible)
 
 
 def main(argv=None) -> int:
@@ -79,7 +81,7 @@ def main(argv=None) -> int:
         for name, fn in [("naive (the model's)", naive)] + [(f"tokamax {f}", tokamax_form(f)) for f in args.forms]:
           row = f"| {b} | {t} | {s} | {name} |"
           try:
-            jitted = jax.jit(lambda q, k, v, m, fn=fn: fn(q, k, v, m, scale))
+            jitted = jax.jit(lambda *xs, fn=fn: fn(*xs, scale))
             compiled = jitted.lower(*operands).compile()
             temp = compiled.memory_analysis().temp_size_in_bytes / 2**30
             out = jitted(*operands)

@@ -261,13 +261,12 @@ def smallest_over_devices(value: int, devices) -> int:
   devices = list(devices)
   if len({d.process_index for d in devices}) == 1:
     return value
-  from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: PLC0415 (only with several processes)
-  mesh = Mesh(np.asarray(devices), ("devices",))
+  from jax_mtp.sharding import data_parallel_shardings, make_data_mesh  # noqa: PLC0415 (only with several processes)
+  whole, split = data_parallel_shardings(make_data_mesh(devices))  # a 1-D mesh: replicated, a row a device
   words = np.asarray([[value >> 31, value & 0x7FFFFFFF]], np.int32)
   mine = [jax.device_put(words, d) for d in devices if d.process_index == jax.process_index()]
-  spread = jax.make_array_from_single_device_arrays((len(devices), 2), NamedSharding(mesh, PartitionSpec("devices")),
-                                                     mine)
-  every = jax.jit(lambda x: x, out_shardings=NamedSharding(mesh, PartitionSpec()))(spread)  # an all-gather
+  spread = jax.make_array_from_single_device_arrays((len(devices), 2), split, mine)
+  every = jax.jit(lambda x: x, out_shardings=whole)(spread)  # an all-gather
   every = np.asarray(every.addressable_data(0)).astype(np.int64)
   return int(np.min((every[:, 0] << 31) | every[:, 1]))
 

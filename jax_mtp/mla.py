@@ -132,15 +132,11 @@ class MLAttention(nn.Module):
     kv_BSNK = self.kv_b_proj(read_latent(cache, cfg.dtype)).reshape(*cache.latent_BSC.shape[:2],
                                                                     self.num_local_heads, -1)
     k_nope_BSNP, v_BSNH = kv_BSNK[..., :cfg.qk_nope_head_dim], kv_BSNK[..., cfg.qk_nope_head_dim:]
-    scores_BNTS = (jnp.einsum("btnp,bsnp->bnts", q_nope_BTNP, k_nope_BSNP, precision=_HIGHEST,
-                              preferred_element_type=jnp.float32)
-                   + jnp.einsum("btnr,bsr->bnts", q_pe_BTNR, cache.k_pe_BSR, precision=_HIGHEST,
-                                preferred_element_type=jnp.float32))
-    probs_BNTS = masked_softmax(scores_BNTS * cfg.softmax_scale, visible_BTS)
+    o_BTNH, probs_BNTS = naive_attention(q_nope_BTNP, q_pe_BTNR, k_nope_BSNP, cache.k_pe_BSR, v_BSNH, visible_BTS,
+                                         cfg.softmax_scale)
     if self.is_mutable_collection(INDEXER_TRAINING):  # the indexer's target: the heads' mean attention
       self.sow(INDEXER_TRAINING, "attention_BTS", jax.lax.stop_gradient(probs_BNTS.mean(axis=1)))
-    return jnp.einsum("bnts,bsnh->btnh", probs_BNTS.astype(v_BSNH.dtype), v_BSNH, precision=_HIGHEST,
-                      preferred_element_type=jnp.float32)
+    return o_BTNH
 
   def _latent_query(self, q_nope_BTNP) -> tuple[jax.Array, jax.Array]:
     """The absorbed query q~_h = W_UK_hᵀ q_nope_h, fp32 [B, T, N, C], and W_UV [C, N, H]."""
@@ -262,6 +258,19 @@ def _mosaic_sparse_problems(cfg: MtpConfig) -> list[str]:
   if cfg.qk_rope_head_dim % 64:
     problems.append(f"qk_rope_head_dim={cfg.qk_rope_head_dim} is not a multiple of 64")
   return problems
+
+
+def naive_attention(q_nope_BTNP, q_pe_BTNR, k_nope_BSNP, k_pe_BSR, v_BSNH, visible_BTS,
+                    scale) -> tuple[jax.Array, jax.Array]:
+  """The naive form's attention over the expanded keys and values (the rope key shared by the heads): (fp32
+  [B, T, N, H] output, the fp32 probabilities [B, N, T, S])."""
+  scores_BNTS = (jnp.einsum("btnp,bsnp->bnts", q_nope_BTNP, k_nope_BSNP, precision=_HIGHEST,
+                            preferred_element_type=jnp.float32)
+                 + jnp.einsum("btnr,bsr->bnts", q_pe_BTNR, k_pe_BSR, precision=_HIGHEST,
+                              preferred_element_type=jnp.float32))
+  probs_BNTS = masked_softmax(scores_BNTS * scale, visible_BTS)
+  return jnp.einsum("bnts,bsnh->btnh", probs_BNTS.astype(v_BSNH.dtype), v_BSNH, precision=_HIGHEST,
+                    preferred_element_type=jnp.float32), probs_BNTS
 
 
 def dense_latent_attention(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, visible_BTS, scale) -> jax.Array:

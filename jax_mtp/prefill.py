@@ -50,9 +50,9 @@ def auto_prefill_chunk(cfg: MtpConfig, batch: int, capacity: int, local_heads: i
   if selects_all(cfg, capacity):
     return dense_cache_plan(cfg, batch, capacity, local_heads, tokens, budget)[0]
   k, topk_bytes = cfg.index_topk, TOPK_WORDS_PER_SLOT * 4 * capacity
+  impl = resolve_sparse_attention_impl(cfg, lowering_platform(), hopper=lowering_gpu_is_hopper())
   per_token = topk_bytes + (k * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * 4 + 2 * local_heads * k * 4
-                            if resolve_sparse_attention_impl(cfg, lowering_platform(), hopper=lowering_gpu_is_hopper())
-                            == "xla" else local_heads * cfg.kv_lora_rank * 4)
+                            if impl == "xla" else local_heads * cfg.kv_lora_rank * 4)
   return _largest_chunk(batch * per_token, budget)
 
 
@@ -138,8 +138,8 @@ def prefill_budget(cfg: MtpConfig, batch: int, capacity: int, devices) -> int:
 
 
 def prefill_chunk(cfg: MtpConfig, batch: int, capacity: int, local_heads: int,
-                  budget: int = PREFILL_CHUNK_BYTES, tokens: int | None = None) -> int:
-  return cfg.prefill_chunk or auto_prefill_chunk(cfg, batch, capacity, local_heads, budget, tokens)
+                  budget: int = PREFILL_CHUNK_BYTES) -> int:
+  return cfg.prefill_chunk or auto_prefill_chunk(cfg, batch, capacity, local_heads, budget)
 
 
 def prefill_plan(cfg: MtpConfig, batch: int, capacity: int, tp, budget: int = PREFILL_CHUNK_BYTES,
