@@ -4,8 +4,8 @@ kernel takes) and, for the MLA projections, that the laid-out-ahead forms comput
 import jax
 import jax.numpy as jnp
 
-from benchmarks import (index_scores_splits, mla_projections, naive_prefill_attention, sparse_mla, sparse_mla_padding,
-                        sparse_mla_splits)
+from benchmarks import (index_scores_splits, mla_projections, naive_prefill_attention, sampling_filters, sparse_mla,
+                        sparse_mla_padding, sparse_mla_splits)
 from jax_mtp.kernels import index_scores_mgpu, sparse_mla_mgpu
 from tests.tolerances import TOLERANCE, assert_close
 
@@ -94,3 +94,13 @@ def test_naive_prefill_attention_probe_runs_the_naive_form_and_tokamaxs_on_a_cpu
           if line.startswith("| 1 | 16 |")]
   assert [row[3] for row in rows] == ["naive (the model's)", "tokamax xla_chunked", "tokamax xla"]
   assert all(float(row[-1]) <= TOLERANCE["bfloat16"]["rtol"] for row in rows)
+
+
+def test_sampling_filters_times_greedy_and_each_setting_on_a_cpu(capsys):
+  """A CPU smoke run of stage `sampling`'s first command over a 512-token vocabulary: a row for greedy, the sort and
+  each sampling setting, each with a positive time and its floor."""
+  assert sampling_filters.main(["--batch", "2", "--vocab", "512", "--iters", "1"]) == 0
+  rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in capsys.readouterr().out.splitlines()
+          if line.startswith("| 2 |")]
+  assert [row[1] for row in rows] == ["greedy (argmax)", "the sort alone (descending)", *sampling_filters.SETTINGS]
+  assert all(float(row[2].replace(",", "")) > 0 and float(row[3].replace(",", "")) > 0 for row in rows)
