@@ -917,6 +917,9 @@ case "${1:?stage}" in
              # prefill's expansion of the cache (5.0 GiB a layer, uncounted); since then prefill.dense_cache_plan
              # counts it and takes the absorbed form (the sparse-MLA kernel over every visible slot) there
     run 300 e2e_short_fix.md python3 -m benchmarks.e2e --prompt 1024 --batch 64 8 --iters 5
+    # the GPU tests of the changed paths: the prefill's plan and forms, and the sampling filters' radix search
+    run 250 gpu_tests_shortfix.txt python3 -m pytest -q -rfE --tb=short -p no:cacheprovider \
+      tests/test_user_path_kernels.py tests/test_prefill.py tests/test_sampling.py
     ;;
   flashprobe)  # (not run yet) whether tokamax's attention takes MLA's naive prefill (192-wide q·k, 128-wide v, a
                # position mask) and how fast, beside the model's naive form, which holds N × S fp32 scores a query and

@@ -6,7 +6,7 @@ Why: a real checkpoint's generation_config.json sets the sampling `decode` runs 
 temperature 0.6, top-p 0.95), and a top-p filter sorts the vocabulary at every verified position
 (`acceptance.sampling_logits`: B × (k + 1) sorts of 129,280 fp32 logits a round). Timed alone here, with the
 round's acceptance as the speculator runs it (`acceptance.accept_greedy` / `accept_sampled`), to say whether the sort
-is worth replacing before anything is built. Each row: µs a call (inside one compiled loop), the floor (the fp32
+is worth replacing, and the radix search that replaced it (`threshold_search`) beside it. Each row: µs a call (inside one compiled loop), the floor (the fp32
 logits read once, over the copy bandwidth measured in this run) and the sort alone."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.timing import measured_ceilings, time_in_loop
-from jax_mtp.acceptance import Sampling, accept_greedy, accept_sampled
+from jax_mtp.acceptance import Sampling, accept_greedy, accept_sampled, sampling_logits, sampling_logits_reference
 
 VOCAB = 129_280  # DeepSeek-V3 / V3.2
 
@@ -49,6 +49,13 @@ def main(argv=None) -> int:
     for name, (temperature, top_k, top_p) in SETTINGS.items():
       sampling = Sampling.of(temperature, top_k, top_p, args.vocab)
       rows.append((name, lambda logits, drafts, s=sampling: accept_sampled(drafts, logits, s, keys[2])))
+      if sampling.top_k is not None or sampling.top_p is not None:  # the filter alone, searched and sorted
+        # each followed by a max over the vocabulary, as the round's softmax reads the filtered logits once (a loop
+        # carrying the whole [B, k + 1, V] output would time its copy)
+        rows.append((f"{name}: the filter (radix search)",
+                     lambda logits, _, s=sampling: jnp.max(sampling_logits(logits, s), axis=-1)))
+        rows.append((f"{name}: the filter (sort, the reference)",
+                     lambda logits, _, s=sampling: jnp.max(sampling_logits_reference(logits, s), axis=-1)))
     for name, fn in rows:
       seconds = time_in_loop(fn, (logits_BWV, drafts_BM), args.iters, whole_output=True)
       print(f"| {b} | {name} | {seconds * 1e6:,.1f} | {floor * 1e6:,.1f} | {floor / seconds:.2f} |", flush=True)

@@ -32,6 +32,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_mtp.threshold_search import key_value, ordered_keys, smallest_key_under
+
 
 class Sampling(NamedTuple):
   """What a sampled token is drawn from: softmax(logits / temperature) over the `top_k` most likely tokens, then over
@@ -52,7 +54,39 @@ class Sampling(NamedTuple):
 
 
 def sampling_logits(logits_BTV: jax.Array, sampling: Sampling) -> jax.Array:
-  """fp32 logits / temperature with the tokens top-k and top-p filter out at −inf (`Sampling`)."""
+  """fp32 logits / temperature with the tokens top-k and top-p filter out at −inf (`Sampling`): each filter's
+  threshold found by a radix search over the logits' bits (`threshold_search`), no sort of the vocabulary; the same
+  kept tokens as `sampling_logits_reference`'s sort, which the tests hold both to."""
+  scaled_BTV = logits_BTV.astype(jnp.float32) / sampling.temperature
+  if sampling.top_k is None and sampling.top_p is None:
+    return scaled_BTV
+  v = scaled_BTV.shape[-1]
+  scaled_RV = scaled_BTV.reshape(-1, v)
+  keys_RV = ordered_keys(scaled_RV)
+  rows = scaled_RV.shape[0]
+  threshold_R = jnp.zeros((rows,), jnp.uint32)  # every key is above 0 (key 0 is no float's)
+  if sampling.top_k is not None:  # the k-th largest logit
+    top_k = jnp.minimum(jnp.asarray(sampling.top_k, jnp.int32), v)
+    threshold_R = smallest_key_under(keys_RV, jnp.broadcast_to(top_k, (rows,)))
+  if sampling.top_p is not None:  # of what top-k kept, the nucleus's last logit: its mass above under top_p
+    max_R1 = jnp.max(scaled_RV, axis=-1, keepdims=True)
+    weights_RV = jnp.exp(scaled_RV - max_R1)
+    mass_R = jnp.sum(weights_RV, axis=-1)
+    if sampling.top_k is not None:  # top-k's k ranks: those above the k-th logit, then copies of it to make k
+      above_RV = keys_RV > threshold_R[:, None]
+      at_k_R = jnp.exp(key_value(threshold_R) - max_R1[:, 0])
+      mass_R = (jnp.sum(jnp.where(above_RV, weights_RV, 0.0), axis=-1)
+                + (top_k - jnp.sum(above_RV, axis=-1)).astype(jnp.float32) * at_k_R)
+    nucleus_R = smallest_key_under(keys_RV, sampling.top_p * mass_R, weights_RV)
+    threshold_R = jnp.maximum(threshold_R, nucleus_R)
+  threshold_BT1 = key_value(threshold_R).reshape(*scaled_BTV.shape[:-1], 1)
+  return jnp.where(scaled_BTV >= threshold_BT1, scaled_BTV, -jnp.inf)
+
+
+def sampling_logits_reference(logits_BTV: jax.Array, sampling: Sampling) -> jax.Array:
+  """`sampling_logits` by its definition: the vocabulary sorted, most likely first; top-k's first k ranks, then of
+  those the ranks whose mass above (a cumulative sum of the renormalised probabilities) is under top_p; every
+  logit at or above the last kept rank's kept (ties at the threshold)."""
   scaled_BTV = logits_BTV.astype(jnp.float32) / sampling.temperature
   if sampling.top_k is None and sampling.top_p is None:
     return scaled_BTV

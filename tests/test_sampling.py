@@ -9,7 +9,8 @@ import pytest
 import jax
 import jax.numpy as jnp
 import jax_mtp
-from jax_mtp.acceptance import Sampling, accept_sampled, sample, sampling_logits
+from jax_mtp.acceptance import Sampling, accept_sampled, sample, sampling_logits, sampling_logits_reference
+from jax_mtp.threshold_search import key_value, ordered_keys, smallest_key_under
 from tests.sampling_checks import assert_follows
 from tests.tolerances import assert_close
 
@@ -43,6 +44,51 @@ def test_the_kept_tokens_are_the_top_k_then_the_top_p_nucleus(top_k, top_p):
     assert kept == _kept_reference(logits_BTV[b, t].astype(np.float64), temperature, top_k, top_p), (b, t)
     assert_close(out_BTV[b, t, sorted(kept)], logits_BTV[b, t, sorted(kept)] / temperature, "float32",
                  "kept logits / temperature")  # XLA may divide as a product with 1/τ: an ulp apart
+
+
+@pytest.mark.parametrize("top_k, top_p", [(1, None), (40, None), (None, 0.95), (None, 0.3), (50, 0.95), (5, 0.999),
+                                          (VOCAB * 3, None), (VOCAB * 3, 0.9)])
+def test_the_radix_search_keeps_what_the_sort_keeps_with_ties_and_at_v32s_vocabulary(top_k, top_p):
+  """The threshold search (no sort) against the sort's form (`sampling_logits_reference`): 4 rows of V3.2's 129,280
+  logits, two of them rounded to a grid of 1/4 (thousands of ties, at every threshold), one with −inf entries, and
+  one row of 150 with every logit tied in threes: the kept tokens equal exactly; top-k above the vocabulary keeps it
+  all."""
+  rng = np.random.default_rng(top_k or 1)
+  rows = rng.normal(0.0, 2.5, (4, 129_280)).astype(np.float32)
+  rows[1:3] = np.round(rows[1:3] * 4) / 4
+  rows[3, rng.choice(129_280, 5_000, replace=False)] = -np.inf
+  sampling = Sampling(np.float32(0.6), None if top_k is None else np.int32(top_k),
+                      None if top_p is None else np.float32(top_p))
+  for logits in (rows.reshape(2, 2, -1), np.repeat(rng.normal(0, 1, (1, 1, 50)).astype(np.float32), 3, axis=-1)):
+    got = np.asarray(jax.jit(sampling_logits)(jnp.asarray(logits), sampling))
+    want = np.asarray(jax.jit(sampling_logits_reference)(jnp.asarray(logits), sampling))
+    np.testing.assert_array_equal(np.isfinite(got), np.isfinite(want))
+    np.testing.assert_array_equal(got[np.isfinite(got)], want[np.isfinite(want)])
+  if top_k and top_k > VOCAB and top_p is None:
+    assert np.isfinite(got).all()
+
+
+def test_the_keys_order_floats_as_the_floats_and_map_back():
+  values = np.array([-np.inf, -3e38, -1.0, -1e-45, -0.0, 0.0, 1e-45, 1e-38, 1.0, 3e38, np.inf], np.float32)
+  keys = np.asarray(ordered_keys(jnp.asarray(values)))
+  assert (np.diff(keys.astype(np.int64)) > 0).all()  # strictly increasing, −0 just below +0
+  np.testing.assert_array_equal(np.asarray(key_value(jnp.asarray(keys))).view(np.uint32), values.view(np.uint32))
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_the_search_finds_the_smallest_key_whose_mass_above_is_under_the_limit(weighted):
+  """Against a brute force over each row's own keys: 6 rows of 300 keys (ties among them), limits from 1 to the
+  whole row's mass."""
+  rng = np.random.default_rng(int(weighted))
+  keys = np.asarray(ordered_keys(jnp.asarray(np.round(rng.normal(0, 3, (6, 300)), 1).astype(np.float32))))
+  weights = rng.uniform(0.1, 1.0, keys.shape).astype(np.float32) if weighted else np.ones(keys.shape, np.float32)
+  limits = np.array([1, 2, 17, 150, 299, 300], np.float32) * (weights.mean(1) if weighted else 1)
+  got = np.asarray(smallest_key_under(jnp.asarray(keys), jnp.asarray(limits if weighted else limits.astype(np.int32)),
+                                      jnp.asarray(weights) if weighted else None))
+  for r in range(6):
+    above = [weights[r][keys[r] > u].astype(np.float64).sum() for u in np.unique(keys[r])]
+    want = min(u for u, mass in zip(np.unique(keys[r]), above) if mass < limits[r])
+    assert got[r] == want, r
 
 
 def test_no_filter_is_the_scaled_logits_and_ties_at_the_threshold_are_kept():
