@@ -68,6 +68,17 @@ def test_the_radix_search_keeps_what_the_sort_keeps_with_ties_and_at_v32s_vocabu
     assert np.isfinite(got).all()
 
 
+@pytest.mark.parametrize("top_k, top_p", [(50, None), (None, 0.95), (50, 0.95)])
+def test_no_filter_sorts_the_vocabulary_in_the_compiled_program(top_k, top_p):
+  """The filter's compiled CPU program holds no sort instruction; the sort's form holds one (the check finds it)."""
+  sampling = Sampling(np.float32(0.6), None if top_k is None else np.int32(top_k),
+                      None if top_p is None else np.float32(top_p))
+  logits = jax.ShapeDtypeStruct((2, 4, 1000), jnp.float32)
+  sorts = {f.__name__: len(re.findall(r"\ssort\(", jax.jit(f).lower(logits, sampling).compile().as_text()))
+           for f in (sampling_logits, sampling_logits_reference)}
+  assert sorts == {"sampling_logits": 0, "sampling_logits_reference": 1}
+
+
 def test_the_keys_order_floats_as_the_floats_and_map_back():
   values = np.array([-np.inf, -3e38, -1.0, -1e-45, -0.0, 0.0, 1e-45, 1e-38, 1.0, 3e38, np.inf], np.float32)
   keys = np.asarray(ordered_keys(jnp.asarray(values)))

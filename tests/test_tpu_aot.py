@@ -83,3 +83,16 @@ def test_routed_experts_compile_for_tpu_with_tokamax_kernels(tokens):
   hlo = lowered.compile().as_text()
   assert hlo.count("tpu_custom_call") == 3
   assert not re.search(r"= \S+ ragged-dot\(", hlo)  # no XLA ragged-dot instruction left
+
+
+def test_the_sampling_filters_compile_for_tpu_without_a_sort():
+  """V3.2's sampling settings (temperature 0.6, top-k 50, top-p 0.95) over its 129,280-token vocabulary at B = 64 ×
+  4 verified positions, compiled for a v5e chip: the radix search's program holds no sort (a TPU sort of the
+  vocabulary is what it replaced); the sort's form does."""
+  from jax_mtp.acceptance import Sampling, sampling_logits, sampling_logits_reference  # noqa: PLC0415
+  mesh = Mesh(np.array(topologies.get_topology_desc(topology_name="v5e:2x2", platform="tpu").devices[:1]), ("x",))
+  logits = jax.ShapeDtypeStruct((64, 4, 129_280), jnp.float32, sharding=NamedSharding(mesh, P()))
+  sampling = Sampling(np.float32(0.6), np.int32(50), np.float32(0.95))
+  hlo = jax.jit(sampling_logits).lower(logits, sampling).compile().as_text()
+  assert not re.search(r"\ssort\(", hlo)
+  assert re.search(r"\ssort\(", jax.jit(sampling_logits_reference).lower(logits, sampling).compile().as_text())
