@@ -930,7 +930,7 @@ case "${1:?stage}" in
     run 200 naive_prefill_attention_short.md python3 -m benchmarks.naive_prefill_attention --batch 64 --chunk 64 512 \
       --capacity 1280 --iters 10
     ;;
-  sampling)  # (not run yet) what a round's acceptance costs at V3.2's generation_config (temperature 0.6, top-p 0.95:
+  sampling)  # (not run yet) what a round's acceptance costs at V3.2-Exp's generation_config (temperature 0.6, top-p 0.95:
              # decode's default with a real checkpoint), whose top-p sorts the vocabulary at every verified position,
              # beside greedy's; then the user's path sampled so (B = 64 over 1K prompts) beside shortfix's greedy row
     run 150 sampling_filters.md python3 -m benchmarks.sampling_filters --batch 1 8 64 256

@@ -2,12 +2,13 @@
 
     python -m benchmarks.sampling_filters --batch 1 8 64 256
 
-Why: a real checkpoint's generation_config.json sets the sampling `decode` runs by default (DeepSeek-V3.2's:
-temperature 0.6, top-p 0.95), and a top-p filter sorts the vocabulary at every verified position
-(`acceptance.sampling_logits`: B × (k + 1) sorts of 129,280 fp32 logits a round). Timed alone here, with the
-round's acceptance as the speculator runs it (`acceptance.accept_greedy` / `accept_sampled`), to say whether the sort
-is worth replacing, and the radix search that replaced it (`threshold_search`) beside it. Each row: µs a call (inside one compiled loop), the floor (the fp32
-logits read once, over the copy bandwidth measured in this run) and the sort alone."""
+Why: a real checkpoint's generation_config.json sets the sampling `decode` runs by default (DeepSeek-V3.2-Exp's:
+temperature 0.6, top-p 0.95; DeepSeek suggests 1.0 / 0.95 for V3.2), and a top-p filter is applied at every verified
+position (B × (k + 1) rows of 129,280 fp32 logits a round). Until 2026-12-07 it sorted each row; now it finds the
+threshold by a radix search (`jax_mtp.threshold_search`). Timed here: the round's acceptance as the speculator runs
+it (`acceptance.accept_greedy` / `accept_sampled`), the sort alone, and the filter by the search beside the sort's
+form (`acceptance.sampling_logits_reference`). Each row: µs a call (inside one compiled loop) and the floor (the fp32
+logits read once, over the copy bandwidth measured in this run)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ VOCAB = 129_280  # DeepSeek-V3 / V3.2
 
 SETTINGS = {  # name: (temperature, top_k, top_p); top_k 0 and top_p 1 are off, as the CLI's flags
     "temperature 0.6": (0.6, 0, 1.0),
-    "temperature 0.6, top-p 0.95 (V3.2's generation_config)": (0.6, 0, 0.95),
+    "temperature 0.6, top-p 0.95 (V3.2-Exp's generation_config)": (0.6, 0, 0.95),
     "temperature 0.6, top-k 50, top-p 0.95": (0.6, 50, 0.95),
 }
 

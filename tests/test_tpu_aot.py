@@ -86,7 +86,7 @@ def test_routed_experts_compile_for_tpu_with_tokamax_kernels(tokens):
 
 
 def test_the_sampling_filters_compile_for_tpu_without_a_sort():
-  """V3.2's sampling settings (temperature 0.6, top-k 50, top-p 0.95) over its 129,280-token vocabulary at B = 64 ×
+  """V3.2-Exp's sampling settings and a top-k (temperature 0.6, top-k 50, top-p 0.95) over its 129,280-token vocabulary at B = 64 ×
   4 verified positions, compiled for a v5e chip: the radix search's program holds no sort (a TPU sort of the
   vocabulary is what it replaced); the sort's form does."""
   from jax_mtp.acceptance import Sampling, sampling_logits, sampling_logits_reference  # noqa: PLC0415
