@@ -98,9 +98,14 @@ def test_naive_prefill_attention_probe_runs_the_naive_form_and_tokamaxs_on_a_cpu
 
 def test_sampling_filters_times_greedy_and_each_setting_on_a_cpu(capsys):
   """A CPU smoke run of stage `sampling`'s first command over a 512-token vocabulary: a row for greedy, the sort and
-  each sampling setting, each with a positive time and its floor."""
+  each sampling setting, and for each filtering setting its filter by the radix search and by the sort, each with
+  a positive time and its floor."""
   assert sampling_filters.main(["--batch", "2", "--vocab", "512", "--iters", "1"]) == 0
   rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in capsys.readouterr().out.splitlines()
           if line.startswith("| 2 |")]
-  assert [row[1] for row in rows] == ["greedy (argmax)", "the sort alone (descending)", *sampling_filters.SETTINGS]
+  filtered = [name for name, (_, top_k, top_p) in sampling_filters.SETTINGS.items() if top_k or top_p < 1]
+  assert [row[1] for row in rows] == ["greedy (argmax)", "the sort alone (descending)", *[
+      row for name in sampling_filters.SETTINGS for row in [name] + (
+          [f"{name}: the filter (radix search)", f"{name}: the filter (sort, the reference)"] if name in filtered
+          else [])]]
   assert all(float(row[2].replace(",", "")) > 0 and float(row[3].replace(",", "")) > 0 for row in rows)
