@@ -921,10 +921,11 @@ case "${1:?stage}" in
     run 250 gpu_tests_shortfix.txt python3 -m pytest -q -rfE --tb=short -p no:cacheprovider \
       tests/test_user_path_kernels.py tests/test_prefill.py tests/test_sampling.py
     ;;
-  flashprobe)  # (not run yet) whether tokamax's attention takes MLA's naive prefill (192-wide q·k, 128-wide v, a
-               # position mask) and how fast, beside the model's naive form, which holds N × S fp32 scores a query and
-               # so gives a V3 model's 32K prompt chunks of 128, each expanding the whole cache (issue 27's prefill of
-               # dense caches); then a V3.2 short request's cache at B = 64
+  flashprobe)  # (not run yet) the naive prefill past 2,048 slots in blocks (jax_mtp.mla_blocked, 2026-12-07 night:
+               # a V3 model's 32K prompt in chunks of 2,048 where the whole form's N × S fp32 scores a query left 128,
+               # each expanding the whole cache) beside the whole form, the expansion in the call; then whether
+               # tokamax's attention takes MLA's naive prefill (192-wide q·k, 128-wide v, a position mask) and how
+               # fast; then a V3.2 short request's cache at B = 64 (whole only: within 2,048 slots)
     run 330 naive_prefill_attention.md python3 -m benchmarks.naive_prefill_attention --batch 1 --chunk 128 2048 \
       --capacity 32768 --iters 10
     run 200 naive_prefill_attention_short.md python3 -m benchmarks.naive_prefill_attention --batch 64 --chunk 64 512 \

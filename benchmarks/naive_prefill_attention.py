@@ -1,21 +1,22 @@
-"""MLA's naive prefill attention (the model's `MLAttention._naive` after kv_b_proj's expansion) beside tokamax's
-`dot_product_attention` forms, at the shapes of a prefill chunk over a dense cache:
+"""MLA's naive prefill attention (the model's `MLAttention._naive`) over a dense cache: whole and in blocks of slots,
+and beside tokamax's `dot_product_attention` forms, at the shapes of a prefill chunk:
 
     python -m benchmarks.naive_prefill_attention --batch 1 --chunk 128 2048 --capacity 32768
 
-Why: over a dense cache (V3 models; V3.2 prompts within index_topk) the naive form holds N × S fp32 scores and
-probabilities a query, so `prefill.dense_cache_plan` gives a 32K prompt chunks of 128 tokens, and the form's expansion
-of the whole cache by kv_b_proj — once a chunk — is paid 256 times (2026-12-07: by count, ~3× the attention's own
-multiply-adds). An attention that keeps no scores (flash attention: tokamax's `mosaic`, `triton`, `cudnn`,
-`xla_chunked` forms) would take chunks of thousands of tokens and pay the expansion a few times. This probe says
-which of tokamax's forms take MLA's shapes (192-wide q and k, 128-wide v, a mask of slots ≤ each query's position, the
-chunk at the end of the cache), whether they equal the naive form, how long they take and how much temporary memory
-their compiled program asks for (XLA's memory analysis), before the model takes one.
+Why: over a dense cache (V3 models; V3.2 prompts within index_topk) the whole naive form holds N × S fp32 scores and
+probabilities a query and expands the whole cache by kv_b_proj once a chunk, so a 32K prompt got chunks of 128
+tokens and paid 256 expansions (2026-12-07: by count, ~3× the attention's own multiply-adds). Since 2026-12-07 past
+2,048 slots the model runs the form a block of slots at a time (`jax_mtp.mla_blocked`: chunks of 2,048 at 32K). The
+first table times, with the expansion included as the model runs it, the whole form beside the blocks; the second
+asks which of tokamax's flash forms (`mosaic`, `triton`, `cudnn`, `xla_chunked`: no scores kept) take MLA's shapes
+(192-wide q and k, 128-wide v, a mask of slots ≤ each query's position, the chunk at the end of the cache), whether
+they equal the naive form, how long they take and how much temporary memory their compiled program asks for (XLA's
+memory analysis) — a fused attention would also spare the blocks' fp32 scores their trips through memory.
 
 Each row: the chunk (T queries at positions S − T … S − 1, every slot ≤ its position visible), the form, µs, the
-FLOPs floor (2 · B · T · S · N · (192 + 128) over the bf16 GEMM rate measured in this run; the masked half included,
-as the naive form computes it), the compiled program's temporary bytes, and the relative error against the naive
-form's output. A form tokamax does not run here says why in its row."""
+FLOPs floor (the bf16 GEMM rate measured in this run; the masked half included, as the naive form computes it; in
+the first table the expansion of every slot included), the compiled program's temporary bytes, and the relative error
+against the first row's output. A form tokamax does not run here says why in its row."""
 
 from __future__ import annotations
 
@@ -25,9 +26,12 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks.timing import measured_ceilings, time_in_loop
+from jax_mtp.cache import LayerCache
 from jax_mtp.mla import naive_attention
+from jax_mtp.mla_blocked import KEY_BLOCK, blocked_naive_attention
 
 N, P, R, V = 128, 128, 64, 128  # V3 / V3.2's heads, q·k widths (nope, rope: 192 in all) and value width
+LATENT = 512  # kv_lora_rank: the latent kv_b_proj expands
 QK = P + R
 FORMS = ("mosaic", "triton", "cudnn", "xla_chunked", "xla")
 
@@ -60,6 +64,50 @@ def problem(batch: int, chunk: int, capacity: int, seed: int = 0):
           normal(batch, capacity, R), normal(batch, capacity, N, V), visible)
 
 
+def expanding_forms(batch: int, chunk: int, capacity: int, seed: int = 0):
+  """(operands, forms) of the naive form with kv_b_proj's expansion in the call: the latent cache, the rope keys,
+  the expansion's weight [C, N, P + H] (V3's widths: C = 512), the chunk's queries and mask."""
+  keys = iter(jax.random.split(jax.random.key(seed), 5))
+  normal = lambda *shape: jax.random.normal(next(keys), shape, jnp.float32).astype(jnp.bfloat16)  # noqa: E731
+  positions = capacity - chunk + jnp.arange(chunk)
+  visible = jnp.broadcast_to(jnp.arange(capacity)[None, :] <= positions[:, None], (batch, chunk, capacity))
+  operands = (normal(batch, chunk, N, P), normal(batch, chunk, N, R), normal(batch, capacity, LATENT),
+              normal(batch, capacity, R), normal(LATENT, N, P + V) * LATENT**-0.5, visible)
+
+  def whole(q_nope, q_pe, latent, k_pe, w, visible, scale):
+    kv = jnp.einsum("bsc,cnx->bsnx", latent, w, preferred_element_type=jnp.float32).astype(jnp.bfloat16)
+    return naive_attention(q_nope, q_pe, kv[..., :P], k_pe, kv[..., P:], visible, scale)[0]
+
+  def blocks(q_nope, q_pe, latent, k_pe, w, visible, scale):
+    return blocked_naive_attention(q_nope, q_pe, LayerCache(latent, k_pe, None), w, visible, scale, jnp.bfloat16)
+
+  forms = [("naive, whole (the model's up to 2,048 slots)", whole)]
+  if capacity > KEY_BLOCK:
+    forms.append((f"naive, blocks of {KEY_BLOCK:,} (the model's past them)", blocks))
+  return operands, forms
+
+
+def _time_rows(prefix: str, operands, forms, floor: float, iters: int, scale: float) -> None:
+  """One row a form: µs, the floor, temporary GiB, the relative error against the first form's output."""
+  want = None
+  for name, fn in forms:
+    row = f"{prefix} {name} |"
+    try:
+      jitted = jax.jit(lambda *xs, fn=fn: fn(*xs, scale))
+      compiled = jitted.lower(*operands).compile()
+      temp = compiled.memory_analysis().temp_size_in_bytes / 2**30
+      out = jitted(*operands)
+      seconds = time_in_loop(jitted, operands, iters)
+    except Exception as e:  # noqa: BLE001 (a form tokamax cannot run here is a row saying why)
+      print(f"{row} not run: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''} | | | | |",
+            flush=True)
+      continue
+    want = out if want is None else want
+    err = float(jnp.max(jnp.abs(out - want)) / jnp.max(jnp.abs(want)))
+    print(f"{row} {seconds * 1e6:,.1f} | {floor * 1e6:,.1f} | {floor / seconds:.2f} | {temp:.2f} | {err:.1e} |",
+          flush=True)
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--batch", type=int, nargs="+", default=[1])
@@ -68,32 +116,26 @@ def main(argv=None) -> int:
   parser.add_argument("--forms", nargs="+", default=list(FORMS), choices=FORMS)
   parser.add_argument("--iters", type=int, default=10)
   args = parser.parse_args(argv)
-  _, peak = measured_ceilings("MLA's naive prefill attention beside tokamax's forms")
-  print("| B | T | S | form | µs | FLOPs floor µs | floor / time | temp GiB | rel err vs naive |")
-  print("|---:|---:|---:|---|---:|---:|---:|---:|---:|")
+  _, peak = measured_ceilings("MLA's naive prefill attention, whole and in blocks, beside tokamax's forms")
+  header = ("| B | T | S | form | µs | FLOPs floor µs | floor / time | temp GiB | rel err vs the first row |\n"
+            "|---:|---:|---:|---|---:|---:|---:|---:|---:|")
   scale = QK**-0.5
+  print("The naive form with kv_b_proj's expansion of the cache in the call, as the model runs it:\n\n" + header)
+  for s in args.capacity:
+    for b in args.batch:
+      for t in args.chunk:
+        operands, forms = expanding_forms(b, t, s)
+        floor = 2 * b * s * (LATENT * N * (P + V) + t * N * (QK + V)) / peak
+        _time_rows(f"| {b} | {t} | {s} |", operands, forms, floor, args.iters, scale)
+        del operands
+  print("\nThe attention alone (the keys and values expanded ahead) beside tokamax's forms:\n\n" + header)
   for s in args.capacity:
     for b in args.batch:
       for t in args.chunk:
         operands = problem(b, t, s)
         floor = 2 * b * t * s * N * (QK + V) / peak
-        want = None
-        for name, fn in [("naive (the model's)", naive)] + [(f"tokamax {f}", tokamax_form(f)) for f in args.forms]:
-          row = f"| {b} | {t} | {s} | {name} |"
-          try:
-            jitted = jax.jit(lambda *xs, fn=fn: fn(*xs, scale))
-            compiled = jitted.lower(*operands).compile()
-            temp = compiled.memory_analysis().temp_size_in_bytes / 2**30
-            out = jitted(*operands)
-            seconds = time_in_loop(jitted, operands, args.iters)
-          except Exception as e:  # noqa: BLE001 (a form tokamax cannot run here is a row saying why)
-            print(f"{row} not run: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''} | | | | |",
-                  flush=True)
-            continue
-          want = out if want is None else want
-          err = float(jnp.max(jnp.abs(out - want)) / jnp.max(jnp.abs(want)))
-          print(f"{row} {seconds * 1e6:,.1f} | {floor * 1e6:,.1f} | {floor / seconds:.2f} | {temp:.2f} | {err:.1e} |",
-                flush=True)
+        _time_rows(f"| {b} | {t} | {s} |", operands, [("naive, whole", naive)] + [
+            (f"tokamax {f}", tokamax_form(f)) for f in args.forms], floor, args.iters, scale)
         del operands
   return 0
 

@@ -48,6 +48,7 @@ from jax_mtp.kernels import sparse_mla_mgpu
 from jax_mtp.kernels.sparse_mla import dequantize_latent
 from jax_mtp.kernels.sparse_mla import reference as sparse_mla_reference
 from jax_mtp.layers import RMSNorm, Rotary, apply_rope, linear
+from jax_mtp.mla_blocked import KEY_BLOCK, blocked_naive_attention
 from jax_mtp.sharding import TensorParallel
 from jax_mtp.platform import NOT_HOPPER, lowering_gpu_is_hopper, lowering_platform
 
@@ -129,12 +130,17 @@ class MLAttention(nn.Module):
 
   def _naive(self, q_nope_BTNP, q_pe_BTNR, cache: LayerCache, visible_BTS) -> jax.Array:
     cfg = self.cfg
+    sows = self.is_mutable_collection(INDEXER_TRAINING)  # the indexer's target needs every probability at once
+    if cache.capacity > KEY_BLOCK and not sows:  # a long cache a block of slots at a time (jax_mtp.mla_blocked)
+      w_kv_CNK = self.kv_b_proj.weight().reshape(cfg.kv_lora_rank, self.num_local_heads, -1)
+      return blocked_naive_attention(q_nope_BTNP, q_pe_BTNR, cache, w_kv_CNK, visible_BTS, cfg.softmax_scale,
+                                     cfg.dtype)
     kv_BSNK = self.kv_b_proj(read_latent(cache, cfg.dtype)).reshape(*cache.latent_BSC.shape[:2],
                                                                     self.num_local_heads, -1)
     k_nope_BSNP, v_BSNH = kv_BSNK[..., :cfg.qk_nope_head_dim], kv_BSNK[..., cfg.qk_nope_head_dim:]
     o_BTNH, probs_BNTS = naive_attention(q_nope_BTNP, q_pe_BTNR, k_nope_BSNP, cache.k_pe_BSR, v_BSNH, visible_BTS,
                                          cfg.softmax_scale)
-    if self.is_mutable_collection(INDEXER_TRAINING):  # the indexer's target: the heads' mean attention
+    if sows:  # the indexer's target: the heads' mean attention
       self.sow(INDEXER_TRAINING, "attention_BTS", jax.lax.stop_gradient(probs_BNTS.mean(axis=1)))
     return o_BTNH
 

@@ -23,6 +23,7 @@ from jax_mtp.config import MtpConfig
 from jax_mtp.distributed import smallest_over_devices
 from jax_mtp.indexer import selects_all
 from jax_mtp.mla import attends_every_slot_by_kernel, resolve_sparse_attention_impl
+from jax_mtp.mla_blocked import KEY_BLOCK
 from jax_mtp.model import TargetModel, init_target_caches
 from jax_mtp.platform import lowering_gpu_is_hopper, lowering_platform
 from jax_mtp.request import caches_against_free_memory
@@ -64,7 +65,10 @@ def dense_cache_plan(cfg: MtpConfig, batch: int, capacity: int, heads: int, toke
     naive     kv_b_proj expands the whole cache each chunk, [B, S, N, P + H] in the model's dtype (at B = 64 over a
               1K prompt's 1,283 slots, 5.0 GiB a layer: an 80 GB H100 holding a 2-layer V3.2 in bf16 ran out of
               memory in it on 2026-12-07, when this budget counted only the N × S fp32 scores and probabilities a
-              query); then those N × S scores and probabilities a query;
+              query); then those N × S scores and probabilities a query. Past KEY_BLOCK slots (V3 models' long
+              prompts) a block of slots at a time (`jax_mtp.mla_blocked`): one block's expansion, N × KEY_BLOCK
+              scores a query, and only the blocks up to the chunk's last position, so its chunks grow to thousands
+              of tokens where whole they were 128 (a 32K cache's 32 MiB of scores a query) and each expanded it all;
     absorbed  the sparse-MLA kernel over every visible slot where it runs the model's absorbed calls
               (`mla.attends_every_slot_by_kernel`): q~ [N, C] in fp32 and in the kernel's 16-bit dtype, its 16-bit
               output, and the [S] selection (ids, their padded copy, the mask) a query; else XLA's
@@ -79,8 +83,12 @@ def dense_cache_plan(cfg: MtpConfig, batch: int, capacity: int, heads: int, toke
   tokens = capacity if tokens is None else tokens
   itemsize = jnp.dtype(cfg.dtype).itemsize
   dequantised = batch * capacity * cfg.kv_lora_rank * itemsize if cfg.mla_cache_dtype != cfg.dtype else 0
-  expansion = batch * capacity * heads * (cfg.qk_nope_head_dim + cfg.v_head_dim) * itemsize + dequantised
-  naive_token = 2 * heads * capacity * 4
+  # past KEY_BLOCK slots the naive form expands and scores a block at a time (jax_mtp.mla_blocked): one block's
+  # expansion, N × KEY_BLOCK scores a query and its running output, fp32 [N, H] and the block's [N, H] products
+  keys = min(capacity, KEY_BLOCK)
+  expansion = (batch * keys * heads * (cfg.qk_nope_head_dim + cfg.v_head_dim) * itemsize
+               + (dequantised * keys // capacity))
+  naive_token = 2 * heads * keys * 4 + (2 * heads * cfg.v_head_dim * 4 if capacity > KEY_BLOCK else 0)
   by_kernel = attends_every_slot_by_kernel(cfg, queries=batch * (cfg.prefill_chunk or _MIN_CHUNK))
   absorbed_token = (heads * cfg.kv_lora_rank * (4 + 2 * itemsize) + capacity * 9 if by_kernel
                     else 2 * heads * capacity * (4 + itemsize))
@@ -98,12 +106,18 @@ def dense_cache_plan(cfg: MtpConfig, batch: int, capacity: int, heads: int, toke
 
 def _attention_macs(cfg: MtpConfig, capacity: int, tokens: int, chunk: int, passes: int | None = None) -> int:
   """A head's multiply-adds over a `tokens`-token prompt in chunks of `chunk` over a dense `capacity`-slot cache:
-  naive (`passes` None): one expansion of every slot a chunk, S · C · (P + H), and S · (P + R + H) a query;
-  absorbed: C · (P + H) a query (q~ and the output's W_UV) and S · (2C + R) — each of the two latent dots `passes`
-  times."""
+  naive (`passes` None): each chunk expands the slots it reads, K · C · (P + H), and scores them, K · (P + R + H) a
+  query — K every slot of a cache up to KEY_BLOCK slots, else the KEY_BLOCK blocks up to the chunk's last position
+  (`mla_blocked` skips the rest); absorbed: C · (P + H) a query (q~ and the output's W_UV) and S · (2C + R) — each of
+  the two latent dots `passes` times."""
   c, p, r, h = cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
   if passes is None:
-    return -(-tokens // chunk) * capacity * c * (p + h) + tokens * capacity * (p + r + h)
+    macs = 0
+    for start in range(0, tokens, chunk):
+      queries = min(chunk, tokens - start)
+      keys = capacity if capacity <= KEY_BLOCK else min(capacity, -(-(start + chunk) // KEY_BLOCK) * KEY_BLOCK)
+      macs += keys * c * (p + h) + queries * keys * (p + r + h)
+    return macs
   return tokens * (c * (p + h) + capacity * (2 * c * passes + r))
 
 

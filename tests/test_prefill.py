@@ -11,6 +11,7 @@ import pytest
 import jax_mtp
 from jax_mtp.config import ConfigError
 from jax_mtp.model import TargetModel, init_target_caches
+from jax_mtp.mla_blocked import KEY_BLOCK
 from jax_mtp.prefill import (PREFILL_CHUNK_BYTES, PREFILL_SHARE_OF_FREE, TOPK_WORDS_PER_SLOT, apply_in_chunks,
                              auto_prefill_chunk, dense_cache_plan, prefill_budget, prefill_plan, target_prefill)
 from jax_mtp.sharding import tensor_parallel
@@ -77,9 +78,15 @@ def test_auto_chunk_fits_the_budget():
   per_token = topk_bytes + 128 * v32.kv_lora_rank * 4
   assert kernel_chunk * per_token <= PREFILL_CHUNK_BYTES < 2 * kernel_chunk * per_token
   assert kernel_chunk > chunk
-  v3 = _v3()  # dense: the naive form's expansion of the cache, then N × S scores per query
-  assert auto_prefill_chunk(v3, 1, 32768, local_heads=128) == 128  # 2 GiB of expansion leave 6 GiB: 128, not 256
-  assert auto_prefill_chunk(v3, 8, 131072, local_heads=128) == 16  # the floor: 16 tokens per row
+  v3 = _v3()  # dense and past KEY_BLOCK slots: the naive form a block at a time (jax_mtp.mla_blocked)
+  assert KEY_BLOCK == 2048
+  block_token = 2 * 128 * KEY_BLOCK * 4 + 2 * 128 * v3.v_head_dim * 4  # a block's scores, the running output
+  block_expansion = 128 * KEY_BLOCK * (v3.qk_nope_head_dim + v3.v_head_dim) * 2
+  # whole, a 32K cache gave chunks of 128 (2 GiB of expansion, 32 MiB of scores a query) and 128K at B = 8 the floor
+  assert auto_prefill_chunk(v3, 1, 32768, local_heads=128) == 2048
+  assert block_expansion + 2048 * block_token <= PREFILL_CHUNK_BYTES < block_expansion + 4096 * block_token
+  assert auto_prefill_chunk(v3, 8, 131072, local_heads=128) == 256
+  assert 8 * (block_expansion + 256 * block_token) <= PREFILL_CHUNK_BYTES < 8 * (block_expansion + 512 * block_token)
   assert auto_prefill_chunk(jax_mtp.tiny(), 1, 64, local_heads=4) == 8192  # the ceiling
 
 

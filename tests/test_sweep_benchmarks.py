@@ -86,13 +86,16 @@ def test_the_copies_column_counts_copy_and_transpose_instructions():
 
 
 def test_naive_prefill_attention_probe_runs_the_naive_form_and_tokamaxs_on_a_cpu(capsys):
-  """A CPU smoke run of stage `flashprobe`'s command: a 16-token chunk at the end of a 256-slot cache, the model's
-  naive form beside tokamax's XLA forms (its GPU forms run on a GPU only), each equal to the naive form's output."""
-  assert naive_prefill_attention.main(["--batch", "1", "--chunk", "16", "--capacity", "256", "--iters", "1",
+  """A CPU smoke run of stage `flashprobe`'s command: an 8-token chunk at the end of a 2,112-slot cache (past
+  KEY_BLOCK), the model's naive form whole and in blocks with the expansion in the call, then the attention alone
+  beside tokamax's XLA forms (its GPU forms run on a GPU only), each equal to its table's first row."""
+  assert naive_prefill_attention.main(["--batch", "1", "--chunk", "8", "--capacity", "2112", "--iters", "1",
                                        "--forms", "xla_chunked", "xla"]) == 0
   rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in capsys.readouterr().out.splitlines()
-          if line.startswith("| 1 | 16 |")]
-  assert [row[3] for row in rows] == ["naive (the model's)", "tokamax xla_chunked", "tokamax xla"]
+          if line.startswith("| 1 | 8 |")]
+  assert [row[3] for row in rows] == ["naive, whole (the model's up to 2,048 slots)",
+                                      "naive, blocks of 2,048 (the model's past them)", "naive, whole",
+                                      "tokamax xla_chunked", "tokamax xla"]
   assert all(float(row[-1]) <= TOLERANCE["bfloat16"]["rtol"] for row in rows)
 
 
