@@ -13,7 +13,8 @@ Both forms give the same numbers up to rounding; prefill expands keys once per t
 expands the cache. Every decode-time call uses the absorbed form — draft steps (T = 1), the MTP
 catch-up and the target's verification (T = k + 1 window tokens) — so verification rounds as plain
 decoding does; the naive form is for the prefill chunks of dense caches only (its cost O(S·C·N·(P+H))
-per row per chunk, where the dense absorbed form's O(T·S·N·C) would grow with the prompt's T). Prefill
+per row per chunk, where the dense absorbed form's O(T·S·N·C) would grow with the prompt's T); past
+`mla_blocked.KEY_BLOCK` slots it expands and scores a block at a time into a running softmax. Prefill
 chunks over a DSA cache use the sparse absorbed form (jax_mtp.prefill), as vLLM's sparse prefill does.
 
 With a bf16 model the sparse form's dots take bf16 inputs with fp32 accumulation and fp32 softmax (the
