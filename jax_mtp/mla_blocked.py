@@ -29,41 +29,41 @@ def blocked_naive_attention(q_nope_BTNP, q_pe_BTNR, cache: LayerCache, w_kv_CNK:
   """fp32 [B, T, N, H]: softmax(scale · (q_nope · k_nope + q_pe · k_pe)) over the visible slots, times the values,
   with k_nope and v = the latent expanded by `w_kv_CNK` (kv_b_proj's kernel [C, N, P + H]) in `dtype`, `block`
   slots at a time. Every query sees at least one slot (its own). The cache's capacity S ≥ block; a last block short
-  of `block` slots is read as the cache's last `block` slots, the ones before it masked out."""
+  of `block` slots is read as the cache's last `block` slots, the ones before it masked out. Inside the loop S and K
+  name a block's slots and the expanded width P + H, as `MLAttention._naive` names the whole cache's."""
   b, s, _ = cache.latent_BSC.shape
   p, n = q_nope_BTNP.shape[-1], q_nope_BTNP.shape[2]
   h = w_kv_CNK.shape[-1] - p
   t = q_nope_BTNP.shape[1]
   blocks = -(-s // block)
-  slots_S = jnp.arange(s)
-  last_visible = jnp.max(jnp.where(visible_BTS, slots_S, -1))  # the furthest slot any query of the chunk sees
+  last_visible = jnp.max(jnp.where(visible_BTS, jnp.arange(s), -1))  # the furthest slot any query of the chunk sees
   w_kv_CNK = w_kv_CNK.astype(dtype)
 
   def attend_block(i, carry):
     max_BNT, sum_BNT, out_BTNH = carry
     start = jnp.minimum(i * block, s - block)  # a short last block overlaps its predecessor's slots, masked here
-    slots_K = start + jnp.arange(block)
-    latent_BKC = jax.lax.dynamic_slice_in_dim(cache.latent_BSC, start, block, axis=1)
+    slots_S = start + jnp.arange(block)
+    latent_BSC = jax.lax.dynamic_slice_in_dim(cache.latent_BSC, start, block, axis=1)
     if cache.latent_scale_BSG is not None:
-      scale_BKG = jax.lax.dynamic_slice_in_dim(cache.latent_scale_BSG, start, block, axis=1)
-      latent_BKC = dequantize_latent(latent_BKC, scale_BKG, dtype)
-    kv_BKNK = jnp.einsum("bkc,cnx->bknx", latent_BKC.astype(dtype), w_kv_CNK, precision=_HIGHEST,
+      scale_BSG = jax.lax.dynamic_slice_in_dim(cache.latent_scale_BSG, start, block, axis=1)
+      latent_BSC = dequantize_latent(latent_BSC, scale_BSG, dtype)
+    kv_BSNK = jnp.einsum("bsc,cnk->bsnk", latent_BSC.astype(dtype), w_kv_CNK, precision=_HIGHEST,
                          preferred_element_type=jnp.float32).astype(dtype)  # as kv_b_proj's Linear computes it
-    k_pe_BKR = jax.lax.dynamic_slice_in_dim(cache.k_pe_BSR, start, block, axis=1)
-    visible_BTK = (jax.lax.dynamic_slice_in_dim(visible_BTS, start, block, axis=2)
-                   & (slots_K >= i * block)[None, None])
-    scores_BNTK = (jnp.einsum("btnp,bknp->bntk", q_nope_BTNP, kv_BKNK[..., :p], precision=_HIGHEST,
+    k_pe_BSR = jax.lax.dynamic_slice_in_dim(cache.k_pe_BSR, start, block, axis=1)
+    block_visible_BTS = (jax.lax.dynamic_slice_in_dim(visible_BTS, start, block, axis=2)
+                         & (slots_S >= i * block)[None, None])
+    scores_BNTS = (jnp.einsum("btnp,bsnp->bnts", q_nope_BTNP, kv_BSNK[..., :p], precision=_HIGHEST,
                               preferred_element_type=jnp.float32)
-                   + jnp.einsum("btnr,bkr->bntk", q_pe_BTNR, k_pe_BKR, precision=_HIGHEST,
+                   + jnp.einsum("btnr,bsr->bnts", q_pe_BTNR, k_pe_BSR, precision=_HIGHEST,
                                 preferred_element_type=jnp.float32)) * scale
-    scores_BNTK = jnp.where(visible_BTK[:, None], scores_BNTK, -jnp.inf)
-    new_max_BNT = jnp.maximum(max_BNT, jnp.max(scores_BNTK, axis=-1))
+    scores_BNTS = jnp.where(block_visible_BTS[:, None], scores_BNTS, -jnp.inf)
+    new_max_BNT = jnp.maximum(max_BNT, jnp.max(scores_BNTS, axis=-1))
     shift_BNT = jnp.where(jnp.isneginf(new_max_BNT), 0.0, new_max_BNT)  # nothing visible yet: no shift
-    probs_BNTK = jnp.exp(scores_BNTK - shift_BNT[..., None])
+    probs_BNTS = jnp.exp(scores_BNTS - shift_BNT[..., None])
     rescale_BNT = jnp.exp(max_BNT - shift_BNT)  # 0 where nothing was visible before
-    pv_BTNH = jnp.einsum("bntk,bknh->btnh", probs_BNTK.astype(dtype), kv_BKNK[..., p:], precision=_HIGHEST,
+    pv_BTNH = jnp.einsum("bnts,bsnh->btnh", probs_BNTS.astype(dtype), kv_BSNK[..., p:], precision=_HIGHEST,
                          preferred_element_type=jnp.float32)
-    return (new_max_BNT, sum_BNT * rescale_BNT + jnp.sum(probs_BNTK, axis=-1),
+    return (new_max_BNT, sum_BNT * rescale_BNT + jnp.sum(probs_BNTS, axis=-1),
             out_BTNH * rescale_BNT.transpose(0, 2, 1)[..., None] + pv_BTNH)
 
   def maybe_attend(i, carry):  # blocks past every visible slot cost nothing (a static loop: differentiable)
