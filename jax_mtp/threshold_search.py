@@ -9,10 +9,10 @@ smallest value u for which what lies strictly above u is under a limit:
 (Z the filtered row's Σ e^(x−m); a value's mass strictly above is what a sorted cumulative sum gives its first rank,
 so both agree with the sort's definition, ties at the threshold kept.) The mass above u only falls as u grows and
 changes only at the row's own values, so the smallest u is one of them, found digit by digit over the 32 bits of
-an order-preserving integer key: each pass tries the 15 larger values of the next 4-bit digit at once and keeps the
-first whose mass above is under the limit. Eight passes, each one read of the row (15 comparisons and sums an
-element, fused into one reduction), against a sort of the whole vocabulary (B × (k + 1) sorts of 129,280 logits a
-round at V3.2's sampling settings). Where the sums' order differs from a sorted cumulative sum's, a logit whose mass
+an order-preserving integer key: each pass tries, for each of the next 4-bit digit's values 0 … 14, the largest key
+with that digit (the bits below it all set), and keeps the first digit whose mass above is under the limit (15 when
+none is). Eight passes, each one read of the row (15 comparisons and sums an element, fused into one reduction),
+against a sort of the whole vocabulary (B × (k + 1) sorts of 129,280 logits a round under a top-p setting). Where the sums' order differs from a sorted cumulative sum's, a logit whose mass
 above lies within fp32 rounding of the limit may fall on the other side; the float64 reference's tests hold it to
 the definition (tests/test_sampling.py)."""
 
