@@ -32,7 +32,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_mtp.threshold_search import key_value, ordered_keys, smallest_key_under
+from jax_mtp.threshold_search import smallest_key_under
+from jax_mtp.topk import key_value, kth_key_one_reduction, order_keys
 
 
 class Sampling(NamedTuple):
@@ -55,19 +56,18 @@ class Sampling(NamedTuple):
 
 def sampling_logits(logits_BTV: jax.Array, sampling: Sampling) -> jax.Array:
   """fp32 logits / temperature with the tokens top-k and top-p filter out at −inf (`Sampling`): each filter's
-  threshold found by a radix search over the logits' bits (`threshold_search`), no sort of the vocabulary; the same
-  kept tokens as `sampling_logits_reference`'s sort, which the tests hold both to."""
+  threshold found by a radix search over the logits' bits (`topk`'s for top-k, `threshold_search`'s for top-p), no
+  sort of the vocabulary; the same kept tokens as `sampling_logits_reference`'s sort, which the tests hold both to."""
   scaled_BTV = logits_BTV.astype(jnp.float32) / sampling.temperature
   if sampling.top_k is None and sampling.top_p is None:
     return scaled_BTV
   v = scaled_BTV.shape[-1]
   scaled_RV = scaled_BTV.reshape(-1, v)
-  keys_RV = ordered_keys(scaled_RV)
-  rows = scaled_RV.shape[0]
-  threshold_R = jnp.zeros((rows,), jnp.uint32)  # every key is above 0 (key 0 is no float's)
-  if sampling.top_k is not None:  # the k-th largest logit
+  keys_RV = order_keys(scaled_RV, True)  # every logit a candidate
+  threshold_R = jnp.zeros(keys_RV.shape[:1], jnp.uint32)  # every key is above 0 (key 0 is no float's)
+  if sampling.top_k is not None:  # the k-th largest logit: the indexer's radix select
     top_k = jnp.minimum(jnp.asarray(sampling.top_k, jnp.int32), v)
-    threshold_R = smallest_key_under(keys_RV, jnp.broadcast_to(top_k, (rows,)))
+    threshold_R = kth_key_one_reduction(keys_RV[:, None], top_k)[:, 0]
   if sampling.top_p is not None:  # of what top-k kept, the nucleus's last logit: its mass above under top_p
     max_R1 = jnp.max(scaled_RV, axis=-1, keepdims=True)
     weights_RV = jnp.exp(scaled_RV - max_R1)

@@ -119,6 +119,12 @@ def order_keys(scores_BTS: jax.Array, visible_BTS: jax.Array) -> jax.Array:
   return jnp.where(bits >> 31 == 1, ~bits, bits | jnp.uint32(0x80000000))
 
 
+def key_value(keys: jax.Array) -> jax.Array:
+  """The float32 values of `order_keys`'s keys (its inverse; an invisible slot's key gives −inf)."""
+  bits = jnp.where(keys >> 31 == 1, keys & jnp.uint32(0x7FFFFFFF), ~keys)
+  return jax.lax.bitcast_convert_type(bits, jnp.float32)
+
+
 def select_from_kth(keys_BTS: jax.Array, visible_BTS: jax.Array, kth_BT: jax.Array, k: int) -> Selection:
   """The k slots whose keys are above each query's k-th largest key `kth_BT`, and enough of those equal to it
   (the lowest), compacted in slot order."""

@@ -10,7 +10,8 @@ import jax
 import jax.numpy as jnp
 import jax_mtp
 from jax_mtp.acceptance import Sampling, accept_sampled, sample, sampling_logits, sampling_logits_reference
-from jax_mtp.threshold_search import key_value, ordered_keys, smallest_key_under
+from jax_mtp.threshold_search import smallest_key_under
+from jax_mtp.topk import key_value, kth_key_one_reduction, order_keys
 from tests.sampling_checks import assert_follows
 from tests.tolerances import assert_close
 
@@ -81,7 +82,7 @@ def test_no_filter_sorts_the_vocabulary_in_the_compiled_program(top_k, top_p):
 
 def test_the_keys_order_floats_as_the_floats_and_map_back():
   values = np.array([-np.inf, -3e38, -1.0, -1e-45, -0.0, 0.0, 1e-45, 1e-38, 1.0, 3e38, np.inf], np.float32)
-  keys = np.asarray(ordered_keys(jnp.asarray(values)))
+  keys = np.asarray(order_keys(jnp.asarray(values), True))
   assert (np.diff(keys.astype(np.int64)) > 0).all()  # strictly increasing, −0 just below +0
   np.testing.assert_array_equal(np.asarray(key_value(jnp.asarray(keys))).view(np.uint32), values.view(np.uint32))
 
@@ -89,13 +90,17 @@ def test_the_keys_order_floats_as_the_floats_and_map_back():
 @pytest.mark.parametrize("weighted", [False, True])
 def test_the_search_finds_the_smallest_key_whose_mass_above_is_under_the_limit(weighted):
   """Against a brute force over each row's own keys: 6 rows of 300 keys (ties among them), limits from 1 to the
-  whole row's mass."""
+  whole row's mass. Weighted: top-p's search (`smallest_key_under`); counted: top-k's, the indexer's radix select
+  (`topk.kth_key_one_reduction`, the k-th largest key), with each row's own k."""
   rng = np.random.default_rng(int(weighted))
-  keys = np.asarray(ordered_keys(jnp.asarray(np.round(rng.normal(0, 3, (6, 300)), 1).astype(np.float32))))
+  keys = np.asarray(order_keys(jnp.asarray(np.round(rng.normal(0, 3, (6, 300)), 1).astype(np.float32)), True))
   weights = rng.uniform(0.1, 1.0, keys.shape).astype(np.float32) if weighted else np.ones(keys.shape, np.float32)
   limits = np.array([1, 2, 17, 150, 299, 300], np.float32) * (weights.mean(1) if weighted else 1)
-  got = np.asarray(smallest_key_under(jnp.asarray(keys), jnp.asarray(limits if weighted else limits.astype(np.int32)),
-                                      jnp.asarray(weights) if weighted else None))
+  if weighted:
+    got = np.asarray(smallest_key_under(jnp.asarray(keys), jnp.asarray(limits), jnp.asarray(weights)))
+  else:
+    k_R11 = jnp.asarray(limits.astype(np.int32))[:, None, None]  # each row's own k
+    got = np.asarray(kth_key_one_reduction(jnp.asarray(keys)[:, None], k_R11))[:, 0]
   for r in range(6):
     above = [weights[r][keys[r] > u].astype(np.float64).sum() for u in np.unique(keys[r])]
     want = min(u for u, mass in zip(np.unique(keys[r]), above) if mass < limits[r])
