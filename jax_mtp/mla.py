@@ -49,7 +49,7 @@ from jax_mtp.kernels import sparse_mla_mgpu
 from jax_mtp.kernels.sparse_mla import dequantize_latent
 from jax_mtp.kernels.sparse_mla import reference as sparse_mla_reference
 from jax_mtp.layers import RMSNorm, Rotary, apply_rope, linear
-from jax_mtp.mla_blocked import KEY_BLOCK, blocked_naive_attention
+from jax_mtp.mla_blocked import KEY_BLOCK, blocked_naive_attention, naive_scores
 from jax_mtp.sharding import TensorParallel
 from jax_mtp.platform import NOT_HOPPER, lowering_gpu_is_hopper, lowering_platform
 
@@ -271,11 +271,7 @@ def naive_attention(q_nope_BTNP, q_pe_BTNR, k_nope_BSNP, k_pe_BSR, v_BSNH, visib
                     scale) -> tuple[jax.Array, jax.Array]:
   """The naive form's attention over the expanded keys and values (the rope key shared by the heads): (fp32
   [B, T, N, H] output, the fp32 probabilities [B, N, T, S])."""
-  scores_BNTS = (jnp.einsum("btnp,bsnp->bnts", q_nope_BTNP, k_nope_BSNP, precision=_HIGHEST,
-                            preferred_element_type=jnp.float32)
-                 + jnp.einsum("btnr,bsr->bnts", q_pe_BTNR, k_pe_BSR, precision=_HIGHEST,
-                              preferred_element_type=jnp.float32))
-  probs_BNTS = masked_softmax(scores_BNTS * scale, visible_BTS)
+  probs_BNTS = masked_softmax(naive_scores(q_nope_BTNP, q_pe_BTNR, k_nope_BSNP, k_pe_BSR) * scale, visible_BTS)
   return jnp.einsum("bnts,bsnh->btnh", probs_BNTS.astype(v_BSNH.dtype), v_BSNH, precision=_HIGHEST,
                     preferred_element_type=jnp.float32), probs_BNTS
 

@@ -24,6 +24,13 @@ KEY_BLOCK = 2048  # slots a block: the naive form of a cache up to this size run
 _HIGHEST = jax.lax.Precision.HIGHEST
 
 
+def naive_scores(q_nope_BTNP, q_pe_BTNR, k_nope_BSNP, k_pe_BSR) -> jax.Array:
+  """fp32 [B, N, T, S] unscaled: q_nope · k_nope + q_pe · k_pe, the rope key shared by the heads (the naive form's
+  scores, whole in `mla.naive_attention` or a block at a time here)."""
+  return (jnp.einsum("btnp,bsnp->bnts", q_nope_BTNP, k_nope_BSNP, precision=_HIGHEST, preferred_element_type=jnp.float32)
+          + jnp.einsum("btnr,bsr->bnts", q_pe_BTNR, k_pe_BSR, precision=_HIGHEST, preferred_element_type=jnp.float32))
+
+
 def blocked_naive_attention(q_nope_BTNP, q_pe_BTNR, cache: LayerCache, w_kv_CNK: jax.Array, visible_BTS, scale,
                             dtype, block: int = KEY_BLOCK) -> jax.Array:
   """fp32 [B, T, N, H]: softmax(scale · (q_nope · k_nope + q_pe · k_pe)) over the visible slots, times the values,
@@ -52,10 +59,7 @@ def blocked_naive_attention(q_nope_BTNP, q_pe_BTNR, cache: LayerCache, w_kv_CNK:
     k_pe_BSR = jax.lax.dynamic_slice_in_dim(cache.k_pe_BSR, start, block, axis=1)
     block_visible_BTS = (jax.lax.dynamic_slice_in_dim(visible_BTS, start, block, axis=2)
                          & (slots_S >= i * block)[None, None])
-    scores_BNTS = (jnp.einsum("btnp,bsnp->bnts", q_nope_BTNP, kv_BSNK[..., :p], precision=_HIGHEST,
-                              preferred_element_type=jnp.float32)
-                   + jnp.einsum("btnr,bsr->bnts", q_pe_BTNR, k_pe_BSR, precision=_HIGHEST,
-                                preferred_element_type=jnp.float32)) * scale
+    scores_BNTS = naive_scores(q_nope_BTNP, q_pe_BTNR, kv_BSNK[..., :p], k_pe_BSR) * scale
     scores_BNTS = jnp.where(block_visible_BTS[:, None], scores_BNTS, -jnp.inf)
     new_max_BNT = jnp.maximum(max_BNT, jnp.max(scores_BNTS, axis=-1))
     shift_BNT = jnp.where(jnp.isneginf(new_max_BNT), 0.0, new_max_BNT)  # nothing visible yet: no shift
