@@ -45,14 +45,14 @@ def main(argv=None) -> int:
     logits_BWV = jax.random.normal(keys[0], (b, args.k + 1, args.vocab), jnp.float32) * 3
     drafts_BM = jax.random.randint(keys[1], (b, args.k), 0, args.vocab)
     floor = logits_BWV.nbytes / bandwidth
+    # a [B, k + 1, V] output (the sort's, a filter's) ends in a max over the vocabulary, as the round's softmax reads
+    # the filtered logits once: a loop carrying the whole output would time its copy
     rows = [("greedy (argmax)", lambda logits, drafts: accept_greedy(drafts, jnp.argmax(logits, -1))),
-            ("the sort alone (descending)", lambda logits, drafts: -jnp.sort(-logits, axis=-1))]
+            ("the sort alone (descending)", lambda logits, _: jnp.max(-jnp.sort(-logits, axis=-1), axis=-1))]
     for name, (temperature, top_k, top_p) in SETTINGS.items():
       sampling = Sampling.of(temperature, top_k, top_p, args.vocab)
       rows.append((name, lambda logits, drafts, s=sampling: accept_sampled(drafts, logits, s, keys[2])))
       if sampling.top_k is not None or sampling.top_p is not None:  # the filter alone, searched and sorted
-        # each followed by a max over the vocabulary, as the round's softmax reads the filtered logits once (a loop
-        # carrying the whole [B, k + 1, V] output would time its copy)
         rows.append((f"{name}: the filter (radix search)",
                      lambda logits, _, s=sampling: jnp.max(sampling_logits(logits, s), axis=-1)))
         rows.append((f"{name}: the filter (sort, the reference)",
