@@ -7,8 +7,8 @@ floor:
 Floor: the larger of the bytes floor (the selected entries, the queries and the output, over the copy
 bandwidth measured in this run) and the matmul floor (the score and output dots' FLOPs over a bf16
 GEMM's rate measured in this run). Each row's output is checked against XLA's bf16 path. Beside `config_for`'s
-launch (auto: two buffer sets at this width) each row times its splits halved and doubled, one buffer set and that
-form's gather variants. (The Pallas Triton kernel's rows went with that kernel on 2026-12-04, the forms that were off
+launch (auto: two buffer sets at this width) each row times its splits halved and doubled, the direct gather
+(`Config.direct_gather`), one buffer set and that form's gather variants. (The Pallas Triton kernel's rows went with that kernel on 2026-12-04, the forms that were off
 with their removal on 2026-12-05: qk_ahead, values_relayout, values_warpgroups; their last numbers are in RESULTS.md.)
 """
 
@@ -62,7 +62,9 @@ def main(argv=None) -> int:
       gathers = [dict(contiguous_relayout=not single.contiguous_relayout), dict(whole_rows=False, issue_warps=1),
                  dict(issue_warps=2)]
       early = [dataclasses.replace(auto, ids_before_dots=True)]  # the mask's ids loaded ahead of the dots
-      configs = variants + early + [single] + [dataclasses.replace(single, **gather) for gather in gathers]
+      # the direct gather (cp.async straight into two 64-entry operand sets, no staging) at config_for's splits for it
+      direct = mgpu.config_for(b * t, N, K_TOP, C, mgpu.Config(direct_gather=True))
+      configs = variants + [direct] + early + [single] + [dataclasses.replace(single, **gather) for gather in gathers]
       for config in configs:
         timed = _time_mosaic(problem, base, config, args.iters, args.backend)
         print(f"| {b} | {t} | Mosaic GPU kernel | {_name(config)}{' (auto)' if config == auto else ''} | "

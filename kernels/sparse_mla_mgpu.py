@@ -33,6 +33,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from jax_mtp.kernels import sparse_mla_mgpu_gather as gather
 from jax_mtp.kernels.mosaic_gpu_common import interpret_params, lowered_once_per_launch, operand_transforms
 from jax_mtp.kernels.sparse_mla import check_shapes, combine_splits
 from jax_mtp.kernels.sparse_mla_mgpu_body import body_for
@@ -40,7 +41,7 @@ from jax_mtp.kernels.sparse_mla_mgpu_plan import Plan
 
 KERNEL_NAME = "dsa_sparse_mla_mgpu"  # what tests and benchmarks look for in a compiled program
 # a launch's name: KERNEL_NAME + its form's suffix (`form_of`)
-FORM_SUFFIXES = {"one set": "_one_set", "two sets": "_two_sets"}
+FORM_SUFFIXES = {"one set": "_one_set", "two sets": "_two_sets", "direct": "_direct"}
 BLOCK_HEADS = 64  # wgmma's M
 # An H200's (and H100 SXM's) cores: a CTA of either form takes most of a core's 227 KiB of shared memory, so one runs
 # a core, and `config_for` splits a query's slots until one wave of this many CTAs is as full as it gets
@@ -48,7 +49,8 @@ ONE_WAVE_CTAS = 132
 MAX_SPLITS = 16
 CONTIGUOUS_MIN_QUERIES = 32  # queries (B · T) from which `config_for` re-lays the latent row-contiguously (and at 1)
 TMA_BOX = 256  # a TMA copy's box: at most 256 elements along each dimension
-DOUBLE_BUFFERED_ENTRIES = 32  # entries a step with two buffer sets: two sets of 64 do not fit shared memory
+DOUBLE_BUFFERED_ENTRIES = 32  # entries a step with two staged buffer sets: two sets of 64 do not fit shared memory
+DIRECT_ENTRIES = 64  # entries a step of the direct gather: no staging, so two operand sets of 64 fit
 SMEM_BYTES = 232_448  # the shared memory a Hopper CTA may use (227 KiB), which the Mosaic GPU lowering checks
 
 
@@ -97,16 +99,28 @@ class Config:
   # the Mosaic sparse MLA's step goes") 517.9 against 504.5 µs at B = 64, T = 4 (fp8 cache 663 against 648), and
   # 480 against 485 in the profile run: within the rows' spread, not faster.
   ids_before_dots: bool = False
+  # The direct gather (`sparse_mla_mgpu_gather.py`): the gather warpgroup's threads copy each selected row by
+  # cp.async straight into its row of the swizzled operand, no staging and no re-layout; two operand sets of 64
+  # entries (128-byte swizzles, as one set's), one P buffer. A 16-bit cache at a 512-wide latent and a 64-wide rope
+  # only (an fp8 cache's codes need their dequantisation on the way). Off until timed against the two staged sets
+  # (built 2026-12-07 night on a CPU; the swizzled addresses are checked only compiled, on a GPU).
+  direct_gather: bool = False
 
 
 def buffer_sets(config: Config) -> int:
-  """Operand / P / staging buffer sets: two with `double_buffered`, else one."""
-  return 2 if config.double_buffered else 1
+  """Operand buffer sets: two with `double_buffered` or `direct_gather`, else one."""
+  return 2 if config.double_buffered or config.direct_gather else 1
+
+
+def p_sets(config: Config) -> int:
+  """P / rescale buffer sets: one a step set, except the direct gather's one (two sets of 64 leave no room for a
+  second P)."""
+  return 1 if config.direct_gather else buffer_sets(config)
 
 
 def form_of(config: Config) -> str:
   """A completed config's form, as FORM_SUFFIXES names it."""
-  return "two sets" if config.double_buffered else "one set"
+  return "direct" if config.direct_gather else "two sets" if config.double_buffered else "one set"
 
 
 def config_for(queries: int, heads: int, entries: int, latent_width: int, config: Config | None = None,
@@ -118,8 +132,10 @@ def config_for(queries: int, heads: int, entries: int, latent_width: int, config
   queries."""
   config = config or Config()
   if config.double_buffered is None:
-    config = dataclasses.replace(config, double_buffered=latent_width == 2 * TMA_BOX and queries > 1)
-  block_entries = min(DOUBLE_BUFFERED_ENTRIES if config.double_buffered else config.block_entries, entries)
+    config = dataclasses.replace(config, double_buffered=(latent_width == 2 * TMA_BOX and queries > 1
+                                                          and not config.direct_gather))
+  block_entries = min(DOUBLE_BUFFERED_ENTRIES if config.double_buffered
+                      else DIRECT_ENTRIES if config.direct_gather else config.block_entries, entries)
   splits = config.splits
   if not splits:
     steps, blocks = max(entries // block_entries, 1), queries * -(-heads // BLOCK_HEADS)
@@ -135,7 +151,8 @@ def whole_step(queries: int, heads: int, entries: int, latent_width: int) -> int
   """Entries a step of the form `config_for` picks for this call takes: a whole step, even where `entries` is
   fewer (config_for's own `block_entries` is then `entries`)."""
   form = config_for(queries, heads, entries, latent_width)
-  return DOUBLE_BUFFERED_ENTRIES if form.double_buffered else Config().block_entries
+  return DOUBLE_BUFFERED_ENTRIES if form.double_buffered else DIRECT_ENTRIES if form.direct_gather \
+      else Config().block_entries
 
 
 def padded_entries(queries: int, heads: int, entries: int, latent_width: int, wave: int = ONE_WAVE_CTAS) -> int:
@@ -182,6 +199,11 @@ def check_operands(q_lat_BTNC, q_pe_BTNR, latent_BSC, k_pe_BSR, slots_BTK, confi
   if config.double_buffered and (e != DOUBLE_BUFFERED_ENTRIES or c != 2 * TMA_BOX):
     raise ValueError(f"double_buffered takes block_entries={DOUBLE_BUFFERED_ENTRIES} and a {2 * TMA_BOX}-wide "
                      f"latent; got block_entries={e}, a latent of width {c}")
+  if config.direct_gather and (config.double_buffered or e != DIRECT_ENTRIES or c != gather.LATENT
+                               or r != gather.ROPE or latent_scale_BSG is not None):
+    raise ValueError(f"direct_gather takes a 16-bit cache of a {gather.LATENT}-wide latent and a {gather.ROPE}-wide "
+                     f"rope, {DIRECT_ENTRIES} entries a step and not double_buffered; got latent {c} "
+                     f"{latent_BSC.dtype}, rope {r}, block_entries={e}, double_buffered={config.double_buffered}")
   if (e % 64 and not config.double_buffered) or e > 256 or splits < 1 or k % (splits * e):
     raise ValueError(f"{k} selected slots are not a multiple of splits={splits} × block_entries={e} "
                      f"(block_entries a multiple of 64, at most 256)")
@@ -195,7 +217,8 @@ def launch_smem_bytes(config: Config, latent_BSC, k_pe_BSR, latent_scale_BSG=Non
   """`smem_bytes` of a completed `config`'s launch over these cache operands."""
   scales = 0 if latent_scale_BSG is None else latent_scale_BSG.shape[-1]
   return smem_bytes(latent_BSC.shape[-1], k_pe_BSR.shape[-1], config.block_entries,
-                    jnp.dtype(latent_BSC.dtype).itemsize, scales, buffer_sets(config))
+                    jnp.dtype(latent_BSC.dtype).itemsize, scales, buffer_sets(config),
+                    staged=not config.direct_gather, p_sets=p_sets(config))
 
 
 def profile_ranges(used_smem: int) -> int:
@@ -209,15 +232,20 @@ def profile_ranges(used_smem: int) -> int:
   return ranges
 
 
-def smem_bytes(c: int, r: int, e: int, latent_itemsize: int, scale_groups: int = 0, sets: int = 1) -> int:
+def smem_bytes(c: int, r: int, e: int, latent_itemsize: int, scale_groups: int = 0, sets: int = 1, *,
+               staged: bool = True, p_sets: int | None = None) -> int:
   """The kernel's shared memory (its scratch buffers, each from a 1 KiB boundary, and its barriers): q~, q_pe, the
-  untiled staging, the operands and P (`sets` of each), the
-  packed ids buffer, an fp8 cache's scales."""
+  untiled staging (`staged`), the operands (`sets` of each), P (`p_sets`, default `sets`), the packed ids
+  buffer, an fp8 cache's scales."""
+  p_sets = sets if p_sets is None else p_sets
   kib = lambda n: -(-n // 1024) * 1024  # noqa: E731
-  buffers = [BLOCK_HEADS * c * 2, BLOCK_HEADS * r * 2, sets * e * c * latent_itemsize, sets * e * r * 2,
-             sets * e * c * 2, sets * e * r * 2, sets * BLOCK_HEADS * e * 2, (3 + sets) * max(e, BLOCK_HEADS) * 4] + (
+  staging = [sets * e * c * latent_itemsize, sets * e * r * 2] if staged else []
+  buffers = [BLOCK_HEADS * c * 2, BLOCK_HEADS * r * 2, *staging, sets * e * c * 2, sets * e * r * 2,
+             p_sets * BLOCK_HEADS * e * 2, (3 + p_sets) * max(e, BLOCK_HEADS) * 4] + (
                  [sets * scale_groups * e * 4] if scale_groups else [])
-  return sum(map(kib, buffers)) + 8 * (5 + 4 * sets)  # barriers of 8 bytes
+  # barriers of 8 bytes: q's, two ids; a set's copies, op_ready and op_free; a P set's p_ready; done, written;
+  # p_free where P has fewer sets
+  return sum(map(kib, buffers)) + 8 * (5 + 3 * sets + p_sets + (p_sets < sets))
 
 
 @lowered_once_per_launch("scale", "config", "out_dtype", "interpret", "profile_dir")
@@ -259,10 +287,10 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
   slots = jnp.pad(slots_BTK.astype(jnp.int32).reshape(b * t, splits, k // splits),
                   [(0, 0), (0, 0), (0, ids_width - e)], constant_values=-1)
   steps = k // splits // e
-  sets = buffer_sets(config)
+  sets, psets, direct = buffer_sets(config), p_sets(config), config.direct_gather
 
-  def buf(shape):  # a buffer of `sets` sets (one set: the shape itself)
-    return shape if sets == 1 else (sets, *shape)
+  def buf(shape, n=sets):  # a buffer of `n` sets (one set: the shape itself)
+    return shape if n == 1 else (n, *shape)
 
   scaled = latent_scale_BSG is not None
   scale_inputs, scale_scratch = [], []
@@ -274,7 +302,9 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
     scale_scratch = [plgpu.SMEM(buf((g, e)), jnp.float32)]
 
   from jax.experimental.mosaic.gpu import fragmented_array as mgpu_fa  # noqa: PLC0415
-  if config.double_buffered:  # every operand at a 64-byte swizzle: K = 32 entries (64 B of bf16) must be a multiple
+  if direct:  # the layout the direct gather's copies write (128-byte swizzles, as one set's at these widths)
+    lat_t = pe_t = p_t = gather.operand_transforms(plgpu)
+  elif config.double_buffered:  # every operand at a 64-byte swizzle: K = 32 entries (64 B of bf16) must be a multiple
     narrow = (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(64))  # of it, and a product's two swizzles agree
     lat_t = pe_t = p_t = narrow
   else:
@@ -288,7 +318,8 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
   elif config.contiguous_relayout and width == 256:  # [rows, 256]: a warp a row, a lane 8 contiguous values (16 B)
     rows_layout = plgpu.Layout.TILED(mgpu_fa.Tiling(((4, 256), (8,))), warp_dims=(-3,), lane_dims=(-2,),
                                      vector_dim=-1)
-  plan = Plan(plgpu=plgpu, config=config, t=t, e=e, c=c, steps=steps, sets=sets, pieces=pieces, width=width, hb=hb,
+  plan = Plan(plgpu=plgpu, config=config, t=t, e=e, c=c, steps=steps, sets=sets, p_sets=psets, direct=direct,
+              pieces=pieces, width=width, hb=hb,
               groups=g if scaled else 0, dtype=dtype, scale=scale, interpret=bool(interpret), rows_layout=rows_layout,
               wgmma_rows=plgpu.Layout.WGMMA.reduce(1), wgmma_cols=plgpu.Layout.WGMMA.reduce(0), ids_width=ids_width)
   out_dt = out_dtype if splits == 1 else jnp.float32
@@ -299,23 +330,28 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
       scratch_types=[
           plgpu.SMEM((hb, c), dtype, transforms=lat_t), plgpu.SMEM((hb, r), dtype, transforms=pe_t),
           # untiled, rows 128-byte aligned as a TMA destination must be (so a warp's re-layout load meets 8-way bank
-          # conflicts: padding the rows apart misaligned the copies on the H200, 2026-12-03)
-          plgpu.SMEM(buf((e, pieces, width)), latent_BSC.dtype), plgpu.SMEM(buf((e, r)), dtype),
+          # conflicts: padding the rows apart misaligned the copies on the H200, 2026-12-03); none for the direct gather
+          *([] if direct else [plgpu.SMEM(buf((e, pieces, width)), latent_BSC.dtype), plgpu.SMEM(buf((e, r)), dtype)]),
           # destinations
           plgpu.SMEM(buf((e, c)), dtype, transforms=lat_t), plgpu.SMEM(buf((e, r)), dtype, transforms=pe_t),
-          plgpu.SMEM(buf((hb, e)), dtype, transforms=p_t),
-          # two steps' slot ids, a step's rescale (a row a set), the final sum (f32 bits): one buffer, as buffers
+          plgpu.SMEM(buf((hb, e), psets), dtype, transforms=p_t),
+          # two steps' slot ids, a step's rescale (a row a P set), the final sum (f32 bits): one buffer, as buffers
           # align to 1 KiB
-          plgpu.SMEM((3 + sets, max(e, hb)), jnp.int32),
+          plgpu.SMEM((3 + psets, max(e, hb)), jnp.int32),
           *scale_scratch,
           plgpu.Barrier(num_arrivals=2),  # q~ and q_pe
           plgpu.Barrier(num_arrivals=1, num_barriers=2),  # a step's slot ids
-          # a step's one-row copies (and its scales), a set each
-          plgpu.Barrier(num_arrivals=(row_copies + 1) * e + scaled, num_barriers=sets),
-          # op_ready, op_free (both halves), p_ready: a set each; done, written
+          # a step's one-row copies (and its scales), a set each (the direct gather's: the interpreter's stand-in,
+          # a TMA copy a piece and one for the rope; compiled it waits for its cp.async groups instead)
+          plgpu.Barrier(num_arrivals=(pieces + 1) * e if direct else (row_copies + 1) * e + scaled,
+                        num_barriers=sets),
+          # op_ready, op_free (both halves): a set each; p_ready: a P set each; done, written
           plgpu.Barrier(num_arrivals=1, num_barriers=sets),
           plgpu.Barrier(num_arrivals=2, num_barriers=sets),
-          plgpu.Barrier(num_arrivals=1, num_barriers=sets), plgpu.Barrier(num_arrivals=1), plgpu.Barrier(num_arrivals=1),
+          plgpu.Barrier(num_arrivals=1, num_barriers=psets), plgpu.Barrier(num_arrivals=1), plgpu.Barrier(num_arrivals=1),
+          # p_free: the values warpgroup done with the one P buffer (the direct gather's two operand sets let the
+          # scores warpgroup reach the next step's P while the values warpgroup still reads this one)
+          *([plgpu.Barrier(num_arrivals=1)] if psets < sets else []),
       ],
       grid=(padded // hb, splits, b * t),  # head blocks fastest: a query's CTAs read its rows through L2 once
       grid_names=("h", "p", "q"),

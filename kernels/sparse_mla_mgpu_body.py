@@ -16,6 +16,7 @@ wait", "values pv") are the ranges Mosaic GPU's on-device profiler records when 
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -23,6 +24,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from jax_mtp.kernels import sparse_mla_mgpu_gather as gather
 from jax_mtp.kernels.sparse_mla_mgpu_plan import GATHER_REGISTERS, Plan, Refs
 
 _NEG_INIT = -1e30  # the running max starts finite: exp(−∞ − (−∞)) would be NaN
@@ -34,14 +36,18 @@ def body_for(plan: Plan):
 
   def body(q_lat_gmem, q_pe_gmem, lat_gmem, pe_gmem, slots_gmem, *refs):
     scale_gmem = refs[0] if plan.scaled else None
+    refs = list(refs[plan.scaled:])
+    if plan.direct:  # no staging; a p_free barrier last
+      refs[4:4] = [None, None]
+    p_free = refs.pop() if plan.p_sets < plan.sets else None
     (out_gmem, lse_gmem, q_lat_smem, q_pe_smem, lat_stage, pe_stage, lat_op, pe_op, p_smem, small_smem,
-     *scale_stage, loaded, ids_loaded, gathered, op_ready, op_free, p_ready, done, written) = refs[plan.scaled:]
+     *scale_stage, loaded, ids_loaded, gathered, op_ready, op_free, p_ready, done, written) = refs
     hi, pi, qi = lax.axis_index("h"), lax.axis_index("p"), lax.axis_index("q")
     wg = lax.axis_index("wg")
     r = Refs(q_lat_gmem, q_pe_gmem, lat_gmem, pe_gmem, slots_gmem, scale_gmem, out_gmem, lse_gmem, q_lat_smem,
              q_pe_smem, lat_stage, pe_stage, lat_op, pe_op, p_smem, small_smem, scale_stage[0] if scale_stage else None,
-             loaded, ids_loaded, gathered, op_ready, op_free, p_ready, done, written, hi, pi, qi, qi // plan.t)
-    pl.when(wg == 2)(lambda: _gather(plan, r))
+             loaded, ids_loaded, gathered, op_ready, op_free, p_ready, done, written, hi, pi, qi, qi // plan.t, p_free)
+    pl.when(wg == 2)(lambda: (_gather_direct if plan.direct else _gather)(plan, r))
     pl.when(wg == 0)(lambda: _scores(plan, r))
     pl.when(wg == 1)(lambda: _values(plan, r))
 
@@ -54,7 +60,7 @@ def _ids_smem(plan: Plan, r: Refs):
 
 
 def _put_row(plan: Plan, r: Refs, i, x):
-  """An f32 [64] row vector for the other warpgroup, as int32 bits."""
+  """An f32 [64] row vector for the other warpgroup, as int32 bits (i: a P set's rescale, or p_sets: the sum)."""
   r.small_smem.at[2 + i, pl.ds(0, plan.hb)][...] = lax.bitcast_convert_type(x, jnp.int32)
 
 
@@ -207,6 +213,57 @@ def _gather(plan: Plan, r: Refs):
     plgpu.barrier_wait(plan.at(r.op_free, last % sets))  # (the interpreter checks)
 
 
+def _copy_direct(plan: Plan, r: Refs, step):
+  """Step `step`'s rows straight into its operand set: cp.async by every thread (compiled), or the interpreter's TMA
+  stand-in on the set's `gathered` barrier."""
+  plgpu, slot = plan.plgpu, step % 2
+  lat_row, pe_row = r.lat_gmem.at[r.row], r.pe_gmem.at[r.row]
+  if plan.interpret:
+    gather.copy_rows_by_tma(plgpu, _ids_smem(plan, r).at[slot], lat_row, pe_row, r.lat_op.at[slot], r.pe_op.at[slot],
+                            plan.pieces, plan.width, r.gathered.at[slot])
+    return
+  for parity in range(2):  # the set (and ids buffer) static inside the copies: step % 2
+    pl.when(slot == parity)(functools.partial(gather.issue_rows_cp_async, plgpu, r.small_smem, parity, lat_row,
+                                              pe_row, r.lat_op, r.pe_op))
+
+
+def _land_direct(plan: Plan, r: Refs, step):
+  """Step `step`'s rows landed (every thread's copies, fenced for wgmma), its operand set ready."""
+  plgpu = plan.plgpu
+  with jax.named_scope("landing"):
+    if plan.interpret:
+      plgpu.barrier_wait(r.gathered.at[step % 2])
+    else:
+      gather.wait_cp_async(plgpu)
+    plgpu.commit_smem()
+  plgpu.barrier_arrive(r.op_ready.at[step % 2])
+
+
+def _gather_direct(plan: Plan, r: Refs):
+  """The gather warpgroup of the direct form: step s's rows copied while the other warpgroups multiply step s − 1;
+  step s − 1 signalled ready as soon as its rows landed, before step s's copies wait for step s − 2's set."""
+  plgpu, steps = plan.plgpu, plan.steps
+  plgpu.set_max_registers(GATHER_REGISTERS, action="decrease")
+  _fetch_ids(plan, r, 0)
+  pl.when(steps > 1)(lambda: _fetch_ids(plan, r, 1))
+
+  @pl.loop(0, steps)
+  def _(step):
+    slot = step % 2
+    pl.when(step > 0)(lambda: _land_direct(plan, r, step - 1))
+    with jax.named_scope("gather wait"):  # step − 2's dots done with this set; this step's ids landed
+      pl.when(step >= 2)(lambda: plgpu.barrier_wait(r.op_free.at[slot]))
+      plgpu.barrier_wait(r.ids_loaded.at[slot])
+    with jax.named_scope("copies"):
+      _copy_direct(plan, r, step)
+    plgpu.commit_smem()  # every thread has read this step's ids before step + 2's land over them
+    pl.when(step + 2 < steps)(lambda: _fetch_ids(plan, r, step + 2))
+
+  _land_direct(plan, r, steps - 1)
+  for last in range(max(steps - 2, 0), steps):  # the last steps' completions: a waiter observes every one
+    plgpu.barrier_wait(r.op_free.at[last % 2])
+
+
 def _qk(plan: Plan, r: Refs, slot):
   """S = q~ · latentᵀ + q_pe · k_peᵀ over a step's operand set, [64, E] f32 on the tensor cores."""
   def dots(acc_ref):
@@ -240,13 +297,15 @@ def _load_ids(plan: Plan, r: Refs, step):
 
 def _softmax_out(plan: Plan, r: Refs, step, s, ids, m, l):
   """The online softmax of a step's scores; P and its rescale out to the values warpgroup: (m, l, the rescale)."""
-  plgpu, slot = plan.plgpu, step % plan.sets
+  plgpu, p_slot = plan.plgpu, plan.p_slot(step % plan.sets)
   with jax.named_scope("softmax"):
     p, m, l, alpha = _online_softmax(plan, s, ids, m, l)
-    plan.at(r.p_smem, slot)[...] = p.astype(plan.dtype)
-    _put_row(plan, r, slot, alpha)
+    if r.p_free is not None:  # one P buffer: the values warpgroup done with the step before's P and rescale
+      pl.when(step > 0)(lambda: plgpu.barrier_wait(r.p_free))
+    plan.p_at(r.p_smem, p_slot)[...] = p.astype(plan.dtype)
+    _put_row(plan, r, p_slot, alpha)
     plgpu.commit_smem()
-    plgpu.barrier_arrive(plan.at(r.p_ready, slot))
+    plgpu.barrier_arrive(plan.p_at(r.p_ready, p_slot))
   return m, l, alpha
 
 
@@ -275,7 +334,7 @@ def _pv(plan: Plan, r: Refs, acc, alpha, slot):
   set freed for the gather."""
   with jax.named_scope("pv"):
     acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
-    acc = _accumulate(plan, acc, plan.at(r.p_smem, slot), _values_half(plan, r, slot, 0))
+    acc = _accumulate(plan, acc, plan.p_at(r.p_smem, plan.p_slot(slot)), _values_half(plan, r, slot, 0))
     plan.plgpu.barrier_arrive(plan.at(r.op_free, slot))
   return acc
 
@@ -297,7 +356,9 @@ def _scores(plan: Plan, r: Refs):
           plgpu.layout_cast(jnp.full((hb,), _NEG_INIT, jnp.float32), plan.wgmma_rows),
           plgpu.layout_cast(jnp.zeros((hb,), jnp.float32), plan.wgmma_rows))
   acc, m, l = _scores_loop(plan, r, init)
-  _put_row(plan, r, plan.sets, l)
+  if r.p_free is not None:  # the last step's release (a waiter observes every completion: the interpreter checks)
+    plgpu.barrier_wait(r.p_free)
+  _put_row(plan, r, plan.p_sets, l)
   plgpu.commit_smem()
   plgpu.barrier_arrive(r.done)
   _write(plan, r, acc, l, 0)
@@ -313,16 +374,19 @@ def _values(plan: Plan, r: Refs):
 
   def step_fn(step, acc):
     slot = step % sets
+    p_slot = plan.p_slot(slot)
     with jax.named_scope("values wait"):
-      plgpu.barrier_wait(plan.at(r.p_ready, slot))
+      plgpu.barrier_wait(plan.p_at(r.p_ready, p_slot))
     with jax.named_scope("values pv"):
-      alpha = _get_row(plan, r, slot)
+      alpha = _get_row(plan, r, p_slot)
       acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [0])
-      acc = _accumulate(plan, acc, plan.at(r.p_smem, slot), _values_half(plan, r, slot, half))
+      acc = _accumulate(plan, acc, plan.p_at(r.p_smem, p_slot), _values_half(plan, r, slot, half))
       plgpu.barrier_arrive(plan.at(r.op_free, slot))
+      if r.p_free is not None:
+        plgpu.barrier_arrive(r.p_free)
     return acc
 
   acc = lax.fori_loop(0, steps, step_fn, plgpu.layout_cast(jnp.zeros((plan.hb, half), jnp.float32),
                                                            plgpu.Layout.WGMMA))
   plgpu.barrier_wait(r.done)
-  _write(plan, r, acc, _get_row(plan, r, plan.sets), half)
+  _write(plan, r, acc, _get_row(plan, r, plan.p_sets), half)

@@ -21,7 +21,9 @@ class Plan:
   e: int  # entries a step
   c: int  # latent width
   steps: int  # steps a split
-  sets: int  # staging / operand / P buffer sets
+  sets: int  # staging / operand buffer sets
+  p_sets: int  # P / rescale buffer sets (the direct gather: one)
+  direct: bool  # the direct gather (cp.async into the operands, no staging: sparse_mla_mgpu_gather.py)
   pieces: int  # a latent row's TMA pieces (each ≤ 256 wide)
   width: int  # a piece's width
   hb: int  # heads a block (wgmma's M)
@@ -46,6 +48,14 @@ class Plan:
     """A step's set of a buffer or barrier (one set: the ref itself)."""
     return ref if self.sets == 1 else ref.at[slot]
 
+  def p_slot(self, slot):
+    """A step's P set (the rescale row's index too): its operand set's, or 0 where P has one set."""
+    return slot if self.p_sets == self.sets else 0
+
+  def p_at(self, ref, slot):
+    """A step's set of P or of its barriers (one set: the ref itself)."""
+    return ref if self.p_sets == 1 else ref.at[slot]
+
 
 @dataclasses.dataclass(frozen=True)
 class Refs:
@@ -66,7 +76,8 @@ class Refs:
   lat_op: Any
   pe_op: Any
   p_smem: Any
-  small_smem: Any  # rows 0–1: two steps' slot ids; 2 .. 2 + sets − 1: a step's rescale (by set); 2 + sets: the sum
+  small_smem: Any  # rows 0–1: two steps' slot ids; 2 .. 2 + p_sets − 1: a step's rescale (by P set); 2 + p_sets: the
+  # sum
   scale_stage: Any  # an fp8 cache's selected scales, or None
   loaded: Any
   ids_loaded: Any
@@ -80,3 +91,4 @@ class Refs:
   pi: Any  # split
   qi: Any  # query
   row: Any  # the query's batch row: its cache
+  p_free: Any = None  # the values warpgroup done with the one P buffer (where P has fewer sets than the operands)

@@ -73,6 +73,23 @@ def test_the_double_buffered_form_equals_the_formula_and_xla(t, splits, k, fp8):
   assert_close(got, xla, "bfloat16", what="double-buffered vs XLA")
 
 
+@pytest.mark.parametrize("t,splits,k", [(1, 1, 128), (3, 1, 192), (2, 1, 64), (1, 2, 384)],
+                         ids=["2 steps", "3 steps (set 0 twice)", "one step", "splits of 3 steps"])
+def test_the_direct_gather_equals_the_formula_and_xla(t, splits, k):
+  """Config.direct_gather (the rows copied straight into two 64-entry operand sets, one P buffer and its p_free
+  hand-off) at V3.2's widths: an odd step count (set 0 twice), one step (the second set unused), splits, padded
+  selections. In the interpreter the rows land by TMA in the same tiled operands (inline_mgpu's cp.async runs
+  compiled only: test_the_direct_gathers_rows_land_where_wgmma_reads_them and the GPU cases below), so this checks
+  the steps, the sets and the hand-offs around the copies."""
+  q_lat, q_pe, latent, k_pe, slots, valid = problem(2, t, 64, 512, 64, 400, k, "bfloat16", seed=23 + t)
+  config = Config(direct_gather=True, splits=splits)
+  assert config_for(2 * t, 64, k, 512, config).block_entries == 64 and form_of(config) == "direct"
+  got = _attend(q_lat, q_pe, latent, k_pe, jnp.where(valid, slots, -1), 512**-0.5, config=config)
+  assert_close(got, formula(q_lat, q_pe, latent, k_pe, slots, valid, 512**-0.5), "bfloat16", what="vs formula")
+  xla = reference(q_lat, q_pe, latent, k_pe, slots, valid, 512**-0.5, dot_dtype=jnp.bfloat16)
+  assert_close(got, xla, "bfloat16", what="direct gather vs XLA")
+
+
 @pytest.mark.parametrize("double", [True, False], ids=["two buffer sets", "one set"])
 def test_the_ids_loaded_before_the_dots_give_the_same_output(double):
   """Config.ids_before_dots (the mask's slot ids loaded ahead of the operand wait and the dots) at V3.2's widths,
@@ -86,17 +103,18 @@ def test_the_ids_loaded_before_the_dots_give_the_same_output(double):
 
 
 @pytest.mark.skipif(ON_GPU, reason="the interpreter's race detector (on a CPU)")
-@pytest.mark.parametrize("config", [Config(double_buffered=True), Config(double_buffered=False)],
-                         ids=["two sets", "one set"])
-@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("config,fp8", [(Config(double_buffered=True), False), (Config(double_buffered=True), True),
+                                        (Config(double_buffered=False), False), (Config(double_buffered=False), True),
+                                        (Config(direct_gather=True), False)],
+                         ids=["two sets, bf16", "two sets, fp8", "one set, bf16", "one set, fp8", "direct, bf16"])
 def test_no_shared_memory_race_between_the_warpgroups(config, fp8):
   """The interpreter's race detector (vector clocks over every shared-memory access, the TMA copies' included) finds
   no access of one warpgroup or warp unordered with another's write, three steps of one CTA: each hand-off (ids,
   copies, re-layout, operands, P, the output) is ordered by a barrier. It raises at the first race (it caught the
   gather's first steps: step 2's ids landing over step 0's while a warp could still read them)."""
   from jax.experimental.pallas import mosaic_gpu as plgpu  # noqa: PLC0415
-  q_lat, q_pe, latent, k_pe, slots, valid = problem(1, 1, 64, 512, 64, 192, 96 if config.double_buffered else 192,
-                                                    "bfloat16", seed=17)
+  k = 96 if config.double_buffered else 192  # three steps
+  q_lat, q_pe, latent, k_pe, slots, valid = problem(1, 1, 64, 512, 64, 192, k, "bfloat16", seed=17)
   codes, scales = quantize_latent(latent, 128) if fp8 else (latent, None)
   out = sparse_mla_mgpu(q_lat, q_pe, codes, k_pe, jnp.where(valid, slots, -1), 512**-0.5, latent_scale_BSG=scales,
                         config=dataclasses.replace(config, splits=1),
@@ -176,7 +194,8 @@ LOWERED_CONFIGS = {"bfloat16 (double-buffered)": Config(), "fp8 (double-buffered
                    "fp8, one set, a copy a piece from one thread":
                        Config(double_buffered=False, whole_rows=False, issue_warps=1),
                    "bfloat16, ids before the dots": Config(ids_before_dots=True),
-                   "fp8, one set, ids before the dots": Config(double_buffered=False, ids_before_dots=True)}
+                   "fp8, one set, ids before the dots": Config(double_buffered=False, ids_before_dots=True),
+                   "bfloat16, direct gather": Config(direct_gather=True)}
 
 
 @pytest.mark.parametrize("b,t", [(1, 1), (2, 4), (64, 4)])
@@ -294,6 +313,32 @@ def test_the_smem_count_is_the_lowerings(c, r, e, fp8, monkeypatch):
     jax.clear_caches()
 
 
+def test_the_direct_gathers_smem_count_is_the_lowerings():
+  """The direct gather's shared memory (q~, q_pe, two 64-entry operand sets, one P, no staging) is what the CUDA
+  lowering allocates: it lowers within that many bytes (under the H200's limit) and is refused one byte short, the
+  refusal naming the count; a second P buffer would not fit."""
+  from jax.experimental.mosaic.gpu import core as mgpu_core  # noqa: PLC0415
+
+  import jax_mtp.kernels.sparse_mla_mgpu as kernel  # noqa: PLC0415
+  config = Config(direct_gather=True, splits=1)
+  args = [jax.ShapeDtypeStruct(shape, dtype) for shape, dtype in (
+      ((1, 1, 64, 512), jnp.bfloat16), ((1, 1, 64, 64), jnp.bfloat16), ((1, 256, 512), jnp.bfloat16),
+      ((1, 256, 64), jnp.bfloat16), ((1, 1, 128), jnp.int32))]
+  need = kernel.smem_bytes(512, 64, 64, 2, sets=2, staged=False, p_sets=1)
+  assert need == kernel.launch_smem_bytes(kernel.config_for(1, 64, 128, 512, config), args[2], args[3])
+  assert need <= kernel.SMEM_BYTES < kernel.smem_bytes(512, 64, 64, 2, sets=2, staged=False)
+
+  def lower(limit):
+    jax.clear_caches()  # the entry is jitted: each limit lowers afresh
+    with mgpu_core.artificial_shared_memory_limit(limit):
+      jax.jit(lambda *a: sparse_mla_mgpu(*a, 1.0, config=config)).trace(*args).lower(lowering_platforms=("cuda",))
+
+  lower(need)
+  with pytest.raises(ValueError, match=f"smem_bytes={need} > max_smem_bytes={need - 1}"):
+    lower(need - 1)
+  jax.clear_caches()
+
+
 def test_resolution():
   cfg = _kernel_cfg()
   # auto on a Hopper: the kernel, over a bf16 or an fp8 cache, any head count (padded to its 64-head blocks)
@@ -361,7 +406,7 @@ def test_the_models_attention_output_equals_xlas(t, cache):
 
 
 GPU_CONFIGS = {"one buffer set": Config(double_buffered=False), "double-buffered": Config(double_buffered=True),
-               "ids before the dots": Config(ids_before_dots=True)}
+               "ids before the dots": Config(ids_before_dots=True), "direct gather": Config(direct_gather=True)}
 
 
 @pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
