@@ -64,7 +64,8 @@ def main(argv=None) -> int:
       early = [dataclasses.replace(auto, ids_before_dots=True)]  # the mask's ids loaded ahead of the dots
       # the direct gather (cp.async straight into two 64-entry operand sets, no staging) at config_for's splits for it
       direct = mgpu.config_for(b * t, N, K_TOP, C, mgpu.Config(direct_gather=True))
-      configs = variants + [direct] + early + [single] + [dataclasses.replace(single, **gather) for gather in gathers]
+      configs = [auto, direct] + [config for config in variants if config != auto] + early + [single] + [
+          dataclasses.replace(single, **gather) for gather in gathers]  # auto and the direct gather first
       for config in configs:
         timed = _time_mosaic(problem, base, config, args.iters, args.backend)
         print(f"| {b} | {t} | Mosaic GPU kernel | {_name(config)}{' (auto)' if config == auto else ''} | "
