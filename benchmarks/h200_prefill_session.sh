@@ -945,5 +945,12 @@ case "${1:?stage}" in
       tests/test_sparse_mla_mgpu_gather.py tests/test_sparse_mla_mgpu.py -k "direct or on_the_gpu"
     run 200 sparse_mla_direct.md python3 -m benchmarks.sparse_mla --batch 64 8 --tokens 4 --capacity 4096 --iters 10
     ;;
+  direct2)  # (not run yet) direct cut to ~4 minutes of device time: where the copies land, the direct form's compiled
+           # tests, then it and auto timed at B = 64, T = 4
+    run 110 gpu_tests_direct.txt python3 -m pytest -v --tb=short -p no:cacheprovider \
+      tests/test_sparse_mla_mgpu_gather.py tests/test_sparse_mla_mgpu.py -k "direct"
+    run 90 sparse_mla_direct.md python3 -m benchmarks.sparse_mla --batch 64 --tokens 4 --capacity 4096 --iters 10 \
+      --first
+    ;;
   *) echo "unknown stage $1"; exit 2 ;;
 esac

@@ -35,6 +35,8 @@ def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   add_sweep_arguments(parser, batch=[1, 8, 64], tokens=[1, 4])
   parser.add_argument("--fp8", action="store_true", help="also the fp8 MLA cache (656 B an entry): XLA and Mosaic")
+  parser.add_argument("--first", action="store_true",
+                      help="only auto and the direct gather (a short device session's rows), not the other forms")
   args = parser.parse_args(argv)
   bandwidth, flops = measured_ceilings(f"sparse MLA at V3.2 widths, S = {args.capacity},")
   print("| B | T | path | config | µs | floor µs | floor / time | rel err vs XLA |")
@@ -66,6 +68,7 @@ def main(argv=None) -> int:
       direct = mgpu.config_for(b * t, N, K_TOP, C, mgpu.Config(direct_gather=True))
       configs = [auto, direct] + [config for config in variants if config != auto] + early + [single] + [
           dataclasses.replace(single, **gather) for gather in gathers]  # auto and the direct gather first
+      configs = configs[:2] if args.first else configs
       for config in configs:
         timed = _time_mosaic(problem, base, config, args.iters, args.backend)
         print(f"| {b} | {t} | Mosaic GPU kernel | {_name(config)}{' (auto)' if config == auto else ''} | "
