@@ -68,5 +68,17 @@ def test_the_direct_gathers_rows_land_where_wgmma_reads_them(parity):
   latent, rope, ids, want = _operands(parity)
   lat_out, pe_out = jax.jit(_gather_kernel(parity))(latent, rope, ids)
   rows = np.maximum(np.asarray(want), 0)
-  np.testing.assert_array_equal(np.asarray(lat_out), np.asarray(latent)[rows])
-  np.testing.assert_array_equal(np.asarray(pe_out), np.asarray(rope)[rows])
+  for got, cache, name in ((lat_out, latent, "latent"), (pe_out, rope, "rope")):
+    expected = np.asarray(cache)[rows]
+    assert np.array_equal(np.asarray(got), expected), f"{name}: {_misplaced(np.asarray(got), expected)}"
+
+
+def _misplaced(got: np.ndarray, want: np.ndarray, show: int = 6) -> str:
+  """Where the first wrong 16-byte chunks of `got` came from in `want` ((row, chunk) → (row, chunk) or 'nowhere'):
+  a wrong swizzle or tile stride shows as a pattern here."""
+  chunks = lambda x: x.reshape(x.shape[0], -1, 8)  # noqa: E731  (8 bf16 values: one 16-byte copy)
+  g, w = chunks(got), chunks(want)
+  where = {w[i, j].tobytes(): (i, j) for i in range(w.shape[0]) for j in range(w.shape[1])}
+  wrong = [(i, j) for i in range(g.shape[0]) for j in range(g.shape[1]) if not np.array_equal(g[i, j], w[i, j])]
+  return f"{len(wrong)} of {g.shape[0] * g.shape[1]} chunks wrong; " + ", ".join(
+      f"{ij} holds {where.get(g[ij].tobytes(), 'nowhere')}" for ij in wrong[:show])
