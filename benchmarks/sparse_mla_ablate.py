@@ -22,7 +22,8 @@ from jax_mtp.kernels import sparse_mla_mgpu_body as body
 
 # what each removal skips (the barriers' arrivals it would make are kept, so the pipeline's hand-offs still run)
 ABLATIONS = {
-    "copies": "the gather's TMA copies of the selected rows (the copies' barrier arrivals made without them)",
+    "copies": "the gather's TMA copies of the selected rows (the copies' barrier arrivals made without them), or the "
+              "direct gather's cp.async copies (its waits then return at once)",
     "relayout": "the gather's re-layout of a landed step into the wgmma operands (and an fp8 cache's dequantisation)",
     "softmax": "the online softmax's arithmetic (P = S, rescale 1; P's store and hand-off kept)",
     "qk": "the scores' wgmma (S = 0)",
@@ -57,7 +58,7 @@ def _no_softmax(plan, s, ids, m, l):
 
 # a phase's functions in the body (module, name, replacement)
 _REPLACEMENTS = {
-    "copies": [(body, "_issue_rows", _arrive_without_copies)],
+    "copies": [(body, "_issue_rows", _arrive_without_copies), (body, "_copy_direct", lambda plan, r, step: None)],
     "relayout": [(body, "_relayout", lambda plan, r, slot: None)],
     "softmax": [(body, "_online_softmax", _no_softmax)],
     "qk": [(body, "_qk", _zero_scores)],
@@ -102,12 +103,13 @@ def main(argv=None) -> int:
   add_problem_arguments(parser)
   parser.add_argument("--rows", nargs="*", default=list(ROWS), help="comma-joined phases removed a row")
   parser.add_argument("--iters", type=int, default=10)
+  parser.add_argument("--direct", action="store_true", help="the direct gather (Config.direct_gather; bf16 cache)")
   args = parser.parse_args(argv)
   rows = [(row, parse(row)) for row in args.rows]
   (ql, qp, latent, kp, slots), operands = kernel_operands(args)
   base = reference(ql, qp, latent, kp, jnp.maximum(slots, 0), slots >= 0, SCALE, dot_dtype=jnp.bfloat16).astype(
       jnp.float32)
-  config = mgpu.Config()
+  config = mgpu.Config(direct_gather=args.direct)
   print(f"sparse MLA ablation on {jax.devices()[0].device_kind}, jax {jax.__version__}: B = {args.batch}, "
         f"T = {args.tokens}, S = {args.capacity}, {'fp8' if args.fp8 else 'bf16'} cache, {config}\n")
   print("| phases removed | µs a call | of the full kernel | max error vs XLA |\n|---|---:|---:|---:|")
