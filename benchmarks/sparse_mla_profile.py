@@ -1,8 +1,8 @@
 """Where a step of the Mosaic sparse-MLA kernel goes: Mosaic GPU's on-device profiler over the kernel's named phases
 (`kernels/sparse_mla_mgpu_body.py`: "gather wait", "relayout", "scores wait", "qk", "softmax", "pv", "values wait",
-"values pv"), per warpgroup, at V3.2's widths:
+"values pv"; the direct gather's "copies" and "landing" in place of "relayout"), per warpgroup, at V3.2's widths:
 
-    python -m benchmarks.sparse_mla_profile --batch 64 --tokens 4 [--fp8] [--one-set] [--ids-before-dots]
+    python -m benchmarks.sparse_mla_profile --batch 64 --tokens 4 [--fp8] [--one-set] [--ids-before-dots] [--direct]
 
 The profiler keeps each warpgroup's first ranges, as many as the shared memory the launch leaves holds
 (`sparse_mla_mgpu.profile_ranges`: ~18 with two bf16 buffer sets), so a trace covers a CTA's first steps; the table
@@ -71,6 +71,8 @@ def main(argv=None) -> int:
   add_problem_arguments(parser)
   parser.add_argument("--one-set", action="store_true", help="one buffer set (64 entries a step)")
   parser.add_argument("--ids-before-dots", action="store_true", help="Config.ids_before_dots")
+  parser.add_argument("--direct", action="store_true",
+                      help="the direct gather (Config.direct_gather; its phases: copies, landing, gather wait)")
   parser.add_argument("--skip", type=int, default=2, help="each trace's first occurrences of a phase left out")
   parser.add_argument("--iters", type=int, default=20)
   parser.add_argument("--trace-dir", default=None, help="keep the raw traces here (default: a temporary folder)")
@@ -81,7 +83,8 @@ def main(argv=None) -> int:
     raise SystemExit(f"the profiler needs the CPU platform beside the GPU: JAX_PLATFORMS=cuda,cpu ({e})") from None
   _, operands = kernel_operands(args)
   ql, _, latent, _, slots, _ = operands
-  config = mgpu.Config(double_buffered=False if args.one_set else None, ids_before_dots=args.ids_before_dots)
+  config = mgpu.Config(double_buffered=False if args.one_set else None, ids_before_dots=args.ids_before_dots,
+                       direct_gather=args.direct)
   trace_dir = args.trace_dir or tempfile.mkdtemp(prefix="sparse_mla_profile_")
   os.makedirs(trace_dir, exist_ok=True)
 
