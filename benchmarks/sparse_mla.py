@@ -7,9 +7,10 @@ floor:
 Floor: the larger of the bytes floor (the selected entries, the queries and the output, over the copy
 bandwidth measured in this run) and the matmul floor (the score and output dots' FLOPs over a bf16
 GEMM's rate measured in this run). Each row's output is checked against XLA's bf16 path. Beside `config_for`'s
-launch (auto: two buffer sets at this width) each row times its splits halved and doubled, the direct gather
-(`Config.direct_gather`), one buffer set and that form's gather variants. (The Pallas Triton kernel's rows went with that kernel on 2026-12-04, the forms that were off
-with their removal on 2026-12-05: qk_ahead, values_relayout, values_warpgroups; their last numbers are in RESULTS.md.)
+launch (auto: two buffer sets at this width) each row times the direct gather (`Config.direct_gather`), its splits
+halved and doubled, one buffer set and that form's gather variants (`--first`: auto and the direct gather only). (The
+Pallas Triton kernel's rows went with that kernel on 2026-12-04, the forms that were off with their removal on
+2026-12-05: qk_ahead, values_relayout, values_warpgroups; their last numbers are in RESULTS.md.)
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ MAX_SPLITS = 16
 CONTIGUOUS_MIN_QUERIES = 32  # queries (B · T) from which `config_for` re-lays the latent row-contiguously (and at 1)
 TMA_BOX = 256  # a TMA copy's box: at most 256 elements along each dimension
 DOUBLE_BUFFERED_ENTRIES = 32  # entries a step with two staged buffer sets: two sets of 64 do not fit shared memory
-DIRECT_ENTRIES = 64  # entries a step of the direct gather: no staging, so two operand sets of 64 fit
+DIRECT_ENTRIES = gather.ROWS  # entries a step of the direct gather (its copies' thread map): no staging, so two sets fit
 SMEM_BYTES = 232_448  # the shared memory a Hopper CTA may use (227 KiB), which the Mosaic GPU lowering checks
 
 
@@ -318,8 +318,8 @@ def sparse_mla_mgpu(q_lat_BTNC: jax.Array, q_pe_BTNR: jax.Array, latent_BSC: jax
   elif config.contiguous_relayout and width == 256:  # [rows, 256]: a warp a row, a lane 8 contiguous values (16 B)
     rows_layout = plgpu.Layout.TILED(mgpu_fa.Tiling(((4, 256), (8,))), warp_dims=(-3,), lane_dims=(-2,),
                                      vector_dim=-1)
-  plan = Plan(plgpu=plgpu, config=config, t=t, e=e, c=c, steps=steps, sets=sets, p_sets=psets, direct=direct,
-              pieces=pieces, width=width, hb=hb,
+  plan = Plan(plgpu=plgpu, config=config, t=t, e=e, c=c, steps=steps, sets=sets, p_sets=psets, pieces=pieces,
+              width=width, hb=hb,
               groups=g if scaled else 0, dtype=dtype, scale=scale, interpret=bool(interpret), rows_layout=rows_layout,
               wgmma_rows=plgpu.Layout.WGMMA.reduce(1), wgmma_cols=plgpu.Layout.WGMMA.reduce(0), ids_width=ids_width)
   out_dt = out_dtype if splits == 1 else jnp.float32

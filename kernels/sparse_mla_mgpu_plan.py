@@ -23,7 +23,6 @@ class Plan:
   steps: int  # steps a split
   sets: int  # staging / operand buffer sets
   p_sets: int  # P / rescale buffer sets (the direct gather: one)
-  direct: bool  # the direct gather (cp.async into the operands, no staging: sparse_mla_mgpu_gather.py)
   pieces: int  # a latent row's TMA pieces (each ≤ 256 wide)
   width: int  # a piece's width
   hb: int  # heads a block (wgmma's M)
@@ -55,6 +54,11 @@ class Plan:
   def p_at(self, ref, slot):
     """A step's set of P or of its barriers (one set: the ref itself)."""
     return ref if self.p_sets == 1 else ref.at[slot]
+
+  @property
+  def direct(self) -> bool:
+    """The direct gather (cp.async into the operands, no staging: sparse_mla_mgpu_gather.py)."""
+    return self.config.direct_gather
 
 
 @dataclasses.dataclass(frozen=True)
